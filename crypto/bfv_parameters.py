@@ -1,0 +1,226 @@
+"""BFV parameters computed from what the sum must hold.
+
+Each contributor encodes every coordinate of its vector as an integer in ``[-B, B]``, where
+``B = ceil(value_bound * scale)`` and ``scale = 1 / precision``, encrypts it with batched BFV, and
+the aggregator adds ``K`` ciphertexts. Two failures would corrupt that sum silently; both are ruled
+out here by construction:
+
+1. **Wrap-around modulo the plaintext modulus t.** Slots hold integers mod ``t`` and decrypt into
+   the balanced range ``(-t/2, t/2]``. A sum of ``K`` values in ``[-B, B]`` lies in ``[-KB, KB]``,
+   so it is recovered exactly iff ``2 K B + 1 <= t``.
+
+2. **Decryption failure.** A fresh symmetric BFV ciphertext of ``m`` satisfies
+   ``c0 + c1 s = round(q m / t) - e (mod q)`` where ``e`` is SEAL's centred-binomial error,
+   ``|e| <= 21`` per coefficient, and the rounding adds at most 1/2. Adding ``K`` ciphertexts adds
+   these errors (the ``q * floor(sum / t)`` from plaintext wrap vanishes mod ``q``), and decryption
+   is exact while the accumulated error stays below ``q / (2t)``. With a factor 2 of margin we
+   require ``K * 22 <= q / (4t)``, i.e. ``88 K t <= q``, where ``q`` is the ciphertext modulus (the
+   coefficient modulus without SEAL's special prime).
+
+Batching needs ``t`` prime with ``t = 1 (mod 2N)``; SEAL's NTT needs the same of each prime of the
+coefficient modulus. TenSEAL always creates relinearisation keys, which need a second "special"
+prime; we never relinearise, so it only has to exist and keep the total within the 128-bit
+security bound for ``N`` (HomomorphicEncryption.org standard, as enforced by SEAL).
+
+Among the polynomial degrees that satisfy all of this, the one that minimises the bytes of the
+encrypted vector wins (fewer ciphertexts on a tie). Ciphertexts serialise with zstd, so their size
+follows the bytes needed per coefficient, ``ceil(log2 q / 8)``, which is why ``q`` is kept as small
+as the bounds allow.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["BfvParameters", "ParameterError", "select_bfv_parameters"]
+
+# Slots beyond the vector itself: one carries each contributor's "1", so the decrypted sum states
+# how many ciphertexts were added (see crypto/bfv.py).
+COUNT_SLOTS = 1
+
+_FRESH_ERROR_BOUND = 22  # 21 (centred binomial, SEAL 4) + 1/2 (rounding of q m / t), rounded up
+_ERROR_MARGIN = 2
+# q must exceed this many times K t: the error of K ciphertexts, below q / (2t), with the margin.
+_MODULUS_RATIO_PER_CONTRIBUTOR = 2 * _ERROR_MARGIN * _FRESH_ERROR_BOUND
+_MAX_PRIME_BITS = 60  # SEAL's limit for each prime and for the plaintext modulus
+_MIN_SPECIAL_PRIME_BITS = 20
+# Largest total coefficient-modulus bits at 128-bit classical security (SEAL's CoeffModulus::MaxBitCount).
+_MAX_COEFF_MODULUS_BITS = {2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
+
+
+class ParameterError(ValueError):
+    """No BFV parameters can hold the requested sum."""
+
+
+@dataclass(frozen=True)
+class BfvParameters:
+    """A BFV parameter set together with the fixed-point encoding it was sized for."""
+
+    poly_modulus_degree: int
+    plain_modulus: int
+    ciphertext_modulus: int
+    coeff_mod_bit_sizes: tuple[int, int]  # (ciphertext prime, special prime), as TenSEAL takes them
+    scale: float  # a value x is sent as round(x * scale)
+    max_level: int  # B: encoded values are clamped to [-B, B]
+    vector_length: int
+    max_contributors: int  # K_max: the most ciphertexts that can be summed without wrap or failure
+
+    @property
+    def value_bound(self) -> float:
+        return self.max_level / self.scale
+
+    @property
+    def slot_count(self) -> int:
+        return self.vector_length + COUNT_SLOTS
+
+    @property
+    def chunk_count(self) -> int:
+        return -(-self.slot_count // self.poly_modulus_degree)
+
+    def to_dict(self) -> dict:
+        return {
+            "poly_modulus_degree": self.poly_modulus_degree,
+            "plain_modulus": self.plain_modulus,
+            "ciphertext_modulus": self.ciphertext_modulus,
+            "coeff_mod_bit_sizes": list(self.coeff_mod_bit_sizes),
+            "scale": self.scale,
+            "max_level": self.max_level,
+            "vector_length": self.vector_length,
+            "max_contributors": self.max_contributors,
+            "chunk_count": self.chunk_count,
+        }
+
+
+def select_bfv_parameters(
+    *, max_contributors: int, vector_length: int, value_bound: float, precision: float
+) -> BfvParameters:
+    """The smallest-on-the-wire BFV parameters that sum ``max_contributors`` vectors exactly.
+
+    ``value_bound`` is the largest magnitude per coordinate (larger values are clamped when
+    encoded); ``precision`` the largest acceptable fixed-point step. Raises ``ParameterError`` when
+    no parameter set within SEAL's limits can hold the sum.
+    """
+    if max_contributors < 1:
+        raise ParameterError(f"max_contributors must be at least 1, got {max_contributors}")
+    if vector_length < 1:
+        raise ParameterError(f"vector_length must be at least 1, got {vector_length}")
+    if not (value_bound > 0 and math.isfinite(value_bound)):
+        raise ParameterError(f"value_bound must be a positive number, got {value_bound}")
+    if not (precision > 0 and math.isfinite(precision)):
+        raise ParameterError(f"precision must be a positive number, got {precision}")
+    scale = 1.0 / precision
+    max_level = math.ceil(value_bound * scale)
+    if max_level >= 2**52:
+        raise ParameterError(
+            f"value_bound / precision = {value_bound / precision:.3g} exceeds float64's exact integers"
+        )
+
+    candidates = []
+    failures = []
+    for degree in _MAX_COEFF_MODULUS_BITS:
+        try:
+            candidates.append(_parameters_for_degree(degree, max_contributors, vector_length, scale, max_level))
+        except ParameterError as error:
+            failures.append(str(error))
+    if not candidates:
+        raise ParameterError(
+            f"cannot sum {max_contributors} vectors of values up to {value_bound:g} at precision "
+            f"{precision:g}: {failures[0]}; lower the precision, the bound or the number of contributors"
+        )
+    return min(candidates, key=lambda p: (_estimated_bytes(p), p.chunk_count))
+
+
+def _parameters_for_degree(
+    degree: int, contributors: int, vector_length: int, scale: float, max_level: int
+) -> BfvParameters:
+    plain_modulus = _smallest_batching_prime_at_least(2 * contributors * max_level + 1, degree)
+    if plain_modulus.bit_length() > _MAX_PRIME_BITS:
+        raise ParameterError(f"the plaintext modulus would need {plain_modulus.bit_length()} bits (max {_MAX_PRIME_BITS})")
+
+    needed = _MODULUS_RATIO_PER_CONTRIBUTOR * contributors * plain_modulus
+    bits = needed.bit_length()
+    while True:
+        if bits > _MAX_PRIME_BITS:
+            raise ParameterError(f"the ciphertext modulus would need {bits} bits (max {_MAX_PRIME_BITS})")
+        special_bits = min(bits, _MAX_COEFF_MODULUS_BITS[degree] - bits)
+        if special_bits < _MIN_SPECIAL_PRIME_BITS:
+            raise ParameterError(f"a {bits}-bit ciphertext modulus leaves no room for the special prime at N={degree}")
+        ciphertext_modulus = _seal_coeff_modulus(degree, (bits, special_bits))[0]
+        if ciphertext_modulus >= needed:
+            break
+        bits += 1
+
+    max_contributors = min(
+        (plain_modulus - 1) // (2 * max_level),
+        ciphertext_modulus // (_MODULUS_RATIO_PER_CONTRIBUTOR * plain_modulus),
+    )
+    return BfvParameters(
+        poly_modulus_degree=degree,
+        plain_modulus=plain_modulus,
+        ciphertext_modulus=ciphertext_modulus,
+        coeff_mod_bit_sizes=(bits, special_bits),
+        scale=scale,
+        max_level=max_level,
+        vector_length=vector_length,
+        max_contributors=max_contributors,
+    )
+
+
+def _estimated_bytes(params: BfvParameters) -> int:
+    bytes_per_coefficient = -(-params.coeff_mod_bit_sizes[0] // 8)
+    return params.chunk_count * 2 * params.poly_modulus_degree * bytes_per_coefficient
+
+
+def _smallest_batching_prime_at_least(lower: int, degree: int) -> int:
+    step = 2 * degree
+    candidate = -(-(lower - 1) // step) * step + 1
+    while not _is_prime(candidate):
+        candidate += step
+    return candidate
+
+
+def _seal_coeff_modulus(degree: int, bit_sizes: tuple[int, ...]) -> list[int]:
+    """The primes SEAL's CoeffModulus::Create picks: for each bit size, the largest primes = 1 mod 2N
+    below 2^bits in descending order, handed out from the smallest, so [b, b] puts the second-largest
+    b-bit prime first."""
+    descending = {bits: _largest_batching_primes_below(2**bits, degree, bit_sizes.count(bits)) for bits in set(bit_sizes)}
+    return [descending[bits].pop() for bits in bit_sizes]
+
+
+def _largest_batching_primes_below(upper: int, degree: int, count: int) -> list[int]:
+    step = 2 * degree
+    primes = []
+    candidate = (upper - 1) // step * step + 1
+    while len(primes) < count:
+        if candidate <= step:
+            raise ParameterError(f"fewer than {count} primes = 1 mod {step} below {upper}")
+        if _is_prime(candidate):
+            primes.append(candidate)
+        candidate -= step
+    return primes
+
+
+def _is_prime(n: int) -> bool:
+    """Deterministic Miller-Rabin for n < 3.3e24 (these bases suffice; we need n < 2^61)."""
+    if n < 2:
+        return False
+    bases = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
+    for p in bases:
+        if n % p == 0:
+            return n == p
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d //= 2
+        r += 1
+    for a in bases:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True

@@ -1,0 +1,91 @@
+"""Signed sealed boxes: a message only one recipient can open, that provably comes from one sender.
+
+Used to relay secrets (the BFV secret context) through a party that must not read them. The sender
+makes an ephemeral X25519 key ``e``, derives ``k = HKDF-SHA256(X25519(e, R), info = label | E | R)``
+for the recipient's box key ``R`` (``E`` the ephemeral public key), encrypts with
+ChaCha20-Poly1305 under ``k`` with the caller's ``context`` as associated data, and signs the whole
+box, context and recipient included, with its Ed25519 identity key.
+
+Layout: ``version (4) | E (32) | nonce (12) | ciphertext + tag | signature (64)``.
+
+The signature is checked before anything is decrypted; a box that was altered, sealed to someone
+else, signed by someone else, or presented under another context is refused with
+``SealedBoxError``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+__all__ = ["SealedBoxError", "open_box", "seal"]
+
+_VERSION = b"CSB1"
+_LABEL = b"consilium sealed box v1"
+_KEY_BYTES = 32
+_NONCE_BYTES = 12
+_TAG_BYTES = 16
+_SIGNATURE_BYTES = 64
+_HEADER_BYTES = len(_VERSION) + _KEY_BYTES + _NONCE_BYTES
+
+
+class SealedBoxError(ValueError):
+    """A sealed box that cannot be opened as asked."""
+
+
+def seal(
+    plaintext: bytes, *, recipient: X25519PublicKey, sender: Ed25519PrivateKey, context: bytes
+) -> bytes:
+    ephemeral = X25519PrivateKey.generate()
+    ephemeral_public = _raw(ephemeral.public_key())
+    recipient_public = _raw(recipient)
+    key = _derive_key(ephemeral.exchange(recipient), ephemeral_public, recipient_public)
+    nonce = os.urandom(_NONCE_BYTES)
+    body = _VERSION + ephemeral_public + nonce + ChaCha20Poly1305(key).encrypt(nonce, plaintext, context)
+    return body + sender.sign(_signed_message(body, context, recipient_public))
+
+
+def open_box(
+    box: bytes, *, recipient: X25519PrivateKey, sender: Ed25519PublicKey, context: bytes
+) -> bytes:
+    if len(box) < _HEADER_BYTES + _TAG_BYTES + _SIGNATURE_BYTES:
+        raise SealedBoxError(f"sealed box too short ({len(box)} bytes)")
+    if not box.startswith(_VERSION):
+        raise SealedBoxError("not a sealed box of a known version")
+    body, signature = box[:-_SIGNATURE_BYTES], box[-_SIGNATURE_BYTES:]
+    recipient_public = _raw(recipient.public_key())
+    try:
+        sender.verify(signature, _signed_message(body, context, recipient_public))
+    except InvalidSignature:
+        raise SealedBoxError(
+            "sealed box signature does not verify: altered, from another sender, "
+            "for another recipient or for another purpose"
+        ) from None
+    ephemeral_public = body[len(_VERSION) : len(_VERSION) + _KEY_BYTES]
+    nonce = body[len(_VERSION) + _KEY_BYTES : _HEADER_BYTES]
+    try:
+        shared = recipient.exchange(X25519PublicKey.from_public_bytes(ephemeral_public))
+        key = _derive_key(shared, ephemeral_public, recipient_public)
+        return ChaCha20Poly1305(key).decrypt(nonce, body[_HEADER_BYTES:], context)
+    except (InvalidTag, ValueError):
+        raise SealedBoxError("sealed box does not decrypt with this recipient's key") from None
+
+
+def _derive_key(shared: bytes, ephemeral_public: bytes, recipient_public: bytes) -> bytes:
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_LABEL + ephemeral_public + recipient_public)
+    return hkdf.derive(shared)
+
+
+def _signed_message(body: bytes, context: bytes, recipient_public: bytes) -> bytes:
+    return _LABEL + struct.pack(">I", len(context)) + context + recipient_public + body
+
+
+def _raw(public_key: X25519PublicKey) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)

@@ -1,0 +1,115 @@
+"""The run configuration the server announces, and what every party derives from it.
+
+Hospitals receive it in ``Welcome``, validate it, and derive the same BFV parameters the server
+does: the encoding range follows from the DP settings (``training.dopamine.encoding_range``), the
+vector length from the model, and the number of contributors from the hospitals in the run. The
+privacy budget is not part of it: each hospital holds its own and enforces it on its own ledger.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from crypto.bfv import max_ciphertext_bytes
+from crypto.bfv_parameters import BfvParameters, ParameterError, select_bfv_parameters
+from training.accounting import ACCOUNTANTS
+from training.dopamine import DopamineSettings, encoding_range
+from training.models import ModelSpec, build_model
+
+__all__ = ["ConfigError", "RunConfig"]
+
+_RUN_ID = re.compile(r"^[0-9a-f]{8,64}$")
+_MESSAGE_SLACK_BYTES = 64 * 1024
+
+
+class ConfigError(ValueError):
+    """A run configuration that is malformed or cannot be run."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_id: str
+    dataset: str
+    hospitals: tuple[str, ...]  # in roster order; the first holds the key and releases the mean
+    rounds: int
+    delta: float
+    accountant: str
+    model: ModelSpec
+    dopamine: DopamineSettings
+
+    def __post_init__(self) -> None:
+        if not _RUN_ID.match(self.run_id):
+            raise ConfigError(f"run_id must be 8-64 lowercase hex characters, got {self.run_id!r}")
+        if not self.hospitals or len(set(self.hospitals)) != len(self.hospitals):
+            raise ConfigError("a run needs distinct hospitals")
+        if self.dopamine.quorum > len(self.hospitals):
+            raise ConfigError(f"the quorum {self.dopamine.quorum} exceeds the {len(self.hospitals)} hospitals")
+        if self.rounds < 1:
+            raise ConfigError(f"rounds must be at least 1, got {self.rounds}")
+        if not 0 < self.delta < 1:
+            raise ConfigError(f"delta must be in (0, 1), got {self.delta}")
+        if self.accountant not in ACCOUNTANTS:
+            raise ConfigError(f"unknown accountant {self.accountant!r}; choose from {', '.join(ACCOUNTANTS)}")
+
+    @property
+    def key_holder(self) -> str:
+        return self.hospitals[0]
+
+    @property
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in build_model(self.model).parameters())
+
+    def bfv_parameters(self) -> BfvParameters:
+        encoding = encoding_range(self.dopamine)
+        try:
+            return select_bfv_parameters(
+                max_contributors=len(self.hospitals),
+                vector_length=self.parameter_count,
+                value_bound=encoding.bound,
+                precision=encoding.precision,
+            )
+        except ParameterError as error:
+            raise ConfigError(str(error)) from None
+
+    def message_limit(self) -> int:
+        """The largest message this run needs: an encrypted vector, the sealed keys, or the mean gradient."""
+        params = self.bfv_parameters()
+        ciphertexts = params.chunk_count * max_ciphertext_bytes(params)
+        # A sealed secret context holds the secret key over both primes: twice a ciphertext's bound.
+        sealed_keys = len(self.hospitals) * 2 * max_ciphertext_bytes(params)
+        return max(ciphertexts, sealed_keys, 4 * params.vector_length) + _MESSAGE_SLACK_BYTES
+
+    def to_dict(self) -> dict:
+        return {
+            "run_id": self.run_id,
+            "dataset": self.dataset,
+            "hospitals": list(self.hospitals),
+            "rounds": self.rounds,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "model": self.model.to_dict(),
+            "dopamine": self.dopamine.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunConfig":
+        try:
+            config = cls(
+                run_id=str(values["run_id"]),
+                dataset=str(values["dataset"]),
+                hospitals=tuple(str(h) for h in values["hospitals"]),
+                rounds=int(values["rounds"]),
+                delta=float(values["delta"]),
+                accountant=str(values["accountant"]),
+                model=ModelSpec.from_dict(values["model"]),
+                dopamine=DopamineSettings.from_dict(values["dopamine"]),
+            )
+        except (KeyError, TypeError) as error:
+            raise ConfigError(f"malformed run configuration: missing or wrong {error}") from None
+        except ValueError as error:
+            raise ConfigError(f"malformed run configuration: {error}") from None
+        if not all(math.isfinite(v) for v in config.dopamine.to_dict().values()):
+            raise ConfigError("malformed run configuration: Dopamine settings must be finite")
+        return config

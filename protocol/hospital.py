@@ -1,0 +1,306 @@
+"""A hospital: trains on its own data, encrypts what it sends, and keeps its own privacy ledger.
+
+Per round it computes ``g_k`` (``training.dopamine``), encrypts it under the federation's shared
+BFV key and sends the ciphertexts to the server. It decrypts only a sum whose count slot shows at
+least the quorum of contributions and matches the contributors the server names, then applies the
+mean with momentum like every other party and tells the server what it decrypted (the first
+contributor also sends the mean itself: the DP-protected release).
+
+It does not trust the server's count of the privacy spent: before each update leaves, it charges
+its own durable ledger for the least noise a decrypted sum can carry (a quorum's), refusing to take
+part once that would exceed its budget (Dopamine, Algorithm 1, line 17); after decryption it records
+the noise actually present.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+from crypto.bfv import BfvError, SecretContext
+from crypto.sealed_box import SealedBoxError, open_box, seal
+from protocol.config import ConfigError, RunConfig
+from protocol.messages import (
+    TO_HOSPITAL,
+    Aggregate,
+    Finish,
+    Hello,
+    KeyReady,
+    KeyRequest,
+    KeySetup,
+    Message,
+    MessageError,
+    ProtocolError,
+    Released,
+    RoundAbort,
+    RoundStart,
+    SealedKey,
+    Update,
+    Welcome,
+    Withdraw,
+    decode,
+    encode,
+    release_digest,
+)
+from protocol.roster import Credentials, Roster
+from protocol.transport import ClientTransport
+from training.accounting import PrivacyLedger, round_noise_multipliers
+from training.datasets import Split
+from training.dopamine import MomentumUpdate, NoisyGradientStep
+from training.models import build_model, set_flat_parameters
+
+__all__ = ["Hospital", "PrivacyBudget", "sealed_key_context"]
+
+log = logging.getLogger("consilium.hospital")
+
+_HELLO_LIMIT_BYTES = 64 * 1024 * 1024  # before the run's parameters are known
+M = TypeVar("M", bound=Message)
+
+
+@dataclass(frozen=True)
+class PrivacyBudget:
+    epsilon: float
+    delta: float
+
+
+@dataclass
+class _Contribution:
+    """What a hospital remembers of its update while the round is open."""
+
+    round: int
+    bytes_sent_before: int
+    bytes_received_before: int
+    bytes_received_aggregate: int = 0
+    update_bytes: int = 0
+    clamped: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def sealed_key_context(run_id: str, recipient: str) -> bytes:
+    """What a sealed BFV secret context is bound to: this run, this recipient."""
+    return f"consilium/bfv-secret-context/v1|{run_id}|{recipient}".encode()
+
+
+class Hospital:
+    def __init__(
+        self,
+        *,
+        roster: Roster,
+        credentials: Credentials,
+        data: Split,
+        budget: PrivacyBudget,
+        state_dir: Path,
+        timeout_s: float = 180.0,
+    ) -> None:
+        self._name = credentials.name
+        self._roster = roster
+        self._credentials = credentials
+        self._data = data
+        self._budget = budget
+        self._state_dir = state_dir
+        self._timeout_s = timeout_s
+        self._limit = _HELLO_LIMIT_BYTES
+        self._ledger: PrivacyLedger | None = None
+        self._rounds: list[dict] = []
+        self._transport = ClientTransport(
+            roster.server_address, roster.server.curve_public, credentials.curve, _HELLO_LIMIT_BYTES
+        )
+
+    def run(self) -> dict:
+        """Take part until the server finishes the run or the budget is spent; returns the metrics."""
+        finish_reason = ""
+        config = None
+        try:
+            self._send(Hello())
+            welcome = self._expect(Welcome)
+            try:
+                config = RunConfig.from_dict(welcome.config)
+            except ConfigError as error:
+                raise ProtocolError(f"the server's run configuration is unusable: {error}") from None
+            if self._name not in config.hospitals:
+                raise ProtocolError(f"{self._name} is not among the run's hospitals")
+            params = config.bfv_parameters()
+            self._limit = config.message_limit()
+            self._ledger = PrivacyLedger(self._state_dir / "privacy_ledger.json", config.accountant)
+            model = build_model(config.model)
+            initial = np.frombuffer(welcome.initial_parameters, dtype="<f4")
+            if initial.size != params.vector_length:
+                raise ProtocolError(f"initial parameters have {initial.size} values, the model {params.vector_length}")
+            set_flat_parameters(model, initial)
+            secret = self._key_ceremony(config, params)
+            step = NoisyGradientStep(model, self._data.x, self._data.y, config.dopamine)
+            momentum = MomentumUpdate(model, config.dopamine)
+            finish_reason = self._rounds_loop(config, secret, step, momentum)
+        finally:
+            self._write_metrics(config, finish_reason)
+            self._transport.close()
+        return {"finish_reason": finish_reason, "rounds": self._rounds}
+
+    def _key_ceremony(self, config: RunConfig, params) -> SecretContext:
+        holder = self._roster.party(config.key_holder)
+        if self._name == config.key_holder:
+            self._expect(KeyRequest)
+            secret = SecretContext.generate(params)
+            secret_bytes = secret.to_bytes()
+            sealed = {
+                name: seal(
+                    secret_bytes,
+                    recipient=self._roster.party(name).identity.box,
+                    sender=self._credentials.identity.signing,
+                    context=sealed_key_context(config.run_id, name),
+                )
+                for name in config.hospitals
+                if name != self._name
+            }
+            self._send(KeySetup(public_context=secret.public_bytes(), sealed_keys=sealed))
+            return secret
+        box = self._expect(SealedKey).box
+        try:
+            secret_bytes = open_box(
+                box,
+                recipient=self._credentials.identity.box,
+                sender=holder.identity.signing,
+                context=sealed_key_context(config.run_id, self._name),
+            )
+            secret = SecretContext.from_bytes(secret_bytes, params)
+        except (SealedBoxError, BfvError) as error:
+            raise ProtocolError(f"the BFV key from {holder.name} is unusable: {error}") from None
+        self._send(KeyReady())
+        return secret
+
+    def _rounds_loop(
+        self, config: RunConfig, secret: SecretContext, step: NoisyGradientStep, momentum: MomentumUpdate
+    ) -> str:
+        pending: _Contribution | None = None
+        while True:
+            message = self._expect(RoundStart, Aggregate, RoundAbort, Finish)
+            if isinstance(message, Finish):
+                return message.reason
+            if isinstance(message, RoundStart):
+                refusal = self._budget_refusal(config, message.round)
+                if refusal:
+                    log.warning("%s withdraws: %s", self._name, refusal)
+                    self._send(Withdraw(round=message.round, reason=refusal))
+                    return refusal
+                pending = self._contribute(config, secret, step, message.round)
+            elif pending is None or message.round != pending.round:
+                log.warning("ignored %s for round %d: no update of ours is pending for it", message.TYPE, message.round)
+            elif isinstance(message, RoundAbort):
+                log.warning("round %d aborted by the server: %s", message.round, message.reason)
+                pending = None
+            else:
+                self._apply(config, secret, momentum, message, pending)
+                pending = None
+
+    def _budget_refusal(self, config: RunConfig, round_number: int) -> str:
+        """Why this hospital must not take part in the round, or "" if it may (Algorithm 1, line 17)."""
+        settings = config.dopamine
+        least_noise = round_noise_multipliers(settings.noise_multiplier, settings.quorum, settings.quorum)
+        projected = self._ledger.epsilon(self._budget.delta, extra=(least_noise["server"], settings.sample_rate))
+        if projected <= self._budget.epsilon:
+            return ""
+        return (
+            f"privacy budget: round {round_number} would bring epsilon to {projected:.3f} "
+            f"> {self._budget.epsilon:g} at delta {self._budget.delta:g}"
+        )
+
+    def _contribute(self, config: RunConfig, secret: SecretContext, step: NoisyGradientStep, round_number: int) -> "_Contribution":
+        settings = config.dopamine
+        least_noise = round_noise_multipliers(settings.noise_multiplier, settings.quorum, settings.quorum)
+        # Durable before the update leaves: a crash can only over-count.
+        self._ledger.record(f"{config.run_id}/{round_number}", sample_rate=settings.sample_rate, noise_multipliers=least_noise)
+        contribution = _Contribution(
+            round=round_number, bytes_sent_before=self._transport.bytes_sent, bytes_received_before=self._transport.bytes_received
+        )
+        started = time.perf_counter()
+        gradient, _ = step()
+        contribution.seconds["train"] = time.perf_counter() - started
+        started = time.perf_counter()
+        encrypted = secret.encrypt(gradient)
+        contribution.seconds["encrypt"] = time.perf_counter() - started
+        contribution.clamped = encrypted.clamped
+        if encrypted.clamped:
+            log.warning("round %d: %d coordinates clamped to the encoding range", round_number, encrypted.clamped)
+        update = encode(Update(round=round_number, chunks=tuple(encrypted.chunks)))
+        contribution.update_bytes = len(update)
+        self._transport.send(update)
+        return contribution
+
+    def _apply(
+        self, config: RunConfig, secret: SecretContext, momentum: MomentumUpdate, message: Aggregate, pending: "_Contribution"
+    ) -> None:
+        settings = config.dopamine
+        contributors = list(message.contributors)
+        if self._name not in contributors or len(contributors) != len(set(contributors)):
+            raise ProtocolError(f"round {message.round}: the contributor list {contributors} is inconsistent")
+        if len(contributors) < settings.quorum:
+            raise ProtocolError(f"round {message.round}: {len(contributors)} contributors, fewer than the quorum")
+        pending.bytes_received_aggregate = self._transport.bytes_received - pending.bytes_received_before
+        started = time.perf_counter()
+        try:
+            decrypted = secret.decrypt_sum(message.chunks)
+        except BfvError as error:
+            raise ProtocolError(f"round {message.round}: cannot decrypt the sum: {error}") from None
+        if decrypted.contributors != len(contributors):
+            raise ProtocolError(
+                f"round {message.round}: the sum holds {decrypted.contributors} contributions, "
+                f"the server names {len(contributors)}"
+            )
+        mean = (decrypted.total / decrypted.contributors).astype("<f4")
+        pending.seconds["decrypt"] = time.perf_counter() - started
+        multipliers = round_noise_multipliers(settings.noise_multiplier, decrypted.contributors, settings.quorum)
+        self._ledger.record(f"{config.run_id}/{message.round}", sample_rate=settings.sample_rate, noise_multipliers=multipliers)
+        momentum.apply(mean)
+        payload = mean.tobytes()
+        releaser = contributors[0] == self._name
+        self._send(
+            Released(round=message.round, digest=release_digest(message.round, payload), mean_gradient=payload if releaser else b"")
+        )
+        self._rounds.append(
+            {
+                "round": message.round,
+                "contributors": len(contributors),
+                "clamped": pending.clamped,
+                "seconds": pending.seconds,
+                "update_bytes": pending.update_bytes,
+                "received_bytes": pending.bytes_received_aggregate,
+                "sent_bytes": self._transport.bytes_sent - pending.bytes_sent_before,
+                "epsilon": self._ledger.epsilon(self._budget.delta),
+                "epsilon_peer_hospital": self._ledger.epsilon(self._budget.delta, view="peer_hospital"),
+            }
+        )
+
+    def _expect(self, *types: type[M]) -> M:
+        """The next message of one of ``types``; others are logged and skipped. Times out."""
+        deadline = time.monotonic() + self._timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            payload = self._transport.receive(remaining)
+            if payload is None:
+                break
+            try:
+                message = decode(payload, accept=TO_HOSPITAL, max_bytes=self._limit)
+            except MessageError as error:
+                log.warning("rejected a message from the server: %s", error)
+                continue
+            if isinstance(message, Finish) and Finish not in types:
+                raise ProtocolError(f"the server ended the run: {message.reason}")
+            if isinstance(message, types):
+                return message
+            log.warning("ignored an unexpected %s from the server", message.TYPE)
+        raise ProtocolError(f"no {' or '.join(t.TYPE for t in types)} from the server within {self._timeout_s:g} s")
+
+    def _send(self, message: Message) -> None:
+        self._transport.send(encode(message))
+
+    def _write_metrics(self, config: RunConfig | None, finish_reason: str) -> None:
+        if config is None:
+            return
+        self._state_dir.mkdir(parents=True, exist_ok=True)
+        metrics = {"hospital": self._name, "run_id": config.run_id, "finish_reason": finish_reason, "rounds": self._rounds}
+        (self._state_dir / f"metrics-{config.run_id}.json").write_text(json.dumps(metrics, indent=1))

@@ -1,0 +1,216 @@
+"""Wire messages: versioned msgpack maps, validated in full before anything uses them.
+
+Every message is ``{"v": PROTOCOL_VERSION, "type": <name>, <fields>}``. ``decode`` accepts a message
+only if it is within the size limit, parses as msgpack, has the right version, is of a type the
+receiving role accepts, and has exactly the declared fields with the declared types (integers are
+non-negative: they are rounds and counts). Anything else raises ``MessageError`` and the caller
+changes no state.
+
+The sender is never a field: the server learns it from the CurveZMQ key that authenticated the
+connection (``protocol.transport``).
+
+Sequence of one run (H = each hospital, KH = the key holder, the first hospital of the run)::
+
+    H  -> S  Hello                          S  -> H  Welcome(config, initial parameters)
+    S  -> KH KeyRequest                     KH -> S  KeySetup(public context, sealed keys)
+    S  -> H  SealedKey(box)                 H  -> S  KeyReady
+    per round r:
+    S  -> H  RoundStart(r)                  H  -> S  Update(r, ciphertexts) | Withdraw(r, reason)
+    S  -> H  Aggregate(r, contributors, ciphertexts) | RoundAbort(r, reason)
+    H  -> S  Released(r, digest, mean gradient from the first contributor only)
+    S  -> H  Finish(reason)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import typing
+from dataclasses import dataclass, fields
+
+import msgpack
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "TO_HOSPITAL",
+    "TO_SERVER",
+    "Aggregate",
+    "Finish",
+    "Hello",
+    "KeyReady",
+    "KeyRequest",
+    "KeySetup",
+    "Message",
+    "MessageError",
+    "ProtocolError",
+    "Released",
+    "RoundAbort",
+    "RoundStart",
+    "SealedKey",
+    "Update",
+    "Welcome",
+    "Withdraw",
+    "decode",
+    "encode",
+    "release_digest",
+]
+
+PROTOCOL_VERSION = 1
+
+
+class MessageError(ValueError):
+    """A message that is malformed, oversized, of an unknown version or not for this role."""
+
+
+class ProtocolError(RuntimeError):
+    """A run that cannot go on: too few parties, a missed deadline, a disagreement."""
+
+
+class Message:
+    TYPE: typing.ClassVar[str]
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    TYPE = "hello"
+
+
+@dataclass(frozen=True)
+class Welcome(Message):
+    TYPE = "welcome"
+    config: dict
+    initial_parameters: bytes  # float32, little-endian
+
+
+@dataclass(frozen=True)
+class KeyRequest(Message):
+    TYPE = "key_request"
+
+
+@dataclass(frozen=True)
+class KeySetup(Message):
+    TYPE = "key_setup"
+    public_context: bytes
+    sealed_keys: dict[str, bytes]  # recipient hospital -> sealed secret context
+
+
+@dataclass(frozen=True)
+class SealedKey(Message):
+    TYPE = "sealed_key"
+    box: bytes
+
+
+@dataclass(frozen=True)
+class KeyReady(Message):
+    TYPE = "key_ready"
+
+
+@dataclass(frozen=True)
+class RoundStart(Message):
+    TYPE = "round_start"
+    round: int
+
+
+@dataclass(frozen=True)
+class Update(Message):
+    TYPE = "update"
+    round: int
+    chunks: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Withdraw(Message):
+    TYPE = "withdraw"
+    round: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Aggregate(Message):
+    TYPE = "aggregate"
+    round: int
+    contributors: tuple[str, ...]
+    chunks: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class RoundAbort(Message):
+    TYPE = "round_abort"
+    round: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Released(Message):
+    TYPE = "released"
+    round: int
+    digest: bytes  # release_digest(round, mean gradient)
+    mean_gradient: bytes  # float32; sent by the first contributor only, empty from the others
+
+
+@dataclass(frozen=True)
+class Finish(Message):
+    TYPE = "finish"
+    reason: str
+
+
+TO_SERVER = frozenset({Hello, KeySetup, KeyReady, Update, Withdraw, Released})
+TO_HOSPITAL = frozenset({Welcome, KeyRequest, SealedKey, RoundStart, Aggregate, RoundAbort, Finish})
+_BY_TYPE = {cls.TYPE: cls for cls in TO_SERVER | TO_HOSPITAL}
+
+
+def release_digest(round_number: int, mean_gradient: bytes) -> bytes:
+    """What every contributor states it decrypted, so that the server can check they agree."""
+    return hashlib.sha256(b"consilium release v1|%d|" % round_number + mean_gradient).digest()
+
+
+def encode(message: Message) -> bytes:
+    body = {"v": PROTOCOL_VERSION, "type": message.TYPE}
+    for field in fields(message):
+        body[field.name] = getattr(message, field.name)
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def decode(raw: bytes, *, accept: frozenset[type], max_bytes: int) -> Message:
+    if len(raw) > max_bytes:
+        raise MessageError(f"message of {len(raw)} bytes exceeds the limit of {max_bytes}")
+    try:
+        body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.UnpackException) as error:  # ValueError covers ExtraData, FormatError, bad UTF-8
+        raise MessageError(f"not a msgpack message: {error}") from None
+    if not isinstance(body, dict):
+        raise MessageError("a message must be a map")
+    if body.get("v") != PROTOCOL_VERSION:
+        raise MessageError(f"unsupported protocol version {body.get('v')!r} (this is version {PROTOCOL_VERSION})")
+    cls = _BY_TYPE.get(body.get("type"))
+    if cls is None or cls not in accept:
+        raise MessageError(f"unexpected message type {body.get('type')!r}")
+    declared = {field.name: field for field in fields(cls)}
+    given = set(body) - {"v", "type"}
+    if given != set(declared):
+        raise MessageError(f"{cls.TYPE}: expected fields {sorted(declared)}, got {sorted(given)}")
+    hints = typing.get_type_hints(cls)
+    values = {name: _conform(body[name], hints[name], f"{cls.TYPE}.{name}") for name in declared}
+    return cls(**values)
+
+
+def _conform(value, annotation, where: str):
+    origin = typing.get_origin(annotation)
+    if annotation is int:
+        if type(value) is not int or value < 0:
+            raise MessageError(f"{where} must be a non-negative integer")
+        return value
+    if annotation in (str, bytes, dict):
+        if type(value) is not annotation:
+            raise MessageError(f"{where} must be {annotation.__name__}, not {type(value).__name__}")
+        return value
+    if origin is tuple:
+        item = typing.get_args(annotation)[0]
+        if type(value) is not list:
+            raise MessageError(f"{where} must be a list")
+        return tuple(_conform(v, item, f"{where}[]") for v in value)
+    if origin is dict:
+        key, item = typing.get_args(annotation)
+        if type(value) is not dict:
+            raise MessageError(f"{where} must be a map")
+        return {_conform(k, key, f"{where} key"): _conform(v, item, f"{where}[]") for k, v in value.items()}
+    raise TypeError(f"no wire rule for {annotation!r}")

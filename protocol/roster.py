@@ -1,0 +1,176 @@
+"""Who is in the federation: provisioning of identities and the public roster.
+
+``provision`` writes a federation directory::
+
+    roster.toml                 public: the server's address, every party's public keys
+    server/secret_keys.toml     private to the server (mode 0600)
+    hospital-1/secret_keys.toml private to hospital-1, ...
+
+Each party has a CurveZMQ key pair (transport authentication and encryption) and an identity
+(``crypto.identity``: Ed25519 to sign, X25519 to receive sealed boxes). In a real deployment each
+party generates or receives only its own folder; all of them share ``roster.toml``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
+
+__all__ = ["Credentials", "CurveKeyPair", "Party", "Roster", "RosterError", "provision"]
+
+ROSTER_FILE = "roster.toml"
+SECRET_FILE = "secret_keys.toml"
+SERVER = "server"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_Z85_KEY = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
+
+
+class RosterError(ValueError):
+    """A federation directory, roster or key file that is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class CurveKeyPair:
+    public: bytes  # z85, 40 characters
+    secret: bytes
+
+
+@dataclass(frozen=True)
+class Party:
+    name: str
+    role: str  # "server" or "hospital"
+    curve_public: bytes
+    identity: PublicIdentity
+
+
+@dataclass(frozen=True)
+class Roster:
+    server_address: str
+    parties: dict[str, Party]
+
+    @property
+    def hospitals(self) -> list[str]:
+        return [name for name, party in self.parties.items() if party.role == "hospital"]
+
+    @property
+    def server(self) -> Party:
+        return self.parties[SERVER]
+
+    def party(self, name: str) -> Party:
+        try:
+            return self.parties[name]
+        except KeyError:
+            raise RosterError(f"{name!r} is not in the roster (parties: {', '.join(self.parties)})") from None
+
+    @classmethod
+    def load(cls, directory: Path) -> "Roster":
+        document = _read_toml(directory / ROSTER_FILE, hint="run consilium-provision first")
+        try:
+            address = document["server"]["address"]
+            parties = {}
+            for entry in document["party"]:
+                name, role = entry["name"], entry["role"]
+                if not _NAME.match(name) or role not in ("server", "hospital") or name in parties:
+                    raise RosterError(f"roster entry {name!r} has a bad or repeated name or role")
+                if (name == SERVER) != (role == "server"):
+                    raise RosterError(f"only the party named {SERVER!r} may have the server role")
+                parties[name] = Party(
+                    name=name,
+                    role=role,
+                    curve_public=_curve_key(entry["curve_public"], name),
+                    identity=PublicIdentity.from_text(entry),
+                )
+        except (KeyError, TypeError) as error:
+            raise RosterError(f"{directory / ROSTER_FILE} is malformed: missing {error}") from None
+        except IdentityKeyError as error:
+            raise RosterError(f"{directory / ROSTER_FILE}: {error}") from None
+        if SERVER not in parties:
+            raise RosterError(f"{directory / ROSTER_FILE} names no server")
+        return cls(server_address=str(address), parties=parties)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """One party's private keys."""
+
+    name: str
+    curve: CurveKeyPair
+    identity: PrivateIdentity
+
+    @classmethod
+    def load(cls, directory: Path, name: str) -> "Credentials":
+        path = directory / name / SECRET_FILE
+        document = _read_toml(path, hint=f"is {name!r} a party of this federation?")
+        try:
+            curve = CurveKeyPair(
+                public=_curve_key(document["curve_public"], name), secret=_curve_key(document["curve_secret"], name)
+            )
+            return cls(name=name, curve=curve, identity=PrivateIdentity.from_text(document))
+        except KeyError as error:
+            raise RosterError(f"{path} is missing {error}") from None
+        except IdentityKeyError as error:
+            raise RosterError(f"{path}: {error}") from None
+
+
+def provision(directory: Path, *, hospitals: int, address: str) -> Roster:
+    """Create a federation directory with a server and ``hospitals`` hospitals."""
+    if hospitals < 1:
+        raise RosterError(f"a federation needs at least one hospital, got {hospitals}")
+    if not re.match(r"^tcp://[^\s\"]+:\d+$", address):
+        raise RosterError(f"server address must look like tcp://HOST:PORT, got {address!r}")
+    if (directory / ROSTER_FILE).exists():
+        raise RosterError(f"{directory} already holds a federation; choose an empty directory")
+    names = [SERVER] + [f"hospital-{i}" for i in range(1, hospitals + 1)]
+    entries = []
+    for name in names:
+        public, secret = zmq.curve_keypair()
+        identity = PrivateIdentity.generate()
+        secrets_text = {"curve_public": public.decode(), "curve_secret": secret.decode(), **identity.to_text()}
+        _write_private(directory / name / SECRET_FILE, _toml_table(secrets_text))
+        role = "server" if name == SERVER else "hospital"
+        entries.append({"name": name, "role": role, "curve_public": public.decode(), **identity.public.to_text()})
+    roster = f"[server]\naddress = {_toml_string(address)}\n\n" + "".join(
+        "[[party]]\n" + _toml_table(entry) + "\n" for entry in entries
+    )
+    (directory / ROSTER_FILE).write_text(roster)
+    return Roster.load(directory)
+
+
+def _read_toml(path: Path, *, hint: str) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise RosterError(f"no file {path} ({hint})") from None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise RosterError(f"cannot read {path}: {error}") from None
+
+
+def _curve_key(text: object, owner: str) -> bytes:
+    if not isinstance(text, str) or not _Z85_KEY.match(text):
+        raise RosterError(f"{owner}: a CurveZMQ key must be 40 z85 characters")
+    return text.encode("ascii")
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
+
+
+def _toml_table(values: dict[str, str]) -> str:
+    return "".join(f"{key} = {_toml_string(value)}\n" for key, value in values.items())
+
+
+def _toml_string(value: str) -> str:
+    """A TOML literal string; our values (keys in z85 or base64, names, addresses) never contain quotes."""
+    if "'" in value or "\n" in value:
+        raise RosterError(f"cannot write {value!r} as a TOML literal string")
+    return f"'{value}'"

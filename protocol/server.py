@@ -1,0 +1,384 @@
+"""The server (aggregator): adds ciphertexts it cannot read, and learns only what hospitals release.
+
+It holds the run configuration, a ``PublicContext`` (BFV parameters, no key: it can neither encrypt
+nor decrypt), its copy of the model, moved only by the DP-protected mean gradient the hospitals
+release, and the run's privacy ledger. It never holds the secret key or a hospital's update in the
+clear.
+
+A run is a join, a key ceremony and rounds (``protocol.messages`` shows the sequence). Every wait
+has a deadline. A message that fails validation, is out of sequence, or comes from a party with
+nothing to say at that point is logged as rejected and changes nothing. A round that gathers fewer
+contributions than the quorum is aborted and its sum is never sent for decryption; a hospital that
+misses a deadline is dropped from the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from crypto.bfv import BfvError, CiphertextSum, PublicContext
+from protocol.config import RunConfig
+from protocol.messages import (
+    TO_SERVER,
+    Aggregate,
+    Finish,
+    Hello,
+    KeyReady,
+    KeyRequest,
+    KeySetup,
+    Message,
+    MessageError,
+    ProtocolError,
+    Released,
+    RoundAbort,
+    RoundStart,
+    SealedKey,
+    Update,
+    Welcome,
+    Withdraw,
+    decode,
+    encode,
+    release_digest,
+)
+from protocol.roster import Credentials, Roster
+from protocol.transcript import Transcript
+from protocol.transport import ServerTransport
+from training.accounting import PrivacyLedger, round_noise_multipliers
+from training.datasets import Split
+from training.dopamine import MomentumUpdate
+from training.models import accuracy, build_model, get_flat_parameters
+
+__all__ = ["Server", "Timeouts"]
+
+log = logging.getLogger("consilium.server")
+
+@dataclass(frozen=True)
+class Timeouts:
+    join_s: float = 60.0
+    key_s: float = 60.0
+    round_s: float = 60.0
+
+
+@dataclass
+class _RoundRecord:
+    round: int
+    status: str  # "released" or "aborted"
+    contributors: list[str]
+    validation_accuracy: float | None = None
+    epsilon: float | None = None
+    epsilon_peer_hospital: float | None = None
+    noise_multiplier: float | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    update_bytes: dict[str, int] = field(default_factory=dict)
+    reason: str = ""
+
+
+class Server:
+    def __init__(
+        self,
+        *,
+        config: RunConfig,
+        roster: Roster,
+        credentials: Credentials,
+        validation: Split,
+        out_dir: Path,
+        timeouts: Timeouts = Timeouts(),
+        transcript: Path | None = None,
+        on_round: Callable[[dict], None] | None = None,
+    ) -> None:
+        self._config = config
+        self._roster = roster
+        self._validation = validation
+        self._out_dir = out_dir
+        self._timeouts = timeouts
+        self._on_round = on_round or (lambda record: None)
+        self._model = build_model(config.model)
+        self._initial_parameters = get_flat_parameters(self._model)
+        self._momentum = MomentumUpdate(self._model, config.dopamine)
+        self._params = config.bfv_parameters()
+        self._limit = config.message_limit()
+        self._ledger = PrivacyLedger(out_dir / "privacy_ledger.json", config.accountant)
+        self._public: PublicContext | None = None
+        self._active: list[str] = []
+        self._rounds: list[_RoundRecord] = []
+        self._rejections = 0
+        self._departures: dict[str, str] = {}
+        self._phase_seconds: dict[str, float] = {}
+        self._transcript = Transcript(transcript) if transcript else None
+        enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
+        self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, self._limit)
+
+    def run(self) -> dict:
+        """Run the federation to its end; returns (and writes) the server's report."""
+        finish_reason = "completed all rounds"
+        try:
+            started = time.perf_counter()
+            self._join()
+            self._phase_seconds["join"] = time.perf_counter() - started
+            started = time.perf_counter()
+            self._key_ceremony()
+            self._phase_seconds["key_ceremony"] = time.perf_counter() - started
+            quorum = self._config.dopamine.quorum
+            for round_number in range(1, self._config.rounds + 1):
+                if len(self._active) < quorum:
+                    break
+                self._run_round(round_number)
+            if len(self._active) < quorum:
+                finish_reason = f"only {len(self._active)} hospitals remain, fewer than the quorum of {quorum}"
+        except ProtocolError as error:
+            finish_reason = f"stopped: {error}"
+            raise
+        finally:
+            for name in self._active:
+                self._send(name, Finish(reason=finish_reason))
+            report = self._report(finish_reason)
+            self._write_outputs(report)
+            self._transport.close()
+            if self._transcript:
+                self._transcript.close()
+        return report
+
+    # -- phases ---------------------------------------------------------------------------------
+
+    def _join(self) -> None:
+        expected = set(self._config.hospitals)
+        joined: set[str] = set()
+        deadline = time.monotonic() + self._timeouts.join_s
+        while joined != expected:
+            got = self._next_message(deadline)
+            if got is None:
+                break
+            sender, message = got
+            if not isinstance(message, Hello):
+                self._reject(sender, message, "expected hello")
+            elif sender in joined:
+                self._reject(sender, message, "already joined")
+            else:
+                joined.add(sender)
+                log.info("%s joined (%d of %d)", sender, len(joined), len(expected))
+        if len(joined) < self._config.dopamine.quorum:
+            raise ProtocolError(
+                f"only {len(joined)} of {len(expected)} hospitals joined within {self._timeouts.join_s:g} s; "
+                f"the quorum is {self._config.dopamine.quorum}"
+            )
+        self._config = dataclasses.replace(self._config, hospitals=tuple(h for h in self._config.hospitals if h in joined))
+        self._params = self._config.bfv_parameters()
+        self._active = list(self._config.hospitals)
+        welcome = Welcome(config=self._config.to_dict(), initial_parameters=self._initial_parameters.tobytes())
+        for name in self._active:
+            self._send(name, welcome)
+
+    def _key_ceremony(self) -> None:
+        holder = self._config.key_holder
+        recipients = set(self._active) - {holder}
+        deadline = time.monotonic() + self._timeouts.key_s
+        self._send(holder, KeyRequest())
+        while self._public is None:
+            got = self._next_message(deadline)
+            if got is None:
+                raise ProtocolError(f"the key holder {holder} sent no usable key setup within {self._timeouts.key_s:g} s")
+            sender, message = got
+            if not (isinstance(message, KeySetup) and sender == holder):
+                self._reject(sender, message, "expected the key holder's key setup")
+            elif set(message.sealed_keys) != recipients:
+                self._reject(sender, message, f"sealed keys are for {sorted(message.sealed_keys)}, not {sorted(recipients)}")
+            else:
+                try:
+                    self._public = PublicContext(message.public_context, self._params)
+                except BfvError as error:
+                    self._reject(sender, message, str(error))
+                    continue
+                for name, box in message.sealed_keys.items():
+                    self._send(name, SealedKey(box=box))
+        ready = {holder}
+        while ready != set(self._active):
+            got = self._next_message(deadline)
+            if got is None:
+                break
+            sender, message = got
+            if isinstance(message, KeyReady) and sender in self._active:
+                ready.add(sender)
+            else:
+                self._reject(sender, message, "expected key ready")
+        for name in set(self._active) - ready:
+            self._drop(name, f"did not confirm the key within {self._timeouts.key_s:g} s")
+        log.info("key ceremony done: %d hospitals hold the key; the server holds parameters only", len(ready))
+
+    def _run_round(self, round_number: int) -> None:
+        record = _RoundRecord(round=round_number, status="aborted", contributors=[])
+        started = time.perf_counter()
+        for name in self._active:
+            self._send(name, RoundStart(round=round_number))
+        total, aggregate_seconds = self._collect(round_number, record)
+        record.seconds["collect"] = time.perf_counter() - started
+        record.seconds["aggregate"] = aggregate_seconds
+        quorum = self._config.dopamine.quorum
+        if len(record.contributors) < quorum:
+            record.reason = f"{len(record.contributors)} contributions, fewer than the quorum of {quorum}"
+            for name in record.contributors:
+                self._send(name, RoundAbort(round=round_number, reason=record.reason))
+            log.warning("round %d aborted: %s; its sum is discarded undecrypted", round_number, record.reason)
+            self._finish_round(record)
+            return
+
+        started = time.perf_counter()
+        aggregate = Aggregate(round=round_number, contributors=tuple(record.contributors), chunks=tuple(total.to_chunks()))
+        for name in record.contributors:
+            self._send(name, aggregate)
+        mean_gradient = self._await_release(round_number, record.contributors)
+        record.seconds["release"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        self._momentum.apply(mean_gradient)
+        record.validation_accuracy = accuracy(self._model, self._validation.x, self._validation.y)
+        record.seconds["evaluate"] = time.perf_counter() - started
+        multipliers = round_noise_multipliers(self._config.dopamine.noise_multiplier, len(record.contributors), quorum)
+        self._ledger.record(
+            f"{self._config.run_id}/{round_number}",
+            sample_rate=self._config.dopamine.sample_rate,
+            noise_multipliers=multipliers,
+        )
+        record.status = "released"
+        record.noise_multiplier = multipliers["server"]
+        record.epsilon = self._ledger.epsilon(self._config.delta)
+        record.epsilon_peer_hospital = self._ledger.epsilon(self._config.delta, view="peer_hospital")
+        self._finish_round(record)
+
+    def _collect(self, round_number: int, record: _RoundRecord) -> tuple[CiphertextSum, float]:
+        total = CiphertextSum(self._public)
+        aggregate_seconds = 0.0
+        deadline = time.monotonic() + self._timeouts.round_s
+        while set(record.contributors) != set(self._active):
+            got = self._next_message(deadline)
+            if got is None:
+                break
+            sender, message = got
+            if isinstance(message, Withdraw) and sender in self._active:
+                self._drop(sender, f"withdrew: {message.reason}", notify=False)
+            elif not isinstance(message, Update) or sender not in self._active:
+                self._reject(sender, message, f"expected an update for round {round_number}")
+            elif message.round != round_number:
+                self._reject(sender, message, f"update for round {message.round} during round {round_number}")
+            elif sender in record.contributors:
+                self._reject(sender, message, f"second update for round {round_number}")
+            else:
+                started = time.perf_counter()
+                try:
+                    total.add(message.chunks)
+                except BfvError as error:
+                    self._reject(sender, message, str(error))
+                    continue
+                aggregate_seconds += time.perf_counter() - started
+                record.contributors.append(sender)
+                record.update_bytes[sender] = sum(len(chunk) for chunk in message.chunks)
+        for name in set(self._active) - set(record.contributors):
+            self._drop(name, f"sent no update for round {round_number} within {self._timeouts.round_s:g} s")
+        record.contributors.sort(key=self._config.hospitals.index)
+        return total, aggregate_seconds
+
+    def _await_release(self, round_number: int, contributors: list[str]) -> np.ndarray:
+        """The mean gradient the contributors decrypted; all of them must state the same digest."""
+        releaser = contributors[0]
+        digests: dict[str, bytes] = {}
+        gradient: bytes | None = None
+        deadline = time.monotonic() + self._timeouts.round_s
+        while set(digests) != set(contributors):
+            got = self._next_message(deadline)
+            if got is None:
+                break
+            sender, message = got
+            if not (isinstance(message, Released) and message.round == round_number and sender in contributors):
+                self._reject(sender, message, f"expected the release of round {round_number}")
+            elif sender == releaser and len(message.mean_gradient) != 4 * self._params.vector_length:
+                self._reject(sender, message, f"mean gradient of {len(message.mean_gradient)} bytes")
+            elif sender != releaser and message.mean_gradient:
+                self._reject(sender, message, f"only {releaser} sends the mean gradient")
+            else:
+                digests[sender] = message.digest
+                if sender == releaser:
+                    gradient = message.mean_gradient
+        if gradient is None:
+            raise ProtocolError(f"{releaser} did not release the mean gradient of round {round_number}")
+        expected = release_digest(round_number, gradient)
+        disagreeing = sorted(name for name, digest in digests.items() if digest != expected)
+        if disagreeing:
+            raise ProtocolError(
+                f"round {round_number}: {', '.join(disagreeing)} decrypted a different sum than {releaser} (wrong key?)"
+            )
+        for name in set(contributors) - set(digests):
+            self._drop(name, f"did not confirm round {round_number}")
+        return np.frombuffer(gradient, dtype="<f4").copy()
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _next_message(self, deadline: float) -> tuple[str, Message] | None:
+        """The next valid message before ``deadline``; invalid ones are rejected on the way."""
+        while (remaining := deadline - time.monotonic()) > 0:
+            got = self._transport.receive(remaining)
+            if got is None:
+                return None
+            sender, payload = got
+            if self._transcript:
+                self._transcript.record(sender, payload)
+            try:
+                return sender, decode(payload, accept=TO_SERVER, max_bytes=self._limit)
+            except MessageError as error:
+                self._rejections += 1
+                log.warning("rejected a message from %s: %s", sender, error)
+        return None
+
+    def _reject(self, sender: str, message: Message, reason: str) -> None:
+        self._rejections += 1
+        log.warning("rejected %s from %s: %s", message.TYPE, sender, reason)
+
+    def _drop(self, name: str, reason: str, *, notify: bool = True) -> None:
+        if name in self._active:
+            self._active.remove(name)
+            self._departures[name] = reason
+            log.warning("%s leaves the run: %s", name, reason)
+            if notify:
+                self._send(name, Finish(reason=reason))
+
+    def _send(self, name: str, message: Message) -> None:
+        self._transport.send(name, encode(message))
+
+    def _finish_round(self, record: _RoundRecord) -> None:
+        self._rounds.append(record)
+        self._on_round(dataclasses.asdict(record))
+
+    def _report(self, finish_reason: str) -> dict:
+        released = [r for r in self._rounds if r.status == "released"]
+        return {
+            "config": self._config.to_dict(),
+            "bfv": self._params.to_dict(),
+            "parameter_count": self._params.vector_length,
+            "finish_reason": finish_reason,
+            "rounds": [dataclasses.asdict(r) for r in self._rounds],
+            "final": {
+                "rounds_released": len(released),
+                "validation_accuracy": released[-1].validation_accuracy if released else None,
+                "epsilon": self._ledger.epsilon(self._config.delta),
+                "epsilon_peer_hospital": self._ledger.epsilon(self._config.delta, view="peer_hospital"),
+                "delta": self._config.delta,
+                "accountant": self._config.accountant,
+            },
+            "phase_seconds": self._phase_seconds,
+            "rejected_messages": self._rejections,
+            "departures": self._departures,
+            "bytes_received": dict(self._transport.bytes_received),
+            "bytes_sent": dict(self._transport.bytes_sent),
+        }
+
+    def _write_outputs(self, report: dict) -> None:
+        self._out_dir.mkdir(parents=True, exist_ok=True)
+        (self._out_dir / "server_report.json").write_text(json.dumps(report, indent=1))
+        torch.save(self._model.state_dict(), self._out_dir / "model.pt")

@@ -1,0 +1,149 @@
+"""ZeroMQ transport with CurveZMQ: authenticated, encrypted, and nothing waits forever.
+
+The server binds one ROUTER socket; each hospital connects a DEALER. Every connection runs the
+CURVE handshake: hospitals know the server's public key from the roster, and the server's ZAP
+handler admits only public keys enrolled in the roster, refusing (and logging) any other. The ZAP
+handler stamps each connection with the enrolled party's name as its User-Id, so the server names
+the sender of a message by the key that authenticated it, never by anything the message says.
+
+Messages are single frames. ``max_message_bytes`` is enforced twice: the application checks it with
+a logged rejection (``protocol.messages.decode``), and ZeroMQ's MAXMSGSIZE, at four times that,
+drops a connection that sends something absurd before it is buffered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
+from protocol.roster import CurveKeyPair
+
+__all__ = ["ClientTransport", "ServerTransport", "TransportError"]
+
+log = logging.getLogger("consilium.transport")
+
+_HARD_LIMIT_FACTOR = 4
+_SEND_TIMEOUT_MS = 10_000
+_CLIENT_LINGER_MS = 2_000  # let a hospital's last message leave before it exits
+
+
+class TransportError(RuntimeError):
+    """A socket that cannot be opened or a message that cannot be sent."""
+
+
+class ServerTransport:
+    def __init__(self, bind: str, keys: CurveKeyPair, enrolled: dict[bytes, str], max_message_bytes: int) -> None:
+        self._context = zmq.Context()
+        self._authenticator = _RosterAuthenticator(self._context, enrolled)
+        self._authenticator.start()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.curve_server = True
+        self._socket.curve_secretkey = keys.secret
+        self._socket.curve_publickey = keys.public
+        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, _HARD_LIMIT_FACTOR * max_message_bytes)
+        self._socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        try:
+            self._socket.bind(bind)
+        except zmq.ZMQError as error:
+            self.close()
+            raise TransportError(f"cannot listen on {bind}: {error}") from None
+        self._routes: dict[str, bytes] = {}
+        self.bytes_received: dict[str, int] = defaultdict(int)
+        self.bytes_sent: dict[str, int] = defaultdict(int)
+
+    def receive(self, timeout_s: float) -> tuple[str, bytes] | None:
+        """The next ``(party, payload)``, or None once ``timeout_s`` passes without one."""
+        if not self._socket.poll(max(0, int(timeout_s * 1000))):
+            return None
+        frames = self._socket.recv_multipart(copy=False)
+        party = frames[-1].get("User-Id")
+        if len(frames) != 2 or not party:
+            log.warning("dropped a message of %d frames without an authenticated sender", len(frames))
+            return None
+        self._routes[party] = frames[0].bytes
+        payload = frames[1].bytes
+        self.bytes_received[party] += len(payload)
+        return party, payload
+
+    def send(self, party: str, payload: bytes) -> bool:
+        """Send to a party that has connected; False (logged) if it cannot be reached."""
+        route = self._routes.get(party)
+        if route is None:
+            log.warning("cannot send to %s: it has not connected", party)
+            return False
+        try:
+            self._socket.send_multipart([route, payload])
+        except zmq.ZMQError as error:
+            log.warning("cannot send to %s: %s", party, error)
+            return False
+        self.bytes_sent[party] += len(payload)
+        return True
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+        self._authenticator.stop()
+        self._context.term()
+
+
+class ClientTransport:
+    def __init__(self, connect: str, server_public: bytes, keys: CurveKeyPair, max_message_bytes: int) -> None:
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.curve_serverkey = server_public
+        self._socket.curve_publickey = keys.public
+        self._socket.curve_secretkey = keys.secret
+        self._socket.setsockopt(zmq.MAXMSGSIZE, _HARD_LIMIT_FACTOR * max_message_bytes)
+        self._socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
+        self._socket.setsockopt(zmq.LINGER, _CLIENT_LINGER_MS)
+        try:
+            self._socket.connect(connect)
+        except zmq.ZMQError as error:
+            self.close()
+            raise TransportError(f"cannot connect to {connect}: {error}") from None
+        self.bytes_received = 0
+        self.bytes_sent = 0
+
+    def send(self, payload: bytes) -> None:
+        try:
+            self._socket.send(payload)
+        except zmq.Again:
+            raise TransportError(f"the server did not take a message within {_SEND_TIMEOUT_MS / 1000:g} s") from None
+        self.bytes_sent += len(payload)
+
+    def receive(self, timeout_s: float) -> bytes | None:
+        if not self._socket.poll(max(0, int(timeout_s * 1000))):
+            return None
+        payload = self._socket.recv()
+        self.bytes_received += len(payload)
+        return payload
+
+    def close(self) -> None:
+        self._socket.close()
+        self._context.term()
+
+
+class _RosterAuthenticator(ThreadAuthenticator):
+    """Admits the enrolled CURVE keys only, and names each connection after its enrolled party."""
+
+    def __init__(self, context: zmq.Context, enrolled: dict[bytes, str]) -> None:
+        super().__init__(context)
+        self._enrolled = dict(enrolled)
+
+    def start(self) -> None:
+        super().start()
+        self.configure_curve_callback(domain="*", credentials_provider=self)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self._enrolled:
+            return True
+        log.warning("refused a connection from an unenrolled CurveZMQ key %s", key.decode("ascii", "replace"))
+        return False
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self._enrolled[z85.encode(client_public_key)]

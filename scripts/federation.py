@@ -1,0 +1,280 @@
+"""consilium-federation: a whole federation on this machine, one OS process per party.
+
+Provisions a federation directory, launches the server and each hospital as separate processes
+talking over CurveZMQ on localhost, prints a line per round, and writes into ``--out``:
+
+- ``report.json``: configuration, BFV parameters, per-round metrics, final epsilon and delta,
+  wire bytes per hospital per round (and their ratio to the float32 update), time per phase;
+- ``report.png``: validation accuracy and epsilon per round;
+- ``federation/`` (identities, each hospital's privacy ledger and metrics), ``server/`` (the server's
+  report, ledger, audit transcript and final model) and ``logs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from protocol.messages import ProtocolError
+from protocol.roster import SERVER, provision
+from scripts._cli import add_run_arguments, positive_float, positive_int, run, run_argv
+from training.datasets import load_dataset
+from training.partition import PARTITION_SCHEMES, partition
+
+_STARTUP_ALLOWANCE_S = 120.0
+_SHUTDOWN_GRACE_S = 30.0
+_LOG_TAIL_LINES = 5
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="consilium-federation",
+        description=(
+            "Run a local federation: a server and K hospitals as separate processes, Dopamine DP-SGD with "
+            "BFV secure aggregation. With no arguments: 3 hospitals on the built-in breast cancer data."
+        ),
+    )
+    parser.add_argument("--out", type=Path, help="output directory (default: runs/<date-time>)")
+    parser.add_argument("--hospitals", type=positive_int, default=3, help="number of hospitals (default: 3)")
+    parser.add_argument("--data", default="breast_cancer", help="breast_cancer, digits or an .npz path")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data split and partition (default: 0)")
+    parser.add_argument("--partition", default="iid", choices=PARTITION_SCHEMES, help="how hospitals split the data")
+    parser.add_argument("--classes-per-part", type=positive_int, help="label_skew: classes each hospital sees")
+    parser.add_argument("--alpha", type=positive_float, default=0.5, help="dirichlet concentration (default: 0.5)")
+    parser.add_argument("--epsilon-budget", type=positive_float, default=3.0, help="each hospital's budget (default: 3)")
+    parser.add_argument("--round-timeout", type=positive_float, default=60.0, help="seconds a round waits for updates")
+    add_run_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    sys.exit(run(lambda: run_federation(args)))
+
+
+def run_federation(args: argparse.Namespace) -> dict:
+    out = args.out or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    federation, logs = out / "federation", out / "logs"
+    if federation.exists():
+        raise ProtocolError(f"{out} already holds a federation; choose another --out")
+    logs.mkdir(parents=True, exist_ok=True)
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    roster = provision(federation, hospitals=args.hospitals, address=address)
+
+    data = load_dataset(args.data, split_seed=args.seed)
+    parts = partition(
+        data.train.y, args.hospitals, args.partition, seed=args.seed, classes_per_part=args.classes_per_part, alpha=args.alpha
+    )
+    expected_batch_size = args.sample_rate * float(np.mean([len(p) for p in parts]))
+    print(
+        f"federation: server + {args.hospitals} hospitals on {address}, {data.name} ({args.partition}, "
+        f"{len(data.train)} training records), outputs in {out}",
+        flush=True,
+    )
+
+    common = ["--federation", str(federation), "--data", args.data, "--data-seed", str(args.seed)]
+    server_argv = [
+        *common,
+        *run_argv(args),
+        "--out", str(out / SERVER),
+        "--expected-batch-size", repr(expected_batch_size),
+        "--transcript", str(out / SERVER / "transcript.msgpack"),
+        "--round-timeout", str(args.round_timeout),
+    ]  # fmt: skip
+    started = time.monotonic()
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    server = _launch("scripts.server", server_argv, logs / "server.log", environment, stdout=subprocess.PIPE)
+    hospitals = {}
+    for index, name in enumerate(roster.hospitals, start=1):
+        hospital_argv = [
+            *common,
+            "--name", name,
+            "--parts", str(args.hospitals),
+            "--part", str(index),
+            "--partition", args.partition,
+            "--partition-seed", str(args.seed),
+            "--alpha", str(args.alpha),
+            "--epsilon-budget", str(args.epsilon_budget),
+            "--delta", str(args.delta),
+            "--timeout", str(3 * args.round_timeout),
+        ]  # fmt: skip
+        if args.classes_per_part:
+            hospital_argv += ["--classes-per-part", str(args.classes_per_part)]
+        hospitals[name] = _launch("scripts.hospital", hospital_argv, logs / f"{name}.log", environment)
+
+    deadline = started + _STARTUP_ALLOWANCE_S + 3 * args.rounds * args.round_timeout
+    try:
+        _relay_progress(server, deadline)
+        server_status = server.wait(timeout=max(1.0, deadline - time.monotonic()))
+        if server_status != 0:
+            raise ProtocolError(f"the server failed (exit {server_status}): {_tail(logs / 'server.log')}")
+        statuses = {name: _wait(process) for name, process in hospitals.items()}
+    finally:
+        for process in [server, *hospitals.values()]:
+            if process.poll() is None:
+                process.kill()
+    for name, status in statuses.items():
+        if status != 0:
+            print(f"warning: {name} exited with status {status}: {_tail(logs / f'{name}.log')}", file=sys.stderr)
+
+    report = build_report(
+        json.loads((out / SERVER / "server_report.json").read_text()),
+        {name: _hospital_metrics(federation / name) for name in hospitals},
+        wall_seconds=time.monotonic() - started,
+    )
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    plot_report(report, out / "report.png")
+    final, wire = report["final"], report["wire"]
+    print(
+        f"done in {report['wall_seconds']:.0f} s: validation accuracy {final['validation_accuracy']:.3f}, "
+        f"epsilon {final['epsilon']:.3f} at delta {final['delta']:g} "
+        f"({final['epsilon_peer_hospital']:.3f} against a fellow hospital); encrypted update "
+        f"{wire['update_bytes_per_round']:.0f} bytes = {wire['update_ratio_to_float32']:.2f}x float32",
+        flush=True,
+    )
+    print(f"report: {out / 'report.json'}, plot: {out / 'report.png'}", flush=True)
+    return report
+
+
+def build_report(server: dict, hospitals: dict[str, dict], *, wall_seconds: float) -> dict:
+    """Merge the server's report with each hospital's own metrics, round by round."""
+    by_round = {name: {r["round"]: r for r in metrics.get("rounds", [])} for name, metrics in hospitals.items()}
+    rounds = []
+    for record in server["rounds"]:
+        record = dict(record)
+        record["hospitals"] = {name: rounds_of[record["round"]] for name, rounds_of in by_round.items() if record["round"] in rounds_of}
+        rounds.append(record)
+    hospital_rounds = [r for rounds_of in by_round.values() for r in rounds_of.values()]
+    float32_bytes = 4 * server["parameter_count"]
+
+    def mean_of(key: str) -> float:
+        return float(np.mean([r[key] for r in hospital_rounds])) if hospital_rounds else 0.0
+
+    def mean_seconds(records: list[dict], phase: str) -> float:
+        values = [r["seconds"][phase] for r in records if phase in r["seconds"]]
+        return float(np.mean(values)) if values else 0.0
+
+    return {
+        "config": server["config"],
+        "bfv": server["bfv"],
+        "final": {**server["final"], "finish_reason": server["finish_reason"]},
+        "wire": {
+            "float32_update_bytes": float32_bytes,
+            "update_bytes_per_round": mean_of("update_bytes"),
+            "update_ratio_to_float32": mean_of("update_bytes") / float32_bytes,
+            "aggregate_bytes_per_round": mean_of("received_bytes"),
+            "aggregate_ratio_to_float32": mean_of("received_bytes") / float32_bytes,
+            "sent_bytes_per_round": mean_of("sent_bytes"),
+            "note": "per hospital per round; update = the encrypted upload, aggregate = the encrypted sum downloaded, "
+            "sent = upload plus the release message (the first contributor's includes the float32 mean)",
+        },
+        "phase_seconds": {
+            "server": {
+                **server["phase_seconds"],
+                **{f"{phase}_per_round": mean_seconds(server["rounds"], phase) for phase in ("collect", "aggregate", "release", "evaluate")},
+            },
+            "hospital_per_round": {phase: mean_seconds(hospital_rounds, phase) for phase in ("train", "encrypt", "decrypt")},
+        },
+        "clamped_coordinates": sum(r["clamped"] for r in hospital_rounds),
+        "rejected_messages": server["rejected_messages"],
+        "wall_seconds": wall_seconds,
+        "rounds": rounds,
+    }
+
+
+def plot_report(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    released = [r for r in report["rounds"] if r["status"] == "released"]
+    rounds = [r["round"] for r in released]
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    top.plot(rounds, [r["validation_accuracy"] for r in released], color="tab:blue")
+    top.set_ylabel("validation accuracy")
+    top.grid(alpha=0.3)
+    bottom.plot(rounds, [r["epsilon"] for r in released], label="against the server", color="tab:red")
+    bottom.plot(rounds, [r["epsilon_peer_hospital"] for r in released], label="against a fellow hospital", color="tab:orange", linestyle="--")
+    bottom.set_ylabel(f"epsilon (delta {report['final']['delta']:g})")
+    bottom.set_xlabel("round")
+    bottom.legend()
+    bottom.grid(alpha=0.3)
+    config = report["config"]
+    figure.suptitle(f"Dopamine on {config['dataset']}: {len(config['hospitals'])} hospitals, BFV secure aggregation")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _launch(module: str, argv: list[str], log: Path, environment: dict, stdout=None) -> subprocess.Popen:
+    handle = log.open("w")
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *argv],
+        stdout=stdout if stdout is not None else handle,
+        stderr=handle,
+        text=True,
+        env=environment,
+    )
+
+
+def _relay_progress(server: subprocess.Popen, deadline: float) -> None:
+    """Print the server's lines as they come; give up at ``deadline``."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in server.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ProtocolError("the federation did not finish in time")
+        try:
+            line = lines.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        if line is None:
+            return
+        print(line, end="", flush=True)
+
+
+def _wait(process: subprocess.Popen) -> int:
+    try:
+        return process.wait(timeout=_SHUTDOWN_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+def _hospital_metrics(state_dir: Path) -> dict:
+    files = sorted(state_dir.glob("metrics-*.json"))
+    return json.loads(files[-1].read_text()) if files else {}
+
+
+def _tail(log: Path) -> str:
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    return " | ".join(lines[-_LOG_TAIL_LINES:]) or "(no output)"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""consilium-server: run the aggregator of a provisioned federation."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+from pathlib import Path
+
+from protocol.config import ConfigError, RunConfig
+from protocol.roster import SERVER, Credentials, Roster
+from protocol.server import Server, Timeouts
+from scripts._cli import add_run_arguments, configure_logging, positive_float, run
+from training.datasets import load_dataset
+from training.dopamine import DopamineSettings
+from training.models import ModelSpec, input_statistics
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="consilium-server",
+        description="Run the server: it sums the hospitals' encrypted updates and evaluates the released model.",
+    )
+    parser.add_argument("--federation", type=Path, required=True, help="federation directory (consilium-provision)")
+    parser.add_argument("--out", type=Path, required=True, help="directory for the report, ledger and final model")
+    parser.add_argument("--data", default="breast_cancer", help="validation data: breast_cancer, digits or an .npz path")
+    parser.add_argument("--data-seed", type=int, default=0, help="train/validation split of built-in data (default: 0)")
+    parser.add_argument(
+        "--expected-batch-size",
+        type=positive_float,
+        required=True,
+        help="B: the federation-wide divisor of each hospital's noisy gradient sum (q times a hospital's typical size)",
+    )
+    add_run_arguments(parser)
+    parser.add_argument("--transcript", type=Path, help="append every received message to this audit file")
+    parser.add_argument("--join-timeout", type=positive_float, default=60.0, help="seconds to wait for hospitals to join")
+    parser.add_argument("--round-timeout", type=positive_float, default=60.0, help="seconds a round waits for updates")
+    parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
+    sys.exit(run(lambda: serve(args)))
+
+
+def serve(args: argparse.Namespace) -> None:
+    roster = Roster.load(args.federation)
+    credentials = Credentials.load(args.federation, SERVER)
+    dataset = load_dataset(args.data, split_seed=args.data_seed)
+    mean, std = input_statistics(dataset.validation.x)
+    hospitals = tuple(roster.hospitals)
+    try:
+        config = RunConfig(
+            run_id=secrets.token_hex(8),
+            dataset=dataset.name,
+            hospitals=hospitals,
+            rounds=args.rounds,
+            delta=args.delta,
+            accountant=args.accountant,
+            model=ModelSpec(args.model, dataset.input_shape, dataset.num_classes, args.hidden, mean, std),
+            dopamine=DopamineSettings(
+                sample_rate=args.sample_rate,
+                noise_multiplier=args.noise_multiplier,
+                max_grad_norm=args.max_grad_norm,
+                quorum=args.quorum or len(hospitals),
+                expected_batch_size=args.expected_batch_size,
+                learning_rate=args.lr,
+                momentum=args.momentum,
+            ),
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    params = config.bfv_parameters()
+    print(
+        f"server on {roster.server_address}: run {config.run_id}, {len(hospitals)} hospitals, "
+        f"{params.vector_length} parameters in {params.chunk_count} BFV ciphertext(s) "
+        f"(N={params.poly_modulus_degree}, t={params.plain_modulus}, q={params.coeff_mod_bit_sizes[0]} bits)",
+        flush=True,
+    )
+    timeouts = Timeouts(join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout)
+
+    def print_round(record: dict) -> None:
+        prefix = f"round {record['round']:>4}/{config.rounds}"
+        if record["status"] == "released":
+            print(
+                f"{prefix}  val_acc {record['validation_accuracy']:.3f}  "
+                f"epsilon {record['epsilon']:.3f} (delta {config.delta:g})  "
+                f"contributors {len(record['contributors'])}/{len(hospitals)}",
+                flush=True,
+            )
+        else:
+            print(f"{prefix}  aborted: {record['reason']}", flush=True)
+
+    server = Server(
+        config=config,
+        roster=roster,
+        credentials=credentials,
+        validation=dataset.validation,
+        out_dir=args.out,
+        timeouts=timeouts,
+        transcript=args.transcript,
+        on_round=print_round,
+    )
+    report = server.run()
+    final = report["final"]
+    print(f"finished ({report['finish_reason']}): {final['rounds_released']} rounds released, report in {args.out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

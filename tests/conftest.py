@@ -1,0 +1,42 @@
+"""Helpers shared by the tests: running the launchers as real processes, free ports, small parameters."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from crypto.bfv_parameters import select_bfv_parameters
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def launcher(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", f"scripts.{module}", *map(str, args)]
+
+
+def run_launcher(module: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        launcher(module, *args), capture_output=True, text=True, timeout=timeout, env=child_environment(), cwd=REPO
+    )
+
+
+def child_environment() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def small_params():
+    """Parameters for 10 contributors of 300 values in [-4, 4] at precision 1e-3."""
+    return select_bfv_parameters(max_contributors=10, vector_length=300, value_bound=4.0, precision=1e-3)

@@ -1,0 +1,107 @@
+"""A real server process, and hospitals whose side the test scripts message by message."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from conftest import child_environment, free_port, launcher
+from crypto.bfv import SecretContext
+from crypto.sealed_box import open_box, seal
+from protocol.config import RunConfig
+from protocol.hospital import sealed_key_context
+from protocol.messages import TO_HOSPITAL, KeyReady, KeyRequest, KeySetup, Message, SealedKey, Welcome, decode, encode
+from protocol.roster import Credentials, Roster, provision
+from protocol.transport import ClientTransport
+
+MAX_BYTES = 1 << 24
+
+
+class ServerProcess:
+    def __init__(self, tmp_path: Path, hospitals: int, *args: str) -> None:
+        self.federation = tmp_path / "federation"
+        self.out = tmp_path / "server"
+        self.roster = provision(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}")
+        self.log = tmp_path / "server.log"
+        command = launcher(
+            "server", "--federation", self.federation, "--out", self.out, "--expected-batch-size", "5",
+            "--hidden", "4", "--join-timeout", "60", "--transcript", tmp_path / "transcript.msgpack", *args,
+        )  # fmt: skip
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=self.log.open("w"), text=True, env=child_environment()
+        )
+
+    def finish(self, timeout: float = 60) -> dict:
+        assert self.process.wait(timeout=timeout) == 0, self.log.read_text()
+        return json.loads((self.out / "server_report.json").read_text())
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+class ScriptedHospital:
+    def __init__(self, server: ServerProcess, name: str) -> None:
+        self.name = name
+        self.roster: Roster = server.roster
+        self.credentials = Credentials.load(server.federation, name)
+        self.transport = ClientTransport(self.roster.server_address, self.roster.server.curve_public, self.credentials.curve, MAX_BYTES)
+        self.secret: SecretContext | None = None
+        self.config: RunConfig | None = None
+
+    def send(self, message: Message) -> None:
+        self.transport.send(encode(message))
+
+    def send_raw(self, payload: bytes) -> None:
+        self.transport.send(payload)
+
+    def expect(self, kind: type, timeout: float = 60) -> Message:
+        payload = self.transport.receive(timeout)
+        assert payload is not None, f"{self.name}: nothing from the server within {timeout} s"
+        message = decode(payload, accept=TO_HOSPITAL, max_bytes=MAX_BYTES)
+        assert isinstance(message, kind), f"{self.name}: expected {kind.TYPE}, got {message}"
+        return message
+
+    def welcome(self) -> RunConfig:
+        self.config = RunConfig.from_dict(self.expect(Welcome).config)
+        return self.config
+
+    def key_setup(self) -> KeySetup:
+        """As the key holder: answer the key request with a fresh context sealed to the others."""
+        self.expect(KeyRequest)
+        self.secret = SecretContext.generate(self.config.bfv_parameters())
+        secret_bytes = self.secret.to_bytes()
+        sealed = {
+            name: seal(
+                secret_bytes,
+                recipient=self.roster.party(name).identity.box,
+                sender=self.credentials.identity.signing,
+                context=sealed_key_context(self.config.run_id, name),
+            )
+            for name in self.config.hospitals
+            if name != self.name
+        }
+        return KeySetup(public_context=self.secret.public_bytes(), sealed_keys=sealed)
+
+    def receive_key(self) -> None:
+        box = self.expect(SealedKey).box
+        holder = self.roster.party(self.config.key_holder)
+        secret_bytes = open_box(
+            box,
+            recipient=self.credentials.identity.box,
+            sender=holder.identity.signing,
+            context=sealed_key_context(self.config.run_id, self.name),
+        )
+        self.secret = SecretContext.from_bytes(secret_bytes, self.config.bfv_parameters())
+        self.send(KeyReady())
+
+    def random_update(self, seed: int) -> np.ndarray:
+        params = self.config.bfv_parameters()
+        return np.random.default_rng(seed).uniform(-1, 1, params.vector_length) * params.value_bound / 2
+
+    def close(self) -> None:
+        self.transport.close()

@@ -1,0 +1,50 @@
+"""Privacy is enforced where the data lives: real server and hospital processes, run twice."""
+
+import subprocess
+
+import pytest
+
+from conftest import child_environment, free_port, launcher
+from protocol.roster import provision
+from training.accounting import PrivacyLedger
+
+pytestmark = pytest.mark.slow
+TRAINING = ("--sample-rate", "0.1", "--noise-multiplier", "1.0", "--hidden", "4", "--expected-batch-size", "15")
+
+
+def _run(federation, out, rounds, budgets):
+    server = subprocess.Popen(
+        launcher("server", "--federation", federation, "--out", out, "--rounds", rounds, "--round-timeout", "30", *TRAINING),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(),
+    )  # fmt: skip
+    hospitals = {
+        name: subprocess.Popen(
+            launcher("hospital", "--federation", federation, "--name", name, "--parts", "2", "--part", index,
+                     "--epsilon-budget", budget, "--timeout", "60"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(),
+        )  # fmt: skip
+        for index, (name, budget) in enumerate(budgets.items(), start=1)
+    }
+    outputs = {name: process.communicate(timeout=120) for name, process in hospitals.items()}
+    server_output = server.communicate(timeout=120)
+    assert server.returncode == 0, server_output[1]
+    for name, process in hospitals.items():
+        assert process.returncode == 0, outputs[name][1]
+    return {name: stdout for name, (stdout, _) in outputs.items()}
+
+
+def test_a_restart_keeps_the_ledger_and_the_budget_is_enforced_locally(tmp_path):
+    federation = tmp_path / "federation"
+    provision(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
+    _run(federation, tmp_path / "run1", 2, {"hospital-1": "10", "hospital-2": "10"})
+    first = PrivacyLedger(federation / "hospital-1" / "privacy_ledger.json")
+    assert first.steps == 2
+    spent = first.epsilon(1e-5)
+
+    # A new run: hospital-1's budget allows what it has spent, not one round more.
+    outputs = _run(federation, tmp_path / "run2", 5, {"hospital-1": f"{spent * 1.01:.6f}", "hospital-2": "10"})
+    assert "privacy budget" in outputs["hospital-1"]
+    after = PrivacyLedger(federation / "hospital-1" / "privacy_ledger.json")
+    assert after.steps == 2 and after.epsilon(1e-5) == pytest.approx(spent)
+    # hospital-2 contributed to the aborted round: its charge stays (a crash or abort can only over-count).
+    assert PrivacyLedger(federation / "hospital-2" / "privacy_ledger.json").steps == 3

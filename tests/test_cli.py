@@ -1,0 +1,50 @@
+"""What a user sees from the launchers: help everywhere, and one line for a mistake."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import run_launcher
+from protocol.roster import provision
+
+
+@pytest.mark.parametrize("module", ["provision", "server", "hospital", "federation"])
+def test_every_launcher_has_help(module):
+    result = run_launcher(module, "--help")
+    assert result.returncode == 0 and "usage:" in result.stdout
+
+
+def _assert_one_line_error(result, fragment):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and fragment in errors[0], result.stderr
+
+
+def test_user_mistakes_get_one_line(tmp_path):
+    federation = tmp_path / "federation"
+    provision(federation, hospitals=2, address="tcp://127.0.0.1:5999")
+    hospital = ["--federation", federation, "--name", "hospital-1"]
+    server = ["--federation", federation, "--out", tmp_path / "out", "--expected-batch-size", "5"]
+    cases = [
+        (("hospital", *hospital, "--data", tmp_path / "missing.npz"), "no dataset file"),
+        (("hospital", "--federation", tmp_path / "nowhere", "--name", "hospital-1"), "run consilium-provision first"),
+        (("hospital", *hospital, "--parts", "2", "--part", "3"), "--part must be between"),
+        (("hospital", "--federation", federation, "--name", "hospital-7"), "is 'hospital-7' a party"),
+        (("server", *server, "--data", tmp_path / "missing.npz"), "no dataset file"),
+        (("server", *server, "--model", "cnn"), "the CNN needs"),
+        (("server", *server, "--accountant", "moments"), "unknown accountant"),
+        (("server", *server, "--quorum", "3"), "exceeds the 2 hospitals"),
+        (("provision", "--out", federation), "already holds a federation"),
+        (("federation", "--out", tmp_path / "run", "--data", tmp_path / "missing.npz"), "no dataset file"),
+    ]
+    # Each launcher takes seconds to import torch and Opacus; the cases are independent.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda case: run_launcher(*case[0]), cases))
+    for result, (_, fragment) in zip(results, cases):
+        _assert_one_line_error(result, fragment)
+
+
+def test_bad_numbers_are_refused_by_the_parser():
+    result = run_launcher("federation", "--sample-rate", "1.5")
+    assert result.returncode == 2 and "must be in (0, 1]" in result.stderr

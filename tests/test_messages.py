@@ -1,0 +1,85 @@
+import msgpack
+import pytest
+
+from protocol.messages import (
+    TO_HOSPITAL,
+    TO_SERVER,
+    Aggregate,
+    Finish,
+    Hello,
+    KeyReady,
+    KeyRequest,
+    KeySetup,
+    MessageError,
+    Released,
+    RoundAbort,
+    RoundStart,
+    SealedKey,
+    Update,
+    Welcome,
+    Withdraw,
+    decode,
+    encode,
+    release_digest,
+)
+
+LIMIT = 1 << 20
+SAMPLES = [
+    Hello(),
+    KeySetup(public_context=b"ctx", sealed_keys={"hospital-2": b"box"}),
+    KeyReady(),
+    Update(round=3, chunks=(b"a", b"b")),
+    Withdraw(round=3, reason="budget"),
+    Released(round=3, digest=b"d" * 32, mean_gradient=b""),
+    Welcome(config={"run_id": "abc", "nested": {"x": [1, 2.5]}}, initial_parameters=b"\x00" * 8),
+    KeyRequest(),
+    SealedKey(box=b"box"),
+    RoundStart(round=1),
+    Aggregate(round=1, contributors=("hospital-1", "hospital-2"), chunks=(b"c",)),
+    RoundAbort(round=1, reason="quorum"),
+    Finish(reason="done"),
+]
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: m.TYPE)
+def test_every_message_survives_the_wire(message):
+    accept = TO_SERVER if type(message) in TO_SERVER else TO_HOSPITAL
+    assert decode(encode(message), accept=accept, max_bytes=LIMIT) == message
+
+
+def _raw(**body):
+    return msgpack.packb(body, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"\xc1garbage", "not a msgpack"),
+        (b"\x92\x01", "not a msgpack"),
+        (_raw(v=1, type="update", round=1, chunks=[b"a"]) + b"\x00", "not a msgpack"),
+        (msgpack.packb([1, 2]), "must be a map"),
+        (_raw(v=2, type="hello"), "unsupported protocol version"),
+        (_raw(type="hello"), "unsupported protocol version"),
+        (_raw(v=1, type="launch_missiles"), "unexpected message type"),
+        (_raw(v=1, type="aggregate", round=1, contributors=[], chunks=[]), "unexpected message type"),
+        (_raw(v=1, type="update", round=1), "expected fields"),
+        (_raw(v=1, type="update", round=1, chunks=[b"a"], sender="hospital-2"), "expected fields"),
+        (_raw(v=1, type="update", round=-1, chunks=[b"a"]), "non-negative integer"),
+        (_raw(v=1, type="update", round=True, chunks=[b"a"]), "non-negative integer"),
+        (_raw(v=1, type="update", round="1", chunks=[b"a"]), "non-negative integer"),
+        (_raw(v=1, type="update", round=1, chunks=b"a"), "must be a list"),
+        (_raw(v=1, type="update", round=1, chunks=["text"]), "must be bytes"),
+        (_raw(v=1, type="key_setup", public_context=b"c", sealed_keys={"h": "text"}), "must be bytes"),
+        (msgpack.packb({1: 2}), "not a msgpack"),
+        (b"\x00" * (LIMIT + 1), "exceeds the limit"),
+    ],
+)
+def test_malformed_messages_are_rejected_with_a_reason(raw, reason):
+    with pytest.raises(MessageError, match=reason):
+        decode(raw, accept=TO_SERVER, max_bytes=LIMIT)
+
+
+def test_release_digest_binds_the_round_and_the_values():
+    assert release_digest(1, b"abc") != release_digest(2, b"abc")
+    assert release_digest(1, b"abc") != release_digest(1, b"abd")
+    assert len(release_digest(1, b"")) == 32

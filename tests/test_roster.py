@@ -1,0 +1,45 @@
+import stat
+
+import pytest
+
+from protocol.roster import Credentials, Roster, RosterError, provision
+
+
+def test_provision_writes_private_keys_and_a_public_roster(tmp_path):
+    roster = provision(tmp_path / "fed", hospitals=3, address="tcp://127.0.0.1:6000")
+    assert roster.hospitals == ["hospital-1", "hospital-2", "hospital-3"]
+    assert roster.server_address == "tcp://127.0.0.1:6000"
+    secret_file = tmp_path / "fed" / "hospital-2" / "secret_keys.toml"
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+    credentials = Credentials.load(tmp_path / "fed", "hospital-2")
+    assert credentials.curve.public == roster.party("hospital-2").curve_public
+    assert credentials.identity.public.to_text() == roster.party("hospital-2").identity.to_text()
+    public_text = (tmp_path / "fed" / "roster.toml").read_text()
+    assert "secret" not in public_text and credentials.curve.secret.decode() not in public_text
+
+
+def test_provision_refuses_to_overwrite_or_bad_input(tmp_path):
+    provision(tmp_path, hospitals=1, address="tcp://127.0.0.1:6000")
+    with pytest.raises(RosterError, match="already holds a federation"):
+        provision(tmp_path, hospitals=1, address="tcp://127.0.0.1:6000")
+    with pytest.raises(RosterError, match="tcp://HOST:PORT"):
+        provision(tmp_path / "other", hospitals=1, address="localhost")
+    with pytest.raises(RosterError, match="at least one hospital"):
+        provision(tmp_path / "other", hospitals=0, address="tcp://127.0.0.1:6000")
+
+
+def test_missing_or_malformed_files_are_named(tmp_path):
+    with pytest.raises(RosterError, match="run consilium-provision first"):
+        Roster.load(tmp_path)
+    provision(tmp_path, hospitals=1, address="tcp://127.0.0.1:6000")
+    with pytest.raises(RosterError, match="is 'hospital-9' a party"):
+        Credentials.load(tmp_path, "hospital-9")
+    with pytest.raises(RosterError, match="not in the roster"):
+        Roster.load(tmp_path).party("hospital-9")
+    roster_file = tmp_path / "roster.toml"
+    roster_file.write_text(roster_file.read_text().replace("curve_public = '", "curve_public = 'x", 1))
+    with pytest.raises(RosterError, match="40 z85 characters"):
+        Roster.load(tmp_path)
+    roster_file.write_text("[server\n")
+    with pytest.raises(RosterError, match="cannot read"):
+        Roster.load(tmp_path)

@@ -1,0 +1,74 @@
+import pytest
+
+from crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
+from crypto.sealed_box import SealedBoxError, open_box, seal
+
+CONTEXT = b"consilium/test|run|hospital-2"
+
+
+@pytest.fixture(scope="module")
+def parties():
+    return PrivateIdentity.generate(), PrivateIdentity.generate(), PrivateIdentity.generate()
+
+
+def _seal(sender, recipient, message=b"the BFV secret context"):
+    return seal(message, recipient=recipient.public.box, sender=sender.signing, context=CONTEXT)
+
+
+def _open(box, sender, recipient, context=CONTEXT):
+    return open_box(box, recipient=recipient.box, sender=sender.public.signing, context=context)
+
+
+def test_the_recipient_opens_what_the_sender_sealed(parties):
+    sender, recipient, _ = parties
+    assert _open(_seal(sender, recipient), sender, recipient) == b"the BFV secret context"
+
+
+def test_the_plaintext_does_not_appear_in_the_box(parties):
+    sender, recipient, _ = parties
+    secret = b"0123456789abcdef" * 8
+    assert secret not in _seal(sender, recipient, secret)
+
+
+def test_every_altered_byte_is_detected(parties):
+    sender, recipient, _ = parties
+    box = _seal(sender, recipient)
+    for position in range(len(box)):
+        tampered = bytearray(box)
+        tampered[position] ^= 0x01
+        with pytest.raises(SealedBoxError):
+            _open(bytes(tampered), sender, recipient)
+
+
+@pytest.mark.parametrize("case", ["other recipient", "other sender", "other context", "truncated"])
+def test_a_box_opens_only_as_sealed(parties, case):
+    sender, recipient, stranger = parties
+    box = _seal(sender, recipient)
+    with pytest.raises(SealedBoxError):
+        if case == "other recipient":
+            _open(box, sender, stranger)
+        elif case == "other sender":
+            _open(box, stranger, recipient)
+        elif case == "other context":
+            _open(box, sender, recipient, context=b"consilium/test|run|hospital-3")
+        else:
+            _open(box[:50], sender, recipient)
+
+
+def test_a_box_signed_by_the_right_sender_for_someone_else_cannot_be_redirected(parties):
+    """The signature covers the recipient: a relay cannot re-address a box."""
+    sender, recipient, stranger = parties
+    box_for_stranger = _seal(sender, stranger)
+    with pytest.raises(SealedBoxError):
+        _open(box_for_stranger, sender, recipient)
+
+
+def test_identity_keys_round_trip_and_bad_keys_are_named(parties):
+    identity = parties[0]
+    restored = PrivateIdentity.from_text(identity.to_text())
+    assert restored.public.to_text() == identity.public.to_text()
+    assert PublicIdentity.from_text(identity.public.to_text()).to_text() == identity.public.to_text()
+    with pytest.raises(IdentityKeyError, match="sign_public"):
+        PublicIdentity.from_text({"sign_public": "not base64!", "box_public": identity.public.to_text()["box_public"]})
+    with pytest.raises(IdentityKeyError, match="box_secret"):
+        PrivateIdentity.from_text({"sign_secret": identity.to_text()["sign_secret"]})

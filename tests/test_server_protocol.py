@@ -1,0 +1,137 @@
+"""A real server process against scripted hospitals: bad input is rejected and changes nothing."""
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from crypto.bfv import SecretContext
+from crypto.bfv_parameters import select_bfv_parameters
+from protocol.messages import (
+    Aggregate,
+    Finish,
+    Hello,
+    KeySetup,
+    Released,
+    RoundAbort,
+    RoundStart,
+    Update,
+    Withdraw,
+    encode,
+    release_digest,
+)
+from protocol.roster import CurveKeyPair
+from protocol.transport import ClientTransport
+from scripted import ScriptedHospital, ServerProcess
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def server(request, tmp_path):
+    hospitals, *args = request.param
+    process = ServerProcess(tmp_path, hospitals, *args)
+    yield process
+    process.kill()
+
+
+@pytest.mark.parametrize("server", [(2, "--rounds", "2", "--round-timeout", "30")], indirect=True)
+def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
+    h1, h2 = ScriptedHospital(server, "hospital-1"), ScriptedHospital(server, "hospital-2")
+    h1.send_raw(b"\xc1 not msgpack")  # rejected 1
+    h1.send(Hello())
+    h2.send(Hello())
+    h2.send(Hello())  # rejected 2: joined already
+    config = h1.welcome()
+    h2.welcome()
+    assert config.hospitals == ("hospital-1", "hospital-2") and config.key_holder == "hospital-1"
+
+    setup = h1.key_setup()
+    h2.send(setup)  # rejected 3: not the key holder
+    h1.send(KeySetup(public_context=h1.secret.to_bytes(), sealed_keys=setup.sealed_keys))  # rejected 4: secret key
+    h1.send(KeySetup(public_context=setup.public_context, sealed_keys={"hospital-9": b"box"}))  # rejected 5
+    h1.send(setup)
+    h2.receive_key()
+
+    assert h1.expect(RoundStart).round == 1 and h2.expect(RoundStart).round == 1
+    x1, x2 = h1.random_update(1), h2.random_update(2)
+    good = h1.secret.encrypt(x1).chunks
+    other_params = select_bfv_parameters(max_contributors=50, vector_length=len(x1), value_bound=1.0, precision=1e-3)
+    foreign = SecretContext.generate(other_params).encrypt(np.zeros(len(x1))).chunks
+    h1.send(Update(round=2, chunks=tuple(good)))  # rejected 6: out of sequence
+    h1.send(Update(round=1, chunks=tuple(foreign)))  # rejected 7: another context
+    h1.send(Update(round=1, chunks=tuple(good + good)))  # rejected 8: wrong number of ciphertexts
+    h1.send_raw(b"\x00" * (config.message_limit() + 1))  # rejected 9: oversized
+    h1.send_raw(msgpack.packb({"v": 1, "type": "update", "round": 1, "chunks": good, "sender": "hospital-2"}))  # 10
+    intruder = ClientTransport(server.roster.server_address, server.roster.server.curve_public, CurveKeyPair(*zmq.curve_keypair()), 1 << 24)
+    intruder.send(encode(Update(round=1, chunks=tuple(good))))  # refused at the handshake: never counted
+    h1.send(Update(round=1, chunks=tuple(good)))
+    h1.send(Update(round=1, chunks=tuple(good)))  # rejected 11: a replay
+    h2.send(Update(round=1, chunks=tuple(h2.secret.encrypt(x2).chunks)))
+
+    aggregate = h1.expect(Aggregate)
+    assert h2.expect(Aggregate) == aggregate
+    assert aggregate.contributors == ("hospital-1", "hospital-2")
+    decrypted = h1.secret.decrypt_sum(aggregate.chunks)
+    assert decrypted.contributors == 2
+    assert np.max(np.abs(decrypted.total - (x1 + x2))) <= 1 / h1.secret.params.scale
+    mean = (decrypted.total / 2).astype("<f4").tobytes()
+    h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
+    h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=b""))
+
+    assert h1.expect(RoundStart).round == 2 and h2.expect(RoundStart).round == 2
+    h1.send(Withdraw(round=2, reason="test over"))
+    h2.send(Withdraw(round=2, reason="test over"))
+    report = server.finish()
+    intruder.close()
+    assert report["rejected_messages"] == 11
+    assert [r["status"] for r in report["rounds"]] == ["released", "aborted"]
+    assert "fewer than the quorum" in report["finish_reason"]
+    log = server.log.read_text()
+    for reason in ("not a msgpack", "already joined", "exceeds the limit", "round 2 during round 1",
+                   "not a BFV ciphertext", "must never hold it", "unenrolled CurveZMQ key", "expected fields"):  # fmt: skip
+        assert reason in log, reason
+    # The replay lands during the round (a second update) or after it closed (not a release).
+    assert "second update" in log or "expected the release of round 1" in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.parametrize("server", [(3, "--rounds", "3", "--quorum", "2", "--round-timeout", "4")], indirect=True)
+def test_a_vanished_hospital_is_dropped_and_a_round_below_quorum_is_never_decrypted(server):
+    hospitals = [ScriptedHospital(server, f"hospital-{i}") for i in (1, 2, 3)]
+    h1, h2, h3 = hospitals
+    for hospital in hospitals:
+        hospital.send(Hello())
+    for hospital in hospitals:
+        hospital.welcome()
+    h1.send(h1.key_setup())
+    h2.receive_key()
+    h3.receive_key()
+    for hospital in hospitals:
+        assert hospital.expect(RoundStart).round == 1
+    x1, x2 = h1.random_update(1), h2.random_update(2)
+    h1.send(Update(round=1, chunks=tuple(h1.secret.encrypt(x1).chunks)))
+    h2.send(Update(round=1, chunks=tuple(h2.secret.encrypt(x2).chunks)))
+    # hospital-3 says nothing: after the round deadline it is dropped and the others' sum goes ahead.
+    assert "sent no update" in h3.expect(Finish, timeout=30).reason
+    aggregate = h1.expect(Aggregate, timeout=30)
+    decrypted = h1.secret.decrypt_sum(aggregate.chunks)
+    assert aggregate.contributors == ("hospital-1", "hospital-2") and decrypted.contributors == 2
+    mean = (decrypted.total / 2).astype("<f4").tobytes()
+    h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
+    h2.expect(Aggregate)
+    h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=b""))
+
+    assert h1.expect(RoundStart).round == 2 and h2.expect(RoundStart).round == 2
+    h2.send(Withdraw(round=2, reason="budget"))
+    h1.send(Update(round=2, chunks=tuple(h1.secret.encrypt(x1).chunks)))
+    abort = h1.expect(RoundAbort)  # one contribution, quorum two: no aggregate is ever sent
+    assert abort.round == 2 and "fewer than the quorum" in abort.reason
+    assert "fewer than the quorum" in h1.expect(Finish).reason
+    report = server.finish()
+    first, second = report["rounds"]
+    assert first["status"] == "released" and first["contributors"] == ["hospital-1", "hospital-2"]
+    assert first["noise_multiplier"] == pytest.approx(report["config"]["dopamine"]["noise_multiplier"])
+    assert second["status"] == "aborted" and second["validation_accuracy"] is None
+    for hospital in hospitals:
+        hospital.close()

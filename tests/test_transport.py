@@ -1,0 +1,57 @@
+import time
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from conftest import free_port
+from protocol.roster import CurveKeyPair
+from protocol.transport import ClientTransport, ServerTransport
+
+
+def _keys():
+    return CurveKeyPair(*zmq.curve_keypair())
+
+
+def test_the_server_names_senders_by_their_authenticated_key():
+    server_keys, first, second = _keys(), _keys(), _keys()
+    address = f"tcp://127.0.0.1:{free_port()}"
+    server = ServerTransport(address, server_keys, {first.public: "hospital-1", second.public: "hospital-2"}, 1 << 16)
+    clients = [ClientTransport(address, server_keys.public, keys, 1 << 16) for keys in (first, second)]
+    try:
+        clients[1].send(b"from two")
+        clients[0].send(b"from one")
+        received = dict(server.receive(5) for _ in range(2))
+        assert received == {"hospital-1": b"from one", "hospital-2": b"from two"}
+        assert server.send("hospital-2", b"reply")
+        assert clients[1].receive(5) == b"reply" and clients[0].receive(0.2) is None
+        assert not server.send("hospital-9", b"nobody")
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
+
+
+def test_an_unenrolled_key_is_refused_at_the_handshake():
+    server_keys, enrolled, intruder = _keys(), _keys(), _keys()
+    address = f"tcp://127.0.0.1:{free_port()}"
+    server = ServerTransport(address, server_keys, {enrolled.public: "hospital-1"}, 1 << 16)
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = server_keys.public, intruder.public, intruder.secret
+    monitor = socket.get_monitor_socket()
+    try:
+        socket.connect(address)
+        socket.send(b"let me in", zmq.NOBLOCK)
+        events = set()
+        deadline = time.monotonic() + 10
+        while zmq.EVENT_HANDSHAKE_FAILED_AUTH not in events and time.monotonic() < deadline:
+            if monitor.poll(200):
+                events.add(recv_monitor_message(monitor)["event"])
+        assert zmq.EVENT_HANDSHAKE_FAILED_AUTH in events
+        assert server.receive(1) is None
+    finally:
+        socket.disable_monitor()
+        monitor.close(linger=0)
+        socket.close(linger=0)
+        context.term()
+        server.close()

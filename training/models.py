@@ -1,0 +1,138 @@
+"""Models every party can rebuild from a small spec, all compatible with Opacus.
+
+``ModelSpec`` travels in the run configuration; ``build_model`` turns it into a module. Inputs are
+standardised inside the model with statistics the server computes on its own validation data, so
+that no hospital's data shapes the preprocessing (a statistic of a hospital's data would also break
+the per-example independence DP-SGD assumes).
+
+Activations are tanh: bounded activations keep per-example gradients small, so less is lost to
+clipping (Papernot et al., "Tempered Sigmoid Activations for Deep Learning with Differential
+Privacy"). The CNN is Opacus's MNIST example network; it has no batch norm, which mixes examples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = [
+    "ARCHITECTURES",
+    "ModelSpec",
+    "accuracy",
+    "build_model",
+    "get_flat_parameters",
+    "input_statistics",
+    "set_flat_parameters",
+]
+
+ARCHITECTURES = ("mlp", "cnn")
+_MIN_STD = 1e-6
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    architecture: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    hidden: tuple[int, ...] = (48,)  # hidden widths of the MLP
+    input_mean: tuple[float, ...] = ()  # per feature (vectors) or per channel (images); () for none
+    input_std: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"unknown architecture {self.architecture!r}; choose from {', '.join(ARCHITECTURES)}")
+        if self.architecture == "cnn" and len(self.input_shape) != 3:
+            raise ValueError(f"the CNN needs (channels, height, width) inputs, got shape {self.input_shape}")
+        if self.num_classes < 2:
+            raise ValueError(f"need at least 2 classes, got {self.num_classes}")
+        if len(self.input_mean) != len(self.input_std):
+            raise ValueError("input_mean and input_std must have the same length")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "ModelSpec":
+        try:
+            return cls(
+                architecture=str(fields["architecture"]),
+                input_shape=tuple(int(v) for v in fields["input_shape"]),
+                num_classes=int(fields["num_classes"]),
+                hidden=tuple(int(v) for v in fields.get("hidden", ())),
+                input_mean=tuple(float(v) for v in fields.get("input_mean", ())),
+                input_std=tuple(float(v) for v in fields.get("input_std", ())),
+            )
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"malformed model spec: {error}") from None
+
+
+def input_statistics(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Mean and standard deviation per feature (x of shape (n, d)) or per channel (n, c, h, w)."""
+    axes = (0,) if x.ndim == 2 else (0, 2, 3)
+    mean = x.mean(axis=axes, dtype=np.float64)
+    std = np.maximum(x.std(axis=axes, dtype=np.float64), _MIN_STD)
+    return tuple(map(float, mean)), tuple(map(float, std))
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    layers: list[nn.Module] = []
+    if spec.input_mean:
+        layers.append(_Standardize(spec.input_mean, spec.input_std, len(spec.input_shape)))
+    if spec.architecture == "mlp":
+        layers.append(nn.Flatten())
+        width = int(np.prod(spec.input_shape))
+        for hidden in spec.hidden:
+            layers += [nn.Linear(width, hidden), nn.Tanh()]
+            width = hidden
+        layers.append(nn.Linear(width, spec.num_classes))
+    else:
+        features = nn.Sequential(
+            nn.Conv2d(spec.input_shape[0], 16, 8, stride=2, padding=3),
+            nn.Tanh(),
+            nn.MaxPool2d(2, 1),
+            nn.Conv2d(16, 32, 4, stride=2),
+            nn.Tanh(),
+            nn.MaxPool2d(2, 1),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            width = features(torch.zeros(1, *spec.input_shape)).shape[1]
+        layers += [features, nn.Linear(width, 32), nn.Tanh(), nn.Linear(32, spec.num_classes)]
+    return nn.Sequential(*layers)
+
+
+def get_flat_parameters(model: nn.Module) -> np.ndarray:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().astype(np.float32)
+
+
+def set_flat_parameters(model: nn.Module, vector: np.ndarray) -> None:
+    """Copy ``vector`` into the model's parameters (never aliasing it, unlike ``vector_to_parameters``)."""
+    parameters = list(model.parameters())
+    sizes = [p.numel() for p in parameters]
+    if np.shape(vector) != (sum(sizes),):
+        raise ValueError(f"expected {sum(sizes)} parameters, got shape {np.shape(vector)}")
+    values = torch.from_numpy(np.array(vector, dtype=np.float32))  # a copy: the input may be read-only
+    with torch.no_grad():
+        for parameter, chunk in zip(parameters, values.split(sizes)):
+            parameter.copy_(chunk.view_as(parameter))
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
+    model.eval()
+    predictions = model(torch.as_tensor(x)).argmax(dim=1).numpy()
+    return float(np.mean(predictions == y))
+
+
+class _Standardize(nn.Module):
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], input_rank: int) -> None:
+        super().__init__()
+        shape = (-1,) if input_rank == 1 else (-1,) + (1,) * (input_rank - 1)
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).reshape(shape))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).reshape(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
