@@ -24,6 +24,7 @@ from typing import TypeVar
 import numpy as np
 
 from crypto.bfv import BfvError, SecretContext
+from crypto.bfv_parameters import BfvParameters
 from crypto.sealed_box import SealedBoxError, open_box, seal
 from protocol.config import ConfigError, RunConfig
 from protocol.messages import (
@@ -98,6 +99,7 @@ class Hospital:
         state_dir: Path,
         timeout_s: float = 180.0,
     ) -> None:
+        roster.check_credentials(credentials)
         self._name = credentials.name
         self._roster = roster
         self._credentials = credentials
@@ -142,7 +144,7 @@ class Hospital:
             self._transport.close()
         return {"finish_reason": finish_reason, "rounds": self._rounds}
 
-    def _key_ceremony(self, config: RunConfig, params) -> SecretContext:
+    def _key_ceremony(self, config: RunConfig, params: BfvParameters) -> SecretContext:
         holder = self._roster.party(config.key_holder)
         if self._name == config.key_holder:
             self._expect(KeyRequest)

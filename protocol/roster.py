@@ -69,6 +69,19 @@ class Roster:
         except KeyError:
             raise RosterError(f"{name!r} is not in the roster (parties: {', '.join(self.parties)})") from None
 
+    def check_credentials(self, credentials: "Credentials") -> None:
+        """Refuse to start with keys that are not the roster's: the handshake would fail silently."""
+        party = self.party(credentials.name)
+        if (
+            zmq.curve_public(credentials.curve.secret) != credentials.curve.public
+            or credentials.curve.public != party.curve_public
+            or credentials.identity.public.to_text() != party.identity.to_text()
+        ):
+            raise RosterError(
+                f"the secret keys of {credentials.name} do not match its entry in the roster "
+                "(provisioned again? use the roster.toml of the same provisioning)"
+            )
+
     @classmethod
     def load(cls, directory: Path) -> "Roster":
         document = _read_toml(directory / ROSTER_FILE, hint="run consilium-provision first")

@@ -95,6 +95,7 @@ class Server:
         transcript: Path | None = None,
         on_round: Callable[[dict], None] | None = None,
     ) -> None:
+        roster.check_credentials(credentials)
         self._config = config
         self._roster = roster
         self._validation = validation
@@ -113,9 +114,9 @@ class Server:
         self._rejections = 0
         self._departures: dict[str, str] = {}
         self._phase_seconds: dict[str, float] = {}
-        self._transcript = Transcript(transcript) if transcript else None
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
         self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, self._limit)
+        self._transcript = Transcript(transcript) if transcript else None
 
     def run(self) -> dict:
         """Run the federation to its end; returns (and writes) the server's report."""
@@ -165,6 +166,8 @@ class Server:
             else:
                 joined.add(sender)
                 log.info("%s joined (%d of %d)", sender, len(joined), len(expected))
+        # Whoever joined is told how the run ends, also if it ends here.
+        self._active = [h for h in self._config.hospitals if h in joined]
         if len(joined) < self._config.dopamine.quorum:
             raise ProtocolError(
                 f"only {len(joined)} of {len(expected)} hospitals joined within {self._timeouts.join_s:g} s; "
@@ -172,7 +175,6 @@ class Server:
             )
         self._config = dataclasses.replace(self._config, hospitals=tuple(h for h in self._config.hospitals if h in joined))
         self._params = self._config.bfv_parameters()
-        self._active = list(self._config.hospitals)
         welcome = Welcome(config=self._config.to_dict(), initial_parameters=self._initial_parameters.tobytes())
         for name in self._active:
             self._send(name, welcome)
@@ -289,7 +291,7 @@ class Server:
         """The mean gradient the contributors decrypted; all of them must state the same digest."""
         releaser = contributors[0]
         digests: dict[str, bytes] = {}
-        gradient: bytes | None = None
+        gradient: np.ndarray | None = None
         deadline = time.monotonic() + self._timeouts.round_s
         while set(digests) != set(contributors):
             got = self._next_message(deadline)
@@ -298,17 +300,19 @@ class Server:
             sender, message = got
             if not (isinstance(message, Released) and message.round == round_number and sender in contributors):
                 self._reject(sender, message, f"expected the release of round {round_number}")
-            elif sender == releaser and len(message.mean_gradient) != 4 * self._params.vector_length:
-                self._reject(sender, message, f"mean gradient of {len(message.mean_gradient)} bytes")
+            elif sender in digests:
+                self._reject(sender, message, f"second release of round {round_number}")
             elif sender != releaser and message.mean_gradient:
                 self._reject(sender, message, f"only {releaser} sends the mean gradient")
-            else:
+            elif sender != releaser:
                 digests[sender] = message.digest
-                if sender == releaser:
-                    gradient = message.mean_gradient
+            elif (values := self._released_gradient(message.mean_gradient)) is None:
+                self._reject(sender, message, f"the mean gradient is not {self._params.vector_length} finite float32 values")
+            else:
+                digests[sender], gradient = message.digest, values
         if gradient is None:
             raise ProtocolError(f"{releaser} did not release the mean gradient of round {round_number}")
-        expected = release_digest(round_number, gradient)
+        expected = release_digest(round_number, gradient.tobytes())
         disagreeing = sorted(name for name, digest in digests.items() if digest != expected)
         if disagreeing:
             raise ProtocolError(
@@ -316,7 +320,13 @@ class Server:
             )
         for name in set(contributors) - set(digests):
             self._drop(name, f"did not confirm round {round_number}")
-        return np.frombuffer(gradient, dtype="<f4").copy()
+        return gradient
+
+    def _released_gradient(self, payload: bytes) -> np.ndarray | None:
+        if len(payload) != 4 * self._params.vector_length:
+            return None
+        values = np.frombuffer(payload, dtype="<f4").copy()
+        return values if np.all(np.isfinite(values)) else None
 
     # -- helpers --------------------------------------------------------------------------------
 

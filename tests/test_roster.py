@@ -43,3 +43,11 @@ def test_missing_or_malformed_files_are_named(tmp_path):
     roster_file.write_text("[server\n")
     with pytest.raises(RosterError, match="cannot read"):
         Roster.load(tmp_path)
+
+
+def test_keys_from_another_provisioning_are_refused(tmp_path):
+    roster = provision(tmp_path / "a", hospitals=1, address="tcp://127.0.0.1:6000")
+    provision(tmp_path / "b", hospitals=1, address="tcp://127.0.0.1:6000")
+    roster.check_credentials(Credentials.load(tmp_path / "a", "hospital-1"))
+    with pytest.raises(RosterError, match="do not match its entry"):
+        roster.check_credentials(Credentials.load(tmp_path / "b", "hospital-1"))

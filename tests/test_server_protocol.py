@@ -76,7 +76,10 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
     assert decrypted.contributors == 2
     assert np.max(np.abs(decrypted.total - (x1 + x2))) <= 1 / h1.secret.params.scale
     mean = (decrypted.total / 2).astype("<f4").tobytes()
+    poisoned = np.full(len(x1), np.nan, dtype="<f4").tobytes()
+    h1.send(Released(round=1, digest=release_digest(1, poisoned), mean_gradient=poisoned))  # rejected 12: NaN
     h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
+    h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))  # rejected 13: repeated
     h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=b""))
 
     assert h1.expect(RoundStart).round == 2 and h2.expect(RoundStart).round == 2
@@ -84,7 +87,7 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
     h2.send(Withdraw(round=2, reason="test over"))
     report = server.finish()
     intruder.close()
-    assert report["rejected_messages"] == 11
+    assert report["rejected_messages"] == 13
     assert [r["status"] for r in report["rounds"]] == ["released", "aborted"]
     assert "fewer than the quorum" in report["finish_reason"]
     log = server.log.read_text()
@@ -93,6 +96,7 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
         assert reason in log, reason
     # The replay lands during the round (a second update) or after it closed (not a release).
     assert "second update" in log or "expected the release of round 1" in log
+    assert "not 134 finite float32 values" in log
     assert "Traceback" not in log
 
 
