@@ -129,7 +129,7 @@ class Hospital:
                 raise ProtocolError(f"{self._name} is not among the run's hospitals")
             params = config.bfv_parameters()
             self._limit = config.message_limit()
-            self._ledger = PrivacyLedger(self._state_dir / "privacy_ledger.json", config.accountant)
+            self._ledger = PrivacyLedger(self._state_dir / "privacy_ledger.jsonl", config.accountant)
             model = build_model(config.model)
             initial = np.frombuffer(welcome.initial_parameters, dtype="<f4")
             if initial.size != params.vector_length:

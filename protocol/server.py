@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from crypto.bfv import BfvError, CiphertextSum, PublicContext
-from protocol.config import RunConfig
+from protocol.config import ConfigError, RunConfig
 from protocol.messages import (
     TO_SERVER,
     Aggregate,
@@ -96,6 +96,8 @@ class Server:
         on_round: Callable[[dict], None] | None = None,
     ) -> None:
         roster.check_credentials(credentials)
+        if (out_dir / "privacy_ledger.jsonl").exists():
+            raise ConfigError(f"{out_dir} already holds a run (its ledger would mix two runs); choose another --out")
         self._config = config
         self._roster = roster
         self._validation = validation
@@ -107,7 +109,7 @@ class Server:
         self._momentum = MomentumUpdate(self._model, config.dopamine)
         self._params = config.bfv_parameters()
         self._limit = config.message_limit()
-        self._ledger = PrivacyLedger(out_dir / "privacy_ledger.json", config.accountant)
+        self._ledger = PrivacyLedger(out_dir / "privacy_ledger.jsonl", config.accountant)
         self._public: PublicContext | None = None
         self._active: list[str] = []
         self._rounds: list[_RoundRecord] = []

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
@@ -69,6 +70,36 @@ def test_an_unreadable_ledger_stops_everything(tmp_path):
     path.write_text("{ not json")
     with pytest.raises(LedgerError, match="only record of the privacy"):
         PrivacyLedger(path)
-    path.write_text('{"format": "something else", "version": 1, "entries": {}}')
+    path.write_text('{"format":"something else","version":2}\n')
     with pytest.raises(LedgerError):
         PrivacyLedger(path)
+    ledger_path = tmp_path / "real.json"
+    PrivacyLedger(ledger_path).record("a", sample_rate=0.1, noise_multipliers=round_noise_multipliers(1.0, 2, 2))
+    ledger_path.write_text(ledger_path.read_text().replace('"sample_rate":0.1', '"sample_rate":7'))
+    with pytest.raises(LedgerError, match="malformed record"):
+        PrivacyLedger(ledger_path)
+
+
+def test_a_record_cut_short_by_a_crash_is_dropped_and_the_rest_kept(tmp_path):
+    path = tmp_path / "ledger.json"
+    ledger = PrivacyLedger(path)
+    for key in ("a", "b"):
+        ledger.record(key, sample_rate=0.1, noise_multipliers=round_noise_multipliers(1.0, 2, 2))
+    with path.open("a") as handle:
+        handle.write('{"key":"c","sample_ra')
+    restarted = PrivacyLedger(path)
+    assert restarted.steps == 2
+    restarted.record("c", sample_rate=0.1, noise_multipliers=round_noise_multipliers(1.0, 2, 2))
+    assert PrivacyLedger(path).steps == 3 and PrivacyLedger(path).epsilon(1e-5) == pytest.approx(ledger.epsilon(1e-5, extra=(1.0, 0.1)))
+
+
+def test_each_record_is_one_appended_line(tmp_path):
+    path = tmp_path / "ledger.json"
+    ledger = PrivacyLedger(path)
+    sizes = []
+    for key in range(50):
+        ledger.record(str(key), sample_rate=0.1, noise_multipliers=round_noise_multipliers(1.0, 2, 2))
+        sizes.append(path.stat().st_size)
+    growth = np.diff(sizes)
+    assert growth.max() - growth.min() <= 4  # constant cost per round, not a rewrite of the file
+    assert len(path.read_text().splitlines()) == 51

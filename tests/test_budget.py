@@ -37,14 +37,14 @@ def test_a_restart_keeps_the_ledger_and_the_budget_is_enforced_locally(tmp_path)
     federation = tmp_path / "federation"
     provision(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
     _run(federation, tmp_path / "run1", 2, {"hospital-1": "10", "hospital-2": "10"})
-    first = PrivacyLedger(federation / "hospital-1" / "privacy_ledger.json")
+    first = PrivacyLedger(federation / "hospital-1" / "privacy_ledger.jsonl")
     assert first.steps == 2
     spent = first.epsilon(1e-5)
 
     # A new run: hospital-1's budget allows what it has spent, not one round more.
     outputs = _run(federation, tmp_path / "run2", 5, {"hospital-1": f"{spent * 1.01:.6f}", "hospital-2": "10"})
     assert "privacy budget" in outputs["hospital-1"]
-    after = PrivacyLedger(federation / "hospital-1" / "privacy_ledger.json")
+    after = PrivacyLedger(federation / "hospital-1" / "privacy_ledger.jsonl")
     assert after.steps == 2 and after.epsilon(1e-5) == pytest.approx(spent)
     # hospital-2 contributed to the aborted round: its charge stays (a crash or abort can only over-count).
-    assert PrivacyLedger(federation / "hospital-2" / "privacy_ledger.json").steps == 3
+    assert PrivacyLedger(federation / "hospital-2" / "privacy_ledger.jsonl").steps == 3

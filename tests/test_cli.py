@@ -26,6 +26,9 @@ def test_user_mistakes_get_one_line(tmp_path):
     provision(federation, hospitals=2, address="tcp://127.0.0.1:5999")
     hospital = ["--federation", federation, "--name", "hospital-1"]
     server = ["--federation", federation, "--out", tmp_path / "out", "--expected-batch-size", "5"]
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "privacy_ledger.jsonl").write_text("")
     cases = [
         (("hospital", *hospital, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("hospital", "--federation", tmp_path / "nowhere", "--name", "hospital-1"), "run consilium-provision first"),
@@ -36,6 +39,7 @@ def test_user_mistakes_get_one_line(tmp_path):
         (("server", *server, "--accountant", "moments"), "unknown accountant"),
         (("server", *server, "--quorum", "3"), "exceeds the 2 hospitals"),
         (("provision", "--out", federation), "already holds a federation"),
+        (("server", "--federation", federation, "--out", used, "--expected-batch-size", "5"), "already holds a run"),
         (("federation", "--out", tmp_path / "run", "--data", tmp_path / "missing.npz"), "no dataset file"),
     ]
     # Each launcher takes seconds to import torch and Opacus; the cases are independent.

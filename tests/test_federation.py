@@ -60,7 +60,7 @@ def test_each_hospital_ledger_agrees_with_the_server_and_is_on_disk(run):
     out, _ = run
     report = json.loads((out / "report.json").read_text())
     for name in ("hospital-1", "hospital-2", "hospital-3"):
-        ledger = PrivacyLedger(out / "federation" / name / "privacy_ledger.json")
+        ledger = PrivacyLedger(out / "federation" / name / "privacy_ledger.jsonl")
         assert ledger.steps == ROUNDS
         assert ledger.epsilon(1e-5) == pytest.approx(report["final"]["epsilon"])
 

@@ -21,15 +21,18 @@ distributed discrete Gaussian) is the planned replacement.
 
 **The ledger** records every release a party's data took part in, written to disk before the
 release leaves (so a crash can only over-count) and read back on start, so a restart never resets
-epsilon.
+epsilon. It is an append-only file of JSON lines, one fsynced line per record, so a long run costs
+the same per round as a short one; a later line for the same step replaces an earlier one (a
+reservation settled with the noise actually present). A final line cut short by a crash was never
+acknowledged, so nothing was released on its strength: it is dropped on the next start.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -47,8 +50,9 @@ __all__ = [
 ACCOUNTANTS = ("rdp", "prv")
 # Who looks at the released sum: the server knows no noise share, a fellow contributor its own.
 VIEWS = ("server", "peer_hospital")
-_FORMAT = "consilium-privacy-ledger"
-_VERSION = 1
+_HEADER = {"format": "consilium-privacy-ledger", "version": 2}
+
+log = logging.getLogger("consilium.accounting")
 
 
 class LedgerError(RuntimeError):
@@ -82,6 +86,8 @@ class PrivacyLedger:
         self._entries: dict[str, dict] = {}
         if path is not None and path.exists():
             self._entries = _read(path)
+        elif path is not None:
+            _append(path, _HEADER)
 
     @property
     def steps(self) -> int:
@@ -91,9 +97,10 @@ class PrivacyLedger:
         """Add or replace the step ``key``, and make it durable before returning."""
         if set(noise_multipliers) != set(VIEWS):
             raise ValueError(f"need a noise multiplier for each of {VIEWS}")
-        self._entries[key] = {"sample_rate": float(sample_rate), "noise_multipliers": dict(noise_multipliers)}
+        entry = {"sample_rate": float(sample_rate), "noise_multipliers": {k: float(v) for k, v in noise_multipliers.items()}}
         if self._path is not None:
-            _write_atomically(self._path, {"format": _FORMAT, "version": _VERSION, "entries": self._entries})
+            _append(self._path, {"key": key, **entry})
+        self._entries[key] = entry
 
     def epsilon(self, delta: float, *, view: str = "server", extra: tuple[float, float] | None = None) -> float:
         """Epsilon at ``delta`` spent so far, plus one more step ``(noise_multiplier, sample_rate)`` if given."""
@@ -113,34 +120,64 @@ class PrivacyLedger:
 
 def _read(path: Path) -> dict[str, dict]:
     try:
-        document = json.loads(path.read_text())
-        if document.get("format") != _FORMAT or document.get("version") != _VERSION:
+        text = path.read_bytes().decode()
+    except (OSError, UnicodeDecodeError) as error:
+        raise LedgerError(f"cannot read privacy ledger {path}: {error}") from None
+    complete, _, torn = text.rpartition("\n")
+    if torn:
+        # An unterminated last line is a record cut short by a crash, which was never acknowledged,
+        # so nothing was released on its strength. Anything else unreadable is refused below.
+        if not complete and not _line(_HEADER).decode().startswith(torn):
+            raise _unreadable(path, "not a privacy ledger")
+        log.warning("privacy ledger %s: dropping an incomplete last record", path)
+        _truncate(path, len(complete.encode()) + 1 if complete else 0)
+    if not complete:
+        _append(path, _HEADER)
+        return {}
+    try:
+        header, *records = (json.loads(line) for line in complete.split("\n"))
+        if header != _HEADER:
             raise ValueError("not a privacy ledger of a known version")
-        entries = document["entries"]
-        for entry in entries.values():
-            if not (0 < float(entry["sample_rate"]) <= 1 and set(entry["noise_multipliers"]) == set(VIEWS)):
-                raise ValueError("an entry is malformed")
+        entries = {}
+        for record in records:
+            key = record.pop("key")
+            if not (isinstance(key, str) and 0 < float(record["sample_rate"]) <= 1):
+                raise ValueError(f"malformed record for {key!r}")
+            if set(record["noise_multipliers"]) != set(VIEWS):
+                raise ValueError(f"record {key!r} lacks a view")
+            entries[key] = record
         return entries
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise LedgerError(
-            f"privacy ledger {path} is unreadable ({error}); refusing to continue, as it is the only "
-            "record of the privacy already spent"
-        ) from None
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise _unreadable(path, str(error)) from None
 
 
-def _write_atomically(path: Path, document: dict) -> None:
+def _unreadable(path: Path, reason: str) -> LedgerError:
+    return LedgerError(
+        f"privacy ledger {path} is unreadable ({reason}); refusing to continue, as it is the only "
+        "record of the privacy already spent"
+    )
+
+
+def _line(record: dict) -> bytes:
+    return (json.dumps(record, separators=(",", ":")) + "\n").encode()
+
+
+def _append(path: Path, record: dict) -> None:
+    line = _line(record)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(document, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-        directory = os.open(path.parent, os.O_RDONLY)
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.fsync(directory)
+            os.write(descriptor, line)
+            os.fsync(descriptor)
         finally:
-            os.close(directory)
+            os.close(descriptor)
     except OSError as error:
         raise LedgerError(f"cannot write privacy ledger {path}: {error}") from None
+
+
+def _truncate(path: Path, size: int) -> None:
+    try:
+        os.truncate(path, size)
+    except OSError as error:
+        raise LedgerError(f"cannot repair privacy ledger {path}: {error}") from None
