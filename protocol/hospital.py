@@ -51,7 +51,7 @@ from protocol.messages import (
 )
 from protocol.roster import Credentials, Roster
 from protocol.transport import ClientTransport
-from training.accounting import PrivacyLedger, round_noise_multipliers
+from training.accounting import LEDGER_FILE, PrivacyLedger, round_noise_multipliers
 from training.datasets import Split
 from training.dopamine import MomentumUpdate, NoisyGradientStep
 from training.models import build_model, set_flat_parameters
@@ -129,7 +129,7 @@ class Hospital:
                 raise ProtocolError(f"{self._name} is not among the run's hospitals")
             params = config.bfv_parameters()
             self._limit = config.message_limit()
-            self._ledger = PrivacyLedger(self._state_dir / "privacy_ledger.jsonl", config.accountant)
+            self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE, config.accountant)
             model = build_model(config.model)
             initial = np.frombuffer(welcome.initial_parameters, dtype="<f4")
             if initial.size != params.vector_length:

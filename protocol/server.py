@@ -52,7 +52,7 @@ from protocol.messages import (
 from protocol.roster import Credentials, Roster
 from protocol.transcript import Transcript
 from protocol.transport import ServerTransport
-from training.accounting import PrivacyLedger, round_noise_multipliers
+from training.accounting import LEDGER_FILE, PrivacyLedger, round_noise_multipliers
 from training.datasets import Split
 from training.dopamine import MomentumUpdate
 from training.models import accuracy, build_model, get_flat_parameters
@@ -96,7 +96,8 @@ class Server:
         on_round: Callable[[dict], None] | None = None,
     ) -> None:
         roster.check_credentials(credentials)
-        if (out_dir / "privacy_ledger.jsonl").exists():
+        ledger_path = out_dir / LEDGER_FILE
+        if ledger_path.exists():
             raise ConfigError(f"{out_dir} already holds a run (its ledger would mix two runs); choose another --out")
         self._config = config
         self._roster = roster
@@ -109,7 +110,7 @@ class Server:
         self._momentum = MomentumUpdate(self._model, config.dopamine)
         self._params = config.bfv_parameters()
         self._limit = config.message_limit()
-        self._ledger = PrivacyLedger(out_dir / "privacy_ledger.jsonl", config.accountant)
+        self._ledger = PrivacyLedger(ledger_path, config.accountant)
         self._public: PublicContext | None = None
         self._active: list[str] = []
         self._rounds: list[_RoundRecord] = []

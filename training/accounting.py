@@ -40,6 +40,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 
 __all__ = [
     "ACCOUNTANTS",
+    "LEDGER_FILE",
     "VIEWS",
     "LedgerError",
     "PrivacyLedger",
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 ACCOUNTANTS = ("rdp", "prv")
+LEDGER_FILE = "privacy_ledger.jsonl"
 # Who looks at the released sum: the server knows no noise share, a fellow contributor its own.
 VIEWS = ("server", "peer_hospital")
 _HEADER = {"format": "consilium-privacy-ledger", "version": 2}
@@ -166,12 +168,19 @@ def _append(path: Path, record: dict) -> None:
     line = _line(record)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        created = not path.exists()
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(descriptor, line)
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
+        if created:  # a new file is durable only once its directory entry is
+            directory = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
     except OSError as error:
         raise LedgerError(f"cannot write privacy ledger {path}: {error}") from None
 
