@@ -9,8 +9,9 @@
 - ``CiphertextSum`` (aggregator) adds contributions in place; ``+=`` costs ~0.03 ms where
   ``copy()`` costs ~5 ms, so nothing on this path copies a ciphertext.
 
-A vector travels as ``chunk_count`` serialized ciphertexts of ``poly_modulus_degree`` slots. Every
-contributor puts a 1 in the count slot after its values, so a decrypted sum states how many
+A vector of integers travels as ``chunk_count`` serialized ciphertexts of ``poly_modulus_degree``
+slots; slots hold integers modulo ``t``, so values are reduced, never clamped, and a decrypted sum
+reads in ``(-t/2, t/2]``. Every contributor puts a 1 in the count slot after its values, so a decrypted sum states how many
 ciphertexts went into it: hospitals check the aggregator's claim against it, and a sum made under
 another key decrypts to a count that does not match.
 """
@@ -24,13 +25,11 @@ import numpy as np
 import tenseal as ts
 
 from crypto.bfv_parameters import BfvParameters
-from crypto.fixed_point import FixedPointCodec
 
 __all__ = [
     "BfvError",
     "CiphertextSum",
     "DecryptedSum",
-    "EncryptedUpdate",
     "PublicContext",
     "SecretContext",
     "max_ciphertext_bytes",
@@ -45,14 +44,8 @@ class BfvError(ValueError):
 
 
 @dataclass(frozen=True)
-class EncryptedUpdate:
-    chunks: list[bytes]
-    clamped: int  # coordinates that fell outside the value bound and were clamped
-
-
-@dataclass(frozen=True)
 class DecryptedSum:
-    total: np.ndarray  # float64: the sum of the contributors' vectors
+    total: np.ndarray  # int64, in (-t/2, t/2]: the sum of the contributors' vectors modulo t
     contributors: int  # read from the count slot, not taken from the aggregator's word
 
 
@@ -70,7 +63,6 @@ class SecretContext:
             raise BfvError("this BFV context holds no secret key")
         self._context = context
         self.params = params
-        self._codec = FixedPointCodec(scale=params.scale, max_level=params.max_level)
 
     @classmethod
     def generate(cls, params: BfvParameters) -> "SecretContext":
@@ -99,18 +91,19 @@ class SecretContext:
             save_public_key=False, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
         )
 
-    def encrypt(self, values: np.ndarray) -> EncryptedUpdate:
+    def encrypt(self, values: np.ndarray) -> list[bytes]:
+        """The ciphertexts of an integer vector, each value taken modulo t."""
         values = np.asarray(values)
-        if values.shape != (self.params.vector_length,):
-            raise BfvError(f"expected a vector of {self.params.vector_length} values, got shape {values.shape}")
-        encoded = self._codec.encode(values)
-        slots = np.append(encoded.levels, 1)
+        if values.shape != (self.params.vector_length,) or not np.issubdtype(values.dtype, np.integer):
+            raise BfvError(f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}")
+        t = self.params.plain_modulus
+        reduced = np.mod(values.astype(np.int64), t)
+        slots = np.append(np.where(reduced > t // 2, reduced - t, reduced), 1)  # the balanced range SEAL encodes
         degree = self.params.poly_modulus_degree
-        chunks = [
+        return [
             ts.bfv_vector(self._context, slots[start : start + degree].tolist()).serialize()
             for start in range(0, slots.size, degree)
         ]
-        return EncryptedUpdate(chunks=chunks, clamped=encoded.clamped)
 
     def decrypt_sum(self, chunks: Sequence[bytes]) -> DecryptedSum:
         vectors = _load_chunks(self._context, self.params, chunks)
@@ -120,7 +113,7 @@ class SecretContext:
             raise BfvError(
                 f"the count slot decrypts to {contributors}: the sum was not made under this key or was corrupted"
             )
-        return DecryptedSum(total=self._codec.decode(slots[:-1]), contributors=contributors)
+        return DecryptedSum(total=slots[:-1], contributors=contributors)
 
 
 class PublicContext:

@@ -1,13 +1,12 @@
 """BFV parameters computed from what the sum must hold.
 
-Each contributor encodes every coordinate of its vector as an integer in ``[-B, B]``, where
-``B = ceil(value_bound * scale)`` and ``scale = 1 / precision``, encrypts it with batched BFV, and
-the aggregator adds ``K`` ciphertexts. Two failures would corrupt that sum silently; both are ruled
-out here by construction:
+Each contributor encrypts a vector of integers with batched BFV and the aggregator adds up to ``K``
+ciphertexts. Slots hold integers modulo the plaintext modulus ``t``: the sum is reduced mod ``t``,
+never clamped. Two failures would corrupt it silently; both are ruled out here by construction:
 
-1. **Wrap-around modulo the plaintext modulus t.** Slots hold integers mod ``t`` and decrypt into
-   the balanced range ``(-t/2, t/2]``. A sum of ``K`` values in ``[-B, B]`` lies in ``[-KB, KB]``,
-   so it is recovered exactly iff ``2 K B + 1 <= t``.
+1. **Wrap-around modulo t.** Slots decrypt into the balanced range ``(-t/2, t/2]``, so a sum whose
+   every coordinate lies in ``[-S, S]`` is recovered exactly iff ``2 S + 1 <= t``. The caller
+   states ``S`` (``training.skellam.SkellamMechanism.sum_bound`` for Dopamine).
 
 2. **Decryption failure.** A fresh symmetric BFV ciphertext of ``m`` satisfies
    ``c0 + c1 s = round(q m / t) - e (mod q)`` where ``e`` is SEAL's centred-binomial error,
@@ -55,20 +54,15 @@ class ParameterError(ValueError):
 
 @dataclass(frozen=True)
 class BfvParameters:
-    """A BFV parameter set together with the fixed-point encoding it was sized for."""
+    """A BFV parameter set together with the sums it was sized for."""
 
     poly_modulus_degree: int
     plain_modulus: int
     ciphertext_modulus: int
     coeff_mod_bit_sizes: tuple[int, int]  # (ciphertext prime, special prime), as TenSEAL takes them
-    scale: float  # a value x is sent as round(x * scale)
-    max_level: int  # B: encoded values are clamped to [-B, B]
+    sum_bound: int  # S: every coordinate of a sum lies in [-S, S], so it never wraps mod t
     vector_length: int
-    max_contributors: int  # K_max: the most ciphertexts that can be summed without wrap or failure
-
-    @property
-    def value_bound(self) -> float:
-        return self.max_level / self.scale
+    max_contributors: int  # K_max: the most ciphertexts whose sum stays exact
 
     @property
     def slot_count(self) -> int:
@@ -84,57 +78,43 @@ class BfvParameters:
             "plain_modulus": self.plain_modulus,
             "ciphertext_modulus": self.ciphertext_modulus,
             "coeff_mod_bit_sizes": list(self.coeff_mod_bit_sizes),
-            "scale": self.scale,
-            "max_level": self.max_level,
+            "sum_bound": self.sum_bound,
             "vector_length": self.vector_length,
             "max_contributors": self.max_contributors,
             "chunk_count": self.chunk_count,
         }
 
 
-def select_bfv_parameters(
-    *, max_contributors: int, vector_length: int, value_bound: float, precision: float
-) -> BfvParameters:
+def select_bfv_parameters(*, max_contributors: int, vector_length: int, sum_bound: int) -> BfvParameters:
     """The smallest-on-the-wire BFV parameters that sum ``max_contributors`` vectors exactly.
 
-    ``value_bound`` is the largest magnitude per coordinate (larger values are clamped when
-    encoded); ``precision`` the largest acceptable fixed-point step. Raises ``ParameterError`` when
-    no parameter set within SEAL's limits can hold the sum.
+    ``sum_bound`` bounds every coordinate of the sum (the count slot included). Raises
+    ``ParameterError`` when no parameter set within SEAL's limits can hold the sum.
     """
     if max_contributors < 1:
         raise ParameterError(f"max_contributors must be at least 1, got {max_contributors}")
     if vector_length < 1:
         raise ParameterError(f"vector_length must be at least 1, got {vector_length}")
-    if not (value_bound > 0 and math.isfinite(value_bound)):
-        raise ParameterError(f"value_bound must be a positive number, got {value_bound}")
-    if not (precision > 0 and math.isfinite(precision)):
-        raise ParameterError(f"precision must be a positive number, got {precision}")
-    scale = 1.0 / precision
-    max_level = math.ceil(value_bound * scale)
-    if max_level >= 2**52:
-        raise ParameterError(
-            f"value_bound / precision = {value_bound / precision:.3g} exceeds float64's exact integers"
-        )
+    if not max_contributors <= sum_bound < 2**59:
+        raise ParameterError(f"sum_bound must be between max_contributors and 2^59, got {sum_bound}")
 
     candidates = []
     failures = []
     for degree in _MAX_COEFF_MODULUS_BITS:
         try:
-            candidates.append(_parameters_for_degree(degree, max_contributors, vector_length, scale, max_level))
+            candidates.append(_parameters_for_degree(degree, max_contributors, vector_length, sum_bound))
         except ParameterError as error:
             failures.append(str(error))
     if not candidates:
         raise ParameterError(
-            f"cannot sum {max_contributors} vectors of values up to {value_bound:g} at precision "
-            f"{precision:g}: {failures[0]}; lower the precision, the bound or the number of contributors"
+            f"cannot sum {max_contributors} vectors whose sum is bounded by {sum_bound}: {failures[0]}; "
+            "lower the bound or the number of contributors"
         )
     return min(candidates, key=lambda p: (_estimated_bytes(p), p.chunk_count))
 
 
-def _parameters_for_degree(
-    degree: int, contributors: int, vector_length: int, scale: float, max_level: int
-) -> BfvParameters:
-    plain_modulus = _smallest_batching_prime_at_least(2 * contributors * max_level + 1, degree)
+def _parameters_for_degree(degree: int, contributors: int, vector_length: int, sum_bound: int) -> BfvParameters:
+    plain_modulus = _smallest_batching_prime_at_least(2 * sum_bound + 1, degree)
     if plain_modulus.bit_length() > _MAX_PRIME_BITS:
         raise ParameterError(f"the plaintext modulus would need {plain_modulus.bit_length()} bits (max {_MAX_PRIME_BITS})")
 
@@ -151,19 +131,14 @@ def _parameters_for_degree(
             break
         bits += 1
 
-    max_contributors = min(
-        (plain_modulus - 1) // (2 * max_level),
-        ciphertext_modulus // (_MODULUS_RATIO_PER_CONTRIBUTOR * plain_modulus),
-    )
     return BfvParameters(
         poly_modulus_degree=degree,
         plain_modulus=plain_modulus,
         ciphertext_modulus=ciphertext_modulus,
         coeff_mod_bit_sizes=(bits, special_bits),
-        scale=scale,
-        max_level=max_level,
+        sum_bound=sum_bound,
         vector_length=vector_length,
-        max_contributors=max_contributors,
+        max_contributors=min(contributors, ciphertext_modulus // (_MODULUS_RATIO_PER_CONTRIBUTOR * plain_modulus)),
     )
 
 

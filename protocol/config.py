@@ -1,9 +1,10 @@
 """The run configuration the server announces, and what every party derives from it.
 
-Hospitals receive it in ``Welcome``, validate it, and derive the same BFV parameters the server
-does: the encoding range follows from the DP settings (``training.dopamine.encoding_range``), the
-vector length from the model, and the number of contributors from the hospitals in the run. The
-privacy budget is not part of it: each hospital holds its own and enforces it on its own ledger.
+Hospitals receive it in ``Welcome``, validate it, and derive the same mechanism and BFV parameters
+the server does: the integer mechanism from the DP settings and the model's size
+(``training.skellam``), and the plaintext modulus from the bound on a sum of all the run's
+hospitals' shares. The privacy budget is not part of it: each hospital holds its own and enforces
+it on its own ledger.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 
 from crypto.bfv import max_ciphertext_bytes
 from crypto.bfv_parameters import BfvParameters, ParameterError, select_bfv_parameters
-from training.accounting import ACCOUNTANTS
-from training.dopamine import DopamineSettings, encoding_range
+from training.dopamine import DopamineSettings
 from training.models import ModelSpec, build_model
+from training.skellam import SkellamMechanism
 
 __all__ = ["ConfigError", "RunConfig"]
 
@@ -35,7 +36,6 @@ class RunConfig:
     hospitals: tuple[str, ...]  # in roster order; the first holds the key and releases the mean
     rounds: int
     delta: float
-    accountant: str
     model: ModelSpec
     dopamine: DopamineSettings
 
@@ -50,8 +50,6 @@ class RunConfig:
             raise ConfigError(f"rounds must be at least 1, got {self.rounds}")
         if not 0 < self.delta < 1:
             raise ConfigError(f"delta must be in (0, 1), got {self.delta}")
-        if self.accountant not in ACCOUNTANTS:
-            raise ConfigError(f"unknown accountant {self.accountant!r}; choose from {', '.join(ACCOUNTANTS)}")
 
     @property
     def key_holder(self) -> str:
@@ -61,14 +59,14 @@ class RunConfig:
     def parameter_count(self) -> int:
         return sum(p.numel() for p in build_model(self.model).parameters())
 
+    def mechanism(self) -> SkellamMechanism:
+        return self.dopamine.mechanism(self.parameter_count)
+
     def bfv_parameters(self) -> BfvParameters:
-        encoding = encoding_range(self.dopamine)
+        bound = self.mechanism().sum_bound(contributors=len(self.hospitals), expected_batch_size=self.dopamine.expected_batch_size)
         try:
             return select_bfv_parameters(
-                max_contributors=len(self.hospitals),
-                vector_length=self.parameter_count,
-                value_bound=encoding.bound,
-                precision=encoding.precision,
+                max_contributors=len(self.hospitals), vector_length=self.parameter_count, sum_bound=bound.levels
             )
         except ParameterError as error:
             raise ConfigError(str(error)) from None
@@ -88,7 +86,6 @@ class RunConfig:
             "hospitals": list(self.hospitals),
             "rounds": self.rounds,
             "delta": self.delta,
-            "accountant": self.accountant,
             "model": self.model.to_dict(),
             "dopamine": self.dopamine.to_dict(),
         }
@@ -102,7 +99,6 @@ class RunConfig:
                 hospitals=tuple(str(h) for h in values["hospitals"]),
                 rounds=int(values["rounds"]),
                 delta=float(values["delta"]),
-                accountant=str(values["accountant"]),
                 model=ModelSpec.from_dict(values["model"]),
                 dopamine=DopamineSettings.from_dict(values["dopamine"]),
             )

@@ -8,8 +8,14 @@ contributor also sends the mean itself: the DP-protected release).
 
 It does not trust the server's count of the privacy spent: before each update leaves, it charges
 its own durable ledger for the least noise a decrypted sum can carry (a quorum's), refusing to take
-part once that would exceed its budget (Dopamine, Algorithm 1, line 17); after decryption it records
-the noise actually present.
+part once that would take the worse of the server's and a fellow hospital's epsilon over its budget
+(Dopamine, Algorithm 1, line 17); after decryption it settles the record with the noise actually
+present. Ledger records are keyed by identifiers the ledger draws, and a run id it has seen before
+is refused, so a server cannot make releases count less by repeating a run id or a round.
+
+Its update leaves a fixed ``send_offset_s`` after RoundStart, whatever the computation took:
+local compute time grows with the Poisson batch size, which DP does not protect, and the server
+sees when each update arrives.
 """
 
 from __future__ import annotations
@@ -51,17 +57,22 @@ from protocol.messages import (
 )
 from protocol.roster import Credentials, Roster
 from protocol.transport import ClientTransport
-from training.accounting import LEDGER_FILE, PrivacyLedger, round_noise_multipliers
+from training.accounting import LEDGER_FILE, VIEWS, PrivacyLedger, release_of
 from training.datasets import Split
-from training.dopamine import MomentumUpdate, NoisyGradientStep
+from training.dopamine import MomentumUpdate, NoisyGradientStep, mean_gradient
 from training.models import build_model, set_flat_parameters
 
-__all__ = ["Hospital", "PrivacyBudget", "sealed_key_context"]
+__all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital", "PrivacyBudget", "sealed_key_context"]
 
 log = logging.getLogger("consilium.hospital")
 
 _HELLO_LIMIT_BYTES = 64 * 1024 * 1024  # before the run's parameters are known
 M = TypeVar("M", bound=Message)
+
+
+# Measured: the default run's slowest train + encrypt step on a 2-core machine took 0.05 s (the
+# budget is several times that, so that a large batch does not overrun it); see the README.
+DEFAULT_SEND_OFFSET_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -75,11 +86,12 @@ class _Contribution:
     """What a hospital remembers of its update while the round is open."""
 
     round: int
+    ledger_key: str
     bytes_sent_before: int
     bytes_received_before: int
     bytes_received_aggregate: int = 0
     update_bytes: int = 0
-    clamped: int = 0
+    overran_send_offset: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -98,6 +110,7 @@ class Hospital:
         budget: PrivacyBudget,
         state_dir: Path,
         timeout_s: float = 180.0,
+        send_offset_s: float = DEFAULT_SEND_OFFSET_S,
     ) -> None:
         roster.check_credentials(credentials)
         self._name = credentials.name
@@ -107,6 +120,7 @@ class Hospital:
         self._budget = budget
         self._state_dir = state_dir
         self._timeout_s = timeout_s
+        self._send_offset_s = send_offset_s
         self._limit = _HELLO_LIMIT_BYTES
         self._ledger: PrivacyLedger | None = None
         self._rounds: list[dict] = []
@@ -129,7 +143,8 @@ class Hospital:
                 raise ProtocolError(f"{self._name} is not among the run's hospitals")
             params = config.bfv_parameters()
             self._limit = config.message_limit()
-            self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE, config.accountant)
+            self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE)
+            self._ledger.begin_run(config.run_id)
             model = build_model(config.model)
             initial = np.frombuffer(welcome.initial_parameters, dtype="<f4")
             if initial.size != params.vector_length:
@@ -180,62 +195,83 @@ class Hospital:
         self, config: RunConfig, secret: SecretContext, step: NoisyGradientStep, momentum: MomentumUpdate
     ) -> str:
         pending: _Contribution | None = None
+        last_round = 0
         while True:
             message = self._expect(RoundStart, Aggregate, RoundAbort, Finish)
+            received = time.monotonic()
             if isinstance(message, Finish):
                 return message.reason
             if isinstance(message, RoundStart):
-                refusal = self._budget_refusal(config, message.round)
+                if message.round <= last_round:
+                    raise ProtocolError(f"the server started round {message.round} again after round {last_round}")
+                last_round = message.round
+                refusal = self._budget_refusal(config, step, message.round)
                 if refusal:
                     log.warning("%s withdraws: %s", self._name, refusal)
                     self._send(Withdraw(round=message.round, reason=refusal))
                     return refusal
-                pending = self._contribute(config, secret, step, message.round)
+                pending = self._contribute(config, secret, step, message.round, send_at=received + self._send_offset_s)
             elif pending is None or message.round != pending.round:
                 log.warning("ignored %s for round %d: no update of ours is pending for it", message.TYPE, message.round)
             elif isinstance(message, RoundAbort):
                 log.warning("round %d aborted by the server: %s", message.round, message.reason)
                 pending = None
             else:
-                self._apply(config, secret, momentum, message, pending)
+                self._apply(config, secret, step, momentum, message, pending)
                 pending = None
 
-    def _budget_refusal(self, config: RunConfig, round_number: int) -> str:
+    def _budget_refusal(self, config: RunConfig, step: NoisyGradientStep, round_number: int) -> str:
         """Why this hospital must not take part in the round, or "" if it may (Algorithm 1, line 17)."""
         settings = config.dopamine
-        least_noise = round_noise_multipliers(settings.noise_multiplier, settings.quorum, settings.quorum)
-        projected = self._ledger.epsilon(self._budget.delta, extra=(least_noise["server"], settings.sample_rate))
+        least_noise = release_of(step.mechanism, sample_rate=settings.sample_rate, contributors=settings.quorum)
+        projected, view = self._ledger.worst_epsilon(self._budget.delta, extra=least_noise)
         if projected <= self._budget.epsilon:
             return ""
         return (
-            f"privacy budget: round {round_number} would bring epsilon to {projected:.3f} "
-            f"> {self._budget.epsilon:g} at delta {self._budget.delta:g}"
+            f"privacy budget: round {round_number} would bring epsilon against the {view.replace('_', ' ')} "
+            f"to {projected:.3f} > {self._budget.epsilon:g} at delta {self._budget.delta:g}"
         )
 
-    def _contribute(self, config: RunConfig, secret: SecretContext, step: NoisyGradientStep, round_number: int) -> "_Contribution":
+    def _contribute(
+        self, config: RunConfig, secret: SecretContext, step: NoisyGradientStep, round_number: int, *, send_at: float
+    ) -> "_Contribution":
         settings = config.dopamine
-        least_noise = round_noise_multipliers(settings.noise_multiplier, settings.quorum, settings.quorum)
+        least_noise = release_of(step.mechanism, sample_rate=settings.sample_rate, contributors=settings.quorum)
         # Durable before the update leaves: a crash can only over-count.
-        self._ledger.record(f"{config.run_id}/{round_number}", sample_rate=settings.sample_rate, noise_multipliers=least_noise)
+        key = self._ledger.record(least_noise, run_id=config.run_id, round_number=round_number)
         contribution = _Contribution(
-            round=round_number, bytes_sent_before=self._transport.bytes_sent, bytes_received_before=self._transport.bytes_received
+            round=round_number,
+            ledger_key=key,
+            bytes_sent_before=self._transport.bytes_sent,
+            bytes_received_before=self._transport.bytes_received,
         )
         started = time.perf_counter()
-        gradient, _ = step()
+        share, _ = step()
         contribution.seconds["train"] = time.perf_counter() - started
         started = time.perf_counter()
-        encrypted = secret.encrypt(gradient)
+        update = encode(Update(round=round_number, chunks=tuple(secret.encrypt(share))))
         contribution.seconds["encrypt"] = time.perf_counter() - started
-        contribution.clamped = encrypted.clamped
-        if encrypted.clamped:
-            log.warning("round %d: %d coordinates clamped to the encoding range", round_number, encrypted.clamped)
-        update = encode(Update(round=round_number, chunks=tuple(encrypted.chunks)))
         contribution.update_bytes = len(update)
+        wait = send_at - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        else:
+            contribution.overran_send_offset = True
+            log.warning(
+                "round %d: the update took %.3f s longer than the send offset of %g s; its send time may "
+                "reveal the batch size (raise --send-offset)", round_number, -wait, self._send_offset_s
+            )
         self._transport.send(update)
         return contribution
 
     def _apply(
-        self, config: RunConfig, secret: SecretContext, momentum: MomentumUpdate, message: Aggregate, pending: "_Contribution"
+        self,
+        config: RunConfig,
+        secret: SecretContext,
+        step: NoisyGradientStep,
+        momentum: MomentumUpdate,
+        message: Aggregate,
+        pending: "_Contribution",
     ) -> None:
         settings = config.dopamine
         contributors = list(message.contributors)
@@ -254,27 +290,27 @@ class Hospital:
                 f"round {message.round}: the sum holds {decrypted.contributors} contributions, "
                 f"the server names {len(contributors)}"
             )
-        mean = (decrypted.total / decrypted.contributors).astype("<f4")
+        mean = mean_gradient(decrypted.total, decrypted.contributors, mechanism=step.mechanism, settings=settings)
         pending.seconds["decrypt"] = time.perf_counter() - started
-        multipliers = round_noise_multipliers(settings.noise_multiplier, decrypted.contributors, settings.quorum)
-        self._ledger.record(f"{config.run_id}/{message.round}", sample_rate=settings.sample_rate, noise_multipliers=multipliers)
+        actual = release_of(step.mechanism, sample_rate=settings.sample_rate, contributors=decrypted.contributors)
+        self._ledger.settle(pending.ledger_key, actual)
         momentum.apply(mean)
         payload = mean.tobytes()
         releaser = contributors[0] == self._name
         self._send(
             Released(round=message.round, digest=release_digest(message.round, payload), mean_gradient=payload if releaser else b"")
         )
+        delta = self._budget.delta
         self._rounds.append(
             {
                 "round": message.round,
                 "contributors": len(contributors),
-                "clamped": pending.clamped,
+                "overran_send_offset": pending.overran_send_offset,
                 "seconds": pending.seconds,
                 "update_bytes": pending.update_bytes,
                 "received_bytes": pending.bytes_received_aggregate,
                 "sent_bytes": self._transport.bytes_sent - pending.bytes_sent_before,
-                "epsilon": self._ledger.epsilon(self._budget.delta),
-                "epsilon_peer_hospital": self._ledger.epsilon(self._budget.delta, view="peer_hospital"),
+                "epsilon": {view: self._ledger.epsilon(delta, view=view) for view in VIEWS},
             }
         )
 

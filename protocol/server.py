@@ -52,7 +52,7 @@ from protocol.messages import (
 from protocol.roster import Credentials, Roster
 from protocol.transcript import Transcript
 from protocol.transport import ServerTransport
-from training.accounting import LEDGER_FILE, PrivacyLedger, round_noise_multipliers
+from training.accounting import ACCOUNTANT, LEDGER_FILE, VIEWS, PrivacyLedger, release_of
 from training.datasets import Split
 from training.dopamine import MomentumUpdate
 from training.models import accuracy, build_model, get_flat_parameters
@@ -74,9 +74,7 @@ class _RoundRecord:
     status: str  # "released" or "aborted"
     contributors: list[str]
     validation_accuracy: float | None = None
-    epsilon: float | None = None
-    epsilon_peer_hospital: float | None = None
-    noise_multiplier: float | None = None
+    epsilon: dict[str, float] = field(default_factory=dict)  # by view, see training.accounting
     seconds: dict[str, float] = field(default_factory=dict)
     update_bytes: dict[str, int] = field(default_factory=dict)
     reason: str = ""
@@ -110,7 +108,9 @@ class Server:
         self._momentum = MomentumUpdate(self._model, config.dopamine)
         self._params = config.bfv_parameters()
         self._limit = config.message_limit()
-        self._ledger = PrivacyLedger(ledger_path, config.accountant)
+        self._mechanism = config.mechanism()
+        self._ledger = PrivacyLedger(ledger_path)
+        self._ledger.begin_run(config.run_id)
         self._public: PublicContext | None = None
         self._active: list[str] = []
         self._rounds: list[_RoundRecord] = []
@@ -246,16 +246,10 @@ class Server:
         self._momentum.apply(mean_gradient)
         record.validation_accuracy = accuracy(self._model, self._validation.x, self._validation.y)
         record.seconds["evaluate"] = time.perf_counter() - started
-        multipliers = round_noise_multipliers(self._config.dopamine.noise_multiplier, len(record.contributors), quorum)
-        self._ledger.record(
-            f"{self._config.run_id}/{round_number}",
-            sample_rate=self._config.dopamine.sample_rate,
-            noise_multipliers=multipliers,
-        )
+        release = release_of(self._mechanism, sample_rate=self._config.dopamine.sample_rate, contributors=len(record.contributors))
+        self._ledger.record(release, run_id=self._config.run_id, round_number=round_number)
         record.status = "released"
-        record.noise_multiplier = multipliers["server"]
-        record.epsilon = self._ledger.epsilon(self._config.delta)
-        record.epsilon_peer_hospital = self._ledger.epsilon(self._config.delta, view="peer_hospital")
+        record.epsilon = self._epsilons()
         self._finish_round(record)
 
     def _collect(self, round_number: int, record: _RoundRecord) -> tuple[CiphertextSum, float]:
@@ -373,16 +367,16 @@ class Server:
         return {
             "config": self._config.to_dict(),
             "bfv": self._params.to_dict(),
+            "mechanism": self._mechanism_report(),
             "parameter_count": self._params.vector_length,
             "finish_reason": finish_reason,
             "rounds": [dataclasses.asdict(r) for r in self._rounds],
             "final": {
                 "rounds_released": len(released),
                 "validation_accuracy": released[-1].validation_accuracy if released else None,
-                "epsilon": self._ledger.epsilon(self._config.delta),
-                "epsilon_peer_hospital": self._ledger.epsilon(self._config.delta, view="peer_hospital"),
+                "epsilon": self._epsilons(),
                 "delta": self._config.delta,
-                "accountant": self._config.accountant,
+                "accountant": ACCOUNTANT,
             },
             "phase_seconds": self._phase_seconds,
             "rejected_messages": self._rejections,
@@ -390,6 +384,20 @@ class Server:
             "bytes_received": dict(self._transport.bytes_received),
             "bytes_sent": dict(self._transport.bytes_sent),
         }
+
+    def _mechanism_report(self) -> dict:
+        bound = self._mechanism.sum_bound(
+            contributors=len(self._config.hospitals), expected_batch_size=self._config.dopamine.expected_batch_size
+        )
+        return {
+            "name": "distributed Skellam, per-example conditional randomized rounding (training.skellam)",
+            **dataclasses.asdict(self._mechanism),
+            "sum_bound": bound.levels,
+            "wrap_probability_per_round": bound.wrap_probability,
+        }
+
+    def _epsilons(self) -> dict[str, float]:
+        return {view: self._ledger.epsilon(self._config.delta, view=view) for view in VIEWS}
 
     def _write_outputs(self, report: dict) -> None:
         self._out_dir.mkdir(parents=True, exist_ok=True)

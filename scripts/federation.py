@@ -3,8 +3,8 @@
 Provisions a federation directory, launches the server and each hospital as separate processes
 talking over CurveZMQ on localhost, prints a line per round, and writes into ``--out``:
 
-- ``report.json``: configuration, BFV parameters, per-round metrics, final epsilon and delta,
-  wire bytes per hospital per round (and their ratio to the float32 update), time per phase;
+- ``report.json``: configuration, BFV parameters, per-round metrics, final epsilon for each view
+  (``training.accounting``) and delta, wire bytes per hospital per round (and their ratio to the float32 update), time per phase;
 - ``report.png``: validation accuracy and epsilon per round;
 - ``federation/`` (identities, each hospital's privacy ledger and metrics), ``server/`` (the server's
   report, ledger, audit transcript and final model) and ``logs/``.
@@ -28,7 +28,8 @@ import numpy as np
 
 from protocol.messages import ProtocolError
 from protocol.roster import SERVER, provision
-from scripts._cli import add_run_arguments, positive_float, positive_int, run, run_argv
+from protocol.hospital import DEFAULT_SEND_OFFSET_S
+from scripts._cli import add_run_arguments, non_negative_float, positive_float, positive_int, run, run_argv
 from training.datasets import load_dataset
 from training.partition import PARTITION_SCHEMES, partition
 
@@ -54,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--alpha", type=positive_float, default=0.5, help="dirichlet concentration (default: 0.5)")
     parser.add_argument("--epsilon-budget", type=positive_float, default=3.0, help="each hospital's budget (default: 3)")
     parser.add_argument("--round-timeout", type=positive_float, default=60.0, help="seconds a round waits for updates")
+    parser.add_argument(
+        "--expected-batch-size",
+        type=positive_float,
+        help="B, the consortium's public figure (default: proposed as q times the data set's public training size "
+        "over the number of hospitals, never from a hospital's own count)",
+    )
+    parser.add_argument(
+        "--send-offset", type=non_negative_float, default=DEFAULT_SEND_OFFSET_S, help="each hospital's --send-offset"
+    )
     add_run_arguments(parser)
     return parser
 
@@ -76,12 +86,19 @@ def run_federation(args: argparse.Namespace) -> dict:
     parts = partition(
         data.train.y, args.hospitals, args.partition, seed=args.seed, classes_per_part=args.classes_per_part, alpha=args.alpha
     )
-    expected_batch_size = args.sample_rate * float(np.mean([len(p) for p in parts]))
     print(
         f"federation: server + {args.hospitals} hospitals on {address}, {data.name} ({args.partition}, "
         f"{len(data.train)} training records), outputs in {out}",
         flush=True,
     )
+    expected_batch_size = args.expected_batch_size
+    if expected_batch_size is None:
+        expected_batch_size = round(args.sample_rate * len(data.train) / args.hospitals, 1)
+        print(
+            f"B = {expected_batch_size:g}, proposed as q x {len(data.train)} (the data set's public training size) / "
+            f"{args.hospitals} hospitals; a consortium states its own with --expected-batch-size",
+            flush=True,
+        )
 
     common = ["--federation", str(federation), "--data", args.data, "--data-seed", str(args.seed)]
     server_argv = [
@@ -108,6 +125,7 @@ def run_federation(args: argparse.Namespace) -> dict:
             "--epsilon-budget", str(args.epsilon_budget),
             "--delta", str(args.delta),
             "--timeout", str(3 * args.round_timeout),
+            "--send-offset", str(args.send_offset),
         ]  # fmt: skip
         if args.classes_per_part:
             hospital_argv += ["--classes-per-part", str(args.classes_per_part)]
@@ -136,11 +154,13 @@ def run_federation(args: argparse.Namespace) -> dict:
     (out / "report.json").write_text(json.dumps(report, indent=1))
     plot_report(report, out / "report.png")
     final, wire = report["final"], report["wire"]
+    epsilon = final["epsilon"]
     print(
-        f"done in {report['wall_seconds']:.0f} s: validation accuracy {final['validation_accuracy']:.3f}, "
-        f"epsilon {final['epsilon']:.3f} at delta {final['delta']:g} "
-        f"({final['epsilon_peer_hospital']:.3f} against a fellow hospital); encrypted update "
-        f"{wire['update_bytes_per_round']:.0f} bytes = {wire['update_ratio_to_float32']:.2f}x float32",
+        f"done in {report['wall_seconds']:.0f} s: validation accuracy {final['validation_accuracy']:.3f}; "
+        f"epsilon at delta {final['delta']:g}: {epsilon['server']:.3f} against the server, "
+        f"{epsilon['peer_hospital']:.3f} against a fellow hospital, {epsilon['collusion']:.3f} if all the others "
+        f"collude; encrypted update {wire['update_bytes_per_round']:.0f} bytes = "
+        f"{wire['update_ratio_to_float32']:.2f}x float32",
         flush=True,
     )
     print(f"report: {out / 'report.json'}, plot: {out / 'report.png'}", flush=True)
@@ -168,6 +188,7 @@ def build_report(server: dict, hospitals: dict[str, dict], *, wall_seconds: floa
     return {
         "config": server["config"],
         "bfv": server["bfv"],
+        "mechanism": server["mechanism"],
         "final": {**server["final"], "finish_reason": server["finish_reason"]},
         "wire": {
             "float32_update_bytes": float32_bytes,
@@ -186,7 +207,7 @@ def build_report(server: dict, hospitals: dict[str, dict], *, wall_seconds: floa
             },
             "hospital_per_round": {phase: mean_seconds(hospital_rounds, phase) for phase in ("train", "encrypt", "decrypt")},
         },
-        "clamped_coordinates": sum(r["clamped"] for r in hospital_rounds),
+        "send_offset_overruns": sum(r["overran_send_offset"] for r in hospital_rounds),
         "rejected_messages": server["rejected_messages"],
         "wall_seconds": wall_seconds,
         "rounds": rounds,
@@ -205,8 +226,9 @@ def plot_report(report: dict, path: Path) -> None:
     top.plot(rounds, [r["validation_accuracy"] for r in released], color="tab:blue")
     top.set_ylabel("validation accuracy")
     top.grid(alpha=0.3)
-    bottom.plot(rounds, [r["epsilon"] for r in released], label="against the server", color="tab:red")
-    bottom.plot(rounds, [r["epsilon_peer_hospital"] for r in released], label="against a fellow hospital", color="tab:orange", linestyle="--")
+    views = (("server", "against the server", "-"), ("peer_hospital", "against a fellow hospital", "--"), ("collusion", "if all the others collude", ":"))
+    for view, label, style in views:
+        bottom.plot(rounds, [r["epsilon"][view] for r in released], label=label, linestyle=style)
     bottom.set_ylabel(f"epsilon (delta {report['final']['delta']:g})")
     bottom.set_xlabel("round")
     bottom.legend()

@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from protocol.hospital import Hospital, PrivacyBudget
+from protocol.hospital import DEFAULT_SEND_OFFSET_S, Hospital, PrivacyBudget
 from protocol.roster import Credentials, Roster
-from scripts._cli import configure_logging, positive_float, positive_int, probability, run
+from scripts._cli import configure_logging, non_negative_float, positive_float, positive_int, probability, run
 from training.datasets import load_dataset
 from training.partition import PARTITION_SCHEMES, PartitionError, partition
 
@@ -26,6 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--delta", type=probability, default=1e-5, help="delta of the budget (default: 1e-5)")
     parser.add_argument("--state", type=Path, help="where the privacy ledger and metrics live (default: FEDERATION/NAME)")
     parser.add_argument("--timeout", type=positive_float, default=180.0, help="seconds to wait for the server")
+    parser.add_argument(
+        "--send-offset",
+        type=non_negative_float,
+        default=DEFAULT_SEND_OFFSET_S,
+        help="send each update this many seconds after the round starts, so its timing does not reveal the batch "
+        f"size (default: {DEFAULT_SEND_OFFSET_S:g}; a warning says when a step overruns it)",
+    )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
     simulation = parser.add_argument_group("simulation: take one part of a shared dataset")
     simulation.add_argument("--parts", type=positive_int, help="split the training data into this many parts")
@@ -61,6 +68,7 @@ def take_part(args: argparse.Namespace) -> None:
         budget=PrivacyBudget(epsilon=args.epsilon_budget, delta=args.delta),
         state_dir=args.state or args.federation / args.name,
         timeout_s=args.timeout,
+        send_offset_s=args.send_offset,
     )
     result = hospital.run()
     print(f"{args.name}: {len(result['rounds'])} rounds, finished: {result['finish_reason']}", flush=True)

@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--expected-batch-size",
         type=positive_float,
         required=True,
-        help="B: the federation-wide divisor of each hospital's noisy gradient sum (q times a hospital's typical size)",
+        help="B: the federation-wide divisor of each hospital's share, a public figure the consortium agrees "
+        "(q times a typical hospital's record count, coarsely)",
     )
     add_run_arguments(parser)
     parser.add_argument("--transcript", type=Path, help="append every received message to this audit file")
@@ -58,7 +59,6 @@ def serve(args: argparse.Namespace) -> None:
             hospitals=hospitals,
             rounds=args.rounds,
             delta=args.delta,
-            accountant=args.accountant,
             model=ModelSpec(args.model, dataset.input_shape, dataset.num_classes, args.hidden, mean, std),
             dopamine=DopamineSettings(
                 sample_rate=args.sample_rate,
@@ -86,7 +86,8 @@ def serve(args: argparse.Namespace) -> None:
         if record["status"] == "released":
             print(
                 f"{prefix}  val_acc {record['validation_accuracy']:.3f}  "
-                f"epsilon {record['epsilon']:.3f} (delta {config.delta:g})  "
+                f"epsilon {record['epsilon']['server']:.3f} against the server, "
+                f"{record['epsilon']['peer_hospital']:.3f} against a peer (delta {config.delta:g})  "
                 f"contributors {len(record['contributors'])}/{len(hospitals)}",
                 flush=True,
             )

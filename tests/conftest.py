@@ -38,5 +38,5 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def small_params():
-    """Parameters for 10 contributors of 300 values in [-4, 4] at precision 1e-3."""
-    return select_bfv_parameters(max_contributors=10, vector_length=300, value_bound=4.0, precision=1e-3)
+    """Parameters for 10 contributors of 300 integers whose sum stays within [-40000, 40000]."""
+    return select_bfv_parameters(max_contributors=10, vector_length=300, sum_bound=40_000)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,14 @@ class ServerProcess:
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=self.log.open("w"), text=True, env=child_environment()
         )
+
+    def wait_for_log(self, text: str, timeout: float = 60) -> None:
+        """Wait until the server has logged ``text``: an observable event, not a guess at timing."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log.read_text():
+            assert self.process.poll() is None, f"the server exited before logging {text!r}"
+            assert time.monotonic() < deadline, f"the server did not log {text!r} within {timeout} s"
+            time.sleep(0.02)
 
     def finish(self, timeout: float = 60) -> dict:
         assert self.process.wait(timeout=timeout) == 0, self.log.read_text()
@@ -101,7 +110,8 @@ class ScriptedHospital:
 
     def random_update(self, seed: int) -> np.ndarray:
         params = self.config.bfv_parameters()
-        return np.random.default_rng(seed).uniform(-1, 1, params.vector_length) * params.value_bound / 2
+        bound = params.sum_bound // params.max_contributors
+        return np.random.default_rng(seed).integers(-bound, bound, params.vector_length, endpoint=True)
 
     def close(self) -> None:
         self.transport.close()

@@ -1,105 +1,179 @@
+import json
 import math
 
 import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
+from opacus.accountants.analysis.rdp import compute_rdp
 
-from training.accounting import LedgerError, PrivacyLedger, aggregate_noise_multiplier, round_noise_multipliers
-
-
-def test_noise_present_in_a_sum_of_shares():
-    assert aggregate_noise_multiplier(1.5, contributors=4, quorum=4) == pytest.approx(1.5)
-    assert aggregate_noise_multiplier(1.5, contributors=9, quorum=4) == pytest.approx(1.5 * 1.5)
-    assert aggregate_noise_multiplier(1.5, contributors=4, quorum=4, known_shares=1) == pytest.approx(1.5 * math.sqrt(3 / 4))
-    views = round_noise_multipliers(2.0, contributors=1, quorum=1)
-    assert views == {"server": 2.0, "peer_hospital": 2.0}  # no contributing peer to know a share
+from training.accounting import LedgerError, PrivacyLedger, Release, release_of
+from training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
+from training.skellam import SkellamMechanism
 
 
-def test_a_quorum_of_shares_is_central_dp_sgd():
-    """K hospitals adding sigma^2/K each: the same epsilon as central DP-SGD with sigma."""
-    ledger = PrivacyLedger()
-    for round_number in range(200):
-        ledger.record(str(round_number), sample_rate=0.1, noise_multipliers=round_noise_multipliers(2.7, 3, 3))
+def _mechanism(noise_multiplier=2.1, quorum=3, dimension=1586):
+    return SkellamMechanism.calibrate(dimension=dimension, max_grad_norm=1.0, noise_multiplier=noise_multiplier, quorum=quorum)
+
+
+def _ledger(path=None, run="0123abcd"):
+    ledger = PrivacyLedger(path)
+    ledger.begin_run(run)
+    return ledger
+
+
+@pytest.mark.parametrize("sample_rate, sigma", [(0.1, 2.1), (0.01, 0.8), (0.5, 5.0)])
+def test_the_subsampling_bound_is_opacus_sampled_gaussian_for_the_gaussian(sample_rate, sigma):
+    """The limit where they must agree: with the Gaussian's RDP plugged in, the bound is Mironov et al.'s."""
+    ours = poisson_subsampled_rdp(ORDERS, sample_rate, gaussian_rdp(ORDERS, noise_multiplier=sigma))
+    opacus = np.array(compute_rdp(q=sample_rate, noise_multiplier=sigma, steps=1, orders=list(map(float, ORDERS))))
+    assert np.allclose(ours, opacus, rtol=1e-9)
+
+
+def test_a_quorum_of_skellam_shares_costs_what_central_dp_sgd_costs():
+    """Sk(K_min mu) on sensitivity Delta_2 at 2 mu = sigma^2 Delta_2^2: Opacus's epsilon for sigma, within 0.1%."""
+    mechanism = _mechanism()
+    ledger = _ledger()
+    release = release_of(mechanism, sample_rate=0.1, contributors=3)
+    for round_number in range(1, 101):
+        ledger.record(release, run_id="0123abcd", round_number=round_number)
     central = RDPAccountant()
-    for _ in range(200):
-        central.step(noise_multiplier=2.7, sample_rate=0.1)
-    assert ledger.epsilon(1e-5) == pytest.approx(central.get_epsilon(1e-5))
-    # And Opacus's calibration, run backwards, recovers sigma from that epsilon.
-    sigma = get_noise_multiplier(target_epsilon=ledger.epsilon(1e-5), target_delta=1e-5, sample_rate=0.1, steps=200)
-    assert sigma == pytest.approx(2.7, rel=0.02)
-    assert ledger.epsilon(1e-5, view="peer_hospital") > ledger.epsilon(1e-5)
+    central.history = [(2.1, 0.1, 100)]
+    expected = central.get_epsilon(1e-5)
+    assert expected <= ledger.epsilon(1e-5) <= 1.001 * expected
 
 
-def test_more_noise_costs_less_and_no_noise_costs_everything():
-    low, high = PrivacyLedger(), PrivacyLedger()
-    low.record("1", sample_rate=0.1, noise_multipliers=round_noise_multipliers(1.0, 3, 3))
-    high.record("1", sample_rate=0.1, noise_multipliers=round_noise_multipliers(1.0, 6, 3))
-    assert high.epsilon(1e-5) < low.epsilon(1e-5)
-    none = PrivacyLedger()
-    none.record("1", sample_rate=0.1, noise_multipliers=round_noise_multipliers(0.0, 3, 3))
-    assert none.epsilon(1e-5) == math.inf
+def test_skellam_costs_more_than_the_gaussian_and_converges_to_it():
+    gaussian = gaussian_rdp(ORDERS, noise_multiplier=1.0)
+    gaps = []
+    for mu in (10.0, 1e3, 1e5):
+        l2 = math.sqrt(2 * mu)  # variance 2 mu = (1.0 * l2)^2
+        skellam = skellam_rdp(ORDERS, l2_sensitivity=l2, l1_sensitivity=min(l2**2, 40 * l2), mu=mu)
+        assert np.all(skellam > gaussian)
+        gaps.append(np.max(skellam / gaussian - 1))
+    assert gaps[0] > gaps[1] > gaps[2] and gaps[2] < 1e-3
+
+
+def test_views_know_zero_one_and_all_but_one_share():
+    mechanism = _mechanism(noise_multiplier=2.0, quorum=4)
+    release = dict(release_of(mechanism, sample_rate=0.1, contributors=5).mu)
+    assert release["server"] == pytest.approx(5 * mechanism.share_mu)
+    assert release["peer_hospital"] == pytest.approx(4 * mechanism.share_mu)
+    assert release["collusion"] == pytest.approx(mechanism.share_mu)  # sigma / sqrt(K_min)
+    lone = dict(release_of(mechanism, sample_rate=0.1, contributors=1).mu)
+    assert lone["server"] == lone["peer_hospital"] == lone["collusion"]  # nobody else holds a share
+    ledger = _ledger()
+    ledger.record(release_of(mechanism, sample_rate=0.1, contributors=4), run_id="0123abcd", round_number=1)
+    server, peer, collusion = (ledger.epsilon(1e-5, view=v) for v in ("server", "peer_hospital", "collusion"))
+    assert 0 < server < peer < collusion
+    assert ledger.worst_epsilon(1e-5) == (peer, "peer_hospital")
+
+
+def test_no_noise_costs_everything_and_nothing_costs_nothing():
+    ledger = _ledger()
+    ledger.record(release_of(_mechanism(noise_multiplier=0.0), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
+    assert ledger.epsilon(1e-5) == math.inf
     assert PrivacyLedger().epsilon(1e-5) == 0.0
 
 
-def test_the_ledger_survives_a_restart_and_a_step_can_be_settled(tmp_path):
-    path = tmp_path / "ledger.json"
-    ledger = PrivacyLedger(path)
-    for round_number in range(10):
-        ledger.record(f"run/{round_number}", sample_rate=0.05, noise_multipliers=round_noise_multipliers(1.1, 2, 2))
+def test_the_ledger_survives_a_restart_and_a_record_is_settled_once(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    mechanism = _mechanism()
+    quorum, more = (release_of(mechanism, sample_rate=0.05, contributors=k) for k in (3, 5))
+    ledger = _ledger(path)
+    keys = [ledger.record(quorum, run_id="0123abcd", round_number=r) for r in range(1, 11)]
     before = ledger.epsilon(1e-4)
     restarted = PrivacyLedger(path)
     assert restarted.steps == 10 and restarted.epsilon(1e-4) == pytest.approx(before)
-    restarted.record("run/9", sample_rate=0.05, noise_multipliers=round_noise_multipliers(1.1, 4, 2))
-    assert PrivacyLedger(path).steps == 10
-    assert PrivacyLedger(path).epsilon(1e-4) < before
-    projected = restarted.epsilon(1e-4, extra=(1.1, 0.05))
+    restarted.settle(keys[-1], more)
+    assert PrivacyLedger(path).steps == 10 and PrivacyLedger(path).epsilon(1e-4) < before
+    with pytest.raises(LedgerError, match="no unsettled record"):
+        restarted.settle(keys[-1], more)
+    with pytest.raises(LedgerError, match="no unsettled record"):
+        restarted.settle("0" * 32, more)
+    projected = restarted.epsilon(1e-4, extra=quorum)
     assert projected > restarted.epsilon(1e-4) and restarted.steps == 10
 
 
-def test_prv_accountant_is_available_and_not_looser_than_rdp():
-    rdp, prv = PrivacyLedger(), PrivacyLedger(accountant="prv")
-    for round_number in range(100):
-        for ledger in (rdp, prv):
-            ledger.record(str(round_number), sample_rate=0.1, noise_multipliers=round_noise_multipliers(2.0, 3, 3))
-    assert 0 < prv.epsilon(1e-5) <= rdp.epsilon(1e-5)
+def test_a_reused_run_id_cannot_lower_a_ledgers_epsilon(tmp_path):
+    """The server names runs and rounds; the ledger keys records itself and refuses a run id twice."""
+    path = tmp_path / "ledger.jsonl"
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
+    ledger = _ledger(path, run="feedc0de")
+    for _ in range(3):  # a server replaying round 1 three times
+        ledger.record(release, run_id="feedc0de", round_number=1)
+    spent = ledger.epsilon(1e-5)
+    assert ledger.steps == 3
+    for reader in (ledger, PrivacyLedger(path)):
+        with pytest.raises(LedgerError, match="already in this privacy ledger"):
+            reader.begin_run("feedc0de")
+    with pytest.raises(LedgerError, match="not begun"):
+        ledger.record(release, run_id="0badc0de", round_number=1)
+    assert PrivacyLedger(path).steps == 3 and PrivacyLedger(path).epsilon(1e-5) == pytest.approx(spent)
+
+
+def test_a_version_2_ledger_keeps_counting(tmp_path):
+    """Gaussian steps recorded before the integer mechanism still count, and new records follow them."""
+    path = tmp_path / "ledger.jsonl"
+    header = {"format": "consilium-privacy-ledger", "version": 2}
+    step = {"sample_rate": 0.1, "noise_multipliers": {"server": 2.1, "peer_hospital": 1.7}}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [header, {"key": "old/1", **step}, {"key": "old/2", **step}]))
+    ledger = PrivacyLedger(path)
+    central = RDPAccountant()
+    central.history = [(2.1, 0.1, 2)]
+    assert ledger.steps == 2 and ledger.epsilon(1e-5) == pytest.approx(central.get_epsilon(1e-5), rel=1e-3)
+    assert ledger.epsilon(1e-5, view="collusion") == math.inf  # version 2 did not record it
+    ledger.begin_run("0123abcd")
+    ledger.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
+    assert PrivacyLedger(path).steps == 3
 
 
 def test_an_unreadable_ledger_stops_everything(tmp_path):
-    path = tmp_path / "ledger.json"
+    path = tmp_path / "ledger.jsonl"
     path.write_text("{ not json")
     with pytest.raises(LedgerError, match="only record of the privacy"):
         PrivacyLedger(path)
-    path.write_text('{"format":"something else","version":2}\n')
+    path.write_text('{"format":"something else","version":3}\n')
     with pytest.raises(LedgerError):
         PrivacyLedger(path)
-    ledger_path = tmp_path / "real.json"
-    PrivacyLedger(ledger_path).record("a", sample_rate=0.1, noise_multipliers=round_noise_multipliers(1.0, 2, 2))
+    ledger_path = tmp_path / "real.jsonl"
+    _ledger(ledger_path).record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
     ledger_path.write_text(ledger_path.read_text().replace('"sample_rate":0.1', '"sample_rate":7'))
-    with pytest.raises(LedgerError, match="malformed record"):
+    with pytest.raises(LedgerError, match="sample rate"):
         PrivacyLedger(ledger_path)
 
 
 def test_a_record_cut_short_by_a_crash_is_dropped_and_the_rest_kept(tmp_path):
-    path = tmp_path / "ledger.json"
-    ledger = PrivacyLedger(path)
-    for key in ("a", "b"):
-        ledger.record(key, sample_rate=0.1, noise_multipliers=round_noise_multipliers(1.0, 2, 2))
+    path = tmp_path / "ledger.jsonl"
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
+    ledger = _ledger(path)
+    for round_number in (1, 2):
+        ledger.record(release, run_id="0123abcd", round_number=round_number)
     with path.open("a") as handle:
         handle.write('{"key":"c","sample_ra')
     restarted = PrivacyLedger(path)
     assert restarted.steps == 2
-    restarted.record("c", sample_rate=0.1, noise_multipliers=round_noise_multipliers(1.0, 2, 2))
-    assert PrivacyLedger(path).steps == 3 and PrivacyLedger(path).epsilon(1e-5) == pytest.approx(ledger.epsilon(1e-5, extra=(1.0, 0.1)))
+    restarted.record(release, run_id="0123abcd", round_number=3)
+    assert PrivacyLedger(path).steps == 3
+    assert PrivacyLedger(path).epsilon(1e-5) == pytest.approx(ledger.epsilon(1e-5, extra=release))
 
 
 def test_each_record_is_one_appended_line(tmp_path):
-    path = tmp_path / "ledger.json"
-    ledger = PrivacyLedger(path)
+    path = tmp_path / "ledger.jsonl"
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
+    ledger = _ledger(path)
     sizes = []
-    for key in range(50):
-        ledger.record(str(key), sample_rate=0.1, noise_multipliers=round_noise_multipliers(1.0, 2, 2))
+    for round_number in range(50):
+        ledger.record(release, run_id="0123abcd", round_number=round_number)
         sizes.append(path.stat().st_size)
     growth = np.diff(sizes)
     assert growth.max() - growth.min() <= 4  # constant cost per round, not a rewrite of the file
-    assert len(path.read_text().splitlines()) == 51
+    assert len(path.read_text().splitlines()) == 52  # header, run, 50 records
+
+
+def test_malformed_releases_are_refused():
+    record = Release(0.1, 10.0, 30.0, (("server", 5.0), ("peer_hospital", 4.0), ("collusion", 1.0))).to_record()
+    assert Release.from_record(dict(record)) == Release.from_record(record)
+    for broken in ({**record, "mu": {"server": 1.0}}, {**record, "l2_sensitivity": float("nan")}, {**record, "mechanism": "x"}):
+        with pytest.raises(ValueError):
+            Release.from_record(broken)
+    assert rdp_to_epsilon(ORDERS, np.full(len(ORDERS), np.inf), 1e-5) == math.inf

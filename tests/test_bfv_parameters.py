@@ -8,36 +8,35 @@ from crypto.bfv_parameters import ParameterError, _is_prime, select_bfv_paramete
 @pytest.mark.parametrize("contributors", [1, 2, 3, 10, 100, 1000])
 @pytest.mark.parametrize("length", [10, 1586, 9000])
 def test_parameters_satisfy_the_bounds_they_claim(contributors, length):
-    params = select_bfv_parameters(max_contributors=contributors, vector_length=length, value_bound=2.5, precision=1e-3)
+    params = select_bfv_parameters(max_contributors=contributors, vector_length=length, sum_bound=2500 * contributors)
     degree, t, q = params.poly_modulus_degree, params.plain_modulus, params.ciphertext_modulus
     assert _is_prime(t) and t % (2 * degree) == 1
     assert _is_prime(q) and q % (2 * degree) == 1
     assert params.max_contributors >= contributors
-    # No wrap: K_max values at the clamp bound, plus the count slot, stay inside (-t/2, t/2].
-    assert 2 * params.max_contributors * params.max_level + 1 <= t
+    # No wrap: a sum within the bound, the count slot included, stays inside (-t/2, t/2].
+    assert 2 * params.sum_bound + 1 <= t
     # Decryption: K_max fresh errors of at most 22 each stay below q / (4t).
     assert params.max_contributors * 22 * 4 * t <= q
-    assert params.max_level >= 2.5 / 1e-3
     assert params.chunk_count * degree >= length + 1
 
 
 def test_the_computed_primes_are_the_ones_seal_builds():
     for contributors in (2, 10, 100, 1000):
-        params = select_bfv_parameters(max_contributors=contributors, vector_length=500, value_bound=1.0, precision=1e-4)
+        params = select_bfv_parameters(max_contributors=contributors, vector_length=500, sum_bound=10_000 * contributors)
         SecretContext.generate(params)  # raises BfvError if SEAL's (N, t, q) differ from ours
 
 
 def test_fewer_contributors_never_cost_more_bytes():
     sizes = [
-        select_bfv_parameters(max_contributors=k, vector_length=4000, value_bound=2.0, precision=1e-3).coeff_mod_bit_sizes[0]
+        select_bfv_parameters(max_contributors=k, vector_length=4000, sum_bound=2000 * k).coeff_mod_bit_sizes[0]
         for k in (1, 3, 10, 30, 100, 300)
     ]
     assert sizes == sorted(sizes)
 
 
 def test_a_short_vector_gets_the_smallest_ring_and_a_long_one_no_padding_waste():
-    assert select_bfv_parameters(max_contributors=3, vector_length=50, value_bound=1, precision=1e-3).poly_modulus_degree == 2048
-    params = select_bfv_parameters(max_contributors=3, vector_length=3 * 2048 - 1, value_bound=1, precision=1e-3)
+    assert select_bfv_parameters(max_contributors=3, vector_length=50, sum_bound=3000).poly_modulus_degree == 2048
+    params = select_bfv_parameters(max_contributors=3, vector_length=3 * 2048 - 1, sum_bound=3000)
     assert params.chunk_count * params.poly_modulus_degree == 3 * 2048
 
 
@@ -46,13 +45,13 @@ def test_a_short_vector_gets_the_smallest_ring_and_a_long_one_no_padding_waste()
     [
         ({"max_contributors": 0}, "max_contributors"),
         ({"vector_length": 0}, "vector_length"),
-        ({"value_bound": -1.0}, "value_bound"),
-        ({"precision": float("nan")}, "precision"),
-        ({"max_contributors": 10**6, "precision": 1e-12}, "cannot sum"),
+        ({"sum_bound": 2}, "sum_bound"),
+        ({"sum_bound": 2**60}, "sum_bound"),
+        ({"max_contributors": 10**6, "sum_bound": 10**15}, "cannot sum"),
     ],
 )
 def test_impossible_requests_get_a_clear_error(kwargs, message):
-    request = {"max_contributors": 3, "vector_length": 100, "value_bound": 1.0, "precision": 1e-3, **kwargs}
+    request = {"max_contributors": 3, "vector_length": 100, "sum_bound": 3000, **kwargs}
     with pytest.raises(ParameterError, match=message):
         select_bfv_parameters(**request)
 

@@ -6,7 +6,9 @@ import pytest
 
 from conftest import child_environment, free_port, launcher
 from protocol.roster import provision
-from training.accounting import PrivacyLedger
+from training.accounting import PrivacyLedger, release_of
+from training.models import ModelSpec, build_model
+from training.skellam import SkellamMechanism
 
 pytestmark = pytest.mark.slow
 TRAINING = ("--sample-rate", "0.1", "--noise-multiplier", "1.0", "--hidden", "4", "--expected-batch-size", "15")
@@ -33,7 +35,7 @@ def _run(federation, out, rounds, budgets):
     return {name: stdout for name, (stdout, _) in outputs.items()}
 
 
-def test_a_restart_keeps_the_ledger_and_the_budget_is_enforced_locally(tmp_path):
+def test_a_restart_keeps_the_ledger_and_the_budget_binds_on_the_worst_view(tmp_path):
     federation = tmp_path / "federation"
     provision(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
     _run(federation, tmp_path / "run1", 2, {"hospital-1": "10", "hospital-2": "10"})
@@ -41,9 +43,15 @@ def test_a_restart_keeps_the_ledger_and_the_budget_is_enforced_locally(tmp_path)
     assert first.steps == 2
     spent = first.epsilon(1e-5)
 
-    # A new run: hospital-1's budget allows what it has spent, not one round more.
-    outputs = _run(federation, tmp_path / "run2", 5, {"hospital-1": f"{spent * 1.01:.6f}", "hospital-2": "10"})
-    assert "privacy budget" in outputs["hospital-1"]
+    # A new run: one more round would keep the server's view within hospital-1's budget, but not a
+    # fellow hospital's (it knows its own noise share), so hospital-1 withdraws before sending.
+    dimension = sum(p.numel() for p in build_model(ModelSpec("mlp", (30,), 2, (4,))).parameters())
+    mechanism = SkellamMechanism.calibrate(dimension=dimension, max_grad_norm=1.0, noise_multiplier=1.0, quorum=2)
+    third = release_of(mechanism, sample_rate=0.1, contributors=2)
+    server_view, peer_view = (first.epsilon(1e-5, view=v, extra=third) for v in ("server", "peer_hospital"))
+    budget = (server_view + peer_view) / 2
+    outputs = _run(federation, tmp_path / "run2", 5, {"hospital-1": f"{budget:.6f}", "hospital-2": "10"})
+    assert "epsilon against the peer hospital" in outputs["hospital-1"]
     after = PrivacyLedger(federation / "hospital-1" / "privacy_ledger.jsonl")
     assert after.steps == 2 and after.epsilon(1e-5) == pytest.approx(spent)
     # hospital-2 contributed to the aborted round: its charge stays (a crash or abort can only over-count).

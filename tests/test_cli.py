@@ -36,7 +36,6 @@ def test_user_mistakes_get_one_line(tmp_path):
         (("hospital", "--federation", federation, "--name", "hospital-7"), "is 'hospital-7' a party"),
         (("server", *server, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("server", *server, "--model", "cnn"), "the CNN needs"),
-        (("server", *server, "--accountant", "moments"), "unknown accountant"),
         (("server", *server, "--quorum", "3"), "exceeds the 2 hospitals"),
         (("provision", "--out", federation), "already holds a federation"),
         (("server", "--federation", federation, "--out", used, "--expected-batch-size", "5"), "already holds a run"),

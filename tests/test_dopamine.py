@@ -1,61 +1,78 @@
-import math
-
 import numpy as np
 import pytest
 import torch
+from opacus import PrivacyEngine
+from randomgen import ChaCha
+from scipy.stats import skellam
 
-from training.accounting import aggregate_noise_multiplier
 from training.datasets import load_dataset
-from training.dopamine import DopamineSettings, MomentumUpdate, NoisyGradientStep, encoding_range
+from training.dopamine import DopamineSettings, MomentumUpdate, NoisyGradientStep, mean_gradient
 from training.models import ModelSpec, build_model, get_flat_parameters, input_statistics, set_flat_parameters
+from training.secure_random import secure_generator
+from training.skellam import SkellamMechanism
 
 SETTINGS = dict(max_grad_norm=1.5, quorum=3, expected_batch_size=12.0, learning_rate=0.1, momentum=0.9)
 
 
-def _model(hidden=(8,)):
-    return build_model(ModelSpec("mlp", (30,), 2, hidden))
+def _model(hidden=(8,), inputs=30):
+    return build_model(ModelSpec("mlp", (inputs,), 2, hidden))
 
 
-def _data(n=200, seed=0):
+def _data(n=200, seed=0, inputs=30):
     rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, 30)).astype(np.float32) * 5, rng.integers(0, 2, n)
+    return rng.normal(size=(n, inputs)).astype(np.float32) * 5, rng.integers(0, 2, n)
 
 
-def test_an_empty_batch_still_carries_exactly_its_noise_share():
-    """With q ~ 0 every batch is empty: g_k is pure noise of std sigma C / (sqrt(K_min) B)."""
-    settings = DopamineSettings(sample_rate=1e-12, noise_multiplier=2.0, **SETTINGS)
-    step = NoisyGradientStep(_model(), *_data(), settings)
-    noise = np.concatenate([step()[0] for _ in range(40)])
-    expected = 2.0 * 1.5 / (math.sqrt(3) * 12.0)
-    assert noise.size > 10_000
-    assert abs(np.mean(noise)) < 0.05 * expected
-    assert np.std(noise) == pytest.approx(expected, rel=0.05)
+def test_the_sum_of_zero_updates_has_the_law_the_accountant_assumes():
+    """Empty batches: each share is Sk(mu) noise, and K shares sum to integers distributed as Sk(K mu)."""
+    settings = DopamineSettings(sample_rate=1e-12, noise_multiplier=0.05, **SETTINGS)
+    steps = [NoisyGradientStep(_model(hidden=(), inputs=2), *_data(inputs=2, seed=k), settings) for k in range(3)]
+    mechanism = steps[0].mechanism
+    sums = np.concatenate([sum(step()[0] for step in steps) for _ in range(3000)])
+    assert sums.dtype.kind == "i" and sums.size == 3000 * mechanism.dimension
+    mu = mechanism.mu(contributors=3)
+    assert 5 < mu < 50  # small enough that the pmf is checkable point by point
+    assert np.var(sums) == pytest.approx(2 * mu, rel=0.05)
+    values, counts = np.unique(sums, return_counts=True)
+    support = np.arange(values.min(), values.max() + 1)
+    empirical = np.zeros(support.size)
+    empirical[values - support[0]] = counts / sums.size
+    total_variation = 0.5 * (np.abs(empirical - skellam.pmf(support, mu, mu)).sum() + skellam.sf(support[-1], mu, mu) + skellam.cdf(support[0] - 1, mu, mu))
+    assert total_variation < 0.03
 
 
-@pytest.mark.parametrize("contributors", [3, 5])
-def test_the_sum_of_shares_has_the_noise_the_accountant_assumes(contributors):
-    settings = DopamineSettings(sample_rate=1e-12, noise_multiplier=1.3, **SETTINGS)
-    steps = [NoisyGradientStep(_model(), *_data(seed=k), settings) for k in range(contributors)]
-    sums = np.concatenate([sum(step()[0] for step in steps) for _ in range(30)])
-    multiplier = aggregate_noise_multiplier(1.3, contributors, quorum=3)
-    assert np.std(sums) * 12.0 / 1.5 == pytest.approx(multiplier, rel=0.05)
+def test_rounding_is_unbiased_and_every_example_stays_within_the_sensitivity():
+    mechanism = SkellamMechanism.calibrate(dimension=50, max_grad_norm=1.0, noise_multiplier=1.0, quorum=1)
+    rng = np.random.default_rng(3)
+    example = rng.normal(size=50)
+    example /= np.linalg.norm(example)  # on the clipping sphere: the largest allowed
+    generator = secure_generator()
+    rounded = np.array([mechanism.round_examples(example[None], generator) for _ in range(4000)])
+    norms = np.linalg.norm(rounded, axis=1)
+    assert norms.max() <= mechanism.l2_sensitivity
+    assert np.abs(rounded).sum(axis=1).max() <= mechanism.l1_sensitivity
+    assert np.allclose(rounded.mean(axis=0), mechanism.scale * example, atol=0.05)
+    assert mechanism.l2_sensitivity <= 1.01 * mechanism.scale
 
 
-def test_without_noise_the_step_is_the_clipped_sum_divided_by_the_expected_batch_size():
+def test_without_noise_the_share_is_the_rounded_clipped_sum():
     settings = DopamineSettings(sample_rate=1.0, noise_multiplier=0.0, **SETTINGS)
     x, y = _data(n=20)
     model = _model()
     reference = _model()
     set_flat_parameters(reference, get_flat_parameters(model))
-    gradient, batch = NoisyGradientStep(model, x, y, settings)()
-    assert batch == 20
-    expected = torch.zeros(sum(p.numel() for p in reference.parameters()))
+    step = NoisyGradientStep(model, x, y, settings)
+    share, batch = step()
+    assert batch == 20 and share.dtype.kind == "i"
+    expected = torch.zeros(sum(p.numel() for p in reference.parameters()), dtype=torch.float64)
     for xi, yi in zip(torch.as_tensor(x), torch.as_tensor(y)):
         reference.zero_grad()
         torch.nn.functional.cross_entropy(reference(xi[None]), yi[None], reduction="sum").backward()
-        g = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+        g = torch.cat([p.grad.reshape(-1) for p in reference.parameters()]).double()
         expected += g * min(1.0, 1.5 / float(g.norm()))
-    assert np.allclose(gradient, (expected / 12.0).numpy(), atol=1e-5)
+    assert np.max(np.abs(share - step.mechanism.scale * expected.numpy())) < 20  # < 1 level per example
+    gradient = mean_gradient(share, 1, mechanism=step.mechanism, settings=settings)
+    assert np.allclose(gradient, expected.numpy() / 12.0, atol=20 / (step.mechanism.scale * 12.0))
 
 
 def test_momentum_is_applied_to_the_mean_as_in_algorithm_1():
@@ -72,34 +89,24 @@ def test_momentum_is_applied_to_the_mean_as_in_algorithm_1():
         update.apply(g1[:-1])
 
 
-def test_real_training_stays_within_the_encoding_range_and_learns():
-    data = load_dataset("breast_cancer")
-    mean, std = input_statistics(data.validation.x)
-    model = build_model(ModelSpec("mlp", data.input_shape, 2, (16,), mean, std))
-    settings = DopamineSettings(
-        sample_rate=0.1, noise_multiplier=2.0, max_grad_norm=1.0, quorum=1,
-        expected_batch_size=0.1 * len(data.train), learning_rate=0.05, momentum=0.9,
-    )  # fmt: skip
-    encoding = encoding_range(settings)
-    step, update = NoisyGradientStep(model, data.train.x, data.train.y, settings), MomentumUpdate(model, settings)
-    largest = 0.0
-    for _ in range(60):
-        gradient, _ = step()
-        largest = max(largest, float(np.abs(gradient).max()))
-        update.apply(gradient)
-    assert largest < encoding.bound
-    predictions = model(torch.as_tensor(data.validation.x)).argmax(1).numpy()
-    assert np.mean(predictions == data.validation.y) > 0.85
+@pytest.mark.parametrize(
+    "generator",
+    [torch.Generator(), np.random.default_rng(), np.random.Generator(np.random.PCG64(2**127)), np.random.Generator(ChaCha(rounds=8))],
+    ids=["torch", "pcg64-default", "pcg64", "chacha8"],
+)
+def test_the_private_path_refuses_a_statistical_generator(generator):
+    settings = DopamineSettings(sample_rate=0.1, noise_multiplier=1.0, **SETTINGS)
+    with pytest.raises(TypeError, match="cryptographic generator"):
+        NoisyGradientStep(_model(), *_data(), settings, generator=generator)
 
 
-def test_encoding_range_follows_the_noise_and_clipping():
-    settings = DopamineSettings(sample_rate=0.1, noise_multiplier=2.0, **SETTINGS)
-    encoding = encoding_range(settings)
-    share_std = 2.0 * 1.5 / (math.sqrt(3) * 12.0)
-    assert encoding.precision == pytest.approx(share_std / 64)
-    assert encoding.bound == pytest.approx(1.5 * (1 + 4 / math.sqrt(12.0)) + 6 * share_std)
-    noiseless = encoding_range(DopamineSettings(sample_rate=0.1, noise_multiplier=0.0, **SETTINGS))
-    assert noiseless.precision == pytest.approx(noiseless.bound / 2**16)
+def test_the_private_path_draws_from_chacha20_with_a_256_bit_key():
+    step = NoisyGradientStep(_model(), *_data(), DopamineSettings(sample_rate=0.1, noise_multiplier=1.0, **SETTINGS))
+    state = step._generator.bit_generator.state["state"]
+    assert isinstance(step._generator.bit_generator, ChaCha) and state["rounds"] == 20
+    assert state["keysetup"].dtype == np.uint32 and state["keysetup"].size == 8  # 256 bits of key
+    other = NoisyGradientStep(_model(), *_data(), DopamineSettings(sample_rate=0.1, noise_multiplier=1.0, **SETTINGS))
+    assert not np.array_equal(state["keysetup"], other._generator.bit_generator.state["state"]["keysetup"])
 
 
 def test_settings_are_validated():
@@ -109,3 +116,74 @@ def test_settings_are_validated():
         DopamineSettings.from_dict({"sample_rate": 0.1})
     with pytest.raises(ValueError, match="per-example"):
         NoisyGradientStep(torch.nn.Sequential(torch.nn.BatchNorm1d(30), torch.nn.Linear(30, 2)), *_data(), DopamineSettings(sample_rate=0.1, noise_multiplier=1.0, **SETTINGS))
+
+
+# -- Dopamine learns what central DP-SGD learns ----------------------------------------------------
+
+STEPS, SAMPLE_RATE, SIGMA, CLIP, LR, MOMENTUM = 80, 0.1, 1.0, 1.0, 0.1, 0.9
+
+
+def _validation_loss(model, data) -> float:
+    with torch.no_grad():
+        x, y = torch.as_tensor(data.validation.x), torch.as_tensor(data.validation.y)
+        return float(torch.nn.functional.cross_entropy(model(x), y))
+
+
+def _opacus_central(data, initial) -> float:
+    model = build_model(initial[0])
+    set_flat_parameters(model, initial[1])
+    dataset = torch.utils.data.TensorDataset(torch.as_tensor(data.train.x), torch.as_tensor(data.train.y))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=int(SAMPLE_RATE * len(dataset)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    model, optimizer, loader = PrivacyEngine().make_private(
+        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=SIGMA, max_grad_norm=CLIP, poisson_sampling=True
+    )
+    steps = 0
+    while steps < STEPS:
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            steps += 1
+            if steps == STEPS:
+                break
+    return _validation_loss(model._module, data)
+
+
+def _dopamine(data, initial, hospitals: int) -> float:
+    """Each hospital keeps its own copy of the model and applies the same decrypted mean, as in a run."""
+    models = [build_model(initial[0]) for _ in range(hospitals)]
+    for model in models:
+        set_flat_parameters(model, initial[1])
+    parts = np.array_split(np.random.default_rng(0).permutation(len(data.train)), hospitals)
+    settings = DopamineSettings(
+        sample_rate=SAMPLE_RATE, noise_multiplier=SIGMA, max_grad_norm=CLIP, quorum=hospitals,
+        expected_batch_size=SAMPLE_RATE * len(data.train) / hospitals, learning_rate=LR, momentum=MOMENTUM,
+    )  # fmt: skip
+    steps = [NoisyGradientStep(m, data.train.x[p], data.train.y[p], settings) for m, p in zip(models, parts)]
+    updates = [MomentumUpdate(model, settings) for model in models]
+    for _ in range(STEPS):
+        total = sum(step()[0] for step in steps)  # what the hospitals decrypt
+        mean = mean_gradient(total, hospitals, mechanism=steps[0].mechanism, settings=settings)
+        for update in updates:
+            update.apply(mean)
+    return _validation_loss(models[0], data)
+
+
+@pytest.mark.slow
+def test_dopamine_reaches_the_validation_loss_of_opacus_central_dp_sgd():
+    """Same q, sigma, C, lr, momentum and steps: one hospital or three, the loss is central DP-SGD's."""
+    torch.set_num_threads(1)
+    data = load_dataset("digits")
+    mean, std = input_statistics(data.validation.x)
+    spec = ModelSpec("mlp", data.input_shape, data.num_classes, (32,), mean, std)
+    losses = {"opacus": [], 1: [], 3: []}
+    for _ in range(4):
+        initial = (spec, get_flat_parameters(build_model(spec)))
+        losses["opacus"].append(_opacus_central(data, initial))
+        for hospitals in (1, 3):
+            losses[hospitals].append(_dopamine(data, initial, hospitals))
+    central = np.mean(losses["opacus"])
+    spread = max(np.std(v) for v in losses.values())
+    for hospitals in (1, 3):
+        assert abs(np.mean(losses[hospitals]) - central) < max(0.05 * central, 2 * spread), losses

@@ -47,13 +47,15 @@ def test_the_run_prints_a_line_per_round_and_writes_its_report(run):
     assert (out / "report.png").stat().st_size > 10_000
     final = report["final"]
     assert final["rounds_released"] == ROUNDS and final["delta"] == 1e-5
-    assert 0 < final["epsilon"] < final["epsilon_peer_hospital"]
+    epsilon = final["epsilon"]
+    assert 0 < epsilon["server"] < epsilon["peer_hospital"] < epsilon["collusion"]
+    assert report["mechanism"]["wrap_probability_per_round"] < 1e-8
     assert 0 <= final["validation_accuracy"] <= 1
     assert len(report["rounds"]) == ROUNDS
     assert all(set(r["hospitals"]) == {"hospital-1", "hospital-2", "hospital-3"} for r in report["rounds"])
     assert report["wire"]["update_ratio_to_float32"] <= 3.0
     assert report["phase_seconds"]["hospital_per_round"]["encrypt"] > 0
-    assert report["rejected_messages"] == 0 and report["clamped_coordinates"] == 0
+    assert report["rejected_messages"] == 0 and report["send_offset_overruns"] == 0
 
 
 def test_each_hospital_ledger_agrees_with_the_server_and_is_on_disk(run):
@@ -62,7 +64,8 @@ def test_each_hospital_ledger_agrees_with_the_server_and_is_on_disk(run):
     for name in ("hospital-1", "hospital-2", "hospital-3"):
         ledger = PrivacyLedger(out / "federation" / name / "privacy_ledger.jsonl")
         assert ledger.steps == ROUNDS
-        assert ledger.epsilon(1e-5) == pytest.approx(report["final"]["epsilon"])
+        for view in ("server", "peer_hospital", "collusion"):
+            assert ledger.epsilon(1e-5, view=view) == pytest.approx(report["final"]["epsilon"][view])
 
 
 def test_the_server_never_receives_the_secret_key(run):

@@ -1,30 +1,31 @@
-"""Privacy accounting: the noise a released sum actually carries, and a durable ledger of it.
+"""Privacy accounting: what each observer of a released sum faces, and a durable ledger of releases.
 
-**Noise actually present.** Each contributing hospital adds ``N(0, sigma^2 C^2 / K_min)`` to its
-clipped gradient sum (``training.dopamine``). The decrypted sum of ``K_c`` contributions therefore
-carries ``N(0, K_c sigma^2 C^2 / K_min)``, while adding or removing one record changes it by at most
-``C`` in L2 norm. To an observer who knows ``k`` of the noise shares (the server knows none; a
-contributing hospital knows its own), one round is the sampled Gaussian mechanism with sampling rate
-``q`` and noise multiplier::
+**Adjacency.** Epsilon is for record-level DP under add/remove adjacency: two datasets are
+neighbours when one is the other plus one record. That is the adjacency Poisson sampling is
+analysed for, and it needs the divisor ``B`` to be a public constant, not a count of records.
 
-    z = sigma * sqrt((K_c - k) / K_min)
+**Views.** The released sum of ``K_c`` Skellam shares (``training.skellam``) is ``Sk(K_c mu)``
+noise on a query of sensitivity ``Delta_2``. What protects a record depends on who looks:
 
-Dividing by ``B`` and ``K_c``, momentum and the model itself are post-processing. Rounds compose;
-Opacus's RDP accountant (default) or PRV accountant turns the steps into ``(epsilon, delta)``. With
-``K_c = K_min`` and ``k = 0`` this is exactly central DP-SGD with noise multiplier sigma.
+- ``server``: knows no share, faces ``Sk(K_c mu)``;
+- ``peer_hospital``: a fellow contributor subtracts its own share, ``Sk((K_c - 1) mu)``; so does
+  the server colluding with one hospital;
+- ``collusion``: every other contributor pools its share (with or without the server), leaving
+  only the record's own hospital's share ``Sk(mu)``, i.e. noise multiplier ``sigma / sqrt(K_min)``.
 
-Two approximations, stated rather than hidden: each share is rounded to the fixed-point grid before
-summation, so the noise is Gaussian plus a rounding term whose standard deviation is about 1/220 of
-a share's (``training.dopamine.encoding_range``); and a clamped coordinate is no longer the Gaussian
-mechanism, so clamps are counted and reported. An exact integer mechanism (Skellam or the
-distributed discrete Gaussian) is the planned replacement.
+A hospital's budget binds on the worst of ``BUDGET_VIEWS`` (the server and a peer, the threat
+model's parties); the collusion view is reported, since the threat model excludes collusion.
 
 **The ledger** records every release a party's data took part in, written to disk before the
 release leaves (so a crash can only over-count) and read back on start, so a restart never resets
-epsilon. It is an append-only file of JSON lines, one fsynced line per record, so a long run costs
-the same per round as a short one; a later line for the same step replaces an earlier one (a
-reservation settled with the noise actually present). A final line cut short by a crash was never
-acknowledged, so nothing was released on its strength: it is dropped on the next start.
+epsilon. Each record is keyed by an identifier the ledger draws itself, never by anything the
+server chooses: a server that repeats a run id or a round cannot make two releases count as one.
+A record is written when an update leaves, charged for the least noise its sum can carry (a
+quorum's), and may be settled once, after decryption, with the noise actually present. A run id
+is accepted once: ``begin_run`` refuses one the ledger has seen. The file is append-only JSON
+lines, one fsynced line per record; a final line cut short by a crash was never acknowledged (so
+nothing was released on its strength) and is dropped on the next start; anything else unreadable
+is refused. Records hold the mechanism's parameters, not epsilons, so any accountant can read them.
 """
 
 from __future__ import annotations
@@ -33,61 +34,120 @@ import json
 import logging
 import math
 import os
+import secrets
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
-from opacus.accountants import PRVAccountant, RDPAccountant
+import numpy as np
 
-__all__ = [
-    "ACCOUNTANTS",
-    "LEDGER_FILE",
-    "VIEWS",
-    "LedgerError",
-    "PrivacyLedger",
-    "aggregate_noise_multiplier",
-    "round_noise_multipliers",
-]
+from training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
+from training.skellam import SkellamMechanism
 
-ACCOUNTANTS = ("rdp", "prv")
+__all__ = ["ACCOUNTANT", "BUDGET_VIEWS", "LEDGER_FILE", "VIEWS", "LedgerError", "PrivacyLedger", "Release", "release_of"]
+
+ACCOUNTANT = (
+    "RDP of the Skellam mechanism (Agarwal et al. 2021, Thm 3.5) amplified by Poisson subsampling "
+    "(Zhu and Wang 2019; Steinke 2022) at integer orders 2-256, converted with Opacus's RDP-to-DP bound"
+)
 LEDGER_FILE = "privacy_ledger.jsonl"
-# Who looks at the released sum: the server knows no noise share, a fellow contributor its own.
-VIEWS = ("server", "peer_hospital")
-_HEADER = {"format": "consilium-privacy-ledger", "version": 2}
+VIEWS = ("server", "peer_hospital", "collusion")
+BUDGET_VIEWS = ("server", "peer_hospital")
+_HEADER = {"format": "consilium-privacy-ledger", "version": 3}
+# Version 2 recorded Gaussian steps by noise multiplier for the server and peer views only.
+_LEGACY_HEADER = {"format": "consilium-privacy-ledger", "version": 2}
 
 log = logging.getLogger("consilium.accounting")
 
 
 class LedgerError(RuntimeError):
-    """A privacy ledger that cannot be read or written."""
+    """A privacy ledger that cannot be read or written, or a record it must refuse."""
 
 
-def aggregate_noise_multiplier(noise_multiplier: float, contributors: int, quorum: int, known_shares: int = 0) -> float:
-    """``sigma * sqrt((K_c - k) / K_min)``: the noise multiplier of a sum of ``K_c`` shares, ``k`` of them known."""
-    if not 0 <= known_shares <= contributors:
-        raise ValueError(f"known_shares must be between 0 and {contributors}, got {known_shares}")
-    return noise_multiplier * math.sqrt((contributors - known_shares) / quorum)
+@dataclass(frozen=True)
+class Release:
+    """One released sum of Skellam shares under Poisson sampling, as each view sees it."""
+
+    sample_rate: float
+    l2_sensitivity: float
+    l1_sensitivity: float
+    mu: tuple[tuple[str, float], ...]  # (view, Skellam parameter) for each view
+
+    def rdp(self, view: str) -> np.ndarray:
+        mu = dict(self.mu).get(view)
+        if mu is None:
+            return np.full(len(ORDERS), np.inf)
+        base = skellam_rdp(ORDERS, l2_sensitivity=self.l2_sensitivity, l1_sensitivity=self.l1_sensitivity, mu=mu)
+        return poisson_subsampled_rdp(ORDERS, self.sample_rate, base)
+
+    def to_record(self) -> dict:
+        return {
+            "mechanism": "skellam",
+            "sample_rate": self.sample_rate,
+            "l2_sensitivity": self.l2_sensitivity,
+            "l1_sensitivity": self.l1_sensitivity,
+            "mu": dict(self.mu),
+        }
+
+    @classmethod
+    def from_record(cls, record: dict) -> "Release":
+        mu = record["mu"]
+        if set(mu) != set(VIEWS) or record["mechanism"] != "skellam":
+            raise ValueError("a Skellam release needs mu for every view")
+        release = cls(
+            sample_rate=float(record["sample_rate"]),
+            l2_sensitivity=float(record["l2_sensitivity"]),
+            l1_sensitivity=float(record["l1_sensitivity"]),
+            mu=tuple((view, float(mu[view])) for view in VIEWS),
+        )
+        values = (release.l2_sensitivity, release.l1_sensitivity, *dict(release.mu).values())
+        if not (0 < release.sample_rate <= 1 and all(math.isfinite(v) and v >= 0 for v in values)):
+            raise ValueError("a release needs a sample rate in (0, 1] and finite, non-negative parameters")
+        return release
 
 
-def round_noise_multipliers(noise_multiplier: float, contributors: int, quorum: int) -> dict[str, float]:
-    """The noise multiplier of one released sum, for each view in ``VIEWS``."""
-    return {
-        "server": aggregate_noise_multiplier(noise_multiplier, contributors, quorum),
-        # A lone contributor has no contributing peer; the others know no share of its sum.
-        "peer_hospital": aggregate_noise_multiplier(noise_multiplier, contributors, quorum, min(1, contributors - 1)),
-    }
+@dataclass(frozen=True)
+class _GaussianRelease:
+    """A step recorded by ledger version 2: the sampled Gaussian mechanism, server and peer views."""
+
+    sample_rate: float
+    noise_multipliers: tuple[tuple[str, float], ...]
+
+    def rdp(self, view: str) -> np.ndarray:
+        z = dict(self.noise_multipliers).get(view)
+        if z is None:  # version 2 did not record the collusion view: nothing is known of it
+            return np.full(len(ORDERS), np.inf)
+        return poisson_subsampled_rdp(ORDERS, self.sample_rate, gaussian_rdp(ORDERS, noise_multiplier=z))
+
+    @classmethod
+    def from_record(cls, record: dict) -> "_GaussianRelease":
+        multipliers = record["noise_multipliers"]
+        if set(multipliers) != set(BUDGET_VIEWS) or not 0 < float(record["sample_rate"]) <= 1:
+            raise ValueError("malformed version 2 record")
+        return cls(float(record["sample_rate"]), tuple((v, float(multipliers[v])) for v in BUDGET_VIEWS))
+
+
+def release_of(mechanism: SkellamMechanism, *, sample_rate: float, contributors: int) -> Release:
+    """The release of a sum of ``contributors`` shares, for each view."""
+    known = {"server": 0, "peer_hospital": min(1, contributors - 1), "collusion": contributors - 1}
+    return Release(
+        sample_rate=sample_rate,
+        l2_sensitivity=mechanism.l2_sensitivity,
+        l1_sensitivity=mechanism.l1_sensitivity,
+        mu=tuple((view, mechanism.mu(contributors, known[view])) for view in VIEWS),
+    )
 
 
 class PrivacyLedger:
-    """Steps of the sampled Gaussian mechanism, keyed (e.g. ``run/round``), optionally kept in a file."""
+    """Releases a party's data took part in, keyed by identifiers the ledger draws, optionally in a file."""
 
-    def __init__(self, path: Path | None = None, accountant: str = "rdp") -> None:
-        if accountant not in ACCOUNTANTS:
-            raise ValueError(f"unknown accountant {accountant!r}; choose from {', '.join(ACCOUNTANTS)}")
+    def __init__(self, path: Path | None = None) -> None:
         self._path = path
-        self._accountant = accountant
-        self._entries: dict[str, dict] = {}
+        self._entries: dict[str, Release | _GaussianRelease] = {}
+        self._settled: set[str] = set()
+        self._runs: set[str] = set()
         if path is not None and path.exists():
-            self._entries = _read(path)
+            self._read(path)
         elif path is not None:
             _append(path, _HEADER)
 
@@ -95,62 +155,98 @@ class PrivacyLedger:
     def steps(self) -> int:
         return len(self._entries)
 
-    def record(self, key: str, *, sample_rate: float, noise_multipliers: dict[str, float]) -> None:
-        """Add or replace the step ``key``, and make it durable before returning."""
-        if set(noise_multipliers) != set(VIEWS):
-            raise ValueError(f"need a noise multiplier for each of {VIEWS}")
-        entry = {"sample_rate": float(sample_rate), "noise_multipliers": {k: float(v) for k, v in noise_multipliers.items()}}
-        if self._path is not None:
-            _append(self._path, {"key": key, **entry})
-        self._entries[key] = entry
+    def begin_run(self, run_id: str) -> None:
+        """Accept ``run_id`` once, durably; a run id seen before is refused."""
+        if run_id in self._runs:
+            raise LedgerError(f"run {run_id} is already in this privacy ledger: a server may not reuse a run id")
+        self._write({"run": run_id})
+        self._runs.add(run_id)
 
-    def epsilon(self, delta: float, *, view: str = "server", extra: tuple[float, float] | None = None) -> float:
-        """Epsilon at ``delta`` spent so far, plus one more step ``(noise_multiplier, sample_rate)`` if given."""
+    def record(self, release: Release, *, run_id: str, round_number: int) -> str:
+        """Add ``release`` under a fresh identifier, durably before returning; returns the identifier."""
+        if run_id not in self._runs:
+            raise LedgerError(f"run {run_id} was not begun in this ledger")
+        key = secrets.token_hex(16)
+        self._write({"key": key, "run": run_id, "round": round_number, **release.to_record()})
+        self._entries[key] = release
+        return key
+
+    def settle(self, key: str, release: Release) -> None:
+        """Replace the release recorded under ``key`` with the noise actually present; once per key."""
+        if key not in self._entries or key in self._settled:
+            raise LedgerError(f"no unsettled record {key} in this ledger")
+        self._write({"settles": key, **release.to_record()})
+        self._entries[key] = release
+        self._settled.add(key)
+
+    def epsilon(self, delta: float, *, view: str = "server", extra: Release | None = None) -> float:
+        """Epsilon at ``delta`` for ``view`` spent so far, plus one more release if given."""
         if view not in VIEWS:
             raise ValueError(f"unknown view {view!r}; choose from {', '.join(VIEWS)}")
-        steps = Counter((e["noise_multipliers"][view], e["sample_rate"]) for e in self._entries.values())
+        counts = Counter(self._entries.values())
         if extra is not None:
-            steps[extra] += 1
-        if not steps:
+            counts[extra] += 1
+        if not counts:
             return 0.0
-        if any(z <= 0 for z, _ in steps):
-            return math.inf
-        accountant = RDPAccountant() if self._accountant == "rdp" else PRVAccountant()
-        accountant.history = [(z, q, count) for (z, q), count in steps.items()]
-        return float(accountant.get_epsilon(delta))
+        total = sum(count * release.rdp(view) for release, count in counts.items())
+        return rdp_to_epsilon(ORDERS, total, delta)
 
+    def worst_epsilon(self, delta: float, *, extra: Release | None = None) -> tuple[float, str]:
+        """The largest epsilon over ``BUDGET_VIEWS``, and its view."""
+        return max((self.epsilon(delta, view=view, extra=extra), view) for view in BUDGET_VIEWS)
 
-def _read(path: Path) -> dict[str, dict]:
-    try:
-        text = path.read_bytes().decode()
-    except (OSError, UnicodeDecodeError) as error:
-        raise LedgerError(f"cannot read privacy ledger {path}: {error}") from None
-    complete, _, torn = text.rpartition("\n")
-    if torn:
-        # An unterminated last line is a record cut short by a crash, which was never acknowledged,
-        # so nothing was released on its strength. Anything else unreadable is refused below.
-        if not complete and not _line(_HEADER).decode().startswith(torn):
-            raise _unreadable(path, "not a privacy ledger")
-        log.warning("privacy ledger %s: dropping an incomplete last record", path)
-        _truncate(path, len(complete.encode()) + 1 if complete else 0)
-    if not complete:
-        _append(path, _HEADER)
-        return {}
-    try:
-        header, *records = (json.loads(line) for line in complete.split("\n"))
-        if header != _HEADER:
-            raise ValueError("not a privacy ledger of a known version")
-        entries = {}
-        for record in records:
-            key = record.pop("key")
-            if not (isinstance(key, str) and 0 < float(record["sample_rate"]) <= 1):
-                raise ValueError(f"malformed record for {key!r}")
-            if set(record["noise_multipliers"]) != set(VIEWS):
-                raise ValueError(f"record {key!r} lacks a view")
-            entries[key] = record
-        return entries
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise _unreadable(path, str(error)) from None
+    def _write(self, record: dict) -> None:
+        if self._path is not None:
+            _append(self._path, record)
+
+    def _read(self, path: Path) -> None:
+        try:
+            text = path.read_bytes().decode()
+        except (OSError, UnicodeDecodeError) as error:
+            raise LedgerError(f"cannot read privacy ledger {path}: {error}") from None
+        complete, _, torn = text.rpartition("\n")
+        if torn:
+            # An unterminated last line is a record cut short by a crash, which was never acknowledged,
+            # so nothing was released on its strength. Anything else unreadable is refused below.
+            if not complete and not any(_line(h).decode().startswith(torn) for h in (_HEADER, _LEGACY_HEADER)):
+                raise _unreadable(path, "not a privacy ledger")
+            log.warning("privacy ledger %s: dropping an incomplete last record", path)
+            _truncate(path, len(complete.encode()) + 1 if complete else 0)
+        if not complete:
+            _append(path, _HEADER)
+            return
+        try:
+            header, *records = (json.loads(line) for line in complete.split("\n"))
+            if header == _LEGACY_HEADER:
+                # Version 2 records come first; a version 3 header marks where newer records begin.
+                upgraded = records.index(_HEADER) if _HEADER in records else None
+                for record in records[:upgraded]:
+                    self._entries[str(record["key"])] = _GaussianRelease.from_record(record)
+                if upgraded is None:
+                    _append(path, _HEADER)
+                records = records[upgraded + 1 :] if upgraded is not None else []
+            elif header != _HEADER:
+                raise ValueError("not a privacy ledger of a known version")
+            for record in records:
+                self._replay(record)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise _unreadable(path, str(error)) from None
+
+    def _replay(self, record: dict) -> None:
+        if set(record) == {"run"}:
+            self._runs.add(str(record["run"]))
+        elif "settles" in record:
+            key = record.pop("settles")
+            if key not in self._entries or key in self._settled:
+                raise ValueError(f"a settlement of {key!r}, which is not an unsettled record")
+            self._entries[key] = Release.from_record(record)
+            self._settled.add(key)
+        else:
+            key, run = record.pop("key"), record.pop("run")
+            record.pop("round")
+            if not isinstance(key, str) or key in self._entries or run not in self._runs:
+                raise ValueError(f"malformed record {key!r}")
+            self._entries[key] = Release.from_record(record)
 
 
 def _unreadable(path: Path, reason: str) -> LedgerError:

@@ -1,0 +1,80 @@
+"""Renyi DP of the Poisson-subsampled Skellam mechanism, and its conversion to (epsilon, delta).
+
+**The mechanism.** Adding ``Sk(mu)`` noise to each coordinate of an integer vector whose
+sensitivity is ``Delta_2`` (L2) and ``Delta_1`` (L1) is ``(alpha, eps(alpha))``-RDP with
+(Agarwal, Kairouz and Liu 2021, Theorem 3.5)::
+
+    eps(alpha) = alpha Delta_2^2 / (4 mu) + min( ((2 alpha - 1) Delta_2^2 + 6 Delta_1) / (16 mu^2),
+                                                 3 Delta_1 / (4 mu) )
+
+The first term is the Gaussian mechanism's ``alpha / (2 z^2)`` at the same variance
+(``2 mu = z^2 Delta_2^2``); the second vanishes as ``mu`` grows.
+
+**Poisson subsampling.** If each record is in the batch with probability ``q``, then for every
+integer ``alpha >= 2`` and add/remove adjacency (Zhu and Wang 2019; Steinke 2022, "Composition of
+Differential Privacy & Privacy Amplification by Subsampling", arXiv:2210.00597)::
+
+    exp((alpha - 1) eps_q(alpha)) <= sum_{j=0..alpha} C(alpha, j) (1-q)^(alpha-j) q^j exp((j - 1) eps(j))
+
+(the ``j = 0, 1`` terms are ``(1-q)^(alpha-1) (1 + (alpha-1) q)``). For the Gaussian this is exactly
+the sampled Gaussian mechanism's RDP that Opacus computes (Mironov, Talwar and Zhang 2019), which
+the tests check. RDP adds up over rounds, and ``rdp_to_epsilon`` takes the best order with
+Opacus's conversion (Balle et al. 2020).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from opacus.accountants.analysis.rdp import get_privacy_spent
+from scipy.special import gammaln, logsumexp
+
+__all__ = ["ORDERS", "gaussian_rdp", "poisson_subsampled_rdp", "rdp_to_epsilon", "skellam_rdp"]
+
+# Integer orders: the subsampling bound is a binomial expansion.
+ORDERS = np.arange(2, 257)
+
+
+def skellam_rdp(orders: np.ndarray, *, l2_sensitivity: float, l1_sensitivity: float, mu: float) -> np.ndarray:
+    """RDP of ``Sk(mu)`` noise on a query of the given sensitivities, at each order."""
+    alpha = np.asarray(orders, dtype=np.float64)
+    if mu <= 0:
+        return np.full(alpha.shape, np.inf)
+    l2_squared = l2_sensitivity**2
+    correction = np.minimum(((2 * alpha - 1) * l2_squared + 6 * l1_sensitivity) / (16 * mu * mu), 3 * l1_sensitivity / (4 * mu))
+    return alpha * l2_squared / (4 * mu) + correction
+
+
+def gaussian_rdp(orders: np.ndarray, *, noise_multiplier: float) -> np.ndarray:
+    """RDP of the Gaussian mechanism with noise multiplier ``z``: ``alpha / (2 z^2)``."""
+    alpha = np.asarray(orders, dtype=np.float64)
+    if noise_multiplier <= 0:
+        return np.full(alpha.shape, np.inf)
+    return alpha / (2 * noise_multiplier**2)
+
+
+def poisson_subsampled_rdp(orders: np.ndarray, sample_rate: float, base_rdp: np.ndarray) -> np.ndarray:
+    """The subsampling bound above, for integer ``orders`` ``2..A``; ``base_rdp[i]`` is ``eps(orders[i])``."""
+    orders = np.asarray(orders)
+    if not np.array_equal(orders, np.arange(2, 2 + len(orders))):
+        raise ValueError("orders must be the consecutive integers from 2")
+    base = np.asarray(base_rdp, dtype=np.float64)
+    if sample_rate == 1.0 or np.any(np.isinf(base)):
+        return base if sample_rate == 1.0 else np.full(base.shape, np.inf)
+    q = sample_rate
+    # (j - 1) eps(j) for j = 0, 1, 2, ...: zero for j = 0 and 1.
+    exponents = np.concatenate([[0.0, 0.0], (orders - 1) * base])
+    result = np.empty(len(orders))
+    for index, alpha in enumerate(orders):
+        j = np.arange(alpha + 1)
+        log_binomial = gammaln(alpha + 1) - gammaln(j + 1) - gammaln(alpha - j + 1)
+        terms = log_binomial + (alpha - j) * np.log1p(-q) + j * np.log(q) + exponents[: alpha + 1]
+        result[index] = logsumexp(terms) / (alpha - 1)
+    return result
+
+
+def rdp_to_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> float:
+    """The smallest epsilon at ``delta`` over the orders (Opacus's conversion)."""
+    if np.all(np.isinf(rdp)):
+        return float("inf")
+    epsilon, _ = get_privacy_spent(orders=list(map(float, orders)), rdp=np.asarray(rdp, dtype=np.float64), delta=delta)
+    return float(epsilon)
