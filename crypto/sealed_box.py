@@ -11,6 +11,12 @@ Layout: ``version (4) | E (32) | nonce (12) | ciphertext + tag | signature (64)`
 The signature is checked before anything is decrypted; a box that was altered, sealed to someone
 else, signed by someone else, or presented under another context is refused with
 ``SealedBoxError``.
+
+For forward secrecy a recipient seals to a short-lived key instead of its long-term one: it makes a
+fresh X25519 key, ``certify_key`` signs it with the recipient's Ed25519 identity for one context
+(e.g. one run), the sender checks it with ``verify_certified_key`` and seals to it, and the
+recipient forgets the private half once the box is open. A later leak of every long-term key then
+opens no stored box.
 """
 
 from __future__ import annotations
@@ -25,10 +31,11 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["SealedBoxError", "open_box", "seal"]
+__all__ = ["SealedBoxError", "certify_key", "open_box", "seal", "verify_certified_key"]
 
 _VERSION = b"CSB1"
 _LABEL = b"consilium sealed box v1"
+_CERTIFICATE_LABEL = b"consilium certified box key v1"
 _KEY_BYTES = 32
 _NONCE_BYTES = 12
 _TAG_BYTES = 16
@@ -76,6 +83,28 @@ def open_box(
         return ChaCha20Poly1305(key).decrypt(nonce, body[_HEADER_BYTES:], context)
     except (InvalidTag, ValueError):
         raise SealedBoxError("sealed box does not decrypt with this recipient's key") from None
+
+
+def certify_key(public_key: X25519PublicKey, *, signer: Ed25519PrivateKey, context: bytes) -> bytes:
+    """``public_key`` and a signature binding it to ``context``: ``key (32) | signature (64)``."""
+    raw = _raw(public_key)
+    return raw + signer.sign(_certified_message(raw, context))
+
+
+def verify_certified_key(certified: bytes, *, signer: Ed25519PublicKey, context: bytes) -> X25519PublicKey:
+    """The key ``certify_key`` certified for ``context`` by ``signer``; ``SealedBoxError`` otherwise."""
+    if len(certified) != _KEY_BYTES + _SIGNATURE_BYTES:
+        raise SealedBoxError(f"a certified key has {_KEY_BYTES + _SIGNATURE_BYTES} bytes, not {len(certified)}")
+    raw, signature = certified[:_KEY_BYTES], certified[_KEY_BYTES:]
+    try:
+        signer.verify(signature, _certified_message(raw, context))
+    except InvalidSignature:
+        raise SealedBoxError("the key's certificate does not verify: from another party or for another purpose") from None
+    return X25519PublicKey.from_public_bytes(raw)
+
+
+def _certified_message(raw_key: bytes, context: bytes) -> bytes:
+    return _CERTIFICATE_LABEL + struct.pack(">I", len(context)) + context + raw_key
 
 
 def _derive_key(shared: bytes, ephemeral_public: bytes, recipient_public: bytes) -> bytes:

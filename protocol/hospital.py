@@ -31,7 +31,9 @@ import numpy as np
 
 from crypto.bfv import BfvError, SecretContext
 from crypto.bfv_parameters import BfvParameters
-from crypto.sealed_box import SealedBoxError, open_box, seal
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from crypto.sealed_box import SealedBoxError, certify_key, open_box, seal, verify_certified_key
 from protocol.config import ConfigError, RunConfig
 from protocol.messages import (
     TO_HOSPITAL,
@@ -47,6 +49,7 @@ from protocol.messages import (
     Released,
     RoundAbort,
     RoundStart,
+    RunKey,
     SealedKey,
     Update,
     Welcome,
@@ -62,7 +65,7 @@ from training.datasets import Split
 from training.dopamine import MomentumUpdate, NoisyGradientStep, mean_gradient
 from training.models import build_model, set_flat_parameters
 
-__all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital", "PrivacyBudget", "sealed_key_context"]
+__all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital", "PrivacyBudget", "run_key_context", "sealed_key_context"]
 
 log = logging.getLogger("consilium.hospital")
 
@@ -98,6 +101,11 @@ class _Contribution:
 def sealed_key_context(run_id: str, recipient: str) -> bytes:
     """What a sealed BFV secret context is bound to: this run, this recipient."""
     return f"consilium/bfv-secret-context/v1|{run_id}|{recipient}".encode()
+
+
+def run_key_context(run_id: str, owner: str) -> bytes:
+    """What a hospital's per-run box key is certified for: this run, this hospital."""
+    return f"consilium/run-box-key/v1|{run_id}|{owner}".encode()
 
 
 class Hospital:
@@ -162,34 +170,54 @@ class Hospital:
     def _key_ceremony(self, config: RunConfig, params: BfvParameters) -> SecretContext:
         holder = self._roster.party(config.key_holder)
         if self._name == config.key_holder:
-            self._expect(KeyRequest)
+            recipients = self._certified_run_keys(config, self._expect(KeyRequest).run_keys)
             secret = SecretContext.generate(params)
             secret_bytes = secret.to_bytes()
             sealed = {
                 name: seal(
                     secret_bytes,
-                    recipient=self._roster.party(name).identity.box,
+                    recipient=run_key,
                     sender=self._credentials.identity.signing,
                     context=sealed_key_context(config.run_id, name),
                 )
-                for name in config.hospitals
-                if name != self._name
+                for name, run_key in recipients.items()
             }
             self._send(KeySetup(public_context=secret.public_bytes(), sealed_keys=sealed))
             return secret
+        # A box key for this run alone, never written anywhere: once the box is open it is gone, and
+        # no later leak of this hospital's long-term keys opens the box in anyone's records.
+        run_key = X25519PrivateKey.generate()
+        certified = certify_key(
+            run_key.public_key(), signer=self._credentials.identity.signing, context=run_key_context(config.run_id, self._name)
+        )
+        self._send(RunKey(certified_key=certified))
         box = self._expect(SealedKey).box
         try:
             secret_bytes = open_box(
-                box,
-                recipient=self._credentials.identity.box,
-                sender=holder.identity.signing,
-                context=sealed_key_context(config.run_id, self._name),
+                box, recipient=run_key, sender=holder.identity.signing, context=sealed_key_context(config.run_id, self._name)
             )
             secret = SecretContext.from_bytes(secret_bytes, params)
         except (SealedBoxError, BfvError) as error:
             raise ProtocolError(f"the BFV key from {holder.name} is unusable: {error}") from None
+        finally:
+            del run_key
         self._send(KeyReady())
         return secret
+
+    def _certified_run_keys(self, config: RunConfig, run_keys: dict[str, bytes]) -> dict[str, X25519PublicKey]:
+        """The other hospitals' run keys, each checked against its owner's identity in the roster."""
+        expected = set(config.hospitals) - {self._name}
+        if not set(run_keys) <= expected:
+            raise ProtocolError(f"the server asks to seal the key to {sorted(set(run_keys) - expected)}, not in this run")
+        keys = {}
+        for name, certified in run_keys.items():
+            try:
+                keys[name] = verify_certified_key(
+                    certified, signer=self._roster.party(name).identity.signing, context=run_key_context(config.run_id, name)
+                )
+            except SealedBoxError as error:
+                raise ProtocolError(f"the run key the server relays for {name} is not {name}'s: {error}") from None
+        return keys
 
     def _rounds_loop(
         self, config: RunConfig, secret: SecretContext, step: NoisyGradientStep, momentum: MomentumUpdate

@@ -12,7 +12,8 @@ connection (``protocol.transport``).
 Sequence of one run (H = each hospital, KH = the key holder, the first hospital of the run)::
 
     H  -> S  Hello                          S  -> H  Welcome(config, initial parameters)
-    S  -> KH KeyRequest                     KH -> S  KeySetup(public context, sealed keys)
+    H  -> S  RunKey(certified key)          (every hospital but KH: a fresh box key for this run)
+    S  -> KH KeyRequest(run keys)           KH -> S  KeySetup(public context, sealed keys)
     S  -> H  SealedKey(box)                 H  -> S  KeyReady
     per round r:
     S  -> H  RoundStart(r)                  H  -> S  Update(r, ciphertexts) | Withdraw(r, reason)
@@ -45,6 +46,7 @@ __all__ = [
     "Released",
     "RoundAbort",
     "RoundStart",
+    "RunKey",
     "SealedKey",
     "Update",
     "Welcome",
@@ -82,8 +84,15 @@ class Welcome(Message):
 
 
 @dataclass(frozen=True)
+class RunKey(Message):
+    TYPE = "run_key"
+    certified_key: bytes  # crypto.sealed_box.certify_key: an X25519 key for this run, signed by the sender
+
+
+@dataclass(frozen=True)
 class KeyRequest(Message):
     TYPE = "key_request"
+    run_keys: dict[str, bytes]  # recipient hospital -> its RunKey.certified_key
 
 
 @dataclass(frozen=True)
@@ -153,7 +162,7 @@ class Finish(Message):
     reason: str
 
 
-TO_SERVER = frozenset({Hello, KeySetup, KeyReady, Update, Withdraw, Released})
+TO_SERVER = frozenset({Hello, RunKey, KeySetup, KeyReady, Update, Withdraw, Released})
 TO_HOSPITAL = frozenset({Welcome, KeyRequest, SealedKey, RoundStart, Aggregate, RoundAbort, Finish})
 _BY_TYPE = {cls.TYPE: cls for cls in TO_SERVER | TO_HOSPITAL}
 

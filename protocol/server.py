@@ -41,6 +41,7 @@ from protocol.messages import (
     Released,
     RoundAbort,
     RoundStart,
+    RunKey,
     SealedKey,
     Update,
     Welcome,
@@ -91,6 +92,7 @@ class Server:
         out_dir: Path,
         timeouts: Timeouts = Timeouts(),
         transcript: Path | None = None,
+        transcript_payloads: bool = False,
         on_round: Callable[[dict], None] | None = None,
     ) -> None:
         roster.check_credentials(credentials)
@@ -119,7 +121,7 @@ class Server:
         self._phase_seconds: dict[str, float] = {}
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
         self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, self._limit)
-        self._transcript = Transcript(transcript) if transcript else None
+        self._transcript = Transcript(transcript, payloads=transcript_payloads) if transcript else None
 
     def run(self) -> dict:
         """Run the federation to its end; returns (and writes) the server's report."""
@@ -184,9 +186,10 @@ class Server:
 
     def _key_ceremony(self) -> None:
         holder = self._config.key_holder
-        recipients = set(self._active) - {holder}
         deadline = time.monotonic() + self._timeouts.key_s
-        self._send(holder, KeyRequest())
+        run_keys = self._collect_run_keys(deadline)
+        recipients = set(run_keys)
+        self._send(holder, KeyRequest(run_keys=run_keys))
         while self._public is None:
             got = self._next_message(deadline)
             if got is None:
@@ -217,6 +220,25 @@ class Server:
         for name in set(self._active) - ready:
             self._drop(name, f"did not confirm the key within {self._timeouts.key_s:g} s")
         log.info("key ceremony done: %d hospitals hold the key; the server holds parameters only", len(ready))
+
+    def _collect_run_keys(self, deadline: float) -> dict[str, bytes]:
+        """Each recipient's certified key for this run; the key holder checks the certificates."""
+        run_keys: dict[str, bytes] = {}
+        expected = set(self._active) - {self._config.key_holder}
+        while set(run_keys) != expected:
+            got = self._next_message(deadline)
+            if got is None:
+                break
+            sender, message = got
+            if not (isinstance(message, RunKey) and sender in expected):
+                self._reject(sender, message, "expected a run key")
+            elif sender in run_keys:
+                self._reject(sender, message, "second run key")
+            else:
+                run_keys[sender] = message.certified_key
+        for name in expected - set(run_keys):
+            self._drop(name, f"sent no run key within {self._timeouts.key_s:g} s")
+        return run_keys
 
     def _run_round(self, round_number: int) -> None:
         record = _RoundRecord(round=round_number, status="aborted", contributors=[])

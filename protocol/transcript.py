@@ -1,12 +1,19 @@
-"""An audit transcript: every message a party received, exactly as it arrived.
+"""An audit transcript: a record of every message a party received, as it arrived.
 
-It lets an auditor check what the server saw rather than trust what it claims to have seen
-(the tests use it to show that no secret key ever reaches the server). Records are msgpack maps
-``{"time", "sender", "payload"}`` appended one after another.
+It lets an auditor check what the server saw rather than trust what it claims to have seen. By
+default each record keeps the message's size and SHA-256 digest, which a hospital can match
+against its own log of what it sent, but not the message: a transcript of ciphertexts and sealed
+boxes would, together with any one hospital's key leaked later, open every update. ``payloads=True``
+keeps the messages themselves (the tests use it to show that no secret key ever reaches the server);
+guard such a file like the hospitals' keys. Records are msgpack maps
+``{"time", "sender", "bytes", "sha256"[, "payload"]}`` appended one after another, in a file only
+its owner can read.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -17,12 +24,17 @@ __all__ = ["Transcript", "read_transcript"]
 
 
 class Transcript:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, payloads: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: BinaryIO = path.open("ab")
+        self._file: BinaryIO = os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+        os.chmod(path, 0o600)  # also when the file existed, whatever the umask made it
+        self._payloads = payloads
 
     def record(self, sender: str, payload: bytes) -> None:
-        self._file.write(msgpack.packb({"time": time.time(), "sender": sender, "payload": payload}, use_bin_type=True))
+        entry = {"time": time.time(), "sender": sender, "bytes": len(payload), "sha256": hashlib.sha256(payload).digest()}
+        if self._payloads:
+            entry["payload"] = payload
+        self._file.write(msgpack.packb(entry, use_bin_type=True))
         self._file.flush()
 
     def close(self) -> None:

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--send-offset", type=non_negative_float, default=DEFAULT_SEND_OFFSET_S, help="each hospital's --send-offset"
     )
+    parser.add_argument(
+        "--transcript-payloads", action="store_true", help="the server's transcript keeps whole messages, not digests"
+    )
     add_run_arguments(parser)
     return parser
 
@@ -108,6 +111,7 @@ def run_federation(args: argparse.Namespace) -> dict:
         "--expected-batch-size", repr(expected_batch_size),
         "--transcript", str(out / SERVER / "transcript.msgpack"),
         "--round-timeout", str(args.round_timeout),
+        *(["--transcript-payloads"] if args.transcript_payloads else []),
     ]  # fmt: skip
     started = time.monotonic()
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

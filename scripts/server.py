@@ -33,7 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(q times a typical hospital's record count, coarsely)",
     )
     add_run_arguments(parser)
-    parser.add_argument("--transcript", type=Path, help="append every received message to this audit file")
+    parser.add_argument("--transcript", type=Path, help="append the digest of every received message to this audit file")
+    parser.add_argument(
+        "--transcript-payloads",
+        action="store_true",
+        help="keep whole messages in the transcript, not digests (with any hospital's key, it opens every update)",
+    )
     parser.add_argument("--join-timeout", type=positive_float, default=60.0, help="seconds to wait for hospitals to join")
     parser.add_argument("--round-timeout", type=positive_float, default=60.0, help="seconds a round waits for updates")
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
@@ -102,6 +107,7 @@ def serve(args: argparse.Namespace) -> None:
         out_dir=args.out,
         timeouts=timeouts,
         transcript=args.transcript,
+        transcript_payloads=args.transcript_payloads,
         on_round=print_round,
     )
     report = server.run()

@@ -11,10 +11,12 @@ import numpy as np
 
 from conftest import child_environment, free_port, launcher
 from crypto.bfv import SecretContext
-from crypto.sealed_box import open_box, seal
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from crypto.sealed_box import certify_key, open_box, seal, verify_certified_key
 from protocol.config import RunConfig
-from protocol.hospital import sealed_key_context
-from protocol.messages import TO_HOSPITAL, KeyReady, KeyRequest, KeySetup, Message, SealedKey, Welcome, decode, encode
+from protocol.hospital import run_key_context, sealed_key_context
+from protocol.messages import TO_HOSPITAL, KeyReady, KeyRequest, KeySetup, Message, RunKey, SealedKey, Welcome, decode, encode
 from protocol.roster import Credentials, Roster, provision
 from protocol.transport import ClientTransport
 
@@ -81,27 +83,34 @@ class ScriptedHospital:
 
     def key_setup(self) -> KeySetup:
         """As the key holder: answer the key request with a fresh context sealed to the others."""
-        self.expect(KeyRequest)
+        run_keys = self.expect(KeyRequest).run_keys
         self.secret = SecretContext.generate(self.config.bfv_parameters())
         secret_bytes = self.secret.to_bytes()
         sealed = {
             name: seal(
                 secret_bytes,
-                recipient=self.roster.party(name).identity.box,
+                recipient=verify_certified_key(
+                    certified, signer=self.roster.party(name).identity.signing, context=run_key_context(self.config.run_id, name)
+                ),
                 sender=self.credentials.identity.signing,
                 context=sealed_key_context(self.config.run_id, name),
             )
-            for name in self.config.hospitals
-            if name != self.name
+            for name, certified in run_keys.items()
         }
         return KeySetup(public_context=self.secret.public_bytes(), sealed_keys=sealed)
+
+    def send_run_key(self) -> None:
+        """As a recipient: announce a fresh box key for this run, certified by this hospital's identity."""
+        self.run_key = X25519PrivateKey.generate()
+        context = run_key_context(self.config.run_id, self.name)
+        self.send(RunKey(certified_key=certify_key(self.run_key.public_key(), signer=self.credentials.identity.signing, context=context)))
 
     def receive_key(self) -> None:
         box = self.expect(SealedKey).box
         holder = self.roster.party(self.config.key_holder)
         secret_bytes = open_box(
             box,
-            recipient=self.credentials.identity.box,
+            recipient=self.run_key,
             sender=holder.identity.signing,
             context=sealed_key_context(self.config.run_id, self.name),
         )

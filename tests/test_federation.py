@@ -1,7 +1,7 @@
 """The whole federation as a user runs it: consilium-federation, one OS process per party."""
 
+import hashlib
 import json
-import tempfile
 from pathlib import Path
 
 import msgpack
@@ -10,11 +10,11 @@ import tenseal as ts
 import torch
 
 from conftest import run_launcher
-from crypto.sealed_box import open_box
+from crypto.sealed_box import SealedBoxError, open_box
 from protocol.hospital import sealed_key_context
 from protocol.messages import TO_SERVER, KeySetup, Update, decode
 from protocol.roster import Credentials, Roster
-from protocol.transcript import read_transcript
+from protocol.transcript import Transcript, read_transcript
 from training.accounting import PrivacyLedger
 from training.datasets import load_dataset
 from training.models import ModelSpec, accuracy, build_model
@@ -26,7 +26,7 @@ ROUNDS = 4
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("federation")
-    result = run_launcher("federation", "--out", out, "--rounds", ROUNDS, "--round-timeout", "30")
+    result = run_launcher("federation", "--out", out, "--rounds", ROUNDS, "--round-timeout", "30", "--transcript-payloads")
     assert result.returncode == 0, result.stderr
     return out, result
 
@@ -72,40 +72,48 @@ def test_the_server_never_receives_the_secret_key(run):
     out, _ = run
     records = _transcript(out)
     assert {r["sender"] for r in records} == {"hospital-1", "hospital-2", "hospital-3"}
-    setup = next(m for m in map(_decode, records) if isinstance(m, KeySetup))
-    federation = out / "federation"
-    roster = Roster.load(federation)
-    run_id = json.loads((out / "report.json").read_text())["config"]["run_id"]
-    # Open hospital-2's box as hospital-2 would, to learn what must never appear in the clear.
-    secret_bytes = open_box(
-        setup.sealed_keys["hospital-2"],
-        recipient=Credentials.load(federation, "hospital-2").identity.box,
-        sender=roster.party("hospital-1").identity.signing,
-        context=sealed_key_context(run_id, "hospital-2"),
-    )
-    secret_context = ts.context_from(secret_bytes)
-    assert secret_context.has_secret_key()
-    key = secret_context.secret_key().data
-    raw_key = b"".join(key.data().data(i).to_bytes(8, "little") for i in range(64))
-    with tempfile.TemporaryDirectory() as scratch:
-        key.save(f"{scratch}/key")
-        serialized_key = Path(f"{scratch}/key").read_bytes()
-    received = b"".join(r["payload"] for r in records)
-    for secret in (secret_bytes, serialized_key[16:80], raw_key[:64], raw_key[-64:]):
-        assert secret not in received
-    blobs = [setup.public_context]
+    blobs = []
     for record in records:
         body = msgpack.unpackb(record["payload"], raw=False)
         blobs += [v for v in body.values() if isinstance(v, bytes)]
+        blobs += [v for value in body.values() if isinstance(value, dict) for v in value.values() if isinstance(v, bytes)]
+    contexts = 0
     for blob in blobs:
         try:
             context = ts.context_from(blob)
         except Exception:
             continue
+        contexts += 1
         assert not context.has_secret_key()
-    # Nor does anything the server wrote hold it.
-    for path in (out / "server").iterdir():
-        assert raw_key[:64] not in path.read_bytes()
+    assert contexts == 1  # the key holder's public context, and nothing else parses as one
+
+
+def test_a_finished_runs_key_boxes_stay_shut_with_every_long_term_key(run):
+    """Forward secrecy: boxes were sealed to per-run keys that the hospitals never wrote down."""
+    out, _ = run
+    setup = next(m for m in map(_decode, _transcript(out)) if isinstance(m, KeySetup))
+    federation = out / "federation"
+    roster = Roster.load(federation)
+    run_id = json.loads((out / "report.json").read_text())["config"]["run_id"]
+    assert set(setup.sealed_keys) == {"hospital-2", "hospital-3"}
+    for name, box in setup.sealed_keys.items():
+        with pytest.raises(SealedBoxError):
+            open_box(
+                box,
+                recipient=Credentials.load(federation, name).identity.box,
+                sender=roster.party("hospital-1").identity.signing,
+                context=sealed_key_context(run_id, name),
+            )
+
+
+def test_by_default_the_transcript_keeps_digests_in_a_private_file(tmp_path):
+    path = tmp_path / "transcript.msgpack"
+    transcript = Transcript(path)
+    transcript.record("hospital-1", b"ciphertext")
+    transcript.close()
+    (record,) = read_transcript(path)
+    assert "payload" not in record and record["sha256"] == hashlib.sha256(b"ciphertext").digest()
+    assert path.stat().st_mode & 0o777 == 0o600
 
 
 def test_the_server_cannot_decrypt_what_it_received(run):

@@ -47,6 +47,7 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
     config = h1.welcome()
     h2.welcome()
     assert config.hospitals == ("hospital-1", "hospital-2") and config.key_holder == "hospital-1"
+    h2.send_run_key()
 
     setup = h1.key_setup()
     h2.send(setup)  # rejected 3: not the key holder
@@ -110,6 +111,8 @@ def test_a_vanished_hospital_is_dropped_and_a_round_below_quorum_is_never_decryp
         hospital.send(Hello())
     for hospital in hospitals:
         hospital.welcome()
+    h2.send_run_key()
+    h3.send_run_key()
     h1.send(h1.key_setup())
     h2.receive_key()
     h3.receive_key()
