@@ -9,8 +9,10 @@ contributor also sends the mean itself: the DP-protected release).
 It does not trust the server's count of the privacy spent: before each update leaves, it charges
 its own durable ledger for the least noise a decrypted sum can carry (a quorum's), refusing to take
 part once that would take the worse of the server's and a fellow hospital's epsilon over its budget
-(Dopamine, Algorithm 1, line 17); after decryption it settles the record with the noise actually
-present. Ledger records are keyed by identifiers the ledger draws, and a run id it has seen before
+(Dopamine, Algorithm 1, line 17). The charge stays at a quorum's noise even when more hospitals
+contributed: the count a sum decrypts to is not authenticated (a dishonest server can add to it),
+so it must not lower what is charged; with the default quorum of all hospitals the charge is exact.
+Ledger records are keyed by identifiers the ledger draws, and a run id it has seen before
 is refused, so a server cannot make releases count less by repeating a run id or a round.
 
 Its update leaves a fixed ``send_offset_s`` after RoundStart, whatever the computation took:
@@ -89,7 +91,6 @@ class _Contribution:
     """What a hospital remembers of its update while the round is open."""
 
     round: int
-    ledger_key: str
     bytes_sent_before: int
     bytes_received_before: int
     bytes_received_aggregate: int = 0
@@ -149,14 +150,17 @@ class Hospital:
                 raise ProtocolError(f"the server's run configuration is unusable: {error}") from None
             if self._name not in config.hospitals:
                 raise ProtocolError(f"{self._name} is not among the run's hospitals")
+            strangers = set(config.hospitals) - set(self._roster.hospitals)
+            if strangers:  # e.g. the server naming itself a hospital, to hold the key
+                raise ProtocolError(f"the run names {sorted(strangers)} as hospitals; the roster does not")
             params = config.bfv_parameters()
             self._limit = config.message_limit()
             self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE)
             self._ledger.begin_run(config.run_id)
             model = build_model(config.model)
             initial = np.frombuffer(welcome.initial_parameters, dtype="<f4")
-            if initial.size != params.vector_length:
-                raise ProtocolError(f"initial parameters have {initial.size} values, the model {params.vector_length}")
+            if initial.size != params.vector_length or not np.all(np.isfinite(initial)):
+                raise ProtocolError(f"the initial parameters are not {params.vector_length} finite float32 values")
             set_flat_parameters(model, initial)
             secret = self._key_ceremony(config, params)
             step = NoisyGradientStep(model, self._data.x, self._data.y, config.dopamine)
@@ -266,15 +270,17 @@ class Hospital:
         settings = config.dopamine
         least_noise = release_of(step.mechanism, sample_rate=settings.sample_rate, contributors=settings.quorum)
         # Durable before the update leaves: a crash can only over-count.
-        key = self._ledger.record(least_noise, run_id=config.run_id, round_number=round_number)
+        self._ledger.record(least_noise, run_id=config.run_id, round_number=round_number)
         contribution = _Contribution(
             round=round_number,
-            ledger_key=key,
             bytes_sent_before=self._transport.bytes_sent,
             bytes_received_before=self._transport.bytes_received,
         )
         started = time.perf_counter()
-        share, _ = step()
+        try:
+            share, _ = step()
+        except ValueError as error:
+            raise ProtocolError(f"round {round_number}: {error}") from None
         contribution.seconds["train"] = time.perf_counter() - started
         started = time.perf_counter()
         update = encode(Update(round=round_number, chunks=tuple(secret.encrypt(share))))
@@ -303,7 +309,11 @@ class Hospital:
     ) -> None:
         settings = config.dopamine
         contributors = list(message.contributors)
-        if self._name not in contributors or len(contributors) != len(set(contributors)):
+        if (
+            self._name not in contributors
+            or len(contributors) != len(set(contributors))
+            or not set(contributors) <= set(config.hospitals)
+        ):
             raise ProtocolError(f"round {message.round}: the contributor list {contributors} is inconsistent")
         if len(contributors) < settings.quorum:
             raise ProtocolError(f"round {message.round}: {len(contributors)} contributors, fewer than the quorum")
@@ -320,8 +330,6 @@ class Hospital:
             )
         mean = mean_gradient(decrypted.total, decrypted.contributors, mechanism=step.mechanism, settings=settings)
         pending.seconds["decrypt"] = time.perf_counter() - started
-        actual = release_of(step.mechanism, sample_rate=settings.sample_rate, contributors=decrypted.contributors)
-        self._ledger.settle(pending.ledger_key, actual)
         momentum.apply(mean)
         payload = mean.tobytes()
         releaser = contributors[0] == self._name

@@ -187,3 +187,11 @@ def test_dopamine_reaches_the_validation_loss_of_opacus_central_dp_sgd():
     spread = max(np.std(v) for v in losses.values())
     for hospitals in (1, 3):
         assert abs(np.mean(losses[hospitals]) - central) < max(0.05 * central, 2 * spread), losses
+
+
+def test_diverged_gradients_are_an_error_not_a_hang():
+    mechanism = SkellamMechanism.calibrate(dimension=4, max_grad_norm=1.0, noise_multiplier=1.0, quorum=1)
+    with pytest.raises(ValueError, match="not finite"):
+        mechanism.round_examples(np.array([[np.nan, 0, 0, 0]]), secure_generator())
+    with pytest.raises(ValueError, match="could not be rounded"):
+        mechanism.round_examples(np.array([[10.0, 0, 0, 0]]), secure_generator())  # far above C

@@ -8,10 +8,11 @@ analysed for, and it needs the divisor ``B`` to be a public constant, not a coun
 noise on a query of sensitivity ``Delta_2``. What protects a record depends on who looks:
 
 - ``server``: knows no share, faces ``Sk(K_c mu)``;
-- ``peer_hospital``: a fellow contributor subtracts its own share, ``Sk((K_c - 1) mu)``; so does
-  the server colluding with one hospital;
-- ``collusion``: every other contributor pools its share (with or without the server), leaving
-  only the record's own hospital's share ``Sk(mu)``, i.e. noise multiplier ``sigma / sqrt(K_min)``.
+- ``peer_hospital``: a fellow contributor subtracts its own share, ``Sk((K_c - 1) mu)``;
+- ``collusion``: every other contributor pools its share, leaving only the record's own
+  hospital's share ``Sk(mu)``, i.e. noise multiplier ``sigma / sqrt(K_min)``. The server colluding
+  with any one hospital is this view too: every hospital holds the BFV key, so together they can
+  decrypt each update on its own.
 
 A hospital's budget binds on the worst of ``BUDGET_VIEWS`` (the server and a peer, the threat
 model's parties); the collusion view is reported, since the threat model excludes collusion.
@@ -20,21 +21,23 @@ model's parties); the collusion view is reported, since the threat model exclude
 release leaves (so a crash can only over-count) and read back on start, so a restart never resets
 epsilon. Each record is keyed by an identifier the ledger draws itself, never by anything the
 server chooses: a server that repeats a run id or a round cannot make two releases count as one.
-A record is written when an update leaves, charged for the least noise its sum can carry (a
-quorum's), and may be settled once, after decryption, with the noise actually present. A run id
-is accepted once: ``begin_run`` refuses one the ledger has seen. The file is append-only JSON
-lines, one fsynced line per record; a final line cut short by a crash was never acknowledged (so
-nothing was released on its strength) and is dropped on the next start; anything else unreadable
-is refused. Records hold the mechanism's parameters, not epsilons, so any accountant can read them.
+A run id is accepted once: ``begin_run`` refuses one the ledger has seen. The file is append-only
+JSON lines, one fsynced line per record; a final line cut short by a crash was never acknowledged
+(so nothing was released on its strength) and is dropped on the next start; anything else
+unreadable is refused. One process at a time may hold a ledger file (an exclusive lock), so two
+processes cannot each count only their own releases. Records hold the mechanism's parameters,
+not epsilons, so any accountant can read them.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
 import os
 import secrets
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,12 +147,14 @@ class PrivacyLedger:
     def __init__(self, path: Path | None = None) -> None:
         self._path = path
         self._entries: dict[str, Release | _GaussianRelease] = {}
-        self._settled: set[str] = set()
         self._runs: set[str] = set()
-        if path is not None and path.exists():
+        self._locked = False
+        self._size = path.stat().st_size if path is not None and path.exists() else 0
+        # Repairs wait for the first write, made under the lock: a torn last line to cut, a header.
+        self._complete_size = self._size
+        self._needs_header = False
+        if self._size:
             self._read(path)
-        elif path is not None:
-            _append(path, _HEADER)
 
     @property
     def steps(self) -> int:
@@ -162,22 +167,13 @@ class PrivacyLedger:
         self._write({"run": run_id})
         self._runs.add(run_id)
 
-    def record(self, release: Release, *, run_id: str, round_number: int) -> str:
-        """Add ``release`` under a fresh identifier, durably before returning; returns the identifier."""
+    def record(self, release: Release, *, run_id: str, round_number: int) -> None:
+        """Add ``release`` under a fresh identifier, durably before returning."""
         if run_id not in self._runs:
             raise LedgerError(f"run {run_id} was not begun in this ledger")
         key = secrets.token_hex(16)
         self._write({"key": key, "run": run_id, "round": round_number, **release.to_record()})
         self._entries[key] = release
-        return key
-
-    def settle(self, key: str, release: Release) -> None:
-        """Replace the release recorded under ``key`` with the noise actually present; once per key."""
-        if key not in self._entries or key in self._settled:
-            raise LedgerError(f"no unsettled record {key} in this ledger")
-        self._write({"settles": key, **release.to_record()})
-        self._entries[key] = release
-        self._settled.add(key)
 
     def epsilon(self, delta: float, *, view: str = "server", extra: Release | None = None) -> float:
         """Epsilon at ``delta`` for ``view`` spent so far, plus one more release if given."""
@@ -196,8 +192,38 @@ class PrivacyLedger:
         return max((self.epsilon(delta, view=view, extra=extra), view) for view in BUDGET_VIEWS)
 
     def _write(self, record: dict) -> None:
-        if self._path is not None:
-            _append(self._path, record)
+        if self._path is None:
+            return
+        if not self._locked:
+            self._lock()
+        if self._complete_size < self._size:
+            _truncate(self._path, self._complete_size)
+        if self._complete_size == 0 or self._needs_header:
+            _append(self._path, _HEADER)
+            self._needs_header = False
+        _append(self._path, record)
+        self._complete_size = self._path.stat().st_size
+        self._size = self._complete_size
+
+    def _lock(self) -> None:
+        """Hold the file exclusively from the first write until this ledger is gone.
+
+        Readers take no lock. A writer that finds the file grown since it read it refuses to go on:
+        its count would miss the other writer's releases."""
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(self._path, os.O_RDONLY | os.O_CREAT, 0o600)
+        except OSError as error:
+            raise LedgerError(f"cannot open privacy ledger {self._path}: {error}") from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(descriptor)
+            raise LedgerError(f"privacy ledger {self._path} is in use by another writer") from None
+        weakref.finalize(self, os.close, descriptor)
+        self._locked = True
+        if os.fstat(descriptor).st_size != self._size:
+            raise LedgerError(f"privacy ledger {self._path} changed since it was read; open it again")
 
     def _read(self, path: Path) -> None:
         try:
@@ -211,19 +237,20 @@ class PrivacyLedger:
             if not complete and not any(_line(h).decode().startswith(torn) for h in (_HEADER, _LEGACY_HEADER)):
                 raise _unreadable(path, "not a privacy ledger")
             log.warning("privacy ledger %s: dropping an incomplete last record", path)
-            _truncate(path, len(complete.encode()) + 1 if complete else 0)
+            self._complete_size = len(complete.encode()) + 1 if complete else 0
         if not complete:
-            _append(path, _HEADER)
             return
         try:
             header, *records = (json.loads(line) for line in complete.split("\n"))
             if header == _LEGACY_HEADER:
                 # Version 2 records come first; a version 3 header marks where newer records begin.
                 upgraded = records.index(_HEADER) if _HEADER in records else None
-                for record in records[:upgraded]:
-                    self._entries[str(record["key"])] = _GaussianRelease.from_record(record)
-                if upgraded is None:
-                    _append(path, _HEADER)
+                # Every line counts: version 2 keyed lines by the server's run id and round, so a
+                # later line replacing an earlier one may hide a release. (A reservation and its
+                # settlement are then both charged: over-counting is the safe side.)
+                for number, record in enumerate(records[:upgraded]):
+                    self._entries[f"v2-{number}"] = _GaussianRelease.from_record(record)
+                self._needs_header = upgraded is None
                 records = records[upgraded + 1 :] if upgraded is not None else []
             elif header != _HEADER:
                 raise ValueError("not a privacy ledger of a known version")
@@ -235,12 +262,6 @@ class PrivacyLedger:
     def _replay(self, record: dict) -> None:
         if set(record) == {"run"}:
             self._runs.add(str(record["run"]))
-        elif "settles" in record:
-            key = record.pop("settles")
-            if key not in self._entries or key in self._settled:
-                raise ValueError(f"a settlement of {key!r}, which is not an unsettled record")
-            self._entries[key] = Release.from_record(record)
-            self._settled.add(key)
         else:
             key, run = record.pop("key"), record.pop("run")
             record.pop("round")
@@ -267,7 +288,9 @@ def _append(path: Path, record: dict) -> None:
         created = not path.exists()
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(descriptor, line)
+            written = 0
+            while written < len(line):
+                written += os.write(descriptor, line[written:])
             os.fsync(descriptor)
         finally:
             os.close(descriptor)

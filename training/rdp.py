@@ -10,15 +10,20 @@ sensitivity is ``Delta_2`` (L2) and ``Delta_1`` (L1) is ``(alpha, eps(alpha))``-
 The first term is the Gaussian mechanism's ``alpha / (2 z^2)`` at the same variance
 (``2 mu = z^2 Delta_2^2``); the second vanishes as ``mu`` grows.
 
-**Poisson subsampling.** If each record is in the batch with probability ``q``, then for every
-integer ``alpha >= 2`` and add/remove adjacency (Zhu and Wang 2019; Steinke 2022, "Composition of
-Differential Privacy & Privacy Amplification by Subsampling", arXiv:2210.00597)::
+**Poisson subsampling.** If each record is in the batch with probability ``q``, the accountant
+charges, at every integer ``alpha >= 2``::
 
-    exp((alpha - 1) eps_q(alpha)) <= sum_{j=0..alpha} C(alpha, j) (1-q)^(alpha-j) q^j exp((j - 1) eps(j))
+    exp((alpha - 1) eps_q(alpha)) = sum_{j=0..alpha} C(alpha, j) (1-q)^(alpha-j) q^j exp((j - 1) eps(j))
 
-(the ``j = 0, 1`` terms are ``(1-q)^(alpha-1) (1 + (alpha-1) q)``). For the Gaussian this is exactly
-the sampled Gaussian mechanism's RDP that Opacus computes (Mironov, Talwar and Zhang 2019), which
-the tests check. RDP adds up over rounds, and ``rdp_to_epsilon`` takes the best order with
+(the ``j = 0, 1`` terms are ``(1-q)^(alpha-1) (1 + (alpha-1) q)``). For the removal direction,
+``D_alpha((1-q) Q + q P || Q)``, this is an exact binomial expansion bounded term by term, for any
+mechanism. For the addition direction, ``D_alpha(Q || (1-q) Q + q P)``, it is proven for the
+Gaussian (Mironov, Talwar and Zhang 2019: this is exactly the sampled Gaussian RDP Opacus
+computes, which the tests check); for Skellam noise the tests check it on the exact
+one-dimensional distributions, and no proof for ``d`` dimensions is known to us. Zhu and Wang
+(2019) give a bound proven for any mechanism, with a factor 3 on the terms ``j >= 3``; it would
+raise the default run's epsilon against the server from 2.14 to 3.56. Steinke (2022,
+arXiv:2210.00597) surveys both. RDP adds up over rounds, and ``rdp_to_epsilon`` takes the best order with
 Opacus's conversion (Balle et al. 2020).
 """
 

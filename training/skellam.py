@@ -41,6 +41,7 @@ __all__ = ["SkellamMechanism", "SumBound"]
 
 _ROUNDING_TAIL = 2.0  # c = sqrt(2 ln(1/beta)): beta = e^-2, a redraw for ~13.5% of examples
 _SENSITIVITY_INFLATION = 1.01  # Delta_2 <= 1.01 gamma C
+_MAX_ROUNDING_DRAWS = 100
 # The sum stays within its bound in every coordinate except with probability below 2^-30 per round:
 # half for the batch sizes, half for the noise over all coordinates.
 _WRAP_LOG_PROBABILITY = -30 * math.log(2)
@@ -82,16 +83,21 @@ class SkellamMechanism:
     def round_examples(self, examples: np.ndarray, generator: np.random.Generator) -> np.ndarray:
         """The integer sum of the scaled, conditionally rounded rows of ``examples`` (each of norm <= C)."""
         scaled = np.asarray(examples, dtype=np.float64).reshape(-1, self.dimension) * self.scale
+        if not np.all(np.isfinite(scaled)):
+            raise ValueError("the example gradients are not finite: training has diverged")
         floor = np.floor(scaled)
         fraction = scaled - floor
         rounded = np.empty(scaled.shape, dtype=np.int64)
         pending = np.arange(len(scaled))
-        while pending.size:
+        for _ in range(_MAX_ROUNDING_DRAWS):
+            if not pending.size:
+                return rounded.sum(axis=0)
             draw = floor[pending] + (generator.random(fraction[pending].shape) < fraction[pending])
             accepted = np.einsum("ij,ij->i", draw, draw) <= self.l2_sensitivity**2
             rounded[pending[accepted]] = draw[accepted]
             pending = pending[~accepted]
-        return rounded.sum(axis=0)
+        # Each draw fails with probability below e^-2 for an example of norm <= C: 100 in a row never do.
+        raise ValueError(f"an example of norm above the clipping bound could not be rounded within {self.l2_sensitivity:.1f}")
 
     def noise_share(self, generator: np.random.Generator) -> np.ndarray:
         """One hospital's noise: ``Sk(mu)`` in every coordinate."""
