@@ -31,10 +31,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from crypto.bfv import BfvError, SecretContext
-from crypto.bfv_parameters import BfvParameters
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
+from crypto.bfv import BfvError, SecretContext
+from crypto.bfv_parameters import BfvParameters
 from crypto.sealed_box import SealedBoxError, certify_key, open_box, seal, verify_certified_key
 from protocol.config import ConfigError, RunConfig
 from protocol.messages import (
@@ -62,7 +62,7 @@ from protocol.messages import (
 )
 from protocol.roster import Credentials, Roster
 from protocol.transport import ClientTransport
-from training.accounting import LEDGER_FILE, VIEWS, PrivacyLedger, release_of
+from training.accounting import LEDGER_FILE, PrivacyLedger, Release, release_of
 from training.datasets import Split
 from training.dopamine import MomentumUpdate, NoisyGradientStep, mean_gradient
 from training.models import build_model, set_flat_parameters
@@ -237,12 +237,16 @@ class Hospital:
                 if message.round <= last_round:
                     raise ProtocolError(f"the server started round {message.round} again after round {last_round}")
                 last_round = message.round
-                refusal = self._budget_refusal(config, step, message.round)
+                # What every update is charged: the least noise its sum can carry, a quorum's.
+                least_noise = release_of(step.mechanism, sample_rate=config.dopamine.sample_rate, contributors=config.dopamine.quorum)
+                refusal = self._budget_refusal(least_noise, message.round)
                 if refusal:
                     log.warning("%s withdraws: %s", self._name, refusal)
                     self._send(Withdraw(round=message.round, reason=refusal))
                     return refusal
-                pending = self._contribute(config, secret, step, message.round, send_at=received + self._send_offset_s)
+                pending = self._contribute(
+                    config, secret, step, least_noise, message.round, send_at=received + self._send_offset_s
+                )
             elif pending is None or message.round != pending.round:
                 log.warning("ignored %s for round %d: no update of ours is pending for it", message.TYPE, message.round)
             elif isinstance(message, RoundAbort):
@@ -252,11 +256,9 @@ class Hospital:
                 self._apply(config, secret, step, momentum, message, pending)
                 pending = None
 
-    def _budget_refusal(self, config: RunConfig, step: NoisyGradientStep, round_number: int) -> str:
+    def _budget_refusal(self, charge: Release, round_number: int) -> str:
         """Why this hospital must not take part in the round, or "" if it may (Algorithm 1, line 17)."""
-        settings = config.dopamine
-        least_noise = release_of(step.mechanism, sample_rate=settings.sample_rate, contributors=settings.quorum)
-        projected, view = self._ledger.worst_epsilon(self._budget.delta, extra=least_noise)
+        projected, view = self._ledger.worst_epsilon(self._budget.delta, extra=charge)
         if projected <= self._budget.epsilon:
             return ""
         return (
@@ -265,12 +267,17 @@ class Hospital:
         )
 
     def _contribute(
-        self, config: RunConfig, secret: SecretContext, step: NoisyGradientStep, round_number: int, *, send_at: float
+        self,
+        config: RunConfig,
+        secret: SecretContext,
+        step: NoisyGradientStep,
+        charge: Release,
+        round_number: int,
+        *,
+        send_at: float,
     ) -> "_Contribution":
-        settings = config.dopamine
-        least_noise = release_of(step.mechanism, sample_rate=settings.sample_rate, contributors=settings.quorum)
         # Durable before the update leaves: a crash can only over-count.
-        self._ledger.record(least_noise, run_id=config.run_id, round_number=round_number)
+        self._ledger.record(charge, run_id=config.run_id, round_number=round_number)
         contribution = _Contribution(
             round=round_number,
             bytes_sent_before=self._transport.bytes_sent,
@@ -336,7 +343,6 @@ class Hospital:
         self._send(
             Released(round=message.round, digest=release_digest(message.round, payload), mean_gradient=payload if releaser else b"")
         )
-        delta = self._budget.delta
         self._rounds.append(
             {
                 "round": message.round,
@@ -346,7 +352,7 @@ class Hospital:
                 "update_bytes": pending.update_bytes,
                 "received_bytes": pending.bytes_received_aggregate,
                 "sent_bytes": self._transport.bytes_sent - pending.bytes_sent_before,
-                "epsilon": {view: self._ledger.epsilon(delta, view=view) for view in VIEWS},
+                "epsilon": self._ledger.epsilons(self._budget.delta),
             }
         )
 

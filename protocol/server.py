@@ -53,7 +53,7 @@ from protocol.messages import (
 from protocol.roster import Credentials, Roster
 from protocol.transcript import Transcript
 from protocol.transport import ServerTransport
-from training.accounting import ACCOUNTANT, LEDGER_FILE, VIEWS, PrivacyLedger, release_of
+from training.accounting import ACCOUNTANT, LEDGER_FILE, PrivacyLedger, release_of
 from training.datasets import Split
 from training.dopamine import MomentumUpdate
 from training.models import accuracy, build_model, get_flat_parameters
@@ -271,7 +271,7 @@ class Server:
         release = release_of(self._mechanism, sample_rate=self._config.dopamine.sample_rate, contributors=len(record.contributors))
         self._ledger.record(release, run_id=self._config.run_id, round_number=round_number)
         record.status = "released"
-        record.epsilon = self._epsilons()
+        record.epsilon = self._ledger.epsilons(self._config.delta)
         self._finish_round(record)
 
     def _collect(self, round_number: int, record: _RoundRecord) -> tuple[CiphertextSum, float]:
@@ -396,7 +396,7 @@ class Server:
             "final": {
                 "rounds_released": len(released),
                 "validation_accuracy": released[-1].validation_accuracy if released else None,
-                "epsilon": self._epsilons(),
+                "epsilon": self._ledger.epsilons(self._config.delta),
                 "delta": self._config.delta,
                 "accountant": ACCOUNTANT,
             },
@@ -417,9 +417,6 @@ class Server:
             "sum_bound": bound.levels,
             "wrap_probability_per_round": bound.wrap_probability,
         }
-
-    def _epsilons(self) -> dict[str, float]:
-        return {view: self._ledger.epsilon(self._config.delta, view=view) for view in VIEWS}
 
     def _write_outputs(self, report: dict) -> None:
         self._out_dir.mkdir(parents=True, exist_ok=True)

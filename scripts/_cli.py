@@ -112,7 +112,7 @@ def widths(text: str) -> tuple[int, ...]:
 RUN_FLAGS = (
     ("--rounds", positive_int, 100, "rounds of Dopamine (one DP-SGD step each)"),
     ("--sample-rate", rate, 0.1, "q: probability that a record is in a round's batch (Poisson sampling)"),
-    ("--noise-multiplier", non_negative_float, 2.3, "sigma: noise of a quorum's sum, in units of the clipping norm"),
+    ("--noise-multiplier", non_negative_float, 2.3, "sigma: noise of a quorum's sum, in units of its sensitivity"),
     ("--max-grad-norm", positive_float, 1.0, "C: per-example gradient clipping norm"),
     ("--lr", positive_float, 0.05, "learning rate"),
     ("--momentum", momentum, 0.9, "momentum, applied to the decrypted mean gradient"),

@@ -32,6 +32,7 @@ not epsilons, so any accountant can read them.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import logging
 import math
@@ -130,6 +131,14 @@ class _GaussianRelease:
         return cls(float(record["sample_rate"]), tuple((v, float(multipliers[v])) for v in BUDGET_VIEWS))
 
 
+@functools.lru_cache(maxsize=1024)
+def _rdp(release: "Release | _GaussianRelease", view: str) -> np.ndarray:
+    """A release's RDP curve for a view: a run repeats a few releases, so each is computed once."""
+    curve = release.rdp(view)
+    curve.flags.writeable = False  # shared by every caller
+    return curve
+
+
 def release_of(mechanism: SkellamMechanism, *, sample_rate: float, contributors: int) -> Release:
     """The release of a sum of ``contributors`` shares, for each view."""
     known = {"server": 0, "peer_hospital": min(1, contributors - 1), "collusion": contributors - 1}
@@ -184,8 +193,12 @@ class PrivacyLedger:
             counts[extra] += 1
         if not counts:
             return 0.0
-        total = sum(count * release.rdp(view) for release, count in counts.items())
+        total = sum(count * _rdp(release, view) for release, count in counts.items())
         return rdp_to_epsilon(ORDERS, total, delta)
+
+    def epsilons(self, delta: float) -> dict[str, float]:
+        """Epsilon at ``delta`` spent so far, for each view."""
+        return {view: self.epsilon(delta, view=view) for view in VIEWS}
 
     def worst_epsilon(self, delta: float, *, extra: Release | None = None) -> tuple[float, str]:
         """The largest epsilon over ``BUDGET_VIEWS``, and its view."""
