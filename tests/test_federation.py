@@ -56,6 +56,8 @@ def test_the_run_prints_a_line_per_round_and_writes_its_report(run):
     assert report["wire"]["update_ratio_to_float32"] <= 3.0
     assert report["phase_seconds"]["hospital_per_round"]["encrypt"] > 0
     assert report["rejected_messages"] == 0 and report["send_offset_overruns"] == 0
+    # Updates leave a fixed 0.25 s after RoundStart, so the server waits at least that long for them.
+    assert all(r["seconds"]["collect"] >= 0.25 for r in report["rounds"])
 
 
 def test_each_hospital_ledger_agrees_with_the_server_and_is_on_disk(run):
