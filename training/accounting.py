@@ -51,8 +51,9 @@ from training.skellam import SkellamMechanism
 __all__ = ["ACCOUNTANT", "BUDGET_VIEWS", "LEDGER_FILE", "VIEWS", "LedgerError", "PrivacyLedger", "Release", "release_of"]
 
 ACCOUNTANT = (
-    "RDP of the Skellam mechanism (Agarwal et al. 2021, Thm 3.5) amplified by Poisson subsampling "
-    "(Zhu and Wang 2019; Steinke 2022) at integer orders 2-256, converted with Opacus's RDP-to-DP bound"
+    "RDP of the Skellam mechanism (Agarwal et al. 2021, Thm 3.5) amplified by Poisson subsampling with the "
+    "binomial bound, for adding and removing a record (training/rdp.py), at integer orders 2-256, converted "
+    "with Opacus's RDP-to-DP bound"
 )
 LEDGER_FILE = "privacy_ledger.jsonl"
 VIEWS = ("server", "peer_hospital", "collusion")
