@@ -186,20 +186,30 @@ def decode(raw: bytes, *, accept: frozenset[type], max_bytes: int) -> Message:
         body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except (ValueError, msgpack.UnpackException) as error:  # ValueError covers ExtraData, FormatError, bad UTF-8
         raise MessageError(f"not a msgpack message: {error}") from None
-    if not isinstance(body, dict):
+    if type(body) is not dict:
         raise MessageError("a message must be a map")
-    if body.get("v") != PROTOCOL_VERSION:
-        raise MessageError(f"unsupported protocol version {body.get('v')!r} (this is version {PROTOCOL_VERSION})")
-    cls = _BY_TYPE.get(body.get("type"))
+    if any(type(key) is not str for key in body):
+        raise MessageError("a message's field names must be strings")
+    version = body.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise MessageError(f"unsupported protocol version {_shown(version)} (this is version {PROTOCOL_VERSION})")
+    name = body.get("type")
+    cls = _BY_TYPE.get(name) if type(name) is str else None
     if cls is None or cls not in accept:
-        raise MessageError(f"unexpected message type {body.get('type')!r}")
+        raise MessageError(f"unexpected message type {_shown(name)}")
     declared = {field.name: field for field in fields(cls)}
     given = set(body) - {"v", "type"}
     if given != set(declared):
-        raise MessageError(f"{cls.TYPE}: expected fields {sorted(declared)}, got {sorted(given)}")
+        raise MessageError(f"{cls.TYPE}: expected fields {sorted(declared)}, got {_shown(sorted(given))}")
     hints = typing.get_type_hints(cls)
     values = {name: _conform(body[name], hints[name], f"{cls.TYPE}.{name}") for name in declared}
     return cls(**values)
+
+
+def _shown(value, limit: int = 60) -> str:
+    """A peer-chosen value, quoted and cut short for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _conform(value, annotation, where: str):

@@ -1,4 +1,5 @@
 import msgpack
+import numpy as np
 import pytest
 
 from protocol.messages import (
@@ -73,6 +74,10 @@ def _raw(**body):
         (_raw(v=1, type="update", round=1, chunks=["text"]), "must be bytes"),
         (_raw(v=1, type="key_setup", public_context=b"c", sealed_keys={"h": "text"}), "must be bytes"),
         (msgpack.packb({1: 2}), "not a msgpack"),
+        (_raw(v=1, type=["update"]), "unexpected message type"),
+        (msgpack.packb({"v": 1, "type": "hello", b"type": b"x"}, use_bin_type=True), "field names must be strings"),
+        (_raw(v=True, type="hello"), "unsupported protocol version"),
+        (_raw(v=1.0, type="hello"), "unsupported protocol version"),
         (b"\x00" * (LIMIT + 1), "exceeds the limit"),
     ],
 )
@@ -85,3 +90,39 @@ def test_release_digest_binds_the_round_and_the_values():
     assert release_digest(1, b"abc") != release_digest(2, b"abc")
     assert release_digest(1, b"abc") != release_digest(1, b"abd")
     assert len(release_digest(1, b"")) == 32
+
+
+def _random_value(rng, depth=0):
+    kind = rng.integers(0, 9 if depth < 3 else 6)
+    if kind == 0:
+        return int(rng.integers(-(2**40), 2**40)) if rng.random() < 0.5 else bool(rng.integers(0, 2))
+    if kind == 1:
+        return float(rng.normal())
+    if kind == 2:
+        return rng.choice(["update", "hello", "v", "type", "round", "chunks", ""])
+    if kind == 3:
+        return bytes(rng.integers(0, 256, rng.integers(0, 8), dtype=np.uint8))
+    if kind == 4:
+        return None
+    if kind == 5:
+        return msgpack.ExtType(int(rng.integers(0, 128)), b"x")
+    if kind in (6, 7):
+        return [_random_value(rng, depth + 1) for _ in range(rng.integers(0, 4))]
+    keys = [_random_value(rng, 3) for _ in range(rng.integers(0, 5))]
+    return {k: _random_value(rng, depth + 1) for k in keys if isinstance(k, (str, bytes))}
+
+
+def test_any_structure_or_byte_string_raises_only_message_error():
+    """Generated maps around real message shapes, and random bytes, never raise anything else."""
+    rng = np.random.default_rng(11)
+    for _ in range(3000):
+        body = {"v": rng.choice([1, 1, True, 1.0, 2]), "type": _random_value(rng) if rng.random() < 0.3 else
+                rng.choice(["update", "key_setup", "released", "hello", "run_key"])}
+        body.update({rng.choice(["round", "chunks", "public_context", "sealed_keys", "digest", "mean_gradient",
+                                 "reason", "certified_key"]): _random_value(rng) for _ in range(rng.integers(0, 4))})
+        for raw in (msgpack.packb(body, use_bin_type=True), bytes(rng.integers(0, 256, rng.integers(0, 40), dtype=np.uint8))):
+            try:
+                decode(raw, accept=TO_SERVER, max_bytes=LIMIT)
+                decode(raw, accept=TO_HOSPITAL, max_bytes=LIMIT)
+            except MessageError:
+                pass
