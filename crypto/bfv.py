@@ -1,201 +1,303 @@
-"""Batched BFV secure summation on TenSEAL: who can do what is carried by the type.
+"""Batched BFV secure summation on SEAL (``tenseal.sealapi``): who can do what is carried by the type.
 
-- ``SecretContext`` (hospitals) holds the shared secret key: it encrypts an update and decrypts a
-  sum. Encryption is symmetric: every hospital holds the secret key anyway, the aggregator then gets
-  no public key and so cannot encrypt (it cannot forge a contribution), and symmetric ciphertexts
-  carry less noise.
-- ``PublicContext`` (aggregator) holds the parameters and nothing else: loading one that carries a
-  secret key is refused.
-- ``CiphertextSum`` (aggregator) adds contributions in place; ``+=`` costs ~0.03 ms where
-  ``copy()`` costs ~5 ms, so nothing on this path copies a ciphertext.
+- ``SecretContext`` (hospitals) holds the federation's shared secrets: the BFV secret key and the
+  check key of ``crypto.membership``. It encrypts an update with its check slots and decrypts only
+  a sum whose check slots prove it adds one fresh contribution from each listed contributor.
+  Encryption is symmetric: every hospital holds the secret key anyway, and the aggregator then has
+  no public key, so it cannot encrypt.
+- ``PublicContext`` (aggregator) is built from the agreed parameters alone: it holds no key.
+- ``CiphertextSum`` (aggregator) adds contributions; one either adds completely or changes nothing.
 
-A vector of integers travels as ``chunk_count`` serialized ciphertexts of ``poly_modulus_degree``
-slots; slots hold integers modulo ``t``, so values are reduced, never clamped, and a decrypted sum
-reads in ``(-t/2, t/2]``. Every contributor puts a 1 in the count slot after its values, so a decrypted sum states how many
-ciphertexts went into it: hospitals check the aggregator's claim against it, and a sum made under
-another key decrypts to a count that does not match.
+**Wire format.** An upload is SEAL's *seeded* symmetric ciphertext: the first polynomial ``c0``,
+and for the second only the 64-byte seed of the PRNG that expands it, which halves the bytes. We
+send ``c0``'s coefficients packed to ``ceil(log2 q)`` bits each, then SEAL's PRNG record
+(1 byte of type, 64 of seed); an aggregate is both polynomials, packed the same way. Everything
+else SEAL serialises (parameter id, sizes, the NTT flag, the scale) is fixed by the parameters,
+so every party rebuilds it from them instead of reading it off the wire. A received blob must
+have exactly the packed length; it is then framed as SEAL's uncompressed serialisation and loaded
+with SEAL's validating loader (every coefficient below its modulus), and the loaded ciphertext
+must have two polynomials, not be in NTT form, be at the data level and not be transparent.
+
+Slots hold integers modulo ``t``: values are reduced, never clamped, and a decrypted sum reads in
+``(-t/2, t/2]``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import struct
 from typing import Sequence
 
 import numpy as np
-import tenseal as ts
+import tenseal.sealapi as seal
+import zstandard
 
 from crypto.bfv_parameters import BfvParameters
+from crypto.membership import CHECK_KEY_BYTES, CheckKey, MembershipError
 
-__all__ = [
-    "BfvError",
-    "CiphertextSum",
-    "DecryptedSum",
-    "PublicContext",
-    "SecretContext",
-    "max_ciphertext_bytes",
-]
+__all__ = ["BfvError", "CiphertextSum", "PublicContext", "SecretContext", "aggregate_bytes", "upload_bytes"]
 
-# Serialized size of one ciphertext without compression, with room for TenSEAL's framing.
-_CIPHERTEXT_BYTES_SLACK = 4096
+_SEAL_MAGIC = 0xA15E
+_HEADER = struct.Struct("<HBBBBHQ")  # magic, header size, version major, minor, compression, reserved, size
+_COMPRESSION_NONE = 0
+_PRNG_RECORD_BYTES = 1 + 64  # SEAL's UniformRandomGeneratorInfo: PRNG type, then a 512-bit seed
 
 
 class BfvError(ValueError):
-    """A context or ciphertext that does not fit the agreed parameters or key."""
+    """A key, ciphertext or sum that does not fit the agreed parameters, key or contributors."""
 
 
-@dataclass(frozen=True)
-class DecryptedSum:
-    total: np.ndarray  # int64, in (-t/2, t/2]: the sum of the contributors' vectors modulo t
-    contributors: int  # read from the count slot, not taken from the aggregator's word
+def upload_bytes(params: BfvParameters) -> int:
+    """The exact size of one uploaded (seeded) ciphertext: the packed ``c0`` and the PRNG record."""
+    return _packed_bytes(params.poly_modulus_degree, params) + _PRNG_RECORD_BYTES
 
 
-def max_ciphertext_bytes(params: BfvParameters) -> int:
-    """Upper bound on one serialized ciphertext (two polynomials of 8-byte coefficients)."""
-    return 2 * params.poly_modulus_degree * 8 + _CIPHERTEXT_BYTES_SLACK
-
-
-class SecretContext:
-    """A hospital's BFV context, holding the federation's shared secret key."""
-
-    def __init__(self, context: ts.Context, params: BfvParameters) -> None:
-        _check_matches(context, params)
-        if not context.has_secret_key():
-            raise BfvError("this BFV context holds no secret key")
-        self._context = context
-        self.params = params
-
-    @classmethod
-    def generate(cls, params: BfvParameters) -> "SecretContext":
-        context = ts.context(
-            ts.SCHEME_TYPE.BFV,
-            poly_modulus_degree=params.poly_modulus_degree,
-            plain_modulus=params.plain_modulus,
-            coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
-            encryption_type=ts.ENCRYPTION_TYPE.SYMMETRIC,
-        )
-        return cls(context, params)
-
-    @classmethod
-    def from_bytes(cls, data: bytes, params: BfvParameters) -> "SecretContext":
-        return cls(_parse_context(data), params)
-
-    def to_bytes(self) -> bytes:
-        """The secret context. Only ever leaves a hospital sealed to another hospital."""
-        return self._context.serialize(
-            save_public_key=False, save_secret_key=True, save_galois_keys=False, save_relin_keys=False
-        )
-
-    def public_bytes(self) -> bytes:
-        """The parameters alone: what the aggregator needs to load and add ciphertexts."""
-        return self._context.serialize(
-            save_public_key=False, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
-        )
-
-    def encrypt(self, values: np.ndarray) -> list[bytes]:
-        """The ciphertexts of an integer vector, each value taken modulo t."""
-        values = np.asarray(values)
-        if values.shape != (self.params.vector_length,) or not np.issubdtype(values.dtype, np.integer):
-            raise BfvError(f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}")
-        t = self.params.plain_modulus
-        reduced = np.mod(values.astype(np.int64), t)
-        slots = np.append(np.where(reduced > t // 2, reduced - t, reduced), 1)  # the balanced range SEAL encodes
-        degree = self.params.poly_modulus_degree
-        return [
-            ts.bfv_vector(self._context, slots[start : start + degree].tolist()).serialize()
-            for start in range(0, slots.size, degree)
-        ]
-
-    def decrypt_sum(self, chunks: Sequence[bytes]) -> DecryptedSum:
-        vectors = _load_chunks(self._context, self.params, chunks)
-        slots = np.concatenate([np.asarray(vector.decrypt(), dtype=np.int64) for vector in vectors])
-        contributors = int(slots[-1])
-        if not 1 <= contributors <= self.params.max_contributors:
-            raise BfvError(
-                f"the count slot decrypts to {contributors}: the sum was not made under this key or was corrupted"
-            )
-        return DecryptedSum(total=slots[:-1], contributors=contributors)
+def aggregate_bytes(params: BfvParameters) -> int:
+    """The exact size of one summed (two-polynomial) ciphertext."""
+    return _packed_bytes(2 * params.poly_modulus_degree, params)
 
 
 class PublicContext:
-    """The aggregator's BFV context: parameters only, no key of any kind."""
+    """The aggregator's BFV context: the agreed parameters and nothing else."""
 
-    def __init__(self, data: bytes, params: BfvParameters) -> None:
-        context = _parse_context(data)
-        _check_matches(context, params)
-        if context.has_secret_key():
-            raise BfvError("refusing a context that carries the secret key: the aggregator must never hold it")
-        self._context = context
+    def __init__(self, params: BfvParameters) -> None:
+        encryption = seal.EncryptionParameters(seal.SCHEME_TYPE.BFV)
+        encryption.set_poly_modulus_degree(params.poly_modulus_degree)
+        encryption.set_coeff_modulus(seal.CoeffModulus.Create(params.poly_modulus_degree, list(params.coeff_mod_bit_sizes)))
+        encryption.set_plain_modulus(params.plain_modulus)
+        self.seal = seal.SEALContext(encryption, True, seal.SEC_LEVEL_TYPE.TC128)
+        if not self.seal.parameters_set():
+            raise BfvError(f"SEAL refuses these BFV parameters: {self.seal.parameters_error_message()}")
+        data_level = self.seal.first_context_data()
+        if data_level.parms().coeff_modulus()[0].value() != params.ciphertext_modulus:
+            raise BfvError("SEAL chose a different ciphertext modulus than the agreed parameters")
         self.params = params
+        self.evaluator = seal.Evaluator(self.seal)
+        self._version = _seal_version()
+        self._seeded_prefix = self._prefix(coefficients=params.poly_modulus_degree)
+        self._full_prefix = self._prefix(coefficients=2 * params.poly_modulus_degree)
 
-    def load_chunks(self, chunks: Sequence[bytes]) -> list[ts.BFVVector]:
-        return _load_chunks(self._context, self.params, chunks)
+    def load_upload(self, chunks: Sequence[bytes]) -> list[seal.Ciphertext]:
+        return self._load(chunks, self._seeded_prefix, self.params.poly_modulus_degree, seeded=True, what="upload")
+
+    def load_aggregate(self, chunks: Sequence[bytes]) -> list[seal.Ciphertext]:
+        return self._load(chunks, self._full_prefix, 2 * self.params.poly_modulus_degree, seeded=False, what="aggregate")
+
+    def pack_upload(self, serialized: bytes) -> bytes:
+        """Our wire form of SEAL's own seeded serialisation (``Serializable.save``)."""
+        body = self._body(serialized, self._seeded_prefix)
+        start = len(self._seeded_prefix)
+        end = start + 8 * self.params.poly_modulus_degree
+        suffix = body[end:]
+        if len(suffix) != _HEADER.size + _PRNG_RECORD_BYTES:
+            raise BfvError("SEAL's seeded ciphertext layout is not the one this module packs")
+        return _pack(body[start:end], self.params) + suffix[_HEADER.size :]
+
+    def pack_aggregate(self, ciphertext: seal.Ciphertext) -> bytes:
+        body = self._body(_save(ciphertext), self._full_prefix)
+        coefficients = body[len(self._full_prefix) :]
+        if len(coefficients) != 16 * self.params.poly_modulus_degree:
+            raise BfvError("SEAL's ciphertext layout is not the one this module packs")
+        return _pack(coefficients, self.params)
+
+    def _load(self, chunks: Sequence[bytes], prefix: bytes, coefficients: int, *, seeded: bool, what: str) -> list[seal.Ciphertext]:
+        if len(chunks) != self.params.chunk_count:
+            raise BfvError(f"an {what} has {self.params.chunk_count} ciphertexts, got {len(chunks)}")
+        packed_bytes = _packed_bytes(coefficients, self.params)
+        size = packed_bytes + (_PRNG_RECORD_BYTES if seeded else 0)
+        ciphertexts = []
+        for index, chunk in enumerate(chunks):
+            if type(chunk) is not bytes or len(chunk) != size:
+                raise BfvError(f"{what} ciphertext {index} must be {size} bytes, got {len(chunk)}")
+            body = prefix + _unpack(chunk[:packed_bytes], coefficients, self.params)
+            if seeded:
+                body += self._header(_HEADER.size + _PRNG_RECORD_BYTES) + chunk[packed_bytes:]
+            ciphertext = seal.Ciphertext()
+            try:
+                _load(ciphertext, self.seal, self._header(_HEADER.size + len(body)) + body)
+            except Exception as error:  # SEAL raises ValueError, RuntimeError or its logic_error on invalid data
+                raise BfvError(f"{what} ciphertext {index} is not valid for these parameters: {error}") from None
+            if (
+                ciphertext.size() != 2
+                or ciphertext.is_ntt_form()
+                or ciphertext.parms_id() != self.seal.first_parms_id()
+                or ciphertext.is_transparent()
+            ):
+                raise BfvError(f"{what} ciphertext {index} is not a fresh-form two-polynomial ciphertext")
+            ciphertexts.append(ciphertext)
+        return ciphertexts
+
+    def _body(self, serialized: bytes, prefix: bytes) -> bytes:
+        magic, header_size, _, _, compression, _, size = _HEADER.unpack_from(serialized)
+        payload = serialized[header_size:size]
+        if compression != _COMPRESSION_NONE:
+            payload = zstandard.ZstdDecompressor().decompress(payload, max_output_size=64 * 1024 * 1024)
+        if magic != _SEAL_MAGIC or not payload.startswith(prefix):
+            raise BfvError("SEAL's ciphertext layout is not the one this module packs")
+        return payload
+
+    def _prefix(self, *, coefficients: int) -> bytes:
+        """What SEAL writes before a ciphertext's coefficients: fixed by the parameters."""
+        degree = self.params.poly_modulus_degree
+        array_bytes = _HEADER.size + 8 + 8 * coefficients
+        return (
+            struct.pack("<4Q", *self.seal.first_parms_id())
+            + struct.pack("<?QQQdQ", False, 2, degree, 1, 1.0, 1)  # NTT form, size, N, moduli, scale, correction
+            + self._header(array_bytes)
+            + struct.pack("<Q", coefficients)
+        )
+
+    def _header(self, size: int) -> bytes:
+        return _HEADER.pack(_SEAL_MAGIC, _HEADER.size, *self._version, _COMPRESSION_NONE, 0, size)
+
+
+class SecretContext:
+    """A hospital's view of the run's shared secrets: the BFV secret key and the check key."""
+
+    def __init__(self, public: PublicContext, secret_key: seal.SecretKey, check_key: CheckKey) -> None:
+        self._public = public
+        self._secret_key = secret_key
+        self._check = check_key
+        self._encryptor = seal.Encryptor(public.seal, secret_key)
+        self._decryptor = seal.Decryptor(public.seal, secret_key)
+        self._encoder = seal.BatchEncoder(public.seal)
+        self.params = public.params
+
+    @classmethod
+    def generate(cls, params: BfvParameters, *, run_id: str) -> "SecretContext":
+        public = PublicContext(params)
+        secret_key = seal.KeyGenerator(public.seal).secret_key()
+        return cls(public, secret_key, CheckKey.generate(run_id=run_id, plain_modulus=params.plain_modulus))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, params: BfvParameters, *, run_id: str) -> "SecretContext":
+        public = PublicContext(params)
+        secret_key = seal.SecretKey()
+        try:
+            _load(secret_key, public.seal, data[CHECK_KEY_BYTES:])
+        except Exception as error:  # SEAL's loader rejects foreign or corrupt keys
+            raise BfvError(f"not a BFV secret key for these parameters: {error}") from None
+        try:
+            check_key = CheckKey(data[:CHECK_KEY_BYTES], run_id=run_id, plain_modulus=params.plain_modulus)
+        except MembershipError as error:
+            raise BfvError(str(error)) from None
+        return cls(public, secret_key, check_key)
+
+    def to_bytes(self) -> bytes:
+        """The run's secrets. They only ever leave a hospital sealed to another hospital."""
+        return self._check.to_bytes() + _save(self._secret_key)
+
+    def encrypt_update(self, values: np.ndarray, *, round_number: int, hospital: str) -> list[bytes]:
+        """The upload of an integer vector (each value taken modulo t) with its check slots."""
+        values = np.asarray(values)
+        if values.shape != (self.params.vector_length,) or not np.issubdtype(values.dtype, np.integer):
+            raise BfvError(f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}")
+        slots = _balanced(self._check.append(values, round_number=round_number, hospital=hospital), self.params.plain_modulus)
+        chunks = []
+        for start in range(0, slots.size, self.params.poly_modulus_degree):
+            plaintext = seal.Plaintext()
+            self._encoder.encode(slots[start : start + self.params.poly_modulus_degree].tolist(), plaintext)
+            chunks.append(self._public.pack_upload(_save(self._encryptor.encrypt_symmetric(plaintext))))
+        return chunks
+
+    def decrypt_sum(self, chunks: Sequence[bytes], *, round_number: int, contributors: Sequence[str]) -> np.ndarray:
+        """The sum (int64, in ``(-t/2, t/2]``) of ``contributors``' updates for this round.
+
+        ``BfvError`` unless the aggregate is exactly one fresh contribution from each of them.
+        """
+        slots = []
+        for ciphertext in self._public.load_aggregate(chunks):
+            plaintext = seal.Plaintext()
+            self._decryptor.decrypt(ciphertext, plaintext)
+            slots.append(np.asarray(self._encoder.decode_int64(plaintext), dtype=np.int64))
+        used = np.concatenate(slots)[: self.params.slot_count]
+        try:
+            values = self._check.verify(used, round_number=round_number, contributors=contributors)
+        except MembershipError as error:
+            raise BfvError(str(error)) from None
+        return _balanced(values, self.params.plain_modulus)
 
 
 class CiphertextSum:
-    """Adds encrypted vectors in place. A contribution that fails validation changes nothing."""
+    """Adds uploads. A contribution that fails validation, or whose addition fails, changes nothing."""
 
     def __init__(self, context: PublicContext) -> None:
         self._context = context
-        self._vectors: list[ts.BFVVector] | None = None
+        self._totals: list[seal.Ciphertext] | None = None
         self.contributions = 0
 
     def add(self, chunks: Sequence[bytes]) -> None:
         if self.contributions >= self._context.params.max_contributors:
-            raise BfvError(
-                f"this sum already holds {self.contributions} contributions, the most these parameters allow"
-            )
-        vectors = self._context.load_chunks(chunks)
-        if self._vectors is None:
-            self._vectors = vectors
-        else:
-            for total, vector in zip(self._vectors, vectors):
-                total += vector
+            raise BfvError(f"this sum already holds {self.contributions} contributions, the most these parameters allow")
+        incoming = self._context.load_upload(chunks)
+        if self._totals is not None:
+            added = []
+            for total, ciphertext in zip(self._totals, incoming):
+                result = seal.Ciphertext()
+                try:
+                    self._context.evaluator.add(total, ciphertext, result)
+                except Exception as error:  # e.g. SEAL refusing a transparent result
+                    raise BfvError(f"cannot add this contribution: {error}") from None
+                added.append(result)
+            incoming = added
+        self._totals = incoming
         self.contributions += 1
 
     def to_chunks(self) -> list[bytes]:
-        if self._vectors is None:
+        if self._totals is None:
             raise BfvError("the sum is empty")
-        return [vector.serialize() for vector in self._vectors]
+        return [self._context.pack_aggregate(total) for total in self._totals]
 
 
-def _parse_context(data: bytes) -> ts.Context:
+def _coefficient_bits(params: BfvParameters) -> int:
+    return params.ciphertext_modulus.bit_length()
+
+
+def _packed_bytes(coefficients: int, params: BfvParameters) -> int:
+    return -(-coefficients * _coefficient_bits(params) // 8)
+
+
+def _pack(coefficients: bytes, params: BfvParameters) -> bytes:
+    """Little-endian 64-bit words to ``bits`` bits each, back to back (``N`` is a multiple of 8: no padding)."""
+    bits = _coefficient_bits(params)
+    words = np.frombuffer(coefficients, dtype="<u8")
+    planes = np.unpackbits(words.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")[:, :bits]
+    return np.packbits(planes.reshape(-1), bitorder="little").tobytes()
+
+
+def _unpack(packed: bytes, coefficients: int, params: BfvParameters) -> bytes:
+    bits = _coefficient_bits(params)
+    stream = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), bitorder="little")
+    planes = np.zeros((coefficients, 64), dtype=np.uint8)
+    planes[:, :bits] = stream[: coefficients * bits].reshape(coefficients, bits)
+    return np.packbits(planes, axis=1, bitorder="little").tobytes()
+
+
+def _balanced(values: np.ndarray, modulus: int) -> np.ndarray:
+    reduced = np.mod(values, modulus)
+    return np.where(reduced > modulus // 2, reduced - modulus, reduced)
+
+
+def _seal_version() -> tuple[int, int]:
+    _, _, major, minor, *_ = _HEADER.unpack_from(_save(seal.Plaintext()))
+    return major, minor
+
+
+def _save(obj) -> bytes:
+    """SEAL's serialisation of ``obj``, through an in-memory file: a secret key never touches a disk."""
+    descriptor = os.memfd_create("consilium-seal", os.MFD_CLOEXEC)
     try:
-        return ts.context_from(data)
-    except Exception as error:  # TenSEAL raises ValueError, RuntimeError or TypeError on bad input
-        raise BfvError(f"not a TenSEAL context: {error}") from None
+        obj.save(f"/proc/self/fd/{descriptor}")
+        return os.pread(descriptor, os.fstat(descriptor).st_size, 0)
+    finally:
+        os.close(descriptor)
 
 
-def _check_matches(context: ts.Context, params: BfvParameters) -> None:
-    data = context.seal_context().data
-    first = data.first_context_data()
-    actual = (
-        first.parms().poly_modulus_degree(),
-        2 * first.plain_upper_half_threshold() - 1,
-        first.total_coeff_modulus(),
-    )
-    expected = (params.poly_modulus_degree, params.plain_modulus, params.ciphertext_modulus)
-    if actual != expected:
-        raise BfvError(
-            "BFV context does not match the agreed parameters: (N, t, q) = %s, expected %s" % (actual, expected)
-        )
-
-
-def _load_chunks(context: ts.Context, params: BfvParameters, chunks: Sequence[bytes]) -> list[ts.BFVVector]:
-    if len(chunks) != params.chunk_count:
-        raise BfvError(f"expected {params.chunk_count} ciphertexts, got {len(chunks)}")
-    limit = max_ciphertext_bytes(params)
-    vectors = []
-    for index, chunk in enumerate(chunks):
-        if not isinstance(chunk, bytes):
-            raise BfvError(f"ciphertext {index} is {type(chunk).__name__}, not bytes")
-        if len(chunk) > limit:
-            raise BfvError(f"ciphertext {index} has {len(chunk)} bytes, more than {limit} possible for these parameters")
-        try:
-            vector = ts.bfv_vector_from(context, chunk)
-        except Exception as error:  # TenSEAL's parsers raise several types on foreign or corrupt data
-            raise BfvError(f"ciphertext {index} is not a BFV ciphertext for these parameters: {error}") from None
-        expected = min(params.poly_modulus_degree, params.slot_count - index * params.poly_modulus_degree)
-        if vector.size() != expected:
-            raise BfvError(f"ciphertext {index} holds {vector.size()} slots, expected {expected}")
-        vectors.append(vector)
-    return vectors
+def _load(obj, context: seal.SEALContext, data: bytes) -> None:
+    descriptor = os.memfd_create("consilium-seal", os.MFD_CLOEXEC)
+    try:
+        with os.fdopen(os.dup(descriptor), "wb") as file:
+            file.write(data)
+        obj.load(context, f"/proc/self/fd/{descriptor}")
+    finally:
+        os.close(descriptor)

@@ -17,14 +17,14 @@ never clamped. Two failures would corrupt it silently; both are ruled out here b
    coefficient modulus without SEAL's special prime).
 
 Batching needs ``t`` prime with ``t = 1 (mod 2N)``; SEAL's NTT needs the same of each prime of the
-coefficient modulus. TenSEAL always creates relinearisation keys, which need a second "special"
-prime; we never relinearise, so it only has to exist and keep the total within the 128-bit
-security bound for ``N`` (HomomorphicEncryption.org standard, as enforced by SEAL).
+coefficient modulus. SEAL keeps the last prime as the "special" prime of key switching; nobody here
+switches keys (no party holds a relinearisation or Galois key), so it only has to exist and keep the
+total within the 128-bit security bound for ``N`` (HomomorphicEncryption.org standard, as enforced
+by SEAL). Ciphertexts live below it, at the data level.
 
 Among the polynomial degrees that satisfy all of this, the one that minimises the bytes of the
-encrypted vector wins (fewer ciphertexts on a tie). Ciphertexts serialise with zstd, so their size
-follows the bytes needed per coefficient, ``ceil(log2 q / 8)``, which is why ``q`` is kept as small
-as the bounds allow.
+encrypted vector wins (fewer ciphertexts on a tie). ``crypto/bfv.py`` packs each coefficient into
+``ceil(log2 q)`` bits, which is why ``q`` is kept as small as the bounds allow.
 """
 
 from __future__ import annotations
@@ -32,17 +32,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["BfvParameters", "ParameterError", "select_bfv_parameters"]
+from crypto.membership import check_slot_count
 
-# Slots beyond the vector itself: one carries each contributor's "1", so the decrypted sum states
-# how many ciphertexts were added (see crypto/bfv.py).
-COUNT_SLOTS = 1
+__all__ = ["BfvParameters", "ParameterError", "select_bfv_parameters"]
 
 _FRESH_ERROR_BOUND = 22  # 21 (centred binomial, SEAL 4) + 1/2 (rounding of q m / t), rounded up
 _ERROR_MARGIN = 2
 # q must exceed this many times K t: the error of K ciphertexts, below q / (2t), with the margin.
 _MODULUS_RATIO_PER_CONTRIBUTOR = 2 * _ERROR_MARGIN * _FRESH_ERROR_BOUND
-_MAX_PRIME_BITS = 60  # SEAL's limit for each prime and for the plaintext modulus
+_MAX_PRIME_BITS = 60  # SEAL's limit for each prime
+_MAX_PLAIN_BITS = 32  # crypto.membership computes its inner products modulo t in 64-bit words
 _MIN_SPECIAL_PRIME_BITS = 20
 # Largest total coefficient-modulus bits at 128-bit classical security (SEAL's CoeffModulus::MaxBitCount).
 _MAX_COEFF_MODULUS_BITS = {2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
@@ -66,7 +65,8 @@ class BfvParameters:
 
     @property
     def slot_count(self) -> int:
-        return self.vector_length + COUNT_SLOTS
+        """The vector, then the check slots that prove a sum's membership (``crypto.membership``)."""
+        return self.vector_length + check_slot_count(self.plain_modulus)
 
     @property
     def chunk_count(self) -> int:
@@ -88,15 +88,15 @@ class BfvParameters:
 def select_bfv_parameters(*, max_contributors: int, vector_length: int, sum_bound: int) -> BfvParameters:
     """The smallest-on-the-wire BFV parameters that sum ``max_contributors`` vectors exactly.
 
-    ``sum_bound`` bounds every coordinate of the sum (the count slot included). Raises
+    ``sum_bound`` bounds every coordinate of the summed vector (check slots are read modulo t). Raises
     ``ParameterError`` when no parameter set within SEAL's limits can hold the sum.
     """
     if max_contributors < 1:
         raise ParameterError(f"max_contributors must be at least 1, got {max_contributors}")
     if vector_length < 1:
         raise ParameterError(f"vector_length must be at least 1, got {vector_length}")
-    if not max_contributors <= sum_bound < 2**59:
-        raise ParameterError(f"sum_bound must be between max_contributors and 2^59, got {sum_bound}")
+    if not 1 <= sum_bound < 2 ** (_MAX_PLAIN_BITS - 1):
+        raise ParameterError(f"sum_bound must be between 1 and 2^{_MAX_PLAIN_BITS - 1}, got {sum_bound}")
 
     candidates = []
     failures = []
@@ -110,13 +110,13 @@ def select_bfv_parameters(*, max_contributors: int, vector_length: int, sum_boun
             f"cannot sum {max_contributors} vectors whose sum is bounded by {sum_bound}: {failures[0]}; "
             "lower the bound or the number of contributors"
         )
-    return min(candidates, key=lambda p: (_estimated_bytes(p), p.chunk_count))
+    return min(candidates, key=lambda p: (_upload_bits(p), p.chunk_count))
 
 
 def _parameters_for_degree(degree: int, contributors: int, vector_length: int, sum_bound: int) -> BfvParameters:
     plain_modulus = _smallest_batching_prime_at_least(2 * sum_bound + 1, degree)
-    if plain_modulus.bit_length() > _MAX_PRIME_BITS:
-        raise ParameterError(f"the plaintext modulus would need {plain_modulus.bit_length()} bits (max {_MAX_PRIME_BITS})")
+    if plain_modulus.bit_length() > _MAX_PLAIN_BITS:
+        raise ParameterError(f"the plaintext modulus would need {plain_modulus.bit_length()} bits (max {_MAX_PLAIN_BITS})")
 
     needed = _MODULUS_RATIO_PER_CONTRIBUTOR * contributors * plain_modulus
     bits = needed.bit_length()
@@ -142,9 +142,8 @@ def _parameters_for_degree(degree: int, contributors: int, vector_length: int, s
     )
 
 
-def _estimated_bytes(params: BfvParameters) -> int:
-    bytes_per_coefficient = -(-params.coeff_mod_bit_sizes[0] // 8)
-    return params.chunk_count * 2 * params.poly_modulus_degree * bytes_per_coefficient
+def _upload_bits(params: BfvParameters) -> int:
+    return params.chunk_count * params.poly_modulus_degree * params.ciphertext_modulus.bit_length()
 
 
 def _smallest_batching_prime_at_least(lower: int, degree: int) -> int:

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from crypto.bfv import max_ciphertext_bytes
+from crypto.bfv import aggregate_bytes
 from crypto.bfv_parameters import BfvParameters, ParameterError, select_bfv_parameters
 from training.dopamine import DopamineSettings
 from training.models import ModelSpec, build_model
@@ -23,6 +23,7 @@ __all__ = ["ConfigError", "RunConfig"]
 
 _RUN_ID = re.compile(r"^[0-9a-f]{8,64}$")
 _MESSAGE_SLACK_BYTES = 64 * 1024
+_SEALED_KEY_SLACK_BYTES = 4096  # SEAL's header and zstd framing, the check key, the box
 
 
 class ConfigError(ValueError):
@@ -72,11 +73,11 @@ class RunConfig:
             raise ConfigError(str(error)) from None
 
     def message_limit(self) -> int:
-        """The largest message this run needs: an encrypted vector, the sealed keys, or the mean gradient."""
+        """The largest message this run needs: an encrypted sum, the sealed keys, or the mean gradient."""
         params = self.bfv_parameters()
-        ciphertexts = params.chunk_count * max_ciphertext_bytes(params)
-        # A sealed secret context holds the secret key over both primes: twice a ciphertext's bound.
-        sealed_keys = len(self.hospitals) * 2 * max_ciphertext_bytes(params)
+        ciphertexts = params.chunk_count * aggregate_bytes(params)
+        # A sealed secret key: N coefficients of 8 bytes for each prime of the key level.
+        sealed_keys = len(self.hospitals) * (len(params.coeff_mod_bit_sizes) * params.poly_modulus_degree * 8 + _SEALED_KEY_SLACK_BYTES)
         return max(ciphertexts, sealed_keys, 4 * params.vector_length) + _MESSAGE_SLACK_BYTES
 
     def to_dict(self) -> dict:

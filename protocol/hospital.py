@@ -175,7 +175,7 @@ class Hospital:
         holder = self._roster.party(config.key_holder)
         if self._name == config.key_holder:
             recipients = self._certified_run_keys(config, self._expect(KeyRequest).run_keys)
-            secret = SecretContext.generate(params)
+            secret = SecretContext.generate(params, run_id=config.run_id)
             secret_bytes = secret.to_bytes()
             sealed = {
                 name: seal(
@@ -186,7 +186,7 @@ class Hospital:
                 )
                 for name, run_key in recipients.items()
             }
-            self._send(KeySetup(public_context=secret.public_bytes(), sealed_keys=sealed))
+            self._send(KeySetup(sealed_keys=sealed))
             return secret
         # A box key for this run alone, never written anywhere: once the box is open it is gone, and
         # no later leak of this hospital's long-term keys opens the box in anyone's records.
@@ -200,7 +200,7 @@ class Hospital:
             secret_bytes = open_box(
                 box, recipient=run_key, sender=holder.identity.signing, context=sealed_key_context(config.run_id, self._name)
             )
-            secret = SecretContext.from_bytes(secret_bytes, params)
+            secret = SecretContext.from_bytes(secret_bytes, params, run_id=config.run_id)
         except (SealedBoxError, BfvError) as error:
             raise ProtocolError(f"the BFV key from {holder.name} is unusable: {error}") from None
         finally:
@@ -290,7 +290,8 @@ class Hospital:
             raise ProtocolError(f"round {round_number}: {error}") from None
         contribution.seconds["train"] = time.perf_counter() - started
         started = time.perf_counter()
-        update = encode(Update(round=round_number, chunks=tuple(secret.encrypt(share))))
+        chunks = secret.encrypt_update(share, round_number=round_number, hospital=self._name)
+        update = encode(Update(round=round_number, chunks=tuple(chunks)))
         contribution.seconds["encrypt"] = time.perf_counter() - started
         contribution.update_bytes = len(update)
         wait = send_at - time.monotonic()
@@ -327,15 +328,10 @@ class Hospital:
         pending.bytes_received_aggregate = self._transport.bytes_received - pending.bytes_received_before
         started = time.perf_counter()
         try:
-            decrypted = secret.decrypt_sum(message.chunks)
+            total = secret.decrypt_sum(message.chunks, round_number=message.round, contributors=contributors)
         except BfvError as error:
-            raise ProtocolError(f"round {message.round}: cannot decrypt the sum: {error}") from None
-        if decrypted.contributors != len(contributors):
-            raise ProtocolError(
-                f"round {message.round}: the sum holds {decrypted.contributors} contributions, "
-                f"the server names {len(contributors)}"
-            )
-        mean = mean_gradient(decrypted.total, decrypted.contributors, mechanism=step.mechanism, settings=settings)
+            raise ProtocolError(f"round {message.round}: refusing the server's sum: {error}") from None
+        mean = mean_gradient(total, len(contributors), mechanism=step.mechanism, settings=settings)
         pending.seconds["decrypt"] = time.perf_counter() - started
         momentum.apply(mean)
         payload = mean.tobytes()

@@ -98,7 +98,6 @@ class KeyRequest(Message):
 @dataclass(frozen=True)
 class KeySetup(Message):
     TYPE = "key_setup"
-    public_context: bytes
     sealed_keys: dict[str, bytes]  # recipient hospital -> sealed secret context
 
 

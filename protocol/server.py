@@ -180,6 +180,7 @@ class Server:
             )
         self._config = dataclasses.replace(self._config, hospitals=tuple(h for h in self._config.hospitals if h in joined))
         self._params = self._config.bfv_parameters()
+        self._public = PublicContext(self._params)
         welcome = Welcome(config=self._config.to_dict(), initial_parameters=self._initial_parameters.tobytes())
         for name in self._active:
             self._send(name, welcome)
@@ -190,7 +191,8 @@ class Server:
         run_keys = self._collect_run_keys(deadline)
         recipients = set(run_keys)
         self._send(holder, KeyRequest(run_keys=run_keys))
-        while self._public is None:
+        sealed_keys_sent = False
+        while not sealed_keys_sent:
             got = self._next_message(deadline)
             if got is None:
                 raise ProtocolError(f"the key holder {holder} sent no usable key setup within {self._timeouts.key_s:g} s")
@@ -200,13 +202,9 @@ class Server:
             elif set(message.sealed_keys) != recipients:
                 self._reject(sender, message, f"sealed keys are for {sorted(message.sealed_keys)}, not {sorted(recipients)}")
             else:
-                try:
-                    self._public = PublicContext(message.public_context, self._params)
-                except BfvError as error:
-                    self._reject(sender, message, str(error))
-                    continue
                 for name, box in message.sealed_keys.items():
                     self._send(name, SealedKey(box=box))
+                sealed_keys_sent = True
         ready = {holder}
         while ready != set(self._active):
             got = self._next_message(deadline)

@@ -84,7 +84,7 @@ class ScriptedHospital:
     def key_setup(self) -> KeySetup:
         """As the key holder: answer the key request with a fresh context sealed to the others."""
         run_keys = self.expect(KeyRequest).run_keys
-        self.secret = SecretContext.generate(self.config.bfv_parameters())
+        self.secret = SecretContext.generate(self.config.bfv_parameters(), run_id=self.config.run_id)
         secret_bytes = self.secret.to_bytes()
         sealed = {
             name: seal(
@@ -97,7 +97,7 @@ class ScriptedHospital:
             )
             for name, certified in run_keys.items()
         }
-        return KeySetup(public_context=self.secret.public_bytes(), sealed_keys=sealed)
+        return KeySetup(sealed_keys=sealed)
 
     def send_run_key(self) -> None:
         """As a recipient: announce a fresh box key for this run, certified by this hospital's identity."""
@@ -114,7 +114,7 @@ class ScriptedHospital:
             sender=holder.identity.signing,
             context=sealed_key_context(self.config.run_id, self.name),
         )
-        self.secret = SecretContext.from_bytes(secret_bytes, self.config.bfv_parameters())
+        self.secret = SecretContext.from_bytes(secret_bytes, self.config.bfv_parameters(), run_id=self.config.run_id)
         self.send(KeyReady())
 
     def random_update(self, seed: int) -> np.ndarray:

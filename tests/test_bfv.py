@@ -1,26 +1,33 @@
 import numpy as np
 import pytest
-import tenseal as ts
+import tenseal.sealapi as seal
 
-from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext, max_ciphertext_bytes
+from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext, aggregate_bytes, upload_bytes
 from crypto.bfv_parameters import select_bfv_parameters
+
+RUN = "0123abcd"
 
 
 @pytest.fixture(scope="module")
 def secret(small_params):
-    return SecretContext.generate(small_params)
+    return SecretContext.generate(small_params, run_id=RUN)
 
 
 @pytest.fixture(scope="module")
-def public(secret, small_params):
-    return PublicContext(secret.public_bytes(), small_params)
+def public(small_params):
+    return PublicContext(small_params)
 
 
-def _sum_of(public, secret, vectors):
+def _names(count):
+    return [f"hospital-{i}" for i in range(1, count + 1)]
+
+
+def _sum_of(public, secret, vectors, round_number=1):
     total = CiphertextSum(public)
-    for vector in vectors:
-        total.add(secret.encrypt(vector))
-    return secret.decrypt_sum(total.to_chunks())
+    names = _names(len(vectors))
+    for vector, name in zip(vectors, names):
+        total.add(secret.encrypt_update(vector, round_number=round_number, hospital=name))
+    return secret.decrypt_sum(total.to_chunks(), round_number=round_number, contributors=names)
 
 
 @pytest.mark.parametrize("contributors", [2, 10, "max"])
@@ -28,46 +35,36 @@ def test_encrypted_sum_equals_the_plaintext_sum(secret, public, small_params, co
     count = small_params.max_contributors if contributors == "max" else contributors
     share = small_params.sum_bound // count
     vectors = np.random.default_rng(count).integers(-share, share, size=(count, small_params.vector_length), endpoint=True)
-    decrypted = _sum_of(public, secret, vectors)
-    assert decrypted.contributors == count
-    assert np.array_equal(decrypted.total, vectors.sum(axis=0))
+    assert np.array_equal(_sum_of(public, secret, vectors), vectors.sum(axis=0))
 
 
 @pytest.mark.parametrize("sign", [1, -1])
 def test_the_largest_sums_stay_exact_at_max_contributors(secret, public, small_params, sign):
-    """K_max contributions reaching the sum bound together: nothing is clamped, nothing wraps.
-
-    One ciphertext added to itself: its noise adds up coherently, the worst case for decryption."""
+    """K_max contributions reaching the sum bound together: nothing is clamped, nothing wraps."""
     count = small_params.max_contributors
     vector = np.full(small_params.vector_length, sign * (small_params.sum_bound // count), dtype=np.int64)
-    chunks = secret.encrypt(vector)
-    total = CiphertextSum(public)
-    for _ in range(count):
-        total.add(chunks)
-    decrypted = secret.decrypt_sum(total.to_chunks())
-    assert decrypted.contributors == count
-    assert np.array_equal(decrypted.total, count * vector)
-    assert np.max(np.abs(decrypted.total)) > small_params.sum_bound - count
+    total = _sum_of(public, secret, [vector] * count)
+    assert np.array_equal(total, count * vector)
+    assert np.max(np.abs(total)) > small_params.sum_bound - count
 
 
 def test_values_are_reduced_modulo_t_never_clamped(secret, public, small_params):
     t = small_params.plain_modulus
     vector = np.arange(small_params.vector_length, dtype=np.int64) * 7919 - 10 * t
-    decrypted = _sum_of(public, secret, [vector, -vector + 3])
-    assert np.array_equal(decrypted.total, np.full(small_params.vector_length, 3))
-    beyond = secret.decrypt_sum(secret.encrypt(np.full(small_params.vector_length, t // 2 + 1, dtype=np.int64)))
-    assert np.all(beyond.total == t // 2 + 1 - t)  # wraps into (-t/2, t/2], as a sum past the bound would
+    assert np.array_equal(_sum_of(public, secret, [vector, -vector + 3]), np.full(small_params.vector_length, 3))
+    beyond = _sum_of(public, secret, [np.full(small_params.vector_length, t // 2 + 1, dtype=np.int64)])
+    assert np.all(beyond == t // 2 + 1 - t)  # wraps into (-t/2, t/2], as a sum past the bound would
 
 
 def test_only_integer_vectors_of_the_agreed_length_are_encrypted(secret, small_params):
     with pytest.raises(BfvError, match="integers"):
-        secret.encrypt(np.ones(small_params.vector_length))
+        secret.encrypt_update(np.ones(small_params.vector_length), round_number=1, hospital="hospital-1")
     with pytest.raises(BfvError, match="integers"):
-        secret.encrypt(np.ones(small_params.vector_length - 1, dtype=np.int64))
+        secret.encrypt_update(np.ones(small_params.vector_length - 1, dtype=np.int64), round_number=1, hospital="hospital-1")
 
 
 def test_a_sum_refuses_more_than_max_contributors(secret, public, small_params):
-    chunks = secret.encrypt(np.zeros(small_params.vector_length, dtype=np.int64))
+    chunks = secret.encrypt_update(np.zeros(small_params.vector_length, dtype=np.int64), round_number=1, hospital="hospital-1")
     total = CiphertextSum(public)
     for _ in range(small_params.max_contributors):
         total.add(chunks)
@@ -75,78 +72,121 @@ def test_a_sum_refuses_more_than_max_contributors(secret, public, small_params):
         total.add(chunks)
 
 
-def test_the_aggregator_can_neither_decrypt_nor_encrypt(secret, public, small_params):
-    chunks = secret.encrypt(np.ones(small_params.vector_length, dtype=np.int64))
-    vector = public.load_chunks(chunks)[0]
-    with pytest.raises(ValueError, match="secret"):
-        vector.decrypt()
-    server_context = ts.context_from(secret.public_bytes())
-    assert not server_context.has_secret_key()
-    with pytest.raises(ValueError):
-        ts.bfv_vector(server_context, [1, 2, 3])
+def test_the_aggregator_holds_no_key(public):
+    keys = (seal.SecretKey, seal.PublicKey, seal.RelinKeys, seal.GaloisKeys, seal.Encryptor, seal.Decryptor)
+    assert not any(isinstance(value, keys) for value in vars(public).values())
 
 
-def test_the_aggregator_refuses_a_context_carrying_the_secret_key(secret, small_params):
-    with pytest.raises(BfvError, match="must never hold it"):
-        PublicContext(secret.to_bytes(), small_params)
+def test_uploads_are_seeded_and_packed_below_float32(secret, small_params):
+    chunks = secret.encrypt_update(np.zeros(small_params.vector_length, dtype=np.int64), round_number=1, hospital="hospital-1")
+    assert [len(chunk) for chunk in chunks] == [upload_bytes(small_params)] * small_params.chunk_count
+    assert upload_bytes(small_params) < aggregate_bytes(small_params) / 1.9  # the second polynomial is a seed
 
 
-def test_contexts_of_other_parameters_are_refused(secret):
-    other = select_bfv_parameters(max_contributors=500, vector_length=300, sum_bound=2_000_000)
-    with pytest.raises(BfvError, match="does not match the agreed parameters"):
-        PublicContext(secret.public_bytes(), other)
-    with pytest.raises(BfvError, match="not a TenSEAL context"):
-        PublicContext(b"not a context", other)
-
-
-def test_ciphertexts_from_another_context_or_garbage_are_rejected_without_changing_the_sum(secret, public, small_params):
+def _other_uploads(small_params):
     other_params = select_bfv_parameters(max_contributors=500, vector_length=300, sum_bound=2_000_000)
-    foreign = SecretContext.generate(other_params).encrypt(np.ones(300, dtype=np.int64))
-    good = secret.encrypt(np.ones(small_params.vector_length, dtype=np.int64))
+    return SecretContext.generate(other_params, run_id=RUN).encrypt_update(np.ones(300, dtype=np.int64), round_number=1, hospital="hospital-1")
+
+
+def test_malformed_uploads_are_rejected_without_changing_the_sum(secret, public, small_params):
+    good = secret.encrypt_update(np.ones(small_params.vector_length, dtype=np.int64), round_number=1, hospital="hospital-1")
+    size = upload_bytes(small_params)
     total = CiphertextSum(public)
     total.add(good)
     bad_inputs = [
-        foreign,
+        _other_uploads(small_params),
         [b"garbage" * 100] * small_params.chunk_count,
         good + good,  # wrong number of ciphertexts
-        [b"\x00" * (max_ciphertext_bytes(small_params) + 1)] * small_params.chunk_count,
+        [b"\xff" * size] * small_params.chunk_count,  # every coefficient above q
+        [b"\x00" * (size - 65) + b"\x07" + b"\x00" * 64] * small_params.chunk_count,  # an unknown PRNG type
+        [b""] * small_params.chunk_count,
         ["text"] * small_params.chunk_count,
     ]
     for chunks in bad_inputs:
         with pytest.raises(BfvError):
             total.add(chunks)
     assert total.contributions == 1
-    decrypted = secret.decrypt_sum(total.to_chunks())
-    assert decrypted.contributors == 1
-    assert np.all(decrypted.total == 1)
+    assert np.all(secret.decrypt_sum(total.to_chunks(), round_number=1, contributors=["hospital-1"]) == 1)
 
 
-def test_a_sum_made_under_another_key_is_detected(secret, small_params):
-    """Same parameters, different secret key: the server cannot tell, the count slot can."""
-    impostor = SecretContext.generate(small_params)
-    chunks = impostor.encrypt(np.ones(small_params.vector_length, dtype=np.int64))
-    try:
-        decrypted = secret.decrypt_sum(chunks)
-    except BfvError:
-        return
-    assert decrypted.contributors != 1  # the hospital compares this with the server's claim
+def _raw_contributions(public, secret, names, round_number=1, vector=None):
+    vector = np.arange(public.params.vector_length, dtype=np.int64) if vector is None else vector
+    return [public.load_upload(secret.encrypt_update(vector, round_number=round_number, hospital=n))[0] for n in names]
 
 
-def test_secret_context_round_trip_keeps_the_key(secret, small_params):
-    copy = SecretContext.from_bytes(secret.to_bytes(), small_params)
-    chunks = secret.encrypt(np.full(small_params.vector_length, 5, dtype=np.int64))
-    assert np.all(copy.decrypt_sum(chunks).total == 5)
-    with pytest.raises(BfvError, match="no secret key"):
-        SecretContext.from_bytes(secret.public_bytes(), small_params)
+def _forge(public, ciphertexts, plain=None):
+    total = seal.Ciphertext()
+    public.evaluator.add_many(ciphertexts, total)
+    if plain is not None:
+        public.evaluator.add_plain_inplace(total, plain)
+    return [public.pack_aggregate(total)]
 
 
-@pytest.mark.parametrize("contributors", [3, 10])
-@pytest.mark.parametrize("length", [1586, 2047])
-def test_an_encrypted_update_is_at_most_three_times_its_float32_size(contributors, length):
-    """At most 3x float32 on the wire at K_max <= 10, with the default run's sum bound per contributor.
+def test_a_dishonest_aggregate_is_refused(secret, public, small_params):
+    """What a server holding every ciphertext can build: only the honest sum of the listed contributors decrypts."""
+    assert small_params.chunk_count == 1
+    names = _names(3)
+    x1, x2, x3 = _raw_contributions(public, secret, names)
+    (old2,) = _raw_contributions(public, secret, names[1:2], round_number=0)
+    encoder = seal.BatchEncoder(public.seal)
+    shift = seal.Plaintext()
+    encoder.encode([1] + [0] * (encoder.slot_count() - 1), shift)
+    only_data = seal.Plaintext()
+    encoder.encode([0] * small_params.vector_length + [1] * (encoder.slot_count() - small_params.vector_length), only_data)
+    masked_x1, masked_x3 = seal.Ciphertext(), seal.Ciphertext()
+    public.evaluator.multiply_plain(x1, only_data, masked_x1)  # keeps x1's check slots, zeroes its data
+    public.evaluator.multiply_plain(x3, only_data, masked_x3)
+    forgeries = {
+        "3 Enc(x2)": _forge(public, [x2, x2, x2]),
+        "a contributor left out": _forge(public, [x1, x2]),
+        "a contributor counted twice": _forge(public, [x1, x2, x3, x3]),
+        "a replayed contribution": _forge(public, [x1, old2, x3]),
+        "a shifted sum": _forge(public, [x1, x2, x3], plain=shift),
+        "x2 alone behind the others' check slots": _forge(public, [masked_x1, x2, masked_x3]),
+    }
+    honest = _forge(public, [x1, x2, x3])
+    assert np.array_equal(secret.decrypt_sum(honest, round_number=1, contributors=names), 3 * np.arange(small_params.vector_length))
+    for name, chunks in forgeries.items():
+        with pytest.raises(BfvError, match="not one fresh contribution"):
+            secret.decrypt_sum(chunks, round_number=1, contributors=names)
+            pytest.fail(name)
 
-    (At K = 100 the sum needs a 34-bit ciphertext modulus: 5 bytes a coefficient, 3.4x.)"""
+
+def test_transparent_and_arbitrary_aggregates_are_refused(secret, public, small_params):
+    size = aggregate_bytes(small_params)
+    half = size // 2
+    forged = SecretContext.generate(small_params, run_id=RUN).encrypt_update(
+        np.ones(small_params.vector_length, dtype=np.int64), round_number=1, hospital="hospital-1"
+    )
+    other_key = public.pack_aggregate(public.load_upload(forged)[0])
+    candidates = [
+        [b"\x00" * size],  # transparent: decrypts to c0 under any key
+        [bytes(np.random.default_rng(1).integers(0, 256, half, dtype=np.uint8)) + b"\x00" * (size - half)],
+        [other_key],  # a valid ciphertext under another key
+        [b"\x00" * (size - 1)],
+    ]
+    for chunks in candidates:
+        with pytest.raises(BfvError):
+            secret.decrypt_sum(chunks, round_number=1, contributors=["hospital-1"])
+
+
+def test_secrets_round_trip_and_garbage_is_refused(secret, small_params):
+    copy = SecretContext.from_bytes(secret.to_bytes(), small_params, run_id=RUN)
+    chunks = secret.encrypt_update(np.full(small_params.vector_length, 5, dtype=np.int64), round_number=1, hospital="hospital-1")
+    public = PublicContext(small_params)
+    aggregate = [public.pack_aggregate(c) for c in public.load_upload(chunks)]
+    assert np.all(copy.decrypt_sum(aggregate, round_number=1, contributors=["hospital-1"]) == 5)
+    for garbage in (b"", b"\x00" * 32, secret.to_bytes()[:-10], b"\x01" * 31 + secret.to_bytes()[32:]):
+        with pytest.raises(BfvError):
+            SecretContext.from_bytes(garbage, small_params, run_id=RUN)
+    other = SecretContext.from_bytes(secret.to_bytes(), small_params, run_id="fedcba98")
+    with pytest.raises(BfvError, match="not one fresh contribution"):
+        other.decrypt_sum(aggregate, round_number=1, contributors=["hospital-1"])
+
+
+@pytest.mark.parametrize("contributors, length", [(3, 1586), (10, 100_000), (100, 100_000), (100, 1_000_000)])
+def test_an_upload_is_at_most_1_1_times_its_float32_size(contributors, length):
+    """The default run (3 hospitals, 1586 parameters), and K_max up to 100 for larger models, with the
+    default run's sum bound per contributor. (A small model at K = 10 fills 78% of its slots: 1.14x.)"""
     params = select_bfv_parameters(max_contributors=contributors, vector_length=length, sum_bound=8000 * contributors)
-    t = params.sum_bound // contributors
-    chunks = SecretContext.generate(params).encrypt(np.random.default_rng(0).integers(-t, t, length))
-    assert sum(len(c) for c in chunks) <= 3 * 4 * length
+    assert params.chunk_count * upload_bytes(params) <= 1.1 * 4 * length

@@ -28,7 +28,7 @@ from protocol.messages import (
 LIMIT = 1 << 20
 SAMPLES = [
     Hello(),
-    KeySetup(public_context=b"ctx", sealed_keys={"hospital-2": b"box"}),
+    KeySetup(sealed_keys={"hospital-2": b"box"}),
     KeyReady(),
     Update(round=3, chunks=(b"a", b"b")),
     Withdraw(round=3, reason="budget"),
@@ -72,7 +72,7 @@ def _raw(**body):
         (_raw(v=1, type="update", round="1", chunks=[b"a"]), "non-negative integer"),
         (_raw(v=1, type="update", round=1, chunks=b"a"), "must be a list"),
         (_raw(v=1, type="update", round=1, chunks=["text"]), "must be bytes"),
-        (_raw(v=1, type="key_setup", public_context=b"c", sealed_keys={"h": "text"}), "must be bytes"),
+        (_raw(v=1, type="key_setup", sealed_keys={"h": "text"}), "must be bytes"),
         (msgpack.packb({1: 2}), "not a msgpack"),
         (_raw(v=1, type=["update"]), "unexpected message type"),
         (msgpack.packb({"v": 1, "type": "hello", b"type": b"x"}, use_bin_type=True), "field names must be strings"),
@@ -118,7 +118,7 @@ def test_any_structure_or_byte_string_raises_only_message_error():
     for _ in range(3000):
         body = {"v": rng.choice([1, 1, True, 1.0, 2]), "type": _random_value(rng) if rng.random() < 0.3 else
                 rng.choice(["update", "key_setup", "released", "hello", "run_key"])}
-        body.update({rng.choice(["round", "chunks", "public_context", "sealed_keys", "digest", "mean_gradient",
+        body.update({rng.choice(["round", "chunks", "sealed_keys", "digest", "mean_gradient",
                                  "reason", "certified_key"]): _random_value(rng) for _ in range(rng.integers(0, 4))})
         for raw in (msgpack.packb(body, use_bin_type=True), bytes(rng.integers(0, 256, rng.integers(0, 40), dtype=np.uint8))):
             try:

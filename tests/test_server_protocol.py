@@ -51,38 +51,38 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
 
     setup = h1.key_setup()
     h2.send(setup)  # rejected 3: not the key holder
-    h1.send(KeySetup(public_context=h1.secret.to_bytes(), sealed_keys=setup.sealed_keys))  # rejected 4: secret key
-    h1.send(KeySetup(public_context=setup.public_context, sealed_keys={"hospital-9": b"box"}))  # rejected 5
+    h1.send(KeySetup(sealed_keys={"hospital-9": b"box"}))  # rejected 4: not the run's recipients
     h1.send(setup)
     h2.receive_key()
 
     assert h1.expect(RoundStart).round == 1 and h2.expect(RoundStart).round == 1
     x1, x2 = h1.random_update(1), h2.random_update(2)
-    good = h1.secret.encrypt(x1)
+    good = h1.secret.encrypt_update(x1, round_number=1, hospital="hospital-1")
     other_params = select_bfv_parameters(max_contributors=50, vector_length=len(x1), sum_bound=50_000)
-    foreign = SecretContext.generate(other_params).encrypt(np.zeros(len(x1), dtype=np.int64))
-    h1.send(Update(round=2, chunks=tuple(good)))  # rejected 6: out of sequence
-    h1.send(Update(round=1, chunks=tuple(foreign)))  # rejected 7: another context
-    h1.send(Update(round=1, chunks=tuple(good + good)))  # rejected 8: wrong number of ciphertexts
-    h1.send_raw(b"\x00" * (config.message_limit() + 1))  # rejected 9: oversized
-    h1.send_raw(msgpack.packb({"v": 1, "type": "update", "round": 1, "chunks": good, "sender": "hospital-2"}))  # 10
+    foreign = SecretContext.generate(other_params, run_id=config.run_id).encrypt_update(
+        np.zeros(len(x1), dtype=np.int64), round_number=1, hospital="hospital-1"
+    )
+    h1.send(Update(round=2, chunks=tuple(good)))  # rejected 5: out of sequence
+    h1.send(Update(round=1, chunks=tuple(foreign)))  # rejected 6: other parameters
+    h1.send(Update(round=1, chunks=tuple(good + good)))  # rejected 7: wrong number of ciphertexts
+    h1.send_raw(b"\x00" * (config.message_limit() + 1))  # rejected 8: oversized
+    h1.send_raw(msgpack.packb({"v": 1, "type": "update", "round": 1, "chunks": good, "sender": "hospital-2"}))  # 9
     intruder = ClientTransport(server.roster.server_address, server.roster.server.curve_public, CurveKeyPair(*zmq.curve_keypair()), 1 << 24)
     intruder.send(encode(Update(round=1, chunks=tuple(good))))  # refused at the handshake: never counted
     h1.send(Update(round=1, chunks=tuple(good)))
-    h1.send(Update(round=1, chunks=tuple(good)))  # rejected 11: a replay
-    h2.send(Update(round=1, chunks=tuple(h2.secret.encrypt(x2))))
+    h1.send(Update(round=1, chunks=tuple(good)))  # rejected 10: a replay
+    h2.send(Update(round=1, chunks=tuple(h2.secret.encrypt_update(x2, round_number=1, hospital="hospital-2"))))
 
     aggregate = h1.expect(Aggregate)
     assert h2.expect(Aggregate) == aggregate
     assert aggregate.contributors == ("hospital-1", "hospital-2")
-    decrypted = h1.secret.decrypt_sum(aggregate.chunks)
-    assert decrypted.contributors == 2
-    assert np.array_equal(decrypted.total, x1 + x2)
-    mean = (decrypted.total / 2).astype("<f4").tobytes()
+    total = h1.secret.decrypt_sum(aggregate.chunks, round_number=1, contributors=aggregate.contributors)
+    assert np.array_equal(total, x1 + x2)
+    mean = (total / 2).astype("<f4").tobytes()
     poisoned = np.full(len(x1), np.nan, dtype="<f4").tobytes()
-    h1.send(Released(round=1, digest=release_digest(1, poisoned), mean_gradient=poisoned))  # rejected 12: NaN
+    h1.send(Released(round=1, digest=release_digest(1, poisoned), mean_gradient=poisoned))  # rejected 11: NaN
     h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
-    h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))  # rejected 13: repeated
+    h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))  # rejected 12: repeated
     h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=b""))
 
     assert h1.expect(RoundStart).round == 2 and h2.expect(RoundStart).round == 2
@@ -90,12 +90,12 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
     h2.send(Withdraw(round=2, reason="test over"))
     report = server.finish()
     intruder.close()
-    assert report["rejected_messages"] == 13
+    assert report["rejected_messages"] == 12
     assert [r["status"] for r in report["rounds"]] == ["released", "aborted"]
     assert "fewer than the quorum" in report["finish_reason"]
     log = server.log.read_text()
     for reason in ("not a msgpack", "already joined", "exceeds the limit", "round 2 during round 1",
-                   "not a BFV ciphertext", "must never hold it", "unenrolled CurveZMQ key", "expected fields"):  # fmt: skip
+                   "upload ciphertext 0 must be", "sealed keys are for", "unenrolled CurveZMQ key", "expected fields"):  # fmt: skip
         assert reason in log, reason
     # The replay lands during the round (a second update) or after it closed (not a release).
     assert "second update" in log or "expected the release of round 1" in log
@@ -119,21 +119,21 @@ def test_a_vanished_hospital_is_dropped_and_a_round_below_quorum_is_never_decryp
     for hospital in hospitals:
         assert hospital.expect(RoundStart).round == 1
     x1, x2 = h1.random_update(1), h2.random_update(2)
-    h1.send(Update(round=1, chunks=tuple(h1.secret.encrypt(x1))))
-    h2.send(Update(round=1, chunks=tuple(h2.secret.encrypt(x2))))
+    h1.send(Update(round=1, chunks=tuple(h1.secret.encrypt_update(x1, round_number=1, hospital="hospital-1"))))
+    h2.send(Update(round=1, chunks=tuple(h2.secret.encrypt_update(x2, round_number=1, hospital="hospital-2"))))
     # hospital-3 says nothing: after the round deadline it is dropped and the others' sum goes ahead.
     assert "sent no update" in h3.expect(Finish, timeout=30).reason
     aggregate = h1.expect(Aggregate, timeout=30)
-    decrypted = h1.secret.decrypt_sum(aggregate.chunks)
-    assert aggregate.contributors == ("hospital-1", "hospital-2") and decrypted.contributors == 2
-    mean = (decrypted.total / 2).astype("<f4").tobytes()
+    assert aggregate.contributors == ("hospital-1", "hospital-2")
+    total = h1.secret.decrypt_sum(aggregate.chunks, round_number=1, contributors=aggregate.contributors)
+    mean = (total / 2).astype("<f4").tobytes()
     h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
     h2.expect(Aggregate)
     h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=b""))
 
     assert h1.expect(RoundStart).round == 2 and h2.expect(RoundStart).round == 2
     h2.send(Withdraw(round=2, reason="budget"))
-    h1.send(Update(round=2, chunks=tuple(h1.secret.encrypt(x1))))
+    h1.send(Update(round=2, chunks=tuple(h1.secret.encrypt_update(x1, round_number=2, hospital="hospital-1"))))
     abort = h1.expect(RoundAbort)  # one contribution, quorum two: no aggregate is ever sent
     assert abort.round == 2 and "fewer than the quorum" in abort.reason
     assert "fewer than the quorum" in h1.expect(Finish).reason

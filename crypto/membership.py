@@ -1,0 +1,115 @@
+"""Check slots: a decrypted sum proves it adds one fresh contribution from each listed contributor.
+
+The hospitals share a 32-byte check key ``K`` that the server never holds (it travels sealed with
+the BFV secret key). In round ``r`` of run ``R`` hospital ``k`` appends ``L`` check slots to its
+vector ``x_k`` of ``d`` integers, all modulo the plaintext modulus ``t``::
+
+    c_{k,l} = <a_l, x_k> + tag_{k,l}        l = 1..L
+
+``a_l`` (uniform in ``Z_t^d``) and ``tag_{k,l}`` (uniform in ``Z_t``) come from ChaCha20 keyed with
+``HMAC-SHA256(K, R | r)`` and ``HMAC-SHA256(K, R | r | k)``. A hospital told that a sum ``(y, c)``
+adds the contributions of the set ``S`` accepts it only if, for every ``l``::
+
+    c_l = <a_l, y> + sum_{k in S} tag_{k,l}
+
+**Why a dishonest server cannot pass it.** The server holds no key (no public key, no Galois or
+relinearisation key), so from the ciphertexts it has received it can compute, slot by slot, only
+``y = sum_j D_j x_j + p``: a sum of contributions ``x_j`` from any rounds, each multiplied slot-wise
+by a plaintext ``D_j``, plus a plaintext ``p``. Anything else decrypts to values independent of the
+key's check. In check slot ``l`` each contribution ``j`` brings its own ``tag_j``, uniform and
+unknown to the server, with coefficient ``D_j[l]``; unless that coefficient is exactly 1 for each
+fresh contribution of ``S`` and 0 for every other, the check holds with probability ``1/t``. With
+those coefficients the check reads ``<a_l, e> = p_l`` for the error ``e = sum_{k in S} x_k - y``,
+and ``a_l`` is uniform and independent of everything the server has seen, so a nonzero ``e``
+passes with probability ``1/t``. Independent ``a_l`` and tags over ``L = ceil(128 / log2 t)`` slots
+give a forgery probability of at most ``t^-L <= 2^-128``. This rules out ``3 Enc(x_2)``, a
+contribution left out or counted twice, a replayed round, a transparent or forged ciphertext, and a
+sum whose data slots were scaled or shifted.
+
+**What it does not rule out.** A server can send different valid sums, for different sets ``S``,
+to different hospitals in one round; the hospitals' ledgers charge each round once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import secrets
+from typing import Sequence
+
+import numpy as np
+from randomgen import ChaCha
+
+__all__ = ["CHECK_KEY_BYTES", "MembershipError", "check_slot_count", "CheckKey"]
+
+CHECK_KEY_BYTES = 32
+SOUNDNESS_BITS = 128
+_ROUNDS = 20
+
+
+class MembershipError(ValueError):
+    """A decrypted sum that is not the sum of one fresh contribution from each listed contributor."""
+
+
+def check_slot_count(plain_modulus: int) -> int:
+    """``L``: enough slots that a forgery passes with probability at most ``2^-128``."""
+    return math.ceil(SOUNDNESS_BITS / math.log2(plain_modulus))
+
+
+class CheckKey:
+    """The hospitals' shared check key, bound to one run and one plaintext modulus."""
+
+    def __init__(self, key: bytes, *, run_id: str, plain_modulus: int) -> None:
+        if len(key) != CHECK_KEY_BYTES:
+            raise MembershipError(f"a check key has {CHECK_KEY_BYTES} bytes, got {len(key)}")
+        if not 2 < plain_modulus < 2**32:
+            raise MembershipError(f"check slots need a plaintext modulus below 2^32, got {plain_modulus}")
+        self._key = key
+        self._run_id = run_id
+        self._t = plain_modulus
+        self.slots = check_slot_count(plain_modulus)
+
+    @classmethod
+    def generate(cls, *, run_id: str, plain_modulus: int) -> "CheckKey":
+        return cls(secrets.token_bytes(CHECK_KEY_BYTES), run_id=run_id, plain_modulus=plain_modulus)
+
+    def to_bytes(self) -> bytes:
+        return self._key
+
+    def append(self, values: np.ndarray, *, round_number: int, hospital: str) -> np.ndarray:
+        """``values`` (integers) followed by this hospital's check slots for this round."""
+        reduced = np.mod(np.asarray(values, dtype=np.int64), self._t)
+        checks = (self._inner_products(reduced, round_number) + self._tags(round_number, hospital)) % self._t
+        return np.concatenate([reduced, checks.astype(np.int64)])
+
+    def verify(self, slots: np.ndarray, *, round_number: int, contributors: Sequence[str]) -> np.ndarray:
+        """The data slots of a decrypted sum of ``contributors``' updates; ``MembershipError`` if it is not one."""
+        slots = np.mod(np.asarray(slots, dtype=np.int64), self._t)
+        values, checks = slots[: -self.slots], slots[-self.slots :]
+        expected = self._inner_products(values, round_number)
+        for hospital in contributors:
+            expected = expected + self._tags(round_number, hospital)
+        if not np.array_equal(checks, expected % self._t):
+            raise MembershipError(
+                f"round {round_number}: the sum is not one fresh contribution from each of {list(contributors)}"
+            )
+        return values
+
+    def _inner_products(self, reduced: np.ndarray, round_number: int) -> np.ndarray:
+        generator = self._stream(b"coefficients|%d" % round_number)
+        x = reduced.astype(np.uint64)
+        products = np.empty(self.slots, dtype=np.uint64)
+        for l in range(self.slots):
+            a = generator.integers(0, self._t, size=x.size, dtype=np.uint64)
+            # a, x < t < 2^32: each product fits in 64 bits, and reduced terms sum without overflow.
+            products[l] = np.sum((a * x) % np.uint64(self._t), dtype=np.uint64) % np.uint64(self._t)
+        return products.astype(np.int64)
+
+    def _tags(self, round_number: int, hospital: str) -> np.ndarray:
+        generator = self._stream(b"tags|%d|" % round_number + hospital.encode())
+        return generator.integers(0, self._t, size=self.slots, dtype=np.int64)
+
+    def _stream(self, label: bytes) -> np.random.Generator:
+        seed = hmac.new(self._key, b"consilium/check-slots/v1|" + self._run_id.encode() + b"|" + label, hashlib.sha256)
+        return np.random.Generator(ChaCha(key=int.from_bytes(seed.digest(), "little"), counter=0, rounds=_ROUNDS))
