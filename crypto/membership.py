@@ -85,6 +85,8 @@ class CheckKey:
 
     def verify(self, slots: np.ndarray, *, round_number: int, contributors: Sequence[str]) -> np.ndarray:
         """The data slots of a decrypted sum of ``contributors``' updates; ``MembershipError`` if it is not one."""
+        if len(set(contributors)) != len(contributors):
+            raise MembershipError(f"round {round_number}: a contributor is listed twice in {list(contributors)}")
         slots = np.mod(np.asarray(slots, dtype=np.int64), self._t)
         values, checks = slots[: -self.slots], slots[-self.slots :]
         expected = self._inner_products(values, round_number)

@@ -1,17 +1,18 @@
 """A hospital: trains on its own data, encrypts what it sends, and keeps its own privacy ledger.
 
 Per round it computes ``g_k`` (``training.dopamine``), encrypts it under the federation's shared
-BFV key and sends the ciphertexts to the server. It decrypts only a sum whose count slot shows at
-least the quorum of contributions and matches the contributors the server names, then applies the
-mean with momentum like every other party and tells the server what it decrypted (the first
-contributor also sends the mean itself: the DP-protected release).
+BFV key and sends the ciphertexts to the server. It decrypts only a sum of at least the quorum
+whose check slots prove it is one fresh contribution from each contributor the server names
+(``crypto.membership``), then applies the mean with momentum like every other party and tells the
+server what it decrypted (the first contributor also sends the mean itself: the DP-protected
+release).
 
 It does not trust the server's count of the privacy spent: before each update leaves, it charges
 its own durable ledger for the least noise a decrypted sum can carry (a quorum's), refusing to take
 part once that would take the worse of the server's and a fellow hospital's epsilon over its budget
-(Dopamine, Algorithm 1, line 17). The charge stays at a quorum's noise even when more hospitals
-contributed: the count a sum decrypts to is not authenticated (a dishonest server can add to it),
-so it must not lower what is charged; with the default quorum of all hospitals the charge is exact.
+(Dopamine, Algorithm 1, line 17). The charge is made before the update leaves, when nobody knows
+how many hospitals will contribute, and stays at a quorum's noise; with the default quorum of all
+hospitals it is exact.
 Ledger records are keyed by identifiers the ledger draws, and a run id it has seen before
 is refused, so a server cannot make releases count less by repeating a run id or a round.
 

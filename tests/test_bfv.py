@@ -146,6 +146,8 @@ def test_a_dishonest_aggregate_is_refused(secret, public, small_params):
     }
     honest = _forge(public, [x1, x2, x3])
     assert np.array_equal(secret.decrypt_sum(honest, round_number=1, contributors=names), 3 * np.arange(small_params.vector_length))
+    with pytest.raises(BfvError, match="listed twice"):
+        secret.decrypt_sum(_forge(public, [x1, x1]), round_number=1, contributors=names[:1] * 2)
     for name, chunks in forgeries.items():
         with pytest.raises(BfvError, match="not one fresh contribution"):
             secret.decrypt_sum(chunks, round_number=1, contributors=names)
