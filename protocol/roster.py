@@ -152,7 +152,8 @@ def provision(directory: Path, *, hospitals: int, address: str) -> Roster:
     roster = f"[server]\naddress = {_toml_string(address)}\n\n" + "".join(
         "[[party]]\n" + _toml_table(entry) + "\n" for entry in entries
     )
-    (directory / ROSTER_FILE).write_text(roster)
+    # Public, but whoever can rewrite it can swap a party's keys: only its owner may write it.
+    _write_private(directory / ROSTER_FILE, roster)
     return Roster.load(directory)
 
 

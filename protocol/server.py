@@ -143,6 +143,9 @@ class Server:
         except ProtocolError as error:
             finish_reason = f"stopped: {error}"
             raise
+        except BaseException as error:  # a bug or an interrupt: the report must not claim success
+            finish_reason = f"stopped by an unexpected {type(error).__name__}: {error}"
+            raise
         finally:
             for name in self._active:
                 self._send(name, Finish(reason=finish_reason))
@@ -170,8 +173,8 @@ class Server:
                 self._reject(sender, message, "already joined")
             else:
                 joined.add(sender)
+                self._active.append(sender)  # told how the run ends from now on, also if it ends mid-join
                 log.info("%s joined (%d of %d)", sender, len(joined), len(expected))
-        # Whoever joined is told how the run ends, also if it ends here.
         self._active = [h for h in self._config.hospitals if h in joined]
         if len(joined) < self._config.dopamine.quorum:
             raise ProtocolError(

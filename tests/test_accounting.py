@@ -7,6 +7,7 @@ from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp
 from scipy.special import logsumexp
 from scipy.stats import skellam
+from sympy import ZZ, ring
 
 from training.accounting import LedgerError, PrivacyLedger, Release, release_of
 from training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
@@ -224,30 +225,38 @@ def test_both_directions_of_the_exact_one_dimensional_subsampled_skellam_stay_wi
             assert np.all(removal <= bound + tolerance) and np.all(addition <= bound + tolerance)
 
 
-def _addition_certificate_gap(q, alpha, weight):
-    """Right minus left side of the pointwise inequality in ``training/rdp.py``, relative, on a grid of r."""
-    log_r = np.concatenate([np.linspace(-50, -1e-3, 3000), np.linspace(1e-3, 50, 3000)])
-    r = np.exp(log_r)
-    log_mix = np.log1p(q * (r - 1))
-    slope = (1 - alpha) * q - (weight * alpha * q + (1 - weight) * (1 - alpha * q))
-    with np.errstate(over="ignore"):
-        left = np.exp((1 - alpha) * log_mix)
-        removal_side = np.exp(alpha * log_mix)
-        addition_side = np.exp((1 - alpha) * log_r + alpha * np.log((1 - q) * r + q))
-    right = weight * removal_side + (1 - weight) * addition_side + slope * (r - 1)
-    scale = left + weight * removal_side + (1 - weight) * addition_side + abs(slope * (r - 1))
-    finite = np.isfinite(scale)
-    return np.min((right - left)[finite] / scale[finite])
+def _negative_certificate_coefficients(alpha, k):
+    """Exact check of the pointwise inequality in ``training/rdp.py`` with the weight ``3w / (3w + k)``.
+
+    With ``q = 1/(1+w)``, ``u = 1 + w`` and the inequality multiplied by ``(3w+k) u^alpha r^(alpha-1)
+    (w+r)^(alpha-1) > 0``, its right minus left side is the integer polynomial ``M(r, w)`` below.
+    Returns the number of negative coefficients of ``M / (r-1)^4`` (``None`` if ``(r-1)^4`` does not
+    divide ``M``): zero means ``M >= 0``, hence the inequality, for all ``r, w > 0``."""
+    ring_, r, w = ring("r,w", ZZ)
+    a, u = alpha, 1 + w
+    slope = (1 - a) * (3 * w + k) - 3 * w * a - k * (u - a)  # c (3w + k) u
+    m = (
+        3 * w * (w + r) ** (2 * a - 1) * r ** (a - 1)
+        + k * (w * r + 1) ** a * (w + r) ** (a - 1)
+        + slope * (r - 1) * r ** (a - 1) * (w + r) ** (a - 1) * u ** (a - 1)
+        - (3 * w + k) * u ** (2 * a - 1) * r ** (a - 1)
+    )
+    coefficients = np.zeros((a * 3 + 2, a * 3 + 2), dtype=object)  # [power of r, power of w]
+    for (power_r, power_w), coefficient in m.terms():
+        coefficients[power_r, power_w] = int(coefficient)
+    for _ in range(4):  # synthetic division by (r - 1), one power of w at a time
+        if any(coefficients.sum(axis=0)):
+            return None
+        coefficients = np.cumsum(coefficients[::-1], axis=0)[::-1][1:]
+    return int(np.sum(coefficients < 0))
 
 
-def test_the_subsampling_bound_covers_the_addition_direction_pointwise():
-    """The certificate behind the addition direction holds at every order and sample rate; removal alone does not."""
-    for q in np.concatenate([np.geomspace(1e-6, 0.3, 10), [0.5, 0.7, 0.9, 0.999]]):
-        for alpha in ORDERS:
-            weight = 3 * (1 - q) / (3 + 2 * (alpha - 2) * q)
-            assert _addition_certificate_gap(q, alpha, weight) > -1e-12, (q, alpha)
-        if q >= 1e-3:  # the wrong weights miss by O(q^3), below rounding for smaller q
-            assert _addition_certificate_gap(q, 8, 1.0) < -1e-12 and _addition_certificate_gap(q, 8, 0.0) < -1e-12
+def test_the_subsampling_bound_covers_the_addition_direction_at_every_order():
+    """The certificate behind the addition direction, exact, at every order the accountant uses."""
+    for alpha in ORDERS:
+        assert _negative_certificate_coefficients(int(alpha), 2 * int(alpha) - 1) == 0, alpha
+    for alpha in (3, 8, 20):  # a weight off by one step of alpha is not a certificate
+        assert _negative_certificate_coefficients(alpha, 2 * alpha + 1) != 0
 
 
 def test_random_pairs_stay_within_the_bound_in_both_directions():

@@ -1,3 +1,4 @@
+import os
 import stat
 
 import pytest
@@ -6,7 +7,12 @@ from protocol.roster import Credentials, Roster, RosterError, provision
 
 
 def test_provision_writes_private_keys_and_a_public_roster(tmp_path):
-    roster = provision(tmp_path / "fed", hospitals=3, address="tcp://127.0.0.1:6000")
+    previous = os.umask(0)  # files must not follow a permissive umask
+    try:
+        roster = provision(tmp_path / "fed", hospitals=3, address="tcp://127.0.0.1:6000")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "fed" / "roster.toml").stat().st_mode) == 0o600
     assert roster.hospitals == ["hospital-1", "hospital-2", "hospital-3"]
     assert roster.server_address == "tcp://127.0.0.1:6000"
     secret_file = tmp_path / "fed" / "hospital-2" / "secret_keys.toml"

@@ -27,13 +27,18 @@ support, so ``E_P[r] = 1``). The sum is an upper bound on both directions of add
 
   with ``lam = 3 (1-q) / (3 + 2 (alpha-2) q)`` and ``c`` the constant that makes the slopes meet at
   ``r = 1``. Taking ``E_P``: the first term is the removal sum; the second expands into
-  ``E_P[r^(1-j)] = exp((j-1) D_j(P || Q))``, also at most ``exp((j-1) eps(j))`` because Skellam noise
-  is symmetric; the last is zero. So the addition direction costs at most the same sum.
-  ``lam`` is the one weight for which both sides agree to third order at ``r = 1``; the fourth-order
-  gap is ``4 alpha (alpha-1) (2 alpha-1) q^3 (1-q) > 0``. At ``alpha = 2`` the inequality is the
-  convexity of ``1/x``; for orders 3-256 and ``q`` in ``[1e-6, 0.999]`` it is checked on a dense grid
-  of ``r`` by ``tests/test_accounting.py``, which also fails if ``lam`` is replaced by 1 (removal
-  alone does not bound addition pair by pair).
+  ``E_P[r^(1-j)] = exp((j-1) D_j(P || Q))``, also at most ``exp((j-1) eps(j))``: for one shift ``v``
+  of the noise, ``D_j(N || N + v) = D_j(N - v || N)`` and the bound depends on ``v`` only through its
+  norms; the outputs with and without the record are mixtures over the rounding of every record
+  (the same for both but the record's own), and ``exp((j-1) D_j)`` is jointly convex. The last term
+  is zero. So the addition direction costs at most the same sum.
+  ``lam`` is the one weight for which both sides agree to third order at ``r = 1`` (their fourth
+  derivatives then differ by ``4 alpha (alpha-1) (2 alpha-1) q^3 (1-q) > 0``). The inequality is
+  proven for every order the accountant uses, 2-256, and every ``q`` in ``(0, 1)``: with
+  ``q = 1/(1+w)`` and multiplied by a positive factor it becomes a polynomial in ``r`` and ``w`` with
+  integer coefficients, divisible by ``(r-1)^4`` with a quotient whose coefficients are all
+  non-negative (``tests/test_accounting.py`` computes the certificate, and finds negative
+  coefficients for a wrong weight: removal alone does not bound addition pair by pair).
 
 For the Gaussian this sum is exactly the sampled Gaussian RDP that Opacus computes (Mironov,
 Talwar and Zhang 2019), which the tests check. Zhu and Wang (2019) prove a bound for any
@@ -81,14 +86,17 @@ def poisson_subsampled_rdp(orders: np.ndarray, sample_rate: float, base_rdp: np.
     if sample_rate == 1.0 or np.any(np.isinf(base)):
         return base if sample_rate == 1.0 else np.full(base.shape, np.inf)
     q = sample_rate
-    # (j - 1) eps(j) for j = 0, 1, 2, ...: zero for j = 0 and 1.
-    exponents = np.concatenate([[0.0, 0.0], (orders - 1) * base])
+    # The binomial weights sum to 1, so the sum is 1 + sum_{j>=2} C(alpha,j) (1-q)^(alpha-j) q^j
+    # (exp((j-1) eps(j)) - 1): every term is non-negative, which keeps full precision at tiny q.
+    excess = (orders - 1) * base  # (j - 1) eps(j) for j = 2, 3, ...
+    with np.errstate(divide="ignore", over="ignore"):
+        log_expm1 = np.where(excess > 30, excess + np.log1p(-np.exp(-excess)), np.log(np.expm1(excess)))
     result = np.empty(len(orders))
     for index, alpha in enumerate(orders):
-        j = np.arange(alpha + 1)
+        j = np.arange(2, alpha + 1)
         log_binomial = gammaln(alpha + 1) - gammaln(j + 1) - gammaln(alpha - j + 1)
-        terms = log_binomial + (alpha - j) * np.log1p(-q) + j * np.log(q) + exponents[: alpha + 1]
-        result[index] = logsumexp(terms) / (alpha - 1)
+        terms = log_binomial + (alpha - j) * np.log1p(-q) + j * np.log(q) + log_expm1[: alpha - 1]
+        result[index] = np.logaddexp(0.0, logsumexp(terms)) / (alpha - 1)
     return result
 
 
