@@ -57,6 +57,9 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+# Every text on the wire (a reason, a hospital's name) is at most this many printable characters, so
+# that nothing a peer sends can flood a log or forge lines in it.
+MAX_TEXT_LENGTH = 500
 
 
 class MessageError(ValueError):
@@ -174,8 +177,15 @@ def release_digest(round_number: int, mean_gradient: bytes) -> bytes:
 def encode(message: Message) -> bytes:
     body = {"v": PROTOCOL_VERSION, "type": message.TYPE}
     for field in fields(message):
-        body[field.name] = getattr(message, field.name)
+        value = getattr(message, field.name)
+        body[field.name] = _printable(value) if type(value) is str else value
     return msgpack.packb(body, use_bin_type=True)
+
+
+def _printable(text: str) -> str:
+    """Our own reasons may quote exceptions: newlines and other controls become spaces, the rest is cut."""
+    cleaned = "".join(c if c.isprintable() else " " for c in text)
+    return cleaned if len(cleaned) <= MAX_TEXT_LENGTH else cleaned[: MAX_TEXT_LENGTH - 3] + "..."
 
 
 def decode(raw: bytes, *, accept: frozenset[type], max_bytes: int) -> Message:
@@ -220,6 +230,8 @@ def _conform(value, annotation, where: str):
     if annotation in (str, bytes, dict):
         if type(value) is not annotation:
             raise MessageError(f"{where} must be {annotation.__name__}, not {type(value).__name__}")
+        if annotation is str and (len(value) > MAX_TEXT_LENGTH or not value.isprintable()):
+            raise MessageError(f"{where} must be at most {MAX_TEXT_LENGTH} printable characters")
         return value
     if origin is tuple:
         item = typing.get_args(annotation)[0]

@@ -121,7 +121,9 @@ class Server:
         self._phase_seconds: dict[str, float] = {}
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
         self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, self._limit)
-        self._transcript = Transcript(transcript, payloads=transcript_payloads) if transcript else None
+        self._transcript = (
+            Transcript(transcript, payloads=transcript_payloads, max_payload_bytes=self._limit) if transcript else None
+        )
 
     def run(self) -> dict:
         """Run the federation to its end; returns (and writes) the server's report."""

@@ -24,16 +24,17 @@ __all__ = ["Transcript", "read_transcript"]
 
 
 class Transcript:
-    def __init__(self, path: Path, *, payloads: bool = False) -> None:
+    def __init__(self, path: Path, *, payloads: bool = False, max_payload_bytes: int | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file: BinaryIO = os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         os.chmod(path, 0o600)  # also when the file existed, whatever the umask made it
         self._payloads = payloads
+        self._max_payload_bytes = max_payload_bytes
 
     def record(self, sender: str, payload: bytes) -> None:
         entry = {"time": time.time(), "sender": sender, "bytes": len(payload), "sha256": hashlib.sha256(payload).digest()}
-        if self._payloads:
-            entry["payload"] = payload
+        if self._payloads and (self._max_payload_bytes is None or len(payload) <= self._max_payload_bytes):
+            entry["payload"] = payload  # an oversized message is refused unread: its digest is enough
         self._file.write(msgpack.packb(entry, use_bin_type=True))
         self._file.flush()
 

@@ -118,6 +118,16 @@ def test_by_default_the_transcript_keeps_digests_in_a_private_file(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o600
 
 
+def test_a_full_transcript_keeps_no_oversized_message(tmp_path):
+    path = tmp_path / "transcript.msgpack"
+    transcript = Transcript(path, payloads=True, max_payload_bytes=10)
+    transcript.record("hospital-1", b"0123456789")
+    transcript.record("hospital-1", b"0123456789!")
+    transcript.close()
+    kept, oversized = read_transcript(path)
+    assert kept["payload"] == b"0123456789" and "payload" not in oversized and oversized["bytes"] == 11
+
+
 def test_a_key_the_server_makes_for_itself_opens_nothing_it_received(run):
     out, _ = run
     config = RunConfig.from_dict(json.loads((out / "report.json").read_text())["config"])

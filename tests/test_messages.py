@@ -75,6 +75,8 @@ def _raw(**body):
         (_raw(v=1, type="key_setup", sealed_keys={"h": "text"}), "must be bytes"),
         (msgpack.packb({1: 2}), "not a msgpack"),
         (_raw(v=1, type=["update"]), "unexpected message type"),
+        (_raw(v=1, type="withdraw", round=1, reason="done\nWARNING forged log line"), "printable characters"),
+        (_raw(v=1, type="withdraw", round=1, reason="x" * 501), "printable characters"),
         (msgpack.packb({"v": 1, "type": "hello", b"type": b"x"}, use_bin_type=True), "field names must be strings"),
         (_raw(v=True, type="hello"), "unsupported protocol version"),
         (_raw(v=1.0, type="hello"), "unsupported protocol version"),
@@ -84,6 +86,12 @@ def _raw(**body):
 def test_malformed_messages_are_rejected_with_a_reason(raw, reason):
     with pytest.raises(MessageError, match=reason):
         decode(raw, accept=TO_SERVER, max_bytes=LIMIT)
+
+
+def test_our_own_texts_are_made_printable_and_short_before_they_leave():
+    sent = Withdraw(round=1, reason="Traceback:\n  line 1\n" * 100)
+    received = decode(encode(sent), accept=TO_SERVER, max_bytes=LIMIT)
+    assert received.reason.isprintable() and len(received.reason) == 500 and received.reason.startswith("Traceback:   line 1")
 
 
 def test_release_digest_binds_the_round_and_the_values():
