@@ -108,7 +108,8 @@ class PublicContext:
         ciphertexts = []
         for index, chunk in enumerate(chunks):
             if type(chunk) is not bytes or len(chunk) != size:
-                raise BfvError(f"{what} ciphertext {index} must be {size} bytes, got {len(chunk)}")
+                got = f"{len(chunk)}" if type(chunk) is bytes else type(chunk).__name__
+                raise BfvError(f"{what} ciphertext {index} must be {size} bytes, got {got}")
             body = prefix + _unpack(chunk[:packed_bytes], coefficients, self.params)
             if seeded:
                 body += self._header(_HEADER.size + _PRNG_RECORD_BYTES) + chunk[packed_bytes:]
