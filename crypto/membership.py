@@ -27,7 +27,7 @@ contribution left out or counted twice, a replayed round, a transparent or forge
 sum whose data slots were scaled or shifted.
 
 **What it does not rule out.** A server can send different valid sums, for different sets ``S``,
-to different hospitals in one round; the hospitals' ledgers charge each round once.
+to different hospitals in one round; ``crypto.endorsement`` closes that.
 """
 
 from __future__ import annotations

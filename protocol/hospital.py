@@ -1,10 +1,12 @@
 """A hospital: trains on its own data, encrypts what it sends, and keeps its own privacy ledger.
 
 Per round it computes ``g_k`` (``training.dopamine``), encrypts it under the federation's shared
-BFV key and sends the ciphertexts to the server. It decrypts only a sum of at least the quorum
-whose check slots prove it is one fresh contribution from each contributor the server names
-(``crypto.membership``), then applies the mean with momentum like every other party and tells the
-server what it decrypted (the first contributor also sends the mean itself: the DP-protected
+BFV key and sends the ciphertexts to the server. It accepts only a sum of at least the quorum whose
+check slots prove it is one fresh contribution from each contributor the server names
+(``crypto.membership``), endorses at most one such aggregate per round, and uses the sum only once
+every contributor has endorsed that same aggregate (``crypto.endorsement``), so that its update is
+released at most once. It then applies the mean with momentum like every other party and tells
+the server what it decrypted (the first contributor also sends the mean itself: the DP-protected
 release).
 
 It does not trust the server's count of the privacy spent: before each update leaves, it charges
@@ -36,11 +38,14 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 
 from crypto.bfv import BfvError, SecretContext
 from crypto.bfv_parameters import BfvParameters
+from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements, endorse
 from crypto.sealed_box import SealedBoxError, certify_key, open_box, seal, verify_certified_key
 from protocol.config import ConfigError, RunConfig
 from protocol.messages import (
     TO_HOSPITAL,
     Aggregate,
+    Endorsement,
+    Endorsements,
     Finish,
     Hello,
     KeyReady,
@@ -98,6 +103,10 @@ class _Contribution:
     update_bytes: int = 0
     overran_send_offset: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
+    # Set once this hospital has endorsed an aggregate of the round: it endorses no other.
+    endorsed: Aggregate | None = None
+    statement: bytes = b""
+    mean: np.ndarray | None = None
 
 
 def sealed_key_context(run_id: str, recipient: str) -> bytes:
@@ -230,7 +239,7 @@ class Hospital:
         pending: _Contribution | None = None
         last_round = 0
         while True:
-            message = self._expect(RoundStart, Aggregate, RoundAbort, Finish)
+            message = self._expect(RoundStart, Aggregate, Endorsements, RoundAbort, Finish)
             received = time.monotonic()
             if isinstance(message, Finish):
                 return message.reason
@@ -253,8 +262,14 @@ class Hospital:
             elif isinstance(message, RoundAbort):
                 log.warning("round %d aborted by the server: %s", message.round, message.reason)
                 pending = None
+            elif isinstance(message, Aggregate) and pending.endorsed is not None:
+                log.warning("ignored a second aggregate for round %d: a hospital endorses one per round", message.round)
+            elif isinstance(message, Aggregate):
+                self._endorse(config, secret, step, message, pending)
+            elif pending.endorsed is None:
+                log.warning("ignored endorsements for round %d, whose aggregate has not arrived", message.round)
             else:
-                self._apply(config, secret, step, momentum, message, pending)
+                self._release(momentum, message, pending)
                 pending = None
 
     def _budget_refusal(self, charge: Release, round_number: int) -> str:
@@ -307,16 +322,10 @@ class Hospital:
         self._transport.send(update)
         return contribution
 
-    def _apply(
-        self,
-        config: RunConfig,
-        secret: SecretContext,
-        step: NoisyGradientStep,
-        momentum: MomentumUpdate,
-        message: Aggregate,
-        pending: "_Contribution",
+    def _endorse(
+        self, config: RunConfig, secret: SecretContext, step: NoisyGradientStep, message: Aggregate, pending: "_Contribution"
     ) -> None:
-        settings = config.dopamine
+        """Check the aggregate and decrypt it for this hospital alone; then sign it: the one endorsement of the round."""
         contributors = list(message.contributors)
         if (
             self._name not in contributors
@@ -324,7 +333,7 @@ class Hospital:
             or not set(contributors) <= set(config.hospitals)
         ):
             raise ProtocolError(f"round {message.round}: the contributor list {contributors} is inconsistent")
-        if len(contributors) < settings.quorum:
+        if len(contributors) < config.dopamine.quorum:
             raise ProtocolError(f"round {message.round}: {len(contributors)} contributors, fewer than the quorum")
         pending.bytes_received_aggregate = self._transport.bytes_received - pending.bytes_received_before
         started = time.perf_counter()
@@ -332,10 +341,24 @@ class Hospital:
             total = secret.decrypt_sum(message.chunks, round_number=message.round, contributors=contributors)
         except BfvError as error:
             raise ProtocolError(f"round {message.round}: refusing the server's sum: {error}") from None
-        mean = mean_gradient(total, len(contributors), mechanism=step.mechanism, settings=settings)
+        pending.mean = mean_gradient(total, len(contributors), mechanism=step.mechanism, settings=config.dopamine)
         pending.seconds["decrypt"] = time.perf_counter() - started
-        momentum.apply(mean)
-        payload = mean.tobytes()
+        pending.endorsed = message
+        pending.statement = aggregate_statement(
+            run_id=config.run_id, round_number=message.round, contributors=message.contributors, chunks=message.chunks
+        )
+        self._send(Endorsement(round=message.round, signature=endorse(pending.statement, self._credentials.identity.signing)))
+
+    def _release(self, momentum: MomentumUpdate, message: Endorsements, pending: "_Contribution") -> None:
+        """Use and release the sum, once every contributor has endorsed the aggregate this hospital endorsed."""
+        contributors = pending.endorsed.contributors
+        signers = {name: self._roster.party(name).identity.signing for name in contributors}
+        try:
+            check_endorsements(pending.statement, message.signatures, signers)
+        except EndorsementError as error:
+            raise ProtocolError(f"round {message.round}: refusing to release the sum: {error}") from None
+        momentum.apply(pending.mean)
+        payload = pending.mean.tobytes()
         releaser = contributors[0] == self._name
         self._send(
             Released(round=message.round, digest=release_digest(message.round, payload), mean_gradient=payload if releaser else b"")

@@ -18,6 +18,8 @@ Sequence of one run (H = each hospital, KH = the key holder, the first hospital 
     per round r:
     S  -> H  RoundStart(r)                  H  -> S  Update(r, ciphertexts) | Withdraw(r, reason)
     S  -> H  Aggregate(r, contributors, ciphertexts) | RoundAbort(r, reason)
+    H  -> S  Endorsement(r, signature)      (crypto.endorsement: one aggregate per round)
+    S  -> H  Endorsements(r, every contributor's signature) | RoundAbort(r, reason)
     H  -> S  Released(r, digest, mean gradient from the first contributor only)
     S  -> H  Finish(reason)
 """
@@ -35,6 +37,8 @@ __all__ = [
     "TO_HOSPITAL",
     "TO_SERVER",
     "Aggregate",
+    "Endorsement",
+    "Endorsements",
     "Finish",
     "Hello",
     "KeyReady",
@@ -144,6 +148,20 @@ class Aggregate(Message):
 
 
 @dataclass(frozen=True)
+class Endorsement(Message):
+    TYPE = "endorsement"
+    round: int
+    signature: bytes  # crypto.endorsement.endorse of the aggregate's statement
+
+
+@dataclass(frozen=True)
+class Endorsements(Message):
+    TYPE = "endorsements"
+    round: int
+    signatures: dict[str, bytes]  # contributor -> its Endorsement.signature
+
+
+@dataclass(frozen=True)
 class RoundAbort(Message):
     TYPE = "round_abort"
     round: int
@@ -164,8 +182,8 @@ class Finish(Message):
     reason: str
 
 
-TO_SERVER = frozenset({Hello, RunKey, KeySetup, KeyReady, Update, Withdraw, Released})
-TO_HOSPITAL = frozenset({Welcome, KeyRequest, SealedKey, RoundStart, Aggregate, RoundAbort, Finish})
+TO_SERVER = frozenset({Hello, RunKey, KeySetup, KeyReady, Update, Withdraw, Endorsement, Released})
+TO_HOSPITAL = frozenset({Welcome, KeyRequest, SealedKey, RoundStart, Aggregate, Endorsements, RoundAbort, Finish})
 _BY_TYPE = {cls.TYPE: cls for cls in TO_SERVER | TO_HOSPITAL}
 
 

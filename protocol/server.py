@@ -8,8 +8,9 @@ clear.
 A run is a join, a key ceremony and rounds (``protocol.messages`` shows the sequence). Every wait
 has a deadline. A message that fails validation, is out of sequence, or comes from a party with
 nothing to say at that point is logged as rejected and changes nothing. A round that gathers fewer
-contributions than the quorum is aborted and its sum is never sent for decryption; a hospital that
-misses a deadline is dropped from the run.
+contributions than the quorum is aborted and its sum is never sent for decryption; one that some
+contributor does not endorse (``crypto.endorsement``) is aborted before anyone may decrypt it; a
+hospital that misses a deadline is dropped from the run.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ import numpy as np
 import torch
 
 from crypto.bfv import BfvError, CiphertextSum, PublicContext
+from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements
 from protocol.config import ConfigError, RunConfig
 from protocol.messages import (
     TO_SERVER,
     Aggregate,
+    Endorsement,
+    Endorsements,
     Finish,
     Hello,
     KeyReady,
@@ -253,17 +257,19 @@ class Server:
         record.seconds["aggregate"] = aggregate_seconds
         quorum = self._config.dopamine.quorum
         if len(record.contributors) < quorum:
-            record.reason = f"{len(record.contributors)} contributions, fewer than the quorum of {quorum}"
-            for name in record.contributors:
-                self._send(name, RoundAbort(round=round_number, reason=record.reason))
-            log.warning("round %d aborted: %s; its sum is discarded undecrypted", round_number, record.reason)
-            self._finish_round(record)
+            self._abort(record, f"{len(record.contributors)} contributions, fewer than the quorum of {quorum}")
             return
 
         started = time.perf_counter()
         aggregate = Aggregate(round=round_number, contributors=tuple(record.contributors), chunks=tuple(total.to_chunks()))
         for name in record.contributors:
             self._send(name, aggregate)
+        signatures = self._collect_endorsements(aggregate)
+        if set(signatures) != set(record.contributors):
+            self._abort(record, f"{len(signatures)} of {len(record.contributors)} contributors endorsed the aggregate")
+            return
+        for name in record.contributors:
+            self._send(name, Endorsements(round=round_number, signatures=signatures))
         mean_gradient = self._await_release(round_number, record.contributors)
         record.seconds["release"] = time.perf_counter() - started
 
@@ -308,6 +314,44 @@ class Server:
             self._drop(name, f"sent no update for round {round_number} within {self._timeouts.round_s:g} s")
         record.contributors.sort(key=self._config.hospitals.index)
         return total, aggregate_seconds
+
+    def _abort(self, record: _RoundRecord, reason: str) -> None:
+        """End a round whose sum no hospital may decrypt."""
+        record.reason = reason
+        for name in record.contributors:
+            if name in self._active:
+                self._send(name, RoundAbort(round=record.round, reason=reason))
+        log.warning("round %d aborted: %s; its sum is never decrypted", record.round, reason)
+        self._finish_round(record)
+
+    def _collect_endorsements(self, aggregate: Aggregate) -> dict[str, bytes]:
+        """Each contributor's signature on the aggregate (crypto.endorsement), checked as it arrives."""
+        contributors = set(aggregate.contributors)
+        statement = aggregate_statement(
+            run_id=self._config.run_id, round_number=aggregate.round, contributors=aggregate.contributors, chunks=aggregate.chunks
+        )
+        signatures: dict[str, bytes] = {}
+        deadline = time.monotonic() + self._timeouts.round_s
+        while set(signatures) != contributors:
+            got = self._next_message(deadline)
+            if got is None:
+                break
+            sender, message = got
+            if not (isinstance(message, Endorsement) and message.round == aggregate.round and sender in contributors):
+                self._reject(sender, message, f"expected an endorsement of the aggregate of round {aggregate.round}")
+                continue
+            if sender in signatures:
+                self._reject(sender, message, f"second endorsement of round {aggregate.round}")
+                continue
+            try:
+                check_endorsements(statement, {sender: message.signature}, {sender: self._roster.party(sender).identity.signing})
+            except EndorsementError as error:
+                self._reject(sender, message, str(error))
+                continue
+            signatures[sender] = message.signature
+        for name in contributors - set(signatures):
+            self._drop(name, f"did not endorse the aggregate of round {aggregate.round} within {self._timeouts.round_s:g} s")
+        return signatures
 
     def _await_release(self, round_number: int, contributors: list[str]) -> np.ndarray:
         """The mean gradient the contributors decrypted; all of them must state the same digest."""

@@ -6,6 +6,8 @@ from protocol.messages import (
     TO_HOSPITAL,
     TO_SERVER,
     Aggregate,
+    Endorsement,
+    Endorsements,
     Finish,
     Hello,
     KeyReady,
@@ -39,6 +41,8 @@ SAMPLES = [
     SealedKey(box=b"box"),
     RoundStart(round=1),
     Aggregate(round=1, contributors=("hospital-1", "hospital-2"), chunks=(b"c",)),
+    Endorsement(round=1, signature=b"s" * 64),
+    Endorsements(round=1, signatures={"hospital-1": b"s" * 64, "hospital-2": b"t" * 64}),
     RoundAbort(round=1, reason="quorum"),
     Finish(reason="done"),
 ]

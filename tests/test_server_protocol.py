@@ -12,6 +12,8 @@ from crypto.bfv import SecretContext
 from crypto.bfv_parameters import select_bfv_parameters
 from protocol.messages import (
     Aggregate,
+    Endorsement,
+    Endorsements,
     Finish,
     Hello,
     KeySetup,
@@ -81,11 +83,18 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
     assert aggregate.contributors == ("hospital-1", "hospital-2")
     total = h1.secret.decrypt_sum(aggregate.chunks, round_number=1, contributors=aggregate.contributors)
     assert np.array_equal(total, x1 + x2)
+    h1.endorse(aggregate)
+    h1.endorse(aggregate)  # rejected 11: a second endorsement
+    server.wait_for_log("second endorsement")  # before hospital-2's endorsement can close the collection
+    h2.send(Endorsement(round=1, signature=b"\x00" * 64))  # rejected 12: not hospital-2's signature
+    h2.endorse(aggregate)
+    assert set(h1.expect(Endorsements).signatures) == {"hospital-1", "hospital-2"}
+    h2.expect(Endorsements)
     mean = (total / 2).astype("<f4").tobytes()
     poisoned = np.full(len(x1), np.nan, dtype="<f4").tobytes()
-    h1.send(Released(round=1, digest=release_digest(1, poisoned), mean_gradient=poisoned))  # rejected 11: NaN
+    h1.send(Released(round=1, digest=release_digest(1, poisoned), mean_gradient=poisoned))  # rejected 13: NaN
     h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
-    h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))  # rejected 12: repeated
+    h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))  # rejected 14: repeated
     h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=b""))
 
     assert h1.expect(RoundStart).round == 2 and h2.expect(RoundStart).round == 2
@@ -93,15 +102,16 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
     h2.send(Withdraw(round=2, reason="test over"))
     report = server.finish()
     intruder.close()
-    assert report["rejected_messages"] == 12
+    assert report["rejected_messages"] == 14
     assert [r["status"] for r in report["rounds"]] == ["released", "aborted"]
     assert "fewer than the quorum" in report["finish_reason"]
     log = server.log.read_text()
     for reason in ("not a msgpack", "already joined", "exceeds the limit", "round 2 during round 1",
-                   "upload ciphertext 0 must be", "sealed keys are for", "unenrolled CurveZMQ key", "expected fields"):  # fmt: skip
+                   "upload ciphertext 0 must be", "sealed keys are for", "unenrolled CurveZMQ key", "expected fields",
+                   "second endorsement", "hospital-2's endorsement is not its signature"):  # fmt: skip
         assert reason in log, reason
-    # The replay lands during the round (a second update) or after it closed (not a release).
-    assert "second update" in log or "expected the release of round 1" in log
+    # The replay lands during the round (a second update) or after it closed (not an endorsement).
+    assert "second update" in log or "expected an endorsement of the aggregate of round 1" in log
     assert "not 134 finite float32 values" in log
     assert "Traceback" not in log
 
@@ -129,9 +139,12 @@ def test_a_vanished_hospital_is_dropped_and_a_round_below_quorum_is_never_decryp
     aggregate = h1.expect(Aggregate, timeout=30)
     assert aggregate.contributors == ("hospital-1", "hospital-2")
     total = h1.secret.decrypt_sum(aggregate.chunks, round_number=1, contributors=aggregate.contributors)
+    h1.endorse(aggregate)
+    h2.endorse(h2.expect(Aggregate))
+    h1.expect(Endorsements)
+    h2.expect(Endorsements)
     mean = (total / 2).astype("<f4").tobytes()
     h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
-    h2.expect(Aggregate)
     h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=b""))
 
     assert h1.expect(RoundStart).round == 2 and h2.expect(RoundStart).round == 2

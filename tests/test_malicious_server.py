@@ -1,0 +1,118 @@
+"""A dishonest server, scripted message by message, against real hospital processes.
+
+Whatever the server sends, a hospital uses and releases only the sum of one fresh contribution from
+each listed contributor, endorsed by all of them, and its ledger never counts less than it
+released.
+"""
+
+import pytest
+
+from crypto.bfv import aggregate_bytes
+from protocol.messages import Aggregate, Endorsement, Endorsements, Finish, Released, RoundStart
+from scripted import ScriptedServer
+
+pytestmark = pytest.mark.slow
+
+H1, H2, H3 = "hospital-1", "hospital-2", "hospital-3"
+
+
+@pytest.fixture
+def server(tmp_path):
+    scripted = ScriptedServer(tmp_path, 3, quorum=2)
+    yield scripted
+    scripted.close()
+
+
+def _refusal(server: ScriptedServer, name: str) -> str:
+    stderr = server.wait_for_exit(name)
+    assert "Traceback" not in stderr
+    return stderr
+
+
+def _drain(server: ScriptedServer) -> list:
+    """What the hospitals sent after they stopped; each has exited, so it is all here."""
+    received = []
+    while (got := server.transport.receive(1.0)) is not None:
+        received.append(got)
+    return received
+
+
+def test_forged_aggregates_are_refused_before_any_release(server):
+    server.set_up()
+    uploads = server.start_round(1)
+    everyone = (H1, H2, H3)
+    size = aggregate_bytes(server.public.params)
+    forgeries = {
+        H1: server.add(uploads[H2], uploads[H2], uploads[H2]),  # 3 Enc(x2): hospital-2's update alone
+        H2: [b"\x00" * size] * len(uploads[H1]),  # transparent: decrypts to anything under any key
+        H3: server.add(uploads[H1], uploads[H3]),  # hospital-2 listed but left out
+    }
+    for name, chunks in forgeries.items():
+        server.send(name, Aggregate(round=1, contributors=everyone, chunks=tuple(chunks)))
+    for name in everyone:
+        assert "refusing the server's sum" in _refusal(server, name)
+    assert _drain(server) == []  # no endorsement, no release
+    for name in everyone:
+        assert server.ledger_epsilon(name) > 0  # the upload was charged before it left
+
+
+def test_a_server_cannot_release_one_update_in_two_sums(server):
+    """Equivocation: sum {1, 2} to hospitals 1 and 2, sum {2, 3} to hospital 3, in the same round."""
+    server.set_up()
+    uploads = server.start_round(1)
+    first = Aggregate(round=1, contributors=(H1, H2), chunks=tuple(server.add(uploads[H1], uploads[H2])))
+    second = Aggregate(round=1, contributors=(H2, H3), chunks=tuple(server.add(uploads[H2], uploads[H3])))
+    for name, aggregate in ((H1, first), (H2, first), (H3, second)):
+        server.send(name, aggregate)
+    endorsements = server.receive_from_each(Endorsement, (H1, H2, H3))
+    server.send(H2, second)  # hospital-2 has endorsed an aggregate of round 1: it endorses no other
+    server.send(
+        H3, Endorsements(round=1, signatures={H2: endorsements[H2].signature, H3: endorsements[H3].signature})
+    )
+    assert "hospital-2's endorsement is not its signature" in _refusal(server, H3)
+
+    honest = Endorsements(round=1, signatures={H1: endorsements[H1].signature, H2: endorsements[H2].signature})
+    server.send(H1, honest)
+    server.send(H2, honest)
+    releases = server.receive_from_each(Released, (H1, H2))
+    assert releases[H1].mean_gradient and releases[H1].digest == releases[H2].digest
+    server.send(H1, Finish(reason="test over"))
+    server.send(H2, Finish(reason="test over"))
+    assert server.processes[H1].wait(timeout=60) == 0 and server.processes[H2].wait(timeout=60) == 0
+    assert _drain(server) == []  # hospital-2 never endorsed the second sum
+    assert "a hospital endorses one per round" in server.logs[H2].read_text()
+
+
+def test_a_replayed_round_and_a_reused_run_id_are_refused(tmp_path):
+    server = ScriptedServer(tmp_path, 3, quorum=3)
+    try:
+        server.set_up()
+        uploads = server.start_round(1)
+        aggregate = Aggregate(round=1, contributors=(H1, H2, H3), chunks=tuple(server.add(*uploads.values())))
+        for name in (H1, H2, H3):
+            server.send(name, aggregate)
+        endorsements = server.receive_from_each(Endorsement, (H1, H2, H3))
+        signatures = {name: message.signature for name, message in endorsements.items()}
+        for name in (H1, H2, H3):
+            server.send(name, Endorsements(round=1, signatures=signatures))
+        server.receive_from_each(Released, (H1, H2, H3))
+        for name in (H1, H2, H3):
+            server.send(name, RoundStart(round=1))
+        for name in (H1, H2, H3):
+            assert "started round 1 again" in _refusal(server, name)
+        assert _drain(server) == []  # no second upload for round 1
+        spent = {name: server.ledger_epsilon(name) for name in (H1, H2, H3)}
+        assert all(epsilon > 0 for epsilon in spent.values())
+        run_id = server.config.run_id
+    finally:
+        server.close()
+
+    again = ScriptedServer(tmp_path, 3, quorum=3, run_id=run_id)
+    try:
+        again.join()
+        for name in (H1, H2, H3):
+            assert f"run {run_id} is already in this privacy ledger" in _refusal(again, name)
+        assert _drain(again) == []
+        assert {name: again.ledger_epsilon(name) for name in (H1, H2, H3)} == spent
+    finally:
+        again.close()
