@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -65,6 +66,8 @@ from training.models import accuracy, build_model, get_flat_parameters
 __all__ = ["Server", "Timeouts"]
 
 log = logging.getLogger("consilium.server")
+
+_LOGGED_REJECTIONS_PER_PARTY = 20
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -121,6 +124,7 @@ class Server:
         self._active: list[str] = []
         self._rounds: list[_RoundRecord] = []
         self._rejections = 0
+        self._rejections_by_party: dict[str, int] = defaultdict(int)
         self._departures: dict[str, str] = {}
         self._phase_seconds: dict[str, float] = {}
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
@@ -408,13 +412,19 @@ class Server:
             try:
                 return sender, decode(payload, accept=TO_SERVER, max_bytes=self._limit)
             except MessageError as error:
-                self._rejections += 1
-                log.warning("rejected a message from %s: %s", sender, error)
+                self._reject(sender, None, str(error))
         return None
 
-    def _reject(self, sender: str, message: Message, reason: str) -> None:
+    def _reject(self, sender: str, message: Message | None, reason: str) -> None:
+        """Count a rejection; log each of a party's first few, then every thousandth, so no flood fills the log."""
         self._rejections += 1
-        log.warning("rejected %s from %s: %s", message.TYPE, sender, reason)
+        self._rejections_by_party[sender] += 1
+        count = self._rejections_by_party[sender]
+        if count <= _LOGGED_REJECTIONS_PER_PARTY or count % 1000 == 0:
+            what = message.TYPE if message else "a message"
+            log.warning("rejected %s from %s: %s (rejection %d from %s)", what, sender, reason, count, sender)
+        if count == _LOGGED_REJECTIONS_PER_PARTY:
+            log.warning("further rejections from %s are logged once every 1000", sender)
 
     def _drop(self, name: str, reason: str, *, notify: bool = True) -> None:
         if name in self._active:
@@ -449,6 +459,7 @@ class Server:
             },
             "phase_seconds": self._phase_seconds,
             "rejected_messages": self._rejections,
+            "dropped_messages_over_rate": dict(self._transport.dropped),
             "departures": self._departures,
             "bytes_received": dict(self._transport.bytes_received),
             "bytes_sent": dict(self._transport.bytes_sent),

@@ -9,11 +9,18 @@ the sender of a message by the key that authenticated it, never by anything the 
 Messages are single frames. ``max_message_bytes`` is enforced twice: the application checks it with
 a logged rejection (``protocol.messages.decode``), and ZeroMQ's MAXMSGSIZE, at four times that,
 drops a connection that sends something absurd before it is buffered.
+
+No party can flood the server: ZeroMQ queues at most ``_RECEIVE_QUEUE_MESSAGES`` messages per
+connection (then it stops reading from that connection, so a flood backs up at its sender), and
+each party's messages pass a token bucket of ``max_messages_per_second`` (bursts of as many);
+what exceeds it is dropped unread, counted per party, and logged at most once a second per party.
+An honest hospital sends a few messages a round.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 
 import zmq
@@ -29,6 +36,8 @@ log = logging.getLogger("consilium.transport")
 _HARD_LIMIT_FACTOR = 4
 _SEND_TIMEOUT_MS = 10_000
 _CLIENT_LINGER_MS = 2_000  # let a hospital's last message leave before it exits
+_RECEIVE_QUEUE_MESSAGES = 64
+DEFAULT_MAX_MESSAGES_PER_SECOND = 50.0
 
 
 class TransportError(RuntimeError):
@@ -36,7 +45,14 @@ class TransportError(RuntimeError):
 
 
 class ServerTransport:
-    def __init__(self, bind: str, keys: CurveKeyPair, enrolled: dict[bytes, str], max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        bind: str,
+        keys: CurveKeyPair,
+        enrolled: dict[bytes, str],
+        max_message_bytes: int,
+        max_messages_per_second: float = DEFAULT_MAX_MESSAGES_PER_SECOND,
+    ) -> None:
         self._context = zmq.Context()
         self._authenticator = _RosterAuthenticator(self._context, enrolled)
         self._authenticator.start()
@@ -46,6 +62,7 @@ class ServerTransport:
         self._socket.curve_publickey = keys.public
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._socket.setsockopt(zmq.MAXMSGSIZE, _HARD_LIMIT_FACTOR * max_message_bytes)
+        self._socket.setsockopt(zmq.RCVHWM, _RECEIVE_QUEUE_MESSAGES)
         self._socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
         self._socket.setsockopt(zmq.LINGER, 0)
         try:
@@ -54,22 +71,38 @@ class ServerTransport:
             self.close()
             raise TransportError(f"cannot listen on {bind}: {error}") from None
         self._routes: dict[str, bytes] = {}
+        self._rate = _TokenBuckets(max_messages_per_second)
+        self._last_drop_warning: dict[str, float] = {}
         self.bytes_received: dict[str, int] = defaultdict(int)
         self.bytes_sent: dict[str, int] = defaultdict(int)
+        self.dropped: dict[str, int] = defaultdict(int)  # messages over a party's rate, never read
 
     def receive(self, timeout_s: float) -> tuple[str, bytes] | None:
-        """The next ``(party, payload)``, or None once ``timeout_s`` passes without one."""
-        if not self._socket.poll(max(0, int(timeout_s * 1000))):
-            return None
-        frames = self._socket.recv_multipart(copy=False)
-        party = frames[-1].get("User-Id")
-        if len(frames) != 2 or not party:
-            log.warning("dropped a message of %d frames without an authenticated sender", len(frames))
-            return None
-        self._routes[party] = frames[0].bytes
-        payload = frames[1].bytes
-        self.bytes_received[party] += len(payload)
-        return party, payload
+        """The next ``(party, payload)`` within a party's rate, or None once ``timeout_s`` passes without one."""
+        deadline = time.monotonic() + timeout_s
+        while self._socket.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            frames = self._socket.recv_multipart(copy=False)
+            party = frames[-1].get("User-Id")
+            if len(frames) != 2 or not party:
+                log.warning("dropped a message of %d frames without an authenticated sender", len(frames))
+                continue
+            self._routes[party] = frames[0].bytes
+            if not self._rate.take(party):
+                self._note_dropped(party)
+                continue
+            payload = frames[1].bytes
+            self.bytes_received[party] += len(payload)
+            return party, payload
+        return None
+
+    def _note_dropped(self, party: str) -> None:
+        self.dropped[party] += 1
+        now = time.monotonic()
+        if now - self._last_drop_warning.get(party, -1.0) >= 1.0:
+            self._last_drop_warning[party] = now
+            log.warning(
+                "dropping messages from %s beyond %g a second (%d so far)", party, self._rate.rate, self.dropped[party]
+            )
 
     def send(self, party: str, payload: bytes) -> bool:
         """Send to a party that has connected; False (logged) if it cannot be reached."""
@@ -126,6 +159,22 @@ class ClientTransport:
     def close(self) -> None:
         self._socket.close()
         self._context.term()
+
+
+class _TokenBuckets:
+    """Per party: ``rate`` tokens a second, up to ``rate`` in store; a message takes one."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._tokens: dict[str, float] = {}
+        self._updated: dict[str, float] = {}
+
+    def take(self, party: str) -> bool:
+        now = time.monotonic()
+        tokens = min(self.rate, self._tokens.get(party, self.rate) + (now - self._updated.get(party, now)) * self.rate)
+        self._updated[party] = now
+        self._tokens[party] = tokens - 1 if tokens >= 1 else tokens
+        return tokens >= 1
 
 
 class _RosterAuthenticator(ThreadAuthenticator):

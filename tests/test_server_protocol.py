@@ -175,3 +175,32 @@ def test_a_run_stopped_by_an_unexpected_error_says_so(server):
     assert reason.startswith("stopped by an unexpected KeyboardInterrupt")
     assert h1.expect(Finish).reason == reason
     h1.close()
+
+
+@pytest.mark.parametrize("server", [(2, "--rounds", "1", "--quorum", "1", "--join-timeout", "5")], indirect=True)
+def test_a_flood_is_dropped_over_the_rate_and_logged_boundedly(server):
+    """5,000 junk messages from hospital-2: most dropped unread, a few log lines, and hospital-1's round is exact."""
+    h1, h2 = ScriptedHospital(server, "hospital-1"), ScriptedHospital(server, "hospital-2")
+    for _ in range(5000):
+        h2.send_raw(b"\xc1")
+    server.wait_for_log("dropping messages from hospital-2")
+    h1.send(Hello())
+    config = h1.welcome()  # once the join times out without hospital-2
+    assert config.hospitals == ("hospital-1",)
+    h1.send(h1.key_setup())
+    assert h1.expect(RoundStart).round == 1
+    x1 = h1.random_update(1)
+    h1.send(Update(round=1, chunks=tuple(h1.secret.encrypt_update(x1, round_number=1, hospital="hospital-1"))))
+    aggregate = h1.expect(Aggregate)
+    assert np.array_equal(h1.secret.decrypt_sum(aggregate.chunks, round_number=1, contributors=["hospital-1"]), x1)
+    h1.endorse(aggregate)
+    h1.expect(Endorsements)
+    mean = x1.astype("<f4").tobytes()
+    h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
+    report = server.finish()
+    dropped = report["dropped_messages_over_rate"]["hospital-2"]
+    assert dropped > 2500 and report["rejected_messages"] + dropped == 5000
+    lines = [line for line in server.log.read_text().splitlines() if "hospital-2" in line]
+    assert len(lines) < 40, len(lines)
+    for hospital in (h1, h2):
+        hospital.close()
