@@ -57,7 +57,7 @@ from protocol.messages import (
 )
 from protocol.roster import Credentials, Roster
 from protocol.transcript import Transcript
-from protocol.transport import ServerTransport
+from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
 from training.accounting import ACCOUNTANT, LEDGER_FILE, PrivacyLedger, release_of
 from training.datasets import Split
 from training.dopamine import MomentumUpdate
@@ -100,6 +100,7 @@ class Server:
         timeouts: Timeouts = Timeouts(),
         transcript: Path | None = None,
         transcript_payloads: bool = False,
+        max_messages_per_second: float = DEFAULT_MAX_MESSAGES_PER_SECOND,
         on_round: Callable[[dict], None] | None = None,
     ) -> None:
         roster.check_credentials(credentials)
@@ -128,7 +129,9 @@ class Server:
         self._departures: dict[str, str] = {}
         self._phase_seconds: dict[str, float] = {}
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
-        self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, self._limit)
+        self._transport = ServerTransport(
+            roster.server_address, credentials.curve, enrolled, self._limit, max_messages_per_second
+        )
         self._transcript = (
             Transcript(transcript, payloads=transcript_payloads, max_payload_bytes=self._limit) if transcript else None
         )

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from protocol.config import ConfigError, RunConfig
+from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
 from protocol.roster import SERVER, Credentials, Roster
 from protocol.server import Server, Timeouts
 from scripts._cli import add_run_arguments, configure_logging, positive_float, run
@@ -41,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--join-timeout", type=positive_float, default=60.0, help="seconds to wait for hospitals to join")
     parser.add_argument("--round-timeout", type=positive_float, default=60.0, help="seconds a round waits for updates")
+    parser.add_argument(
+        "--max-messages-per-second",
+        type=positive_float,
+        default=DEFAULT_MAX_MESSAGES_PER_SECOND,
+        help=f"drop what a party sends beyond this rate (default: {DEFAULT_MAX_MESSAGES_PER_SECOND:g}; "
+        "an honest hospital sends a few messages a round)",
+    )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
     return parser
 
@@ -108,6 +116,7 @@ def serve(args: argparse.Namespace) -> None:
         timeouts=timeouts,
         transcript=args.transcript,
         transcript_payloads=args.transcript_payloads,
+        max_messages_per_second=args.max_messages_per_second,
         on_round=print_round,
     )
     report = server.run()
