@@ -66,6 +66,7 @@ from protocol.messages import (
     encode,
     release_digest,
 )
+from protocol.rejections import RejectionLog
 from protocol.roster import Credentials, Roster
 from protocol.transport import ClientTransport
 from training.accounting import LEDGER_FILE, PrivacyLedger, Release, release_of
@@ -143,6 +144,7 @@ class Hospital:
         self._limit = _HELLO_LIMIT_BYTES
         self._ledger: PrivacyLedger | None = None
         self._rounds: list[dict] = []
+        self._rejections = RejectionLog(log)
         self._transport = ClientTransport(
             roster.server_address, roster.server.curve_public, credentials.curve, _HELLO_LIMIT_BYTES
         )
@@ -258,16 +260,16 @@ class Hospital:
                     config, secret, step, least_noise, message.round, send_at=received + self._send_offset_s
                 )
             elif pending is None or message.round != pending.round:
-                log.warning("ignored %s for round %d: no update of ours is pending for it", message.TYPE, message.round)
+                self._rejections.reject("the server", message.TYPE, f"no update of ours is pending for round {message.round}")
             elif isinstance(message, RoundAbort):
                 log.warning("round %d aborted by the server: %s", message.round, message.reason)
                 pending = None
             elif isinstance(message, Aggregate) and pending.endorsed is not None:
-                log.warning("ignored a second aggregate for round %d: a hospital endorses one per round", message.round)
+                self._rejections.reject("the server", message.TYPE, "a second aggregate: a hospital endorses one per round")
             elif isinstance(message, Aggregate):
                 self._endorse(config, secret, step, message, pending)
             elif pending.endorsed is None:
-                log.warning("ignored endorsements for round %d, whose aggregate has not arrived", message.round)
+                self._rejections.reject("the server", message.TYPE, "endorsements before the round's aggregate")
             else:
                 self._release(momentum, message, pending)
                 pending = None
@@ -386,13 +388,13 @@ class Hospital:
             try:
                 message = decode(payload, accept=TO_HOSPITAL, max_bytes=self._limit)
             except MessageError as error:
-                log.warning("rejected a message from the server: %s", error)
+                self._rejections.reject("the server", "a message", str(error))
                 continue
             if isinstance(message, Finish) and Finish not in types:
                 raise ProtocolError(f"the server ended the run: {message.reason}")
             if isinstance(message, types):
                 return message
-            log.warning("ignored an unexpected %s from the server", message.TYPE)
+            self._rejections.reject("the server", message.TYPE, "not expected now")
         raise ProtocolError(f"no {' or '.join(t.TYPE for t in types)} from the server within {self._timeout_s:g} s")
 
     def _send(self, message: Message) -> None:
@@ -402,5 +404,11 @@ class Hospital:
         if config is None:
             return
         self._state_dir.mkdir(parents=True, exist_ok=True)
-        metrics = {"hospital": self._name, "run_id": config.run_id, "finish_reason": finish_reason, "rounds": self._rounds}
+        metrics = {
+            "hospital": self._name,
+            "run_id": config.run_id,
+            "finish_reason": finish_reason,
+            "rejected_messages": self._rejections.total,
+            "rounds": self._rounds,
+        }
         (self._state_dir / f"metrics-{config.run_id}.json").write_text(json.dumps(metrics, indent=1))

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import logging
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -55,6 +54,7 @@ from protocol.messages import (
     encode,
     release_digest,
 )
+from protocol.rejections import RejectionLog
 from protocol.roster import Credentials, Roster
 from protocol.transcript import Transcript
 from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
@@ -66,8 +66,6 @@ from training.models import accuracy, build_model, get_flat_parameters
 __all__ = ["Server", "Timeouts"]
 
 log = logging.getLogger("consilium.server")
-
-_LOGGED_REJECTIONS_PER_PARTY = 20
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -124,8 +122,7 @@ class Server:
         self._public: PublicContext | None = None
         self._active: list[str] = []
         self._rounds: list[_RoundRecord] = []
-        self._rejections = 0
-        self._rejections_by_party: dict[str, int] = defaultdict(int)
+        self._rejections = RejectionLog(log)
         self._departures: dict[str, str] = {}
         self._phase_seconds: dict[str, float] = {}
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
@@ -419,15 +416,7 @@ class Server:
         return None
 
     def _reject(self, sender: str, message: Message | None, reason: str) -> None:
-        """Count a rejection; log each of a party's first few, then every thousandth, so no flood fills the log."""
-        self._rejections += 1
-        self._rejections_by_party[sender] += 1
-        count = self._rejections_by_party[sender]
-        if count <= _LOGGED_REJECTIONS_PER_PARTY or count % 1000 == 0:
-            what = message.TYPE if message else "a message"
-            log.warning("rejected %s from %s: %s (rejection %d from %s)", what, sender, reason, count, sender)
-        if count == _LOGGED_REJECTIONS_PER_PARTY:
-            log.warning("further rejections from %s are logged once every 1000", sender)
+        self._rejections.reject(sender, message.TYPE if message else "a message", reason)
 
     def _drop(self, name: str, reason: str, *, notify: bool = True) -> None:
         if name in self._active:
@@ -461,7 +450,7 @@ class Server:
                 "accountant": ACCOUNTANT,
             },
             "phase_seconds": self._phase_seconds,
-            "rejected_messages": self._rejections,
+            "rejected_messages": self._rejections.total,
             "dropped_messages_over_rate": dict(self._transport.dropped),
             "departures": self._departures,
             "bytes_received": dict(self._transport.bytes_received),

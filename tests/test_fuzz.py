@@ -1,0 +1,20 @@
+"""A small sample of the fuzzer (scripts/fuzz.py) against a real server, a real hospital and the decryptor."""
+
+import json
+
+import pytest
+
+from conftest import run_launcher
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_fuzz_sample_finds_no_crash_traceback_or_state_change(tmp_path):
+    result = run_launcher("fuzz", "--messages", "1500", "--seed", "1", "--out", tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "fuzz.json").read_text())
+    assert report["clean"] and report["messages_sent"] >= 1400
+    for name, target in report["targets"].items():
+        assert target["rejected"] + target["accepted_unchanged"] == target["sent"] > 0, name
+        assert target["crashes"] == target["tracebacks"] == target["state_changes"] == 0, name
+    assert len(report["targets"]["server"]["by_family"]) == 5  # every family reached the server
