@@ -9,7 +9,7 @@ the server solves for every single update).
 
 **The rule.** Every contributor ``k`` in ``S`` signs, with its Ed25519 identity key, ::
 
-    statement = SHA-256(label | run id | round | S in order | SHA-256 of each aggregate chunk)
+    statement = SHA-256(label | run | round | S in order | SHA-256 of each aggregate chunk)
 
 and signs at most one statement per round. A hospital decrypts and releases only once it holds a
 valid signature of every member of ``S`` on the statement of the aggregate it holds.
@@ -18,8 +18,11 @@ valid signature of every member of ``S`` on the statement of the aggregate it ho
 is in that sum's ``S`` (otherwise the check slots fail), and then ``j`` signed that ``S`` and those
 exact ciphertexts. ``j`` signs one statement per round, so every decryption that contains ``j``'s
 update is of one and the same aggregate: its update is released at most once, as its ledger
-assumes. The run id and the round are in the statement, and a hospital's ledger refuses a run id it
-has seen before, so no signature carries over to another run or round.
+assumes. ``run`` names the run and digests every setting each signer was given
+(``protocol.config.RunConfig.fingerprint``): all signers of a statement took part under the same
+noise and quorum, so the sum carries the noise each of them charged. The round is in the statement,
+and a hospital's ledger refuses a run id it has seen before, so no signature carries over to another
+run or round.
 """
 
 from __future__ import annotations
@@ -40,10 +43,10 @@ class EndorsementError(ValueError):
     """Endorsements that do not show every contributor vouching for this aggregate."""
 
 
-def aggregate_statement(*, run_id: str, round_number: int, contributors: Sequence[str], chunks: Sequence[bytes]) -> bytes:
+def aggregate_statement(*, run: str, round_number: int, contributors: Sequence[str], chunks: Sequence[bytes]) -> bytes:
     """The 32 bytes a contributor signs for one aggregate: unambiguous, as every part is length-prefixed."""
     statement = hashlib.sha256()
-    parts = [_LABEL, run_id.encode(), b"%d" % round_number, b"%d" % len(contributors)]
+    parts = [_LABEL, run.encode(), b"%d" % round_number, b"%d" % len(contributors)]
     parts += [name.encode() for name in contributors]
     parts += [b"%d" % len(chunks)] + [hashlib.sha256(chunk).digest() for chunk in chunks]
     for part in parts:

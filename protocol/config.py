@@ -9,6 +9,8 @@ it on its own ledger.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -79,6 +81,16 @@ class RunConfig:
         # A sealed secret key: N coefficients of 8 bytes for each prime of the key level.
         sealed_keys = len(self.hospitals) * (len(params.coeff_mod_bit_sizes) * params.poly_modulus_degree * 8 + _SEALED_KEY_SLACK_BYTES)
         return max(ciphertexts, sealed_keys, 4 * params.vector_length) + _MESSAGE_SLACK_BYTES
+
+    def fingerprint(self, initial_parameters: bytes) -> str:
+        """What a hospital took part in: the run id and a digest of every setting and the initial model.
+
+        Key contexts and endorsements are bound to it, so a server that gives hospitals different
+        settings (say, less noise to some) gets no key through and no sum endorsed.
+        """
+        settings = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        digest = hashlib.sha256(b"consilium run v1|%d|" % len(settings) + settings + initial_parameters).hexdigest()
+        return f"{self.run_id}:{digest}"
 
     def to_dict(self) -> dict:
         return {

@@ -110,14 +110,14 @@ class _Contribution:
     mean: np.ndarray | None = None
 
 
-def sealed_key_context(run_id: str, recipient: str) -> bytes:
-    """What a sealed BFV secret context is bound to: this run, this recipient."""
-    return f"consilium/bfv-secret-context/v1|{run_id}|{recipient}".encode()
+def sealed_key_context(run: str, recipient: str) -> bytes:
+    """What a sealed BFV secret context is bound to: this run (``RunConfig.fingerprint``), this recipient."""
+    return f"consilium/bfv-secret-context/v2|{run}|{recipient}".encode()
 
 
-def run_key_context(run_id: str, owner: str) -> bytes:
-    """What a hospital's per-run box key is certified for: this run, this hospital."""
-    return f"consilium/run-box-key/v1|{run_id}|{owner}".encode()
+def run_key_context(run: str, owner: str) -> bytes:
+    """What a hospital's per-run box key is certified for: this run (``RunConfig.fingerprint``), this hospital."""
+    return f"consilium/run-box-key/v2|{run}|{owner}".encode()
 
 
 class Hospital:
@@ -143,6 +143,7 @@ class Hospital:
         self._send_offset_s = send_offset_s
         self._limit = _HELLO_LIMIT_BYTES
         self._ledger: PrivacyLedger | None = None
+        self._run = ""  # RunConfig.fingerprint, once welcomed
         self._rounds: list[dict] = []
         self._rejections = RejectionLog(log)
         self._transport = ClientTransport(
@@ -174,6 +175,7 @@ class Hospital:
             if initial.size != params.vector_length or not np.all(np.isfinite(initial)):
                 raise ProtocolError(f"the initial parameters are not {params.vector_length} finite float32 values")
             set_flat_parameters(model, initial)
+            self._run = config.fingerprint(welcome.initial_parameters)
             secret = self._key_ceremony(config, params)
             step = NoisyGradientStep(model, self._data.x, self._data.y, config.dopamine)
             momentum = MomentumUpdate(model, config.dopamine)
@@ -194,7 +196,7 @@ class Hospital:
                     secret_bytes,
                     recipient=run_key,
                     sender=self._credentials.identity.signing,
-                    context=sealed_key_context(config.run_id, name),
+                    context=sealed_key_context(self._run, name),
                 )
                 for name, run_key in recipients.items()
             }
@@ -204,13 +206,13 @@ class Hospital:
         # no later leak of this hospital's long-term keys opens the box in anyone's records.
         run_key = X25519PrivateKey.generate()
         certified = certify_key(
-            run_key.public_key(), signer=self._credentials.identity.signing, context=run_key_context(config.run_id, self._name)
+            run_key.public_key(), signer=self._credentials.identity.signing, context=run_key_context(self._run, self._name)
         )
         self._send(RunKey(certified_key=certified))
         box = self._expect(SealedKey).box
         try:
             secret_bytes = open_box(
-                box, recipient=run_key, sender=holder.identity.signing, context=sealed_key_context(config.run_id, self._name)
+                box, recipient=run_key, sender=holder.identity.signing, context=sealed_key_context(self._run, self._name)
             )
             secret = SecretContext.from_bytes(secret_bytes, params, run_id=config.run_id)
         except (SealedBoxError, BfvError) as error:
@@ -229,7 +231,7 @@ class Hospital:
         for name, certified in run_keys.items():
             try:
                 keys[name] = verify_certified_key(
-                    certified, signer=self._roster.party(name).identity.signing, context=run_key_context(config.run_id, name)
+                    certified, signer=self._roster.party(name).identity.signing, context=run_key_context(self._run, name)
                 )
             except SealedBoxError as error:
                 raise ProtocolError(f"the run key the server relays for {name} is not {name}'s: {error}") from None
@@ -347,7 +349,7 @@ class Hospital:
         pending.seconds["decrypt"] = time.perf_counter() - started
         pending.endorsed = message
         pending.statement = aggregate_statement(
-            run_id=config.run_id, round_number=message.round, contributors=message.contributors, chunks=message.chunks
+            run=self._run, round_number=message.round, contributors=message.contributors, chunks=message.chunks
         )
         self._send(Endorsement(round=message.round, signature=endorse(pending.statement, self._credentials.identity.signing)))
 

@@ -120,6 +120,7 @@ class Server:
         self._ledger = PrivacyLedger(ledger_path)
         self._ledger.begin_run(config.run_id)
         self._public: PublicContext | None = None
+        self._run = ""  # RunConfig.fingerprint of what every hospital was welcomed with
         self._active: list[str] = []
         self._rounds: list[_RoundRecord] = []
         self._rejections = RejectionLog(log)
@@ -194,6 +195,7 @@ class Server:
         self._config = dataclasses.replace(self._config, hospitals=tuple(h for h in self._config.hospitals if h in joined))
         self._params = self._config.bfv_parameters()
         self._public = PublicContext(self._params)
+        self._run = self._config.fingerprint(self._initial_parameters.tobytes())
         welcome = Welcome(config=self._config.to_dict(), initial_parameters=self._initial_parameters.tobytes())
         for name in self._active:
             self._send(name, welcome)
@@ -332,7 +334,7 @@ class Server:
         """Each contributor's signature on the aggregate (crypto.endorsement), checked as it arrives."""
         contributors = set(aggregate.contributors)
         statement = aggregate_statement(
-            run_id=self._config.run_id, round_number=aggregate.round, contributors=aggregate.contributors, chunks=aggregate.chunks
+            run=self._run, round_number=aggregate.round, contributors=aggregate.contributors, chunks=aggregate.chunks
         )
         signatures: dict[str, bytes] = {}
         deadline = time.monotonic() + self._timeouts.round_s
@@ -417,6 +419,7 @@ class Server:
 
     def _reject(self, sender: str, message: Message | None, reason: str) -> None:
         self._rejections.reject(sender, message.TYPE if message else "a message", reason)
+        self._transport.reject(sender)
 
     def _drop(self, name: str, reason: str, *, notify: bool = True) -> None:
         if name in self._active:
@@ -441,6 +444,7 @@ class Server:
             "mechanism": self._mechanism_report(),
             "parameter_count": self._params.vector_length,
             "finish_reason": finish_reason,
+            "run_fingerprint": self._run,
             "rounds": [dataclasses.asdict(r) for r in self._rounds],
             "final": {
                 "rounds_released": len(released),

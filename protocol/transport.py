@@ -7,14 +7,16 @@ handler stamps each connection with the enrolled party's name as its User-Id, so
 the sender of a message by the key that authenticated it, never by anything the message says.
 
 Messages are single frames. ``max_message_bytes`` is enforced twice: the application checks it with
-a logged rejection (``protocol.messages.decode``), and ZeroMQ's MAXMSGSIZE, at four times that,
-drops a connection that sends something absurd before it is buffered.
+a logged rejection (``protocol.messages.decode``), and ZeroMQ's MAXMSGSIZE, a little above it,
+drops a connection that sends anything larger before it is buffered.
 
-No party can flood the server: ZeroMQ queues at most ``_RECEIVE_QUEUE_MESSAGES`` messages per
-connection (then it stops reading from that connection, so a flood backs up at its sender), and
-each party's messages pass a token bucket of ``max_messages_per_second`` (bursts of as many);
-what exceeds it is dropped unread, counted per party, and logged at most once a second per party.
-An honest hospital sends a few messages a round.
+Floods are bounded: ZeroMQ queues at most ``_RECEIVE_QUEUE_MESSAGES`` messages per connection, at
+either end (then it stops reading from that connection, so a flood backs up at its sender). At the
+server every rejected message (``reject``, and any message that is not a single frame) takes a token
+from its party's bucket, which refills at ``max_messages_per_second`` (bursts of at least
+``_BURST_MESSAGES``); while a party's bucket is empty, its messages are dropped unread, counted,
+and logged at most once a second. Honest traffic is never rejected, so it never draws from the
+bucket however fast the rounds go. Not bounded yet: how many connections one enrolled key may open.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ __all__ = ["ClientTransport", "ServerTransport", "TransportError"]
 
 log = logging.getLogger("consilium.transport")
 
-_HARD_LIMIT_FACTOR = 4
+_HARD_LIMIT_SLACK_BYTES = 4096
 _SEND_TIMEOUT_MS = 10_000
 _CLIENT_LINGER_MS = 2_000  # let a hospital's last message leave before it exits
-_RECEIVE_QUEUE_MESSAGES = 64
+_RECEIVE_QUEUE_MESSAGES = 16
+_BURST_MESSAGES = 10
 DEFAULT_MAX_MESSAGES_PER_SECOND = 50.0
 
 
@@ -61,7 +64,7 @@ class ServerTransport:
         self._socket.curve_secretkey = keys.secret
         self._socket.curve_publickey = keys.public
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._socket.setsockopt(zmq.MAXMSGSIZE, _HARD_LIMIT_FACTOR * max_message_bytes)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + _HARD_LIMIT_SLACK_BYTES)
         self._socket.setsockopt(zmq.RCVHWM, _RECEIVE_QUEUE_MESSAGES)
         self._socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -75,34 +78,36 @@ class ServerTransport:
         self._last_drop_warning: dict[str, float] = {}
         self.bytes_received: dict[str, int] = defaultdict(int)
         self.bytes_sent: dict[str, int] = defaultdict(int)
-        self.dropped: dict[str, int] = defaultdict(int)  # messages over a party's rate, never read
+        self.dropped: dict[str, int] = defaultdict(int)  # while a party's bucket is empty, or not one frame: never read
 
     def receive(self, timeout_s: float) -> tuple[str, bytes] | None:
         """The next ``(party, payload)`` within a party's rate, or None once ``timeout_s`` passes without one."""
         deadline = time.monotonic() + timeout_s
-        while self._socket.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+        while (remaining := deadline - time.monotonic()) > 0 and self._socket.poll(int(remaining * 1000)):
             frames = self._socket.recv_multipart(copy=False)
-            party = frames[-1].get("User-Id")
-            if len(frames) != 2 or not party:
-                log.warning("dropped a message of %d frames without an authenticated sender", len(frames))
-                continue
-            self._routes[party] = frames[0].bytes
-            if not self._rate.take(party):
-                self._note_dropped(party)
-                continue
-            payload = frames[1].bytes
-            self.bytes_received[party] += len(payload)
-            return party, payload
+            party = frames[-1].get("User-Id") or "an unauthenticated sender"  # ZAP authenticates every connection
+            if not self._rate.has_token(party):
+                self._note_dropped(party, f"more than {self._rate.rate:g} rejected messages a second")
+            elif len(frames) != 2:
+                self.reject(party)
+                self._note_dropped(party, f"a message of {len(frames) - 1} frames, not one")
+            else:
+                self._routes[party] = frames[0].bytes
+                payload = frames[1].bytes
+                self.bytes_received[party] += len(payload)
+                return party, payload
         return None
 
-    def _note_dropped(self, party: str) -> None:
+    def reject(self, party: str) -> None:
+        """Charge ``party`` for a message the application rejected."""
+        self._rate.take(party)
+
+    def _note_dropped(self, party: str, why: str) -> None:
         self.dropped[party] += 1
         now = time.monotonic()
         if now - self._last_drop_warning.get(party, -1.0) >= 1.0:
             self._last_drop_warning[party] = now
-            log.warning(
-                "dropping messages from %s beyond %g a second (%d so far)", party, self._rate.rate, self.dropped[party]
-            )
+            log.warning("dropping messages from %s: %s (%d so far)", party, why, self.dropped[party])
 
     def send(self, party: str, payload: bytes) -> bool:
         """Send to a party that has connected; False (logged) if it cannot be reached."""
@@ -131,7 +136,8 @@ class ClientTransport:
         self._socket.curve_serverkey = server_public
         self._socket.curve_publickey = keys.public
         self._socket.curve_secretkey = keys.secret
-        self._socket.setsockopt(zmq.MAXMSGSIZE, _HARD_LIMIT_FACTOR * max_message_bytes)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + _HARD_LIMIT_SLACK_BYTES)
+        self._socket.setsockopt(zmq.RCVHWM, _RECEIVE_QUEUE_MESSAGES)
         self._socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
         self._socket.setsockopt(zmq.LINGER, _CLIENT_LINGER_MS)
         try:
@@ -162,19 +168,26 @@ class ClientTransport:
 
 
 class _TokenBuckets:
-    """Per party: ``rate`` tokens a second, up to ``rate`` in store; a message takes one."""
+    """Per party: ``rate`` tokens a second, up to ``max(rate, _BURST_MESSAGES)`` in store; a rejection takes one."""
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
+        self._capacity = max(rate, _BURST_MESSAGES)
         self._tokens: dict[str, float] = {}
         self._updated: dict[str, float] = {}
 
-    def take(self, party: str) -> bool:
+    def has_token(self, party: str) -> bool:
+        return self._refill(party) >= 1
+
+    def take(self, party: str) -> None:
+        self._tokens[party] = max(0.0, self._refill(party) - 1)
+
+    def _refill(self, party: str) -> float:
         now = time.monotonic()
-        tokens = min(self.rate, self._tokens.get(party, self.rate) + (now - self._updated.get(party, now)) * self.rate)
+        elapsed = max(0.0, now - self._updated.get(party, now))  # a clock that steps back must not cost tokens
+        self._tokens[party] = min(self._capacity, self._tokens.get(party, self._capacity) + elapsed * self.rate)
         self._updated[party] = now
-        self._tokens[party] = tokens - 1 if tokens >= 1 else tokens
-        return tokens >= 1
+        return self._tokens[party]
 
 
 class _RosterAuthenticator(ThreadAuthenticator):
@@ -183,6 +196,8 @@ class _RosterAuthenticator(ThreadAuthenticator):
     def __init__(self, context: zmq.Context, enrolled: dict[bytes, str]) -> None:
         super().__init__(context)
         self._enrolled = dict(enrolled)
+        self._refused = 0
+        self._last_warning = -1.0
 
     def start(self) -> None:
         super().start()
@@ -191,7 +206,14 @@ class _RosterAuthenticator(ThreadAuthenticator):
     def callback(self, domain: str, key: bytes) -> bool:
         if key in self._enrolled:
             return True
-        log.warning("refused a connection from an unenrolled CurveZMQ key %s", key.decode("ascii", "replace"))
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._last_warning >= 1.0:  # anyone who reaches the port can try: at most a line a second
+            self._last_warning = now
+            log.warning(
+                "refused a connection from an unenrolled CurveZMQ key %s (%d refused so far)",
+                key.decode("ascii", "replace"), self._refused,
+            )  # fmt: skip
         return False
 
     def curve_user_id(self, client_public_key: bytes) -> str:

@@ -90,7 +90,9 @@ class ScriptedHospital:
         return message
 
     def welcome(self) -> RunConfig:
-        self.config = RunConfig.from_dict(self.expect(Welcome).config)
+        welcome = self.expect(Welcome)
+        self.config = RunConfig.from_dict(welcome.config)
+        self.run = self.config.fingerprint(welcome.initial_parameters)
         return self.config
 
     def key_setup(self) -> KeySetup:
@@ -102,10 +104,10 @@ class ScriptedHospital:
             name: seal(
                 secret_bytes,
                 recipient=verify_certified_key(
-                    certified, signer=self.roster.party(name).identity.signing, context=run_key_context(self.config.run_id, name)
+                    certified, signer=self.roster.party(name).identity.signing, context=run_key_context(self.run, name)
                 ),
                 sender=self.credentials.identity.signing,
-                context=sealed_key_context(self.config.run_id, name),
+                context=sealed_key_context(self.run, name),
             )
             for name, certified in run_keys.items()
         }
@@ -114,21 +116,21 @@ class ScriptedHospital:
     def send_run_key(self) -> None:
         """As a recipient: announce a fresh box key for this run, certified by this hospital's identity."""
         self.run_key = X25519PrivateKey.generate()
-        context = run_key_context(self.config.run_id, self.name)
+        context = run_key_context(self.run, self.name)
         self.send(RunKey(certified_key=certify_key(self.run_key.public_key(), signer=self.credentials.identity.signing, context=context)))
 
     def receive_key(self) -> None:
         box = self.expect(SealedKey).box
         holder = self.roster.party(self.config.key_holder)
         secret_bytes = open_box(
-            box, recipient=self.run_key, sender=holder.identity.signing, context=sealed_key_context(self.config.run_id, self.name)
+            box, recipient=self.run_key, sender=holder.identity.signing, context=sealed_key_context(self.run, self.name)
         )
         self.secret = SecretContext.from_bytes(secret_bytes, self.config.bfv_parameters(), run_id=self.config.run_id)
         self.send(KeyReady())
 
     def endorse(self, aggregate: Aggregate) -> None:
         statement = aggregate_statement(
-            run_id=self.config.run_id, round_number=aggregate.round, contributors=aggregate.contributors, chunks=aggregate.chunks
+            run=self.run, round_number=aggregate.round, contributors=aggregate.contributors, chunks=aggregate.chunks
         )
         self.send(Endorsement(round=aggregate.round, signature=endorse(statement, self.credentials.identity.signing)))
 
@@ -175,6 +177,7 @@ class ScriptedServer:
     def join(self) -> None:
         self.receive_from_each(Hello, self.config.hospitals)
         initial = get_flat_parameters(build_model(self.config.model)).tobytes()
+        self.run = self.config.fingerprint(initial)
         for name in self.config.hospitals:
             self.send(name, Welcome(config=self.config.to_dict(), initial_parameters=initial))
 

@@ -191,6 +191,7 @@ def build_report(server: dict, hospitals: dict[str, dict], *, wall_seconds: floa
 
     return {
         "config": server["config"],
+        "run_fingerprint": server["run_fingerprint"],
         "bfv": server["bfv"],
         "mechanism": server["mechanism"],
         "final": {**server["final"], "finish_reason": server["finish_reason"]},

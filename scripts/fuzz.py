@@ -2,16 +2,20 @@
 
 Targets, each a real component:
 
-- ``server``: a consilium-server process. Two scripted hospitals run honest rounds; before each of
-  hospital-2's messages of a round (its update, its endorsement, its release) hospital-2 first sends
-  a batch of fuzz messages. Every round's sum must then decrypt to exactly the sum of the two honest
-  updates, the server must keep running with no traceback in its log, and its report must count
-  exactly as many rejected messages as were sent.
+- ``server``: a consilium-server process (its rate limit lifted, so that the messages are read,
+  not dropped). Two scripted hospitals run honest rounds; before each of hospital-2's messages of a
+  round (its update, its endorsement, its release) hospital-2 first sends a batch of fuzz messages.
+  Every round's sum must then decrypt to exactly the sum of the two honest updates, the endorsements
+  the server relays must be both hospitals' own, the server must keep running with no traceback in
+  its log, and its report must count exactly as many rejected messages as were sent.
 - ``hospital``: a consilium-hospital process, with a second one beside it, against a scripted
   server that sends hospital-1 a batch of fuzz messages while it waits for each round's aggregate.
   The round must then complete with both hospitals releasing the same digest, and hospital-1 must
-  count every message as rejected.
-- ``decrypt``: mutated aggregates into ``SecretContext.decrypt_sum`` in this process. Anything but a
+  count every message as rejected. Messages the hospital would act on (an aggregate or endorsements
+  for its pending round) end its run when hostile, so they are not fuzzed here:
+  ``tests/test_malicious_server.py`` sends those, and the ``decrypt`` target fuzzes the loader.
+- ``decrypt``: mutated aggregates into ``SecretContext.decrypt_sum`` in this process (its rejected
+  count is the fuzzer's own: this target checks for crashes and accepted forgeries). Anything but a
   ``BfvError`` is a crash (a segfault ends the run), and a mutation that decrypts to anything but
   the honest sum is a state change. A small change to a coefficient stays within BFV's decryption
   noise and decrypts to exactly the honest sum; those are counted apart.
@@ -19,12 +23,14 @@ Targets, each a real component:
 Messages come from five families: random bytes; generated maps of a random type with random
 fields; real messages with bytes flipped, cut or inserted; real messages with a field dropped,
 added or given another value; and real ciphertexts mutated (flipped coefficient or seed bytes, wrong
-lengths and counts, zeros, all ones). A fuzz message that the target would accept as valid input
+lengths and counts, zeros, all ones), plus, every round, endorsements signed by the wrong key or
+for the wrong round, which a random mutation would hardly ever produce. A fuzz message that the target would accept as valid input
 at that moment (a mutation that leaves a ciphertext valid, a Withdraw) is counted as skipped, not
 sent: the check is that everything sent is rejected and changes nothing.
 
 The fuzzer's own randomness is seeded (``--seed``) so that a failure can be replayed; it protects
-nothing.
+nothing. A target's run is clean when nothing crashed, no traceback was logged, no state changed,
+every message sent was counted as rejected, and its resident memory grew by less than 64 MiB.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ from scripts._cli import configure_logging, positive_int, run
 from scripts._scripted import ScriptedHospital, ScriptedServer, small_run_config
 
 _BATCH = 300  # fuzz messages per phase of a round
+_MAX_RSS_GROWTH_KIB = 64 * 1024  # beyond this from the first round to the largest, memory is not bounded
 _SHARES = {"server": 0.5, "hospital": 0.35, "decrypt": 0.15}
 _FIELD_NAMES = sorted({f.name for cls in TO_SERVER | TO_HOSPITAL for f in dataclasses.fields(cls)} | {"sender", "x"})
 _TYPE_NAMES = sorted(cls.TYPE for cls in TO_SERVER | TO_HOSPITAL) + ["", "Update", "update ", "\x00", "hello\n"]
@@ -115,7 +122,8 @@ class TargetResult:
 
     @property
     def clean(self) -> bool:
-        return not (self.crashes or self.tracebacks or self.state_changes) and (
+        growth = self.rss_kib.get("largest", 0) - self.rss_kib.get("first", 0)
+        return not (self.crashes or self.tracebacks or self.state_changes or growth > _MAX_RSS_GROWTH_KIB) and (
             self.rejected is not None and self.rejected + self.accepted_unchanged == self.sent
         )
 
@@ -374,11 +382,18 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
                 result.state_changes += 1
             h1.endorse(aggregate)
             statement = aggregate_statement(
-                run_id=config.run_id, round_number=round_number, contributors=aggregate.contributors, chunks=aggregate.chunks
+                run=h2.run, round_number=round_number, contributors=aggregate.contributors, chunks=aggregate.chunks
             )
             signature = endorse(statement, h2.credentials.identity.signing)
             signer = {"hospital-2": h2.roster.party("hospital-2").identity.signing}
             bases.append(encode(Endorsement(round=round_number, signature=signature)))
+            forged = [bytes(64), mutator.rng.bytes(64), endorse(statement, h1.credentials.identity.signing)]
+            forged += [endorse(aggregate_statement(run=h2.run, round_number=round_number + 1, contributors=aggregate.contributors,
+                                                   chunks=aggregate.chunks), h2.credentials.identity.signing)]  # fmt: skip
+            for forgery in forged:  # the few a random mutation would hardly ever hit
+                h2.send(Endorsement(round=round_number, signature=forgery))
+                result.sent += 1
+                result.by_family["forged_endorsement"] = result.by_family.get("forged_endorsement", 0) + 1
 
             def endorsement_accepted(message) -> bool:
                 if not (isinstance(message, Endorsement) and message.round == round_number):
@@ -391,8 +406,13 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
 
             _send_batch(h2.send_raw, mutator, result, bases, as_update, u2, endorsement_accepted, TO_SERVER, limit, quota)
             h2.endorse(aggregate)
-            h1.expect(Endorsements)
-            h2.expect(Endorsements)
+            everyone = {name: h1.roster.party(name).identity.signing for name in aggregate.contributors}
+            for hospital in (h1, h2):  # what the real hospitals check before they use the sum
+                try:
+                    check_endorsements(statement, hospital.expect(Endorsements).signatures, everyone)
+                except EndorsementError as error:
+                    result.state_changes += 1
+                    result.notes.append(f"round {round_number}: {error}")
             mean = (total / 2).astype("<f4").tobytes()
             digest = release_digest(round_number, mean)
             h1.send(Released(round=round_number, digest=digest, mean_gradient=mean))

@@ -46,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-messages-per-second",
         type=positive_float,
         default=DEFAULT_MAX_MESSAGES_PER_SECOND,
-        help=f"drop what a party sends beyond this rate (default: {DEFAULT_MAX_MESSAGES_PER_SECOND:g}; "
-        "an honest hospital sends a few messages a round)",
+        help="drop, unread, what a party sends once more of its messages than this are rejected a second "
+        f"(default: {DEFAULT_MAX_MESSAGES_PER_SECOND:g}; an honest hospital's are never rejected)",
     )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
     return parser

@@ -5,7 +5,7 @@ from crypto.endorsement import EndorsementError, aggregate_statement, check_endo
 
 KEYS = {name: Ed25519PrivateKey.generate() for name in ("hospital-1", "hospital-2", "hospital-3")}
 PUBLIC = {name: key.public_key() for name, key in KEYS.items()}
-BASE = dict(run_id="0123abcd", round_number=4, contributors=("hospital-1", "hospital-2"), chunks=(b"c0", b"c1"))
+BASE = dict(run="0123abcd:00ff", round_number=4, contributors=("hospital-1", "hospital-2"), chunks=(b"c0", b"c1"))
 
 
 def _signed(statement, names):
@@ -14,7 +14,7 @@ def _signed(statement, names):
 
 def test_a_statement_binds_the_run_the_round_the_list_and_every_byte_of_the_aggregate():
     variants = [
-        dict(run_id="0123abce"),
+        dict(run="0123abcd:00fe"),
         dict(round_number=5),
         dict(contributors=("hospital-2", "hospital-1")),
         dict(contributors=("hospital-1", "hospital-2", "hospital-3")),

@@ -96,7 +96,7 @@ def test_a_finished_runs_key_boxes_stay_shut_with_every_long_term_key(run):
     setup = next(m for m in map(_decode, _transcript(out)) if isinstance(m, KeySetup))
     federation = out / "federation"
     roster = Roster.load(federation)
-    run_id = json.loads((out / "report.json").read_text())["config"]["run_id"]
+    run = json.loads((out / "report.json").read_text())["run_fingerprint"]
     assert set(setup.sealed_keys) == {"hospital-2", "hospital-3"}
     for name, box in setup.sealed_keys.items():
         with pytest.raises(SealedBoxError):
@@ -104,7 +104,7 @@ def test_a_finished_runs_key_boxes_stay_shut_with_every_long_term_key(run):
                 box,
                 recipient=Credentials.load(federation, name).identity.box,
                 sender=roster.party("hospital-1").identity.signing,
-                context=sealed_key_context(run_id, name),
+                context=sealed_key_context(run, name),
             )
 
 

@@ -17,4 +17,5 @@ def test_a_fuzz_sample_finds_no_crash_traceback_or_state_change(tmp_path):
     for name, target in report["targets"].items():
         assert target["rejected"] + target["accepted_unchanged"] == target["sent"] > 0, name
         assert target["crashes"] == target["tracebacks"] == target["state_changes"] == 0, name
-    assert len(report["targets"]["server"]["by_family"]) == 5  # every family reached the server
+    families = {"random_bytes", "generated", "byte_mutation", "structural", "ciphertext", "forged_endorsement"}
+    assert set(report["targets"]["server"]["by_family"]) == families  # every family reached the server

@@ -5,11 +5,14 @@ each listed contributor, endorsed by all of them, and its ledger never counts le
 released.
 """
 
+import dataclasses
+
 import pytest
 
 from crypto.bfv import aggregate_bytes
-from protocol.messages import Aggregate, Endorsement, Endorsements, Finish, Released, RoundStart
+from protocol.messages import Aggregate, Endorsement, Endorsements, Finish, Hello, KeyRequest, Released, RoundStart, RunKey, Welcome
 from scripted import ScriptedServer
+from training.models import build_model, get_flat_parameters
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +30,11 @@ def _refusal(server: ScriptedServer, name: str) -> str:
     stderr = server.wait_for_exit(name)
     assert "Traceback" not in stderr
     return stderr
+
+
+def _ring(config) -> tuple:
+    params = config.bfv_parameters()
+    return params.poly_modulus_degree, params.plain_modulus, params.coeff_mod_bit_sizes
 
 
 def _drain(server: ScriptedServer) -> list:
@@ -116,3 +124,19 @@ def test_a_replayed_round_and_a_reused_run_id_are_refused(tmp_path):
         assert {name: again.ledger_epsilon(name) for name in (H1, H2, H3)} == spent
     finally:
         again.close()
+
+
+def test_hospitals_given_different_settings_get_no_key_through(server):
+    """Less noise for hospitals 2 and 3 than for hospital-1: the key holder seals no key to them."""
+    config = server.config
+    less_noise = dataclasses.replace(config, dopamine=dataclasses.replace(config.dopamine, noise_multiplier=0.3))
+    assert _ring(less_noise) == _ring(config)  # the same ciphertexts and keys: nothing else would tell them apart
+    server.receive_from_each(Hello, (H1, H2, H3))
+    initial = get_flat_parameters(build_model(config.model)).tobytes()
+    server.send(H1, Welcome(config=config.to_dict(), initial_parameters=initial))
+    for name in (H2, H3):
+        server.send(name, Welcome(config=less_noise.to_dict(), initial_parameters=initial))
+    run_keys = server.receive_from_each(RunKey, (H2, H3))
+    server.send(H1, KeyRequest(run_keys={name: message.certified_key for name, message in run_keys.items()}))
+    assert "is not hospital-" in _refusal(server, H1)
+    assert _drain(server) == []  # no key setup
