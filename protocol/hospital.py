@@ -105,7 +105,7 @@ class _Contribution:
     overran_send_offset: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
     # Set once this hospital has endorsed an aggregate of the round: it endorses no other.
-    endorsed: Aggregate | None = None
+    endorsed: tuple[str, ...] | None = None  # that aggregate's contributors
     statement: bytes = b""
     mean: np.ndarray | None = None
 
@@ -347,7 +347,7 @@ class Hospital:
             raise ProtocolError(f"round {message.round}: refusing the server's sum: {error}") from None
         pending.mean = mean_gradient(total, len(contributors), mechanism=step.mechanism, settings=config.dopamine)
         pending.seconds["decrypt"] = time.perf_counter() - started
-        pending.endorsed = message
+        pending.endorsed = message.contributors
         pending.statement = aggregate_statement(
             run=self._run, round_number=message.round, contributors=message.contributors, chunks=message.chunks
         )
@@ -355,7 +355,7 @@ class Hospital:
 
     def _release(self, momentum: MomentumUpdate, message: Endorsements, pending: "_Contribution") -> None:
         """Use and release the sum, once every contributor has endorsed the aggregate this hospital endorsed."""
-        contributors = pending.endorsed.contributors
+        contributors = pending.endorsed
         signers = {name: self._roster.party(name).identity.signing for name in contributors}
         try:
             check_endorsements(pending.statement, message.signatures, signers)

@@ -128,11 +128,16 @@ class ScriptedHospital:
         self.secret = SecretContext.from_bytes(secret_bytes, self.config.bfv_parameters(), run_id=self.config.run_id)
         self.send(KeyReady())
 
-    def endorse(self, aggregate: Aggregate) -> None:
-        statement = aggregate_statement(
+    def statement(self, aggregate: Aggregate) -> bytes:
+        return aggregate_statement(
             run=self.run, round_number=aggregate.round, contributors=aggregate.contributors, chunks=aggregate.chunks
         )
-        self.send(Endorsement(round=aggregate.round, signature=endorse(statement, self.credentials.identity.signing)))
+
+    def signature(self, aggregate: Aggregate) -> bytes:
+        return endorse(self.statement(aggregate), self.credentials.identity.signing)
+
+    def endorse(self, aggregate: Aggregate) -> None:
+        self.send(Endorsement(round=aggregate.round, signature=self.signature(aggregate)))
 
     def close(self) -> None:
         self.transport.close()

@@ -54,7 +54,7 @@ import numpy as np
 
 from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext
 from crypto.bfv_parameters import select_bfv_parameters
-from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements, endorse
+from crypto.endorsement import EndorsementError, check_endorsements
 from protocol.messages import (
     TO_HOSPITAL,
     TO_SERVER,
@@ -381,15 +381,11 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
             if aggregate.contributors != ("hospital-1", "hospital-2") or not np.array_equal(total, x1 + x2):
                 result.state_changes += 1
             h1.endorse(aggregate)
-            statement = aggregate_statement(
-                run=h2.run, round_number=round_number, contributors=aggregate.contributors, chunks=aggregate.chunks
-            )
-            signature = endorse(statement, h2.credentials.identity.signing)
+            statement = h2.statement(aggregate)
             signer = {"hospital-2": h2.roster.party("hospital-2").identity.signing}
-            bases.append(encode(Endorsement(round=round_number, signature=signature)))
-            forged = [bytes(64), mutator.rng.bytes(64), endorse(statement, h1.credentials.identity.signing)]
-            forged += [endorse(aggregate_statement(run=h2.run, round_number=round_number + 1, contributors=aggregate.contributors,
-                                                   chunks=aggregate.chunks), h2.credentials.identity.signing)]  # fmt: skip
+            bases.append(encode(Endorsement(round=round_number, signature=h2.signature(aggregate))))
+            next_round = dataclasses.replace(aggregate, round=round_number + 1)
+            forged = [bytes(64), mutator.rng.bytes(64), h1.signature(aggregate), h2.signature(next_round)]
             for forgery in forged:  # the few a random mutation would hardly ever hit
                 h2.send(Endorsement(round=round_number, signature=forgery))
                 result.sent += 1
