@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -133,7 +135,10 @@ def _opacus_central(data, initial) -> float:
     model = build_model(initial[0])
     set_flat_parameters(model, initial[1])
     dataset = torch.utils.data.TensorDataset(torch.as_tensor(data.train.x), torch.as_tensor(data.train.y))
-    loader = torch.utils.data.DataLoader(dataset, batch_size=int(SAMPLE_RATE * len(dataset)))
+    # Opacus samples at 1 / len(loader) and divides by that rate times the dataset size: choose the
+    # batch size so that both are Dopamine's q and B (a batch of int(q N) would sample at 1/11 here).
+    loader = torch.utils.data.DataLoader(dataset, batch_size=math.ceil(SAMPLE_RATE * len(dataset)))
+    assert len(loader) == round(1 / SAMPLE_RATE)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     model, optimizer, loader = PrivacyEngine().make_private(
         module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=SIGMA, max_grad_norm=CLIP, poisson_sampling=True
@@ -172,21 +177,27 @@ def _dopamine(data, initial, hospitals: int) -> float:
 
 @pytest.mark.slow
 def test_dopamine_reaches_the_validation_loss_of_opacus_central_dp_sgd():
-    """Same q, sigma, C, lr, momentum and steps: one hospital or three, the loss is central DP-SGD's."""
+    """Same q, sigma, C, lr, momentum and steps: one hospital or three, the loss is central DP-SGD's.
+
+    The losses are noisy (sd about 0.015 at 0.24), so the tolerance is six standard errors of the
+    difference of the means: equal means fail with probability about 1e-4 (Student's t, 10 degrees
+    of freedom). A mean gradient divided by K twice ends at loss 0.62 and fails by a wide margin.
+    """
     torch.set_num_threads(1)
     data = load_dataset("digits")
     mean, std = input_statistics(data.validation.x)
     spec = ModelSpec("mlp", data.input_shape, data.num_classes, (32,), mean, std)
     losses = {"opacus": [], 1: [], 3: []}
-    for _ in range(4):
+    for _ in range(6):
         initial = (spec, get_flat_parameters(build_model(spec)))
         losses["opacus"].append(_opacus_central(data, initial))
         for hospitals in (1, 3):
             losses[hospitals].append(_dopamine(data, initial, hospitals))
-    central = np.mean(losses["opacus"])
-    spread = max(np.std(v) for v in losses.values())
+    central = losses["opacus"]
     for hospitals in (1, 3):
-        assert abs(np.mean(losses[hospitals]) - central) < max(0.05 * central, 2 * spread), losses
+        ours = losses[hospitals]
+        standard_error = math.sqrt((np.var(central, ddof=1) + np.var(ours, ddof=1)) / len(ours))
+        assert abs(np.mean(ours) - np.mean(central)) < max(0.05 * np.mean(central), 6 * standard_error), losses
 
 
 def test_diverged_gradients_are_an_error_not_a_hang():
