@@ -15,8 +15,16 @@ part once that would take the worse of the server's and a fellow hospital's epsi
 (Dopamine, Algorithm 1, line 17). The charge is made before the update leaves, when nobody knows
 how many hospitals will contribute, and stays at a quorum's noise; with the default quorum of all
 hospitals it is exact.
-Ledger records are keyed by identifiers the ledger draws, and a run id it has seen before
-is refused, so a server cannot make releases count less by repeating a run id or a round.
+Ledger records are keyed by identifiers the ledger draws, so a server cannot make releases count
+less by repeating a run id or a round.
+
+**Joining again.** A hospital takes part in one run. If its connection to the server is made
+again (the server restarted, say), what was in flight is dropped and it says Hello again; a
+restarted hospital process does the same. It accepts a Welcome only to the run it began (the same
+fingerprint), takes the model and momentum the server has now, and takes part only in rounds after
+the last one its ledger charged, so a restart on either side never releases an update twice or
+resets epsilon. The BFV key lives in memory only: a hospital that lost it gets it sealed again by
+any hospital of the run that holds it, exactly as at the start.
 
 Its update leaves a fixed ``send_offset_s`` after RoundStart, whatever the computation took:
 local compute time grows with the Poisson batch size, which DP does not protect, and the server
@@ -33,11 +41,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+from torch import nn
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from crypto.bfv import BfvError, SecretContext
-from crypto.bfv_parameters import BfvParameters
 from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements, endorse
 from crypto.sealed_box import SealedBoxError, certify_key, open_box, seal, verify_certified_key
 from protocol.config import ConfigError, RunConfig
@@ -64,11 +72,12 @@ from protocol.messages import (
     Withdraw,
     decode,
     encode,
+    float32_values,
     release_digest,
 )
 from protocol.rejections import RejectionLog
 from protocol.roster import Credentials, Roster
-from protocol.transport import ClientTransport
+from protocol.transport import ClientTransport, Reconnected
 from training.accounting import LEDGER_FILE, PrivacyLedger, Release, release_of
 from training.datasets import Split
 from training.dopamine import MomentumUpdate, NoisyGradientStep, mean_gradient
@@ -110,6 +119,13 @@ class _Contribution:
     mean: np.ndarray | None = None
 
 
+def _float32s(payload: bytes, count: int, what: str) -> np.ndarray:
+    try:
+        return float32_values(payload, count, f"{what} from the server")
+    except MessageError as error:
+        raise ProtocolError(str(error)) from None
+
+
 def sealed_key_context(run: str, recipient: str) -> bytes:
     """What a sealed BFV secret context is bound to: this run (``RunConfig.fingerprint``), this recipient."""
     return f"consilium/bfv-secret-context/v2|{run}|{recipient}".encode()
@@ -143,7 +159,15 @@ class Hospital:
         self._send_offset_s = send_offset_s
         self._limit = _HELLO_LIMIT_BYTES
         self._ledger: PrivacyLedger | None = None
-        self._run = ""  # RunConfig.fingerprint, once welcomed
+        # Set by the first Welcome, kept across joins: a hospital takes part in one run.
+        self._config: RunConfig | None = None
+        self._run = ""  # RunConfig.fingerprint
+        self._model: nn.Module | None = None
+        self._step: NoisyGradientStep | None = None
+        self._momentum: MomentumUpdate | None = None
+        self._secret: SecretContext | None = None
+        self._last_round = 0  # the last round this hospital was charged for: it takes part only in later ones
+        self._joins = 0
         self._rounds: list[dict] = []
         self._rejections = RejectionLog(log)
         self._transport = ClientTransport(
@@ -153,78 +177,103 @@ class Hospital:
     def run(self) -> dict:
         """Take part until the server finishes the run or the budget is spent; returns the metrics."""
         finish_reason = ""
-        config = None
         try:
             self._send(Hello())
-            welcome = self._expect(Welcome)
-            try:
-                config = RunConfig.from_dict(welcome.config)
-            except ConfigError as error:
-                raise ProtocolError(f"the server's run configuration is unusable: {error}") from None
-            if self._name not in config.hospitals:
-                raise ProtocolError(f"{self._name} is not among the run's hospitals")
-            strangers = set(config.hospitals) - set(self._roster.hospitals)
-            if strangers:  # e.g. the server naming itself a hospital, to hold the key
-                raise ProtocolError(f"the run names {sorted(strangers)} as hospitals; the roster does not")
-            params = config.bfv_parameters()
-            self._limit = config.message_limit()
-            self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE)
-            self._ledger.begin_run(config.run_id)
-            model = build_model(config.model)
-            initial = np.frombuffer(welcome.initial_parameters, dtype="<f4")
-            if initial.size != params.vector_length or not np.all(np.isfinite(initial)):
-                raise ProtocolError(f"the initial parameters are not {params.vector_length} finite float32 values")
-            set_flat_parameters(model, initial)
-            self._run = config.fingerprint(welcome.initial_parameters)
-            secret = self._key_ceremony(config, params)
-            step = NoisyGradientStep(model, self._data.x, self._data.y, config.dopamine)
-            momentum = MomentumUpdate(model, config.dopamine)
-            finish_reason = self._rounds_loop(config, secret, step, momentum)
+            while not finish_reason:
+                try:
+                    self._join(self._expect(Welcome))
+                    finish_reason = self._rounds_loop()
+                except Reconnected:
+                    # The server may have restarted and forgotten us; what was in flight is lost.
+                    log.warning("%s: the connection to the server was made again; joining again", self._name)
+                    self._send(Hello())
         finally:
-            self._write_metrics(config, finish_reason)
+            self._write_metrics(finish_reason)
             self._transport.close()
         return {"finish_reason": finish_reason, "rounds": self._rounds}
 
-    def _key_ceremony(self, config: RunConfig, params: BfvParameters) -> SecretContext:
-        holder = self._roster.party(config.key_holder)
-        if self._name == config.key_holder:
-            recipients = self._certified_run_keys(config, self._expect(KeyRequest).run_keys)
-            secret = SecretContext.generate(params, run_id=config.run_id)
-            secret_bytes = secret.to_bytes()
-            sealed = {
-                name: seal(
-                    secret_bytes,
-                    recipient=run_key,
-                    sender=self._credentials.identity.signing,
-                    context=sealed_key_context(self._run, name),
-                )
-                for name, run_key in recipients.items()
-            }
-            self._send(KeySetup(sealed_keys=sealed))
-            return secret
-        # A box key for this run alone, never written anywhere: once the box is open it is gone, and
-        # no later leak of this hospital's long-term keys opens the box in anyone's records.
+    def _join(self, welcome: Welcome) -> None:
+        """Take the run's settings (the first time) and the model as it is now; then hold the run's key."""
+        try:
+            config = RunConfig.from_dict(welcome.config)
+        except ConfigError as error:
+            raise ProtocolError(f"the server's run configuration is unusable: {error}") from None
+        run = config.fingerprint(welcome.initial_parameters)
+        if self._config is None:
+            self._begin(config, run, welcome.initial_parameters)
+        elif run != self._run:
+            raise ProtocolError(f"the server welcomed {self._name} to run {run}, not to the run it takes part in ({self._run})")
+        self._joins += 1
+        set_flat_parameters(self._model, _float32s(welcome.parameters, self._step.mechanism.dimension, "the model"))
+        self._momentum.load_momentum(_float32s(welcome.momentum, self._step.mechanism.dimension, "the momentum"))
+        if self._secret is None and welcome.generate_key:
+            if self._name != config.key_holder:
+                raise ProtocolError(f"the server asks {self._name} to create the run's key; only {config.key_holder} does")
+            self._secret = SecretContext.generate(config.bfv_parameters(), run_id=config.run_id)
+        if self._secret is None:
+            self._secret = self._receive_key()
+        self._send(KeyReady())
+
+    def _begin(self, config: RunConfig, run: str, initial_parameters: bytes) -> None:
+        if self._name not in config.hospitals:
+            raise ProtocolError(f"{self._name} is not among the run's hospitals")
+        strangers = set(config.hospitals) - set(self._roster.hospitals)
+        if strangers:  # e.g. the server naming itself a hospital, to hold the key
+            raise ProtocolError(f"the run names {sorted(strangers)} as hospitals; the roster does not")
+        model = build_model(config.model)
+        set_flat_parameters(model, _float32s(initial_parameters, config.bfv_parameters().vector_length, "the initial parameters"))
+        self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE)
+        self._last_round = self._ledger.begin_run(config.run_id, run)
+        if self._last_round:
+            log.warning("%s resumes run %s after round %d, the last its ledger charged", self._name, config.run_id, self._last_round)
+        self._limit = config.message_limit()
+        self._config, self._run = config, run
+        self._step = NoisyGradientStep(model, self._data.x, self._data.y, config.dopamine)
+        self._momentum = MomentumUpdate(model, config.dopamine)
+        self._model = model
+
+    def _receive_key(self) -> SecretContext:
+        """The run's BFV key, sealed by a hospital that holds it to a box key made for this run alone."""
+        # Never written anywhere: once the box is open the key is gone, and no later leak of this
+        # hospital's long-term keys opens the box in anyone's records.
         run_key = X25519PrivateKey.generate()
         certified = certify_key(
             run_key.public_key(), signer=self._credentials.identity.signing, context=run_key_context(self._run, self._name)
         )
         self._send(RunKey(certified_key=certified))
-        box = self._expect(SealedKey).box
+        sealed = self._expect(SealedKey)
+        if sealed.sealer not in self._config.hospitals or sealed.sealer == self._name:
+            raise ProtocolError(f"the BFV key is said to be sealed by {sealed.sealer!r}, not another hospital of the run")
         try:
             secret_bytes = open_box(
-                box, recipient=run_key, sender=holder.identity.signing, context=sealed_key_context(self._run, self._name)
+                sealed.box,
+                recipient=run_key,
+                sender=self._roster.party(sealed.sealer).identity.signing,
+                context=sealed_key_context(self._run, self._name),
             )
-            secret = SecretContext.from_bytes(secret_bytes, params, run_id=config.run_id)
+            return SecretContext.from_bytes(secret_bytes, self._config.bfv_parameters(), run_id=self._config.run_id)
         except (SealedBoxError, BfvError) as error:
-            raise ProtocolError(f"the BFV key from {holder.name} is unusable: {error}") from None
+            raise ProtocolError(f"the BFV key from {sealed.sealer} is unusable: {error}") from None
         finally:
             del run_key
-        self._send(KeyReady())
-        return secret
 
-    def _certified_run_keys(self, config: RunConfig, run_keys: dict[str, bytes]) -> dict[str, X25519PublicKey]:
+    def _seal_key(self, request: KeyRequest) -> None:
+        """Seal the run's key to each hospital whose run key the server relays, once its certificate checks."""
+        secret_bytes = self._secret.to_bytes()
+        sealed = {
+            name: seal(
+                secret_bytes,
+                recipient=run_key,
+                sender=self._credentials.identity.signing,
+                context=sealed_key_context(self._run, name),
+            )
+            for name, run_key in self._certified_run_keys(request.run_keys).items()
+        }
+        self._send(KeySetup(sealed_keys=sealed))
+
+    def _certified_run_keys(self, run_keys: dict[str, bytes]) -> dict[str, X25519PublicKey]:
         """The other hospitals' run keys, each checked against its owner's identity in the roster."""
-        expected = set(config.hospitals) - {self._name}
+        expected = set(self._config.hospitals) - {self._name}
         if not set(run_keys) <= expected:
             raise ProtocolError(f"the server asks to seal the key to {sorted(set(run_keys) - expected)}, not in this run")
         keys = {}
@@ -237,30 +286,31 @@ class Hospital:
                 raise ProtocolError(f"the run key the server relays for {name} is not {name}'s: {error}") from None
         return keys
 
-    def _rounds_loop(
-        self, config: RunConfig, secret: SecretContext, step: NoisyGradientStep, momentum: MomentumUpdate
-    ) -> str:
+    def _rounds_loop(self) -> str:
         pending: _Contribution | None = None
-        last_round = 0
         while True:
-            message = self._expect(RoundStart, Aggregate, Endorsements, RoundAbort, Finish)
+            message = self._expect(RoundStart, Aggregate, Endorsements, RoundAbort, KeyRequest, Finish)
             received = time.monotonic()
             if isinstance(message, Finish):
                 return message.reason
-            if isinstance(message, RoundStart):
-                if message.round <= last_round:
-                    raise ProtocolError(f"the server started round {message.round} again after round {last_round}")
-                last_round = message.round
+            if isinstance(message, KeyRequest):
+                try:
+                    self._seal_key(message)
+                except ProtocolError as error:  # nothing sealed; the run goes on without the newcomer
+                    self._rejections.reject("the server", message.TYPE, str(error))
+            elif isinstance(message, RoundStart):
+                if message.round <= self._last_round:
+                    raise ProtocolError(f"the server started round {message.round} again after round {self._last_round}")
+                self._last_round = message.round
                 # What every update is charged: the least noise its sum can carry, a quorum's.
-                least_noise = release_of(step.mechanism, sample_rate=config.dopamine.sample_rate, contributors=config.dopamine.quorum)
+                dopamine = self._config.dopamine
+                least_noise = release_of(self._step.mechanism, sample_rate=dopamine.sample_rate, contributors=dopamine.quorum)
                 refusal = self._budget_refusal(least_noise, message.round)
                 if refusal:
                     log.warning("%s withdraws: %s", self._name, refusal)
                     self._send(Withdraw(round=message.round, reason=refusal))
                     return refusal
-                pending = self._contribute(
-                    config, secret, step, least_noise, message.round, send_at=received + self._send_offset_s
-                )
+                pending = self._contribute(least_noise, message.round, send_at=received + self._send_offset_s)
             elif pending is None or message.round != pending.round:
                 self._rejections.reject("the server", message.TYPE, f"no update of ours is pending for round {message.round}")
             elif isinstance(message, RoundAbort):
@@ -269,11 +319,11 @@ class Hospital:
             elif isinstance(message, Aggregate) and pending.endorsed is not None:
                 self._rejections.reject("the server", message.TYPE, "a second aggregate: a hospital endorses one per round")
             elif isinstance(message, Aggregate):
-                self._endorse(config, secret, step, message, pending)
+                self._endorse(message, pending)
             elif pending.endorsed is None:
                 self._rejections.reject("the server", message.TYPE, "endorsements before the round's aggregate")
             else:
-                self._release(momentum, message, pending)
+                self._release(message, pending)
                 pending = None
 
     def _budget_refusal(self, charge: Release, round_number: int) -> str:
@@ -286,18 +336,9 @@ class Hospital:
             f"to {projected:.3f} > {self._budget.epsilon:g} at delta {self._budget.delta:g}"
         )
 
-    def _contribute(
-        self,
-        config: RunConfig,
-        secret: SecretContext,
-        step: NoisyGradientStep,
-        charge: Release,
-        round_number: int,
-        *,
-        send_at: float,
-    ) -> "_Contribution":
+    def _contribute(self, charge: Release, round_number: int, *, send_at: float) -> "_Contribution":
         # Durable before the update leaves: a crash can only over-count.
-        self._ledger.record(charge, run_id=config.run_id, round_number=round_number)
+        self._ledger.record(charge, run_id=self._config.run_id, round_number=round_number)
         contribution = _Contribution(
             round=round_number,
             bytes_sent_before=self._transport.bytes_sent,
@@ -305,12 +346,12 @@ class Hospital:
         )
         started = time.perf_counter()
         try:
-            share, _ = step()
+            share, _ = self._step()
         except ValueError as error:
             raise ProtocolError(f"round {round_number}: {error}") from None
         contribution.seconds["train"] = time.perf_counter() - started
         started = time.perf_counter()
-        chunks = secret.encrypt_update(share, round_number=round_number, hospital=self._name)
+        chunks = self._secret.encrypt_update(share, round_number=round_number, hospital=self._name)
         update = encode(Update(round=round_number, chunks=tuple(chunks)))
         contribution.seconds["encrypt"] = time.perf_counter() - started
         contribution.update_bytes = len(update)
@@ -326,26 +367,24 @@ class Hospital:
         self._transport.send(update)
         return contribution
 
-    def _endorse(
-        self, config: RunConfig, secret: SecretContext, step: NoisyGradientStep, message: Aggregate, pending: "_Contribution"
-    ) -> None:
+    def _endorse(self, message: Aggregate, pending: "_Contribution") -> None:
         """Check the aggregate and decrypt it for this hospital alone; then sign it: the one endorsement of the round."""
         contributors = list(message.contributors)
         if (
             self._name not in contributors
             or len(contributors) != len(set(contributors))
-            or not set(contributors) <= set(config.hospitals)
+            or not set(contributors) <= set(self._config.hospitals)
         ):
             raise ProtocolError(f"round {message.round}: the contributor list {contributors} is inconsistent")
-        if len(contributors) < config.dopamine.quorum:
+        if len(contributors) < self._config.dopamine.quorum:
             raise ProtocolError(f"round {message.round}: {len(contributors)} contributors, fewer than the quorum")
         pending.bytes_received_aggregate = self._transport.bytes_received - pending.bytes_received_before
         started = time.perf_counter()
         try:
-            total = secret.decrypt_sum(message.chunks, round_number=message.round, contributors=contributors)
+            total = self._secret.decrypt_sum(message.chunks, round_number=message.round, contributors=contributors)
         except BfvError as error:
             raise ProtocolError(f"round {message.round}: refusing the server's sum: {error}") from None
-        pending.mean = mean_gradient(total, len(contributors), mechanism=step.mechanism, settings=config.dopamine)
+        pending.mean = mean_gradient(total, len(contributors), mechanism=self._step.mechanism, settings=self._config.dopamine)
         pending.seconds["decrypt"] = time.perf_counter() - started
         pending.endorsed = message.contributors
         pending.statement = aggregate_statement(
@@ -353,7 +392,7 @@ class Hospital:
         )
         self._send(Endorsement(round=message.round, signature=endorse(pending.statement, self._credentials.identity.signing)))
 
-    def _release(self, momentum: MomentumUpdate, message: Endorsements, pending: "_Contribution") -> None:
+    def _release(self, message: Endorsements, pending: "_Contribution") -> None:
         """Use and release the sum, once every contributor has endorsed the aggregate this hospital endorsed."""
         contributors = pending.endorsed
         signers = {name: self._roster.party(name).identity.signing for name in contributors}
@@ -361,7 +400,7 @@ class Hospital:
             check_endorsements(pending.statement, message.signatures, signers)
         except EndorsementError as error:
             raise ProtocolError(f"round {message.round}: refusing to release the sum: {error}") from None
-        momentum.apply(pending.mean)
+        self._momentum.apply(pending.mean)
         payload = pending.mean.tobytes()
         releaser = contributors[0] == self._name
         self._send(
@@ -402,7 +441,8 @@ class Hospital:
     def _send(self, message: Message) -> None:
         self._transport.send(encode(message))
 
-    def _write_metrics(self, config: RunConfig | None, finish_reason: str) -> None:
+    def _write_metrics(self, finish_reason: str) -> None:
+        config = self._config
         if config is None:
             return
         self._state_dir.mkdir(parents=True, exist_ok=True)
@@ -411,6 +451,7 @@ class Hospital:
             "run_id": config.run_id,
             "finish_reason": finish_reason,
             "rejected_messages": self._rejections.total,
+            "joins": self._joins,
             "rounds": self._rounds,
         }
         (self._state_dir / f"metrics-{config.run_id}.json").write_text(json.dumps(metrics, indent=1))

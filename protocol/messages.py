@@ -11,10 +11,11 @@ connection (``protocol.transport``).
 
 Sequence of one run (H = each hospital, KH = the key holder, the first hospital of the run)::
 
-    H  -> S  Hello                          S  -> H  Welcome(config, initial parameters)
-    H  -> S  RunKey(certified key)          (every hospital but KH: a fresh box key for this run)
-    S  -> KH KeyRequest(run keys)           KH -> S  KeySetup(public context, sealed keys)
-    S  -> H  SealedKey(box)                 H  -> S  KeyReady
+    H  -> S  Hello                          S  -> H  Welcome(config, initial and current model, generate_key)
+    KH -> S  KeyReady                       (KH, told to generate the run's key, holds it now)
+    H  -> S  RunKey(certified key)          (every other hospital: a fresh box key for this run)
+    S  -> KH KeyRequest(run keys)           KH -> S  KeySetup(sealed keys)
+    S  -> H  SealedKey(box, sealer)         H  -> S  KeyReady
     per round r:
     S  -> H  RoundStart(r)                  H  -> S  Update(r, ciphertexts) | Withdraw(r, reason)
     S  -> H  Aggregate(r, contributors, ciphertexts) | RoundAbort(r, reason)
@@ -22,6 +23,11 @@ Sequence of one run (H = each hospital, KH = the key holder, the first hospital 
     S  -> H  Endorsements(r, every contributor's signature) | RoundAbort(r, reason)
     H  -> S  Released(r, digest, mean gradient from the first contributor only)
     S  -> H  Finish(reason)
+
+Joining later runs the same exchange between rounds: a hospital that restarted, or whose connection
+to a restarted server was re-established, says Hello again and is welcomed to the model as it is
+now. It answers KeyReady if it still holds the run's key, RunKey if not; any hospital that holds
+the key then seals it (KeyRequest, KeySetup), as the key holder did at the start.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import typing
 from dataclasses import dataclass, fields
 
 import msgpack
+import numpy as np
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -57,6 +64,7 @@ __all__ = [
     "Withdraw",
     "decode",
     "encode",
+    "float32_values",
     "release_digest",
 ]
 
@@ -87,7 +95,10 @@ class Hello(Message):
 class Welcome(Message):
     TYPE = "welcome"
     config: dict
-    initial_parameters: bytes  # float32, little-endian
+    initial_parameters: bytes  # float32, little-endian; with the config, names the run (RunConfig.fingerprint)
+    parameters: bytes  # the model now: float32, the initial parameters until a round is released
+    momentum: bytes  # the momentum buffer now: float32
+    generate_key: bool  # the key holder creates the run's key (the first join only); others ask for it sealed
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,7 @@ class KeySetup(Message):
 class SealedKey(Message):
     TYPE = "sealed_key"
     box: bytes
+    sealer: str  # the hospital that sealed it (the key holder, or any hospital holding the key later)
 
 
 @dataclass(frozen=True)
@@ -187,6 +199,14 @@ TO_HOSPITAL = frozenset({Welcome, KeyRequest, SealedKey, RoundStart, Aggregate, 
 _BY_TYPE = {cls.TYPE: cls for cls in TO_SERVER | TO_HOSPITAL}
 
 
+def float32_values(payload: bytes, count: int, what: str) -> np.ndarray:
+    """A float32 field (parameters, momentum, a mean gradient) as ``count`` finite values, or MessageError."""
+    values = np.frombuffer(payload, dtype="<f4") if len(payload) % 4 == 0 else np.empty(0, dtype="<f4")
+    if values.size != count or not np.all(np.isfinite(values)):
+        raise MessageError(f"{what} is not {count} finite float32 values")
+    return values.copy()
+
+
 def release_digest(round_number: int, mean_gradient: bytes) -> bytes:
     """What every contributor states it decrypted, so that the server can check they agree."""
     return hashlib.sha256(b"consilium release v1|%d|" % round_number + mean_gradient).digest()
@@ -241,6 +261,10 @@ def _shown(value, limit: int = 60) -> str:
 
 def _conform(value, annotation, where: str):
     origin = typing.get_origin(annotation)
+    if annotation is bool:
+        if type(value) is not bool:
+            raise MessageError(f"{where} must be a boolean")
+        return value
     if annotation is int:
         if type(value) is not int or value < 0:
             raise MessageError(f"{where} must be a non-negative integer")

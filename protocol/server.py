@@ -11,6 +11,12 @@ nothing to say at that point is logged as rejected and changes nothing. A round 
 contributions than the quorum is aborted and its sum is never sent for decryption; one that some
 contributor does not endorse (``crypto.endorsement``) is aborted before anyone may decrypt it; a
 hospital that misses a deadline is dropped from the run.
+
+Hospitals of the run may join again (``_admit``): one that says Hello after the run began, because
+it restarted or its connection was made again, leaves the round under way and is welcomed before
+the next one to the model and momentum as they are then. The server checkpoints what it needs to
+resume after a crash (``protocol.checkpoint``); ``Server.resume`` goes on from it, and the
+hospitals, which notice the new connection, join again by themselves.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 
 from crypto.bfv import BfvError, CiphertextSum, PublicContext
 from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements
+from protocol.checkpoint import Checkpoint, CheckpointError
 from protocol.config import ConfigError, RunConfig
 from protocol.messages import (
     TO_SERVER,
@@ -52,6 +59,7 @@ from protocol.messages import (
     Withdraw,
     decode,
     encode,
+    float32_values,
     release_digest,
 )
 from protocol.rejections import RejectionLog
@@ -61,7 +69,7 @@ from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
 from training.accounting import ACCOUNTANT, LEDGER_FILE, PrivacyLedger, release_of
 from training.datasets import Split
 from training.dopamine import MomentumUpdate
-from training.models import accuracy, build_model, get_flat_parameters
+from training.models import accuracy, build_model, get_flat_parameters, set_flat_parameters
 
 __all__ = ["Server", "Timeouts"]
 
@@ -100,11 +108,12 @@ class Server:
         transcript_payloads: bool = False,
         max_messages_per_second: float = DEFAULT_MAX_MESSAGES_PER_SECOND,
         on_round: Callable[[dict], None] | None = None,
+        _checkpoint: Checkpoint | None = None,
     ) -> None:
         roster.check_credentials(credentials)
         ledger_path = out_dir / LEDGER_FILE
-        if ledger_path.exists():
-            raise ConfigError(f"{out_dir} already holds a run (its ledger would mix two runs); choose another --out")
+        if _checkpoint is None and ledger_path.exists():
+            raise ConfigError(f"{out_dir} already holds a run (its ledger would mix two runs); choose another --out, or --resume it")
         self._config = config
         self._roster = roster
         self._validation = validation
@@ -112,20 +121,28 @@ class Server:
         self._timeouts = timeouts
         self._on_round = on_round or (lambda record: None)
         self._model = build_model(config.model)
-        self._initial_parameters = get_flat_parameters(self._model)
         self._momentum = MomentumUpdate(self._model, config.dopamine)
         self._params = config.bfv_parameters()
         self._limit = config.message_limit()
         self._mechanism = config.mechanism()
         self._ledger = PrivacyLedger(ledger_path)
-        self._ledger.begin_run(config.run_id)
         self._public: PublicContext | None = None
-        self._run = ""  # RunConfig.fingerprint of what every hospital was welcomed with
-        self._active: list[str] = []
+        self._run = ""  # RunConfig.fingerprint of what every hospital is welcomed with, once known
+        self._active: list[str] = []  # hold the key and take part in rounds
+        self._joining: list[str] = []  # said Hello after the run began: welcomed before the next round
         self._rounds: list[_RoundRecord] = []
+        self._rounds_started = 0
         self._rejections = RejectionLog(log)
         self._departures: dict[str, str] = {}
+        self._joins: list[dict] = []  # hospitals that joined after the start, and before which round
         self._phase_seconds: dict[str, float] = {}
+        self._rounds_open = False  # from the first admission on, a Hello means a hospital joins again
+        self._resumed_from = _checkpoint
+        if _checkpoint is None:
+            self._initial_parameters = get_flat_parameters(self._model)
+            self._ledger.begin_run(config.run_id, config.fingerprint(self._initial_parameters.tobytes()))
+        else:
+            self._restore(_checkpoint)
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
         self._transport = ServerTransport(
             roster.server_address, credentials.curve, enrolled, self._limit, max_messages_per_second
@@ -134,18 +151,63 @@ class Server:
             Transcript(transcript, payloads=transcript_payloads, max_payload_bytes=self._limit) if transcript else None
         )
 
+    @property
+    def config(self) -> RunConfig:
+        return self._config
+
+    @classmethod
+    def resume(cls, *, out_dir: Path, **settings) -> "Server":
+        """The server of the run checkpointed in ``out_dir``, to go on where it stopped (``protocol.checkpoint``)."""
+        checkpoint = Checkpoint.load(out_dir)
+        try:
+            config = RunConfig.from_dict(checkpoint.config)
+        except ConfigError as error:
+            raise CheckpointError(f"the checkpoint in {out_dir} holds an unusable configuration: {error}") from None
+        return cls(config=config, out_dir=out_dir, _checkpoint=checkpoint, **settings)
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        try:
+            self._initial_parameters = float32_values(checkpoint.initial_parameters, self._params.vector_length, "its initial model")
+            set_flat_parameters(self._model, float32_values(checkpoint.parameters, self._params.vector_length, "its model"))
+            self._momentum.load_momentum(float32_values(checkpoint.momentum, self._params.vector_length, "its momentum"))
+        except MessageError as error:
+            raise CheckpointError(f"the checkpoint in {self._out_dir} is unusable: {error}") from None
+        self._run = self._config.fingerprint(checkpoint.initial_parameters)
+        resumed_after = self._ledger.begin_run(self._config.run_id, self._run)
+        self._public = PublicContext(self._params)
+        self._rounds = [_RoundRecord(**record) for record in checkpoint.rounds]
+        self._rounds_started = checkpoint.rounds_started
+        self._departures = dict(checkpoint.departures)
+        self._joins = list(checkpoint.joins)
+        if self._rounds_started > max((r.round for r in self._rounds), default=0):
+            self._rounds.append(
+                _RoundRecord(
+                    round=self._rounds_started, status="aborted", contributors=[],
+                    reason="interrupted: the server stopped during this round",
+                )  # fmt: skip
+            )
+        log.warning(
+            "resuming run %s after round %d (its ledger last charged round %d)",
+            self._config.run_id, self._rounds_started, resumed_after,
+        )  # fmt: skip
+
     def run(self) -> dict:
         """Run the federation to its end; returns (and writes) the server's report."""
         finish_reason = "completed all rounds"
         try:
             started = time.perf_counter()
-            self._join()
+            if self._resumed_from is None:
+                self._join()
+            else:
+                self._await_hellos(set(self._resumed_from.active), time.monotonic() + self._timeouts.join_s)
             self._phase_seconds["join"] = time.perf_counter() - started
             started = time.perf_counter()
-            self._key_ceremony()
+            self._admit()
             self._phase_seconds["key_ceremony"] = time.perf_counter() - started
             quorum = self._config.dopamine.quorum
-            for round_number in range(1, self._config.rounds + 1):
+            for round_number in range(self._rounds_started + 1, self._config.rounds + 1):
+                if self._joining:
+                    self._admit()
                 if len(self._active) < quorum:
                     break
                 self._run_round(round_number)
@@ -158,7 +220,7 @@ class Server:
             finish_reason = f"stopped by an unexpected {type(error).__name__}: {error}"
             raise
         finally:
-            for name in self._active:
+            for name in self._active + self._joining:
                 self._send(name, Finish(reason=finish_reason))
             report = self._report(finish_reason)
             self._write_outputs(report)
@@ -170,91 +232,113 @@ class Server:
     # -- phases ---------------------------------------------------------------------------------
 
     def _join(self) -> None:
-        expected = set(self._config.hospitals)
-        joined: set[str] = set()
-        deadline = time.monotonic() + self._timeouts.join_s
-        while joined != expected:
-            got = self._next_message(deadline)
-            if got is None:
-                break
-            sender, message = got
-            if not isinstance(message, Hello):
-                self._reject(sender, message, "expected hello")
-            elif sender in joined:
-                self._reject(sender, message, "already joined")
-            else:
-                joined.add(sender)
-                self._active.append(sender)  # told how the run ends from now on, also if it ends mid-join
-                log.info("%s joined (%d of %d)", sender, len(joined), len(expected))
-        self._active = [h for h in self._config.hospitals if h in joined]
+        """The hospitals that say Hello in time make up the run; its settings and fingerprint follow."""
+        self._await_hellos(set(self._config.hospitals), time.monotonic() + self._timeouts.join_s)
+        joined = set(self._joining)
         if len(joined) < self._config.dopamine.quorum:
             raise ProtocolError(
-                f"only {len(joined)} of {len(expected)} hospitals joined within {self._timeouts.join_s:g} s; "
+                f"only {len(joined)} of {len(self._config.hospitals)} hospitals joined within {self._timeouts.join_s:g} s; "
                 f"the quorum is {self._config.dopamine.quorum}"
             )
         self._config = dataclasses.replace(self._config, hospitals=tuple(h for h in self._config.hospitals if h in joined))
         self._params = self._config.bfv_parameters()
         self._public = PublicContext(self._params)
         self._run = self._config.fingerprint(self._initial_parameters.tobytes())
-        welcome = Welcome(config=self._config.to_dict(), initial_parameters=self._initial_parameters.tobytes())
-        for name in self._active:
-            self._send(name, welcome)
 
-    def _key_ceremony(self) -> None:
-        holder = self._config.key_holder
-        deadline = time.monotonic() + self._timeouts.key_s
-        run_keys = self._collect_run_keys(deadline)
-        recipients = set(run_keys)
-        self._send(holder, KeyRequest(run_keys=run_keys))
-        sealed_keys_sent = False
-        while not sealed_keys_sent:
+    def _await_hellos(self, expected: set[str], deadline: float) -> None:
+        while not expected <= set(self._joining):
             got = self._next_message(deadline)
             if got is None:
-                raise ProtocolError(f"the key holder {holder} sent no usable key setup within {self._timeouts.key_s:g} s")
+                return
             sender, message = got
-            if not (isinstance(message, KeySetup) and sender == holder):
-                self._reject(sender, message, "expected the key holder's key setup")
-            elif set(message.sealed_keys) != recipients:
-                self._reject(sender, message, f"sealed keys are for {sorted(message.sealed_keys)}, not {sorted(recipients)}")
+            if not isinstance(message, Hello):
+                self._reject(sender, message, "expected hello")
+            elif sender in self._joining:
+                self._reject(sender, message, "already joined")
             else:
-                for name, box in message.sealed_keys.items():
-                    self._send(name, SealedKey(box=box))
-                sealed_keys_sent = True
-        ready = {holder}
-        while ready != set(self._active):
+                self._joining.append(sender)  # told how the run ends from now on, also if it ends mid-join
+                log.info("%s joined (%d of %d)", sender, len(self._joining), len(expected))
+
+    def _admit(self) -> None:
+        """Welcome the hospitals that said Hello to the model as it is now, and see that each holds the key.
+
+        At the start the key holder is told to create the run's key; every other hospital sends a
+        fresh certified box key (RunKey), and a hospital that holds the key seals it to them (the key
+        holder at the start, any hospital of the run later). A hospital joins the rounds on KeyReady.
+        """
+        newcomers, self._joining = self._joining, []
+        deadline = time.monotonic() + self._timeouts.key_s
+        welcome = dict(
+            config=self._config.to_dict(),
+            initial_parameters=self._initial_parameters.tobytes(),
+            parameters=get_flat_parameters(self._model).tobytes(),
+            momentum=self._momentum.momentum().tobytes(),
+        )
+        key_exists = bool(self._active) or self._resumed_from is not None or self._rounds_started > 0
+        for name in newcomers:
+            self._send(name, Welcome(**welcome, generate_key=not key_exists and name == self._config.key_holder))
+        ready: list[str] = []
+        run_keys: dict[str, bytes] = {}
+        while set(ready) | set(run_keys) != set(newcomers):
             got = self._next_message(deadline)
             if got is None:
                 break
             sender, message = got
-            if isinstance(message, KeyReady) and sender in self._active:
-                ready.add(sender)
+            if sender not in newcomers or sender in ready or sender in run_keys:
+                self._reject(sender, message, "expected nothing while hospitals join")
+            elif isinstance(message, KeyReady):
+                ready.append(sender)
+            elif isinstance(message, RunKey):
+                run_keys[sender] = message.certified_key
+            else:
+                self._reject(sender, message, "expected key ready or a run key")
+        sealers = self._active + ready
+        if run_keys and sealers:
+            ready += self._relay_key(sealers[0], run_keys, deadline)
+        for name in set(newcomers) - set(ready) - set(self._joining):  # (one that said Hello again is welcomed again)
+            self._departures[name] = f"did not take the run's key within {self._timeouts.key_s:g} s"
+            log.warning("%s leaves the run: %s", name, self._departures[name])
+            self._send(name, Finish(reason=self._departures[name]))
+        if self._rounds_started:
+            self._joins += [{"hospital": name, "before_round": self._rounds_started + 1} for name in ready]
+        self._active = [name for name in self._config.hospitals if name in self._active or name in ready]
+        log.info("%d hospitals hold the key; the server holds parameters only", len(self._active))
+        self._rounds_open = True
+        self._save_checkpoint()
+
+    def _relay_key(self, sealer: str, run_keys: dict[str, bytes], deadline: float) -> list[str]:
+        """Have ``sealer`` seal the key to each run key, relay the boxes; those that confirm hold the key."""
+        self._send(sealer, KeyRequest(run_keys=run_keys))
+        while True:
+            got = self._next_message(deadline)
+            if got is None:
+                log.warning("%s sealed no key within %g s", sealer, self._timeouts.key_s)
+                return []
+            sender, message = got
+            if not (isinstance(message, KeySetup) and sender == sealer):
+                self._reject(sender, message, f"expected {sealer}'s key setup")
+            elif set(message.sealed_keys) != set(run_keys):
+                self._reject(sender, message, f"sealed keys are for {sorted(message.sealed_keys)}, not {sorted(run_keys)}")
+            else:
+                break
+        for name, box in message.sealed_keys.items():
+            self._send(name, SealedKey(box=box, sealer=sealer))
+        ready: list[str] = []
+        while set(ready) != set(run_keys):
+            got = self._next_message(deadline)
+            if got is None:
+                break
+            sender, message = got
+            if isinstance(message, KeyReady) and sender in run_keys and sender not in ready:
+                ready.append(sender)
             else:
                 self._reject(sender, message, "expected key ready")
-        for name in set(self._active) - ready:
-            self._drop(name, f"did not confirm the key within {self._timeouts.key_s:g} s")
-        log.info("key ceremony done: %d hospitals hold the key; the server holds parameters only", len(ready))
-
-    def _collect_run_keys(self, deadline: float) -> dict[str, bytes]:
-        """Each recipient's certified key for this run; the key holder checks the certificates."""
-        run_keys: dict[str, bytes] = {}
-        expected = set(self._active) - {self._config.key_holder}
-        while set(run_keys) != expected:
-            got = self._next_message(deadline)
-            if got is None:
-                break
-            sender, message = got
-            if not (isinstance(message, RunKey) and sender in expected):
-                self._reject(sender, message, "expected a run key")
-            elif sender in run_keys:
-                self._reject(sender, message, "second run key")
-            else:
-                run_keys[sender] = message.certified_key
-        for name in expected - set(run_keys):
-            self._drop(name, f"sent no run key within {self._timeouts.key_s:g} s")
-        return run_keys
+        return ready
 
     def _run_round(self, round_number: int) -> None:
         record = _RoundRecord(round=round_number, status="aborted", contributors=[])
+        self._rounds_started = round_number
+        self._save_checkpoint()  # before RoundStart leaves: a resumed server never starts this round again
         started = time.perf_counter()
         for name in self._active:
             self._send(name, RoundStart(round=round_number))
@@ -293,7 +377,7 @@ class Server:
         total = CiphertextSum(self._public)
         aggregate_seconds = 0.0
         deadline = time.monotonic() + self._timeouts.round_s
-        while set(record.contributors) != set(self._active):
+        while not set(self._active) <= set(record.contributors):
             got = self._next_message(deadline)
             if got is None:
                 break
@@ -339,6 +423,8 @@ class Server:
         signatures: dict[str, bytes] = {}
         deadline = time.monotonic() + self._timeouts.round_s
         while set(signatures) != contributors:
+            if not contributors <= set(self._active):  # one joins again: it will never endorse, and nobody is late
+                return signatures
             got = self._next_message(deadline)
             if got is None:
                 break
@@ -365,7 +451,7 @@ class Server:
         digests: dict[str, bytes] = {}
         gradient: np.ndarray | None = None
         deadline = time.monotonic() + self._timeouts.round_s
-        while set(digests) != set(contributors):
+        while not set(contributors) & set(self._active) <= set(digests):
             got = self._next_message(deadline)
             if got is None:
                 break
@@ -378,10 +464,13 @@ class Server:
                 self._reject(sender, message, f"only {releaser} sends the mean gradient")
             elif sender != releaser:
                 digests[sender] = message.digest
-            elif (values := self._released_gradient(message.mean_gradient)) is None:
-                self._reject(sender, message, f"the mean gradient is not {self._params.vector_length} finite float32 values")
             else:
-                digests[sender], gradient = message.digest, values
+                try:
+                    gradient = float32_values(message.mean_gradient, self._params.vector_length, "the mean gradient")
+                except MessageError as error:
+                    self._reject(sender, message, str(error))
+                    continue
+                digests[sender] = message.digest
         if gradient is None:
             raise ProtocolError(f"{releaser} did not release the mean gradient of round {round_number}")
         expected = release_digest(round_number, gradient.tobytes())
@@ -393,12 +482,6 @@ class Server:
         for name in set(contributors) - set(digests):
             self._drop(name, f"did not confirm round {round_number}")
         return gradient
-
-    def _released_gradient(self, payload: bytes) -> np.ndarray | None:
-        if len(payload) != 4 * self._params.vector_length:
-            return None
-        values = np.frombuffer(payload, dtype="<f4").copy()
-        return values if np.all(np.isfinite(values)) else None
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -412,10 +495,25 @@ class Server:
             if self._transcript:
                 self._transcript.record(sender, payload)
             try:
-                return sender, decode(payload, accept=TO_SERVER, max_bytes=self._limit)
+                message = decode(payload, accept=TO_SERVER, max_bytes=self._limit)
             except MessageError as error:
                 self._reject(sender, None, str(error))
+                continue
+            if isinstance(message, Hello) and self._rounds_open:
+                self._hello_again(sender, message)
+            else:
+                return sender, message
         return None
+
+    def _hello_again(self, sender: str, message: Hello) -> None:
+        """A hospital of the run that connected again (it or this server restarted): welcomed before the next round."""
+        if sender in self._joining:
+            self._reject(sender, message, "already joining")
+            return
+        if sender in self._active:
+            self._active.remove(sender)  # whatever it had in flight is gone: a round waits for it no longer
+            log.warning("%s connected again; it joins again before the next round", sender)
+        self._joining.append(sender)
 
     def _reject(self, sender: str, message: Message | None, reason: str) -> None:
         self._rejections.reject(sender, message.TYPE if message else "a message", reason)
@@ -434,7 +532,21 @@ class Server:
 
     def _finish_round(self, record: _RoundRecord) -> None:
         self._rounds.append(record)
+        self._save_checkpoint()
         self._on_round(dataclasses.asdict(record))
+
+    def _save_checkpoint(self) -> None:
+        Checkpoint(
+            config=self._config.to_dict(),
+            initial_parameters=self._initial_parameters.tobytes(),
+            parameters=get_flat_parameters(self._model).tobytes(),
+            momentum=self._momentum.momentum().tobytes(),
+            rounds_started=self._rounds_started,
+            active=list(self._active),
+            rounds=[dataclasses.asdict(r) for r in self._rounds],
+            departures=dict(self._departures),
+            joins=list(self._joins),
+        ).save(self._out_dir)
 
     def _report(self, finish_reason: str) -> dict:
         released = [r for r in self._rounds if r.status == "released"]
@@ -457,6 +569,8 @@ class Server:
             "rejected_messages": self._rejections.total,
             "dropped_messages_over_rate": dict(self._transport.dropped),
             "departures": self._departures,
+            "joins": self._joins,
+            "resumed": self._resumed_from is not None,
             "bytes_received": dict(self._transport.bytes_received),
             "bytes_sent": dict(self._transport.bytes_sent),
         }

@@ -7,7 +7,8 @@ boxes would, together with any one hospital's key leaked later, open every updat
 keeps the messages themselves (the tests use it to show that no secret key ever reaches the server);
 guard such a file like the hospitals' keys. Records are msgpack maps
 ``{"time", "sender", "bytes", "sha256"[, "payload"]}`` appended one after another, in a file only
-its owner can read.
+its owner can read. A resumed server appends to its transcript; a last record cut short when the
+server was killed is dropped first, so that the records after it stay readable.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ __all__ = ["Transcript", "read_transcript"]
 class Transcript:
     def __init__(self, path: Path, *, payloads: bool = False, max_payload_bytes: int | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and (complete := _complete_length(path)) < path.stat().st_size:
+            os.truncate(path, complete)
         self._file: BinaryIO = os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         os.chmod(path, 0o600)  # also when the file existed, whatever the umask made it
         self._payloads = payloads
@@ -45,3 +48,16 @@ class Transcript:
 def read_transcript(path: Path) -> Iterator[dict]:
     with path.open("rb") as handle:
         yield from msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
+
+
+def _complete_length(path: Path) -> int:
+    """How many leading bytes of the file are whole records."""
+    with path.open("rb") as handle:
+        unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
+        length = 0
+        try:
+            for _ in unpacker:
+                length = unpacker.tell()
+        except (ValueError, msgpack.UnpackException):
+            pass  # not msgpack from here on: keep what came before
+    return length

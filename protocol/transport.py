@@ -17,6 +17,10 @@ from its party's bucket, which refills at ``max_messages_per_second`` (bursts of
 ``_BURST_MESSAGES``); while a party's bucket is empty, its messages are dropped unread, counted,
 and logged at most once a second. Honest traffic is never rejected, so it never draws from the
 bucket however fast the rounds go. Not bounded yet: how many connections one enrolled key may open.
+
+ZeroMQ reconnects a hospital by itself, silently; a restarted server would then not know it. The
+hospital's transport watches its socket's monitor and raises ``Reconnected`` from ``receive`` when a
+CURVE handshake completes after the first, so that the hospital can say Hello again.
 """
 
 from __future__ import annotations
@@ -27,11 +31,12 @@ from collections import defaultdict
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 from zmq.utils import z85
 
 from protocol.roster import CurveKeyPair
 
-__all__ = ["ClientTransport", "ServerTransport", "TransportError"]
+__all__ = ["ClientTransport", "Reconnected", "ServerTransport", "TransportError"]
 
 log = logging.getLogger("consilium.transport")
 
@@ -45,6 +50,11 @@ DEFAULT_MAX_MESSAGES_PER_SECOND = 50.0
 
 class TransportError(RuntimeError):
     """A socket that cannot be opened or a message that cannot be sent."""
+
+
+class Reconnected(Exception):
+    """A hospital's connection to the server was made again (the server restarted, or the network
+    broke): messages in flight may be lost, and the server may not know this hospital any more."""
 
 
 class ServerTransport:
@@ -140,6 +150,12 @@ class ClientTransport:
         self._socket.setsockopt(zmq.RCVHWM, _RECEIVE_QUEUE_MESSAGES)
         self._socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
         self._socket.setsockopt(zmq.LINGER, _CLIENT_LINGER_MS)
+        # ZeroMQ reconnects by itself and says nothing; its monitor reports each completed CURVE handshake.
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self._connected_before = False
         try:
             self._socket.connect(connect)
         except zmq.ZMQError as error:
@@ -156,13 +172,26 @@ class ClientTransport:
         self.bytes_sent += len(payload)
 
     def receive(self, timeout_s: float) -> bytes | None:
-        if not self._socket.poll(max(0, int(timeout_s * 1000))):
-            return None
-        payload = self._socket.recv()
-        self.bytes_received += len(payload)
-        return payload
+        """The next message, or None once ``timeout_s`` passes without one.
+
+        Raises ``Reconnected`` when a connection to the server completes after the first one."""
+        deadline = time.monotonic() + timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            ready = dict(self._poller.poll(max(1, int(remaining * 1000))))
+            if self._monitor in ready:
+                recv_monitor_message(self._monitor)
+                reconnected, self._connected_before = self._connected_before, True
+                if reconnected:
+                    raise Reconnected("the connection to the server was made again")
+            elif self._socket in ready:
+                payload = self._socket.recv()
+                self.bytes_received += len(payload)
+                return payload
+        return None
 
     def close(self) -> None:
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
         self._socket.close()
         self._context.term()
 

@@ -10,6 +10,7 @@ from typing import Callable
 from crypto.bfv import BfvError
 from crypto.bfv_parameters import ParameterError
 from crypto.sealed_box import SealedBoxError
+from protocol.checkpoint import CheckpointError
 from protocol.config import ConfigError
 from protocol.messages import ProtocolError
 from protocol.roster import RosterError
@@ -20,6 +21,7 @@ from training.partition import PartitionError
 
 USER_ERRORS = (
     BfvError,
+    CheckpointError,
     ConfigError,
     DatasetError,
     LedgerError,

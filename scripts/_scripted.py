@@ -90,15 +90,18 @@ class ScriptedHospital:
         return message
 
     def welcome(self) -> RunConfig:
+        """Take the run's settings; told to, create the run's key and say so (KeyReady)."""
         welcome = self.expect(Welcome)
         self.config = RunConfig.from_dict(welcome.config)
         self.run = self.config.fingerprint(welcome.initial_parameters)
+        if welcome.generate_key:
+            self.secret = SecretContext.generate(self.config.bfv_parameters(), run_id=self.config.run_id)
+            self.send(KeyReady())
         return self.config
 
     def key_setup(self) -> KeySetup:
-        """As the key holder: answer the key request with a fresh context sealed to the others."""
+        """As a hospital holding the key: answer the key request with the key sealed to the others."""
         run_keys = self.expect(KeyRequest).run_keys
-        self.secret = SecretContext.generate(self.config.bfv_parameters(), run_id=self.config.run_id)
         secret_bytes = self.secret.to_bytes()
         sealed = {
             name: seal(
@@ -120,10 +123,12 @@ class ScriptedHospital:
         self.send(RunKey(certified_key=certify_key(self.run_key.public_key(), signer=self.credentials.identity.signing, context=context)))
 
     def receive_key(self) -> None:
-        box = self.expect(SealedKey).box
-        holder = self.roster.party(self.config.key_holder)
+        sealed = self.expect(SealedKey)
         secret_bytes = open_box(
-            box, recipient=self.run_key, sender=holder.identity.signing, context=sealed_key_context(self.run, self.name)
+            sealed.box,
+            recipient=self.run_key,
+            sender=self.roster.party(sealed.sealer).identity.signing,
+            context=sealed_key_context(self.run, self.name),
         )
         self.secret = SecretContext.from_bytes(secret_bytes, self.config.bfv_parameters(), run_id=self.config.run_id)
         self.send(KeyReady())
@@ -151,6 +156,8 @@ class ScriptedServer:
             raise ValueError(f"a scripted server needs the {SERVER!r} credentials, not {credentials.name!r}")
         self.roster = roster
         self.config = config
+        self.initial = get_flat_parameters(build_model(config.model)).tobytes()
+        self.run = config.fingerprint(self.initial)
         self.public = PublicContext(config.bfv_parameters())
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
         self.transport = ServerTransport(roster.server_address, credentials.curve, enrolled, config.message_limit())
@@ -162,13 +169,13 @@ class ScriptedServer:
         sender, payload = got
         return sender, decode(payload, accept=TO_SERVER, max_bytes=self.config.message_limit())
 
-    def receive_from_each(self, kind: type, names: Iterable[str]) -> dict[str, Message]:
+    def receive_from_each(self, kind: type | tuple[type, ...], names: Iterable[str]) -> dict[str, Message]:
         names = set(names)
         messages = {}
         while set(messages) != names:
             sender, message = self.receive()
             if not (isinstance(message, kind) and sender in names):
-                raise ScriptError(f"expected {kind.TYPE} from {sorted(names)}, got {message} from {sender}")
+                raise ScriptError(f"expected {kind} from {sorted(names)}, got {message} from {sender}")
             messages[sender] = message
         return messages
 
@@ -181,20 +188,31 @@ class ScriptedServer:
 
     def join(self) -> None:
         self.receive_from_each(Hello, self.config.hospitals)
-        initial = get_flat_parameters(build_model(self.config.model)).tobytes()
-        self.run = self.config.fingerprint(initial)
         for name in self.config.hospitals:
-            self.send(name, Welcome(config=self.config.to_dict(), initial_parameters=initial))
+            self.send(name, self.welcome(name))
+
+    def welcome(self, name: str, config: RunConfig | None = None) -> Welcome:
+        """The Welcome to the start of this run, or of one with ``config`` (the key holder creates the key)."""
+        config = config or self.config
+        return Welcome(
+            config=config.to_dict(),
+            initial_parameters=self.initial,
+            parameters=self.initial,
+            momentum=bytes(len(self.initial)),
+            generate_key=name == config.key_holder,
+        )
 
     def set_up(self) -> None:
         """Join and key ceremony, as an honest server runs them."""
         self.join()
         holder, recipients = self.config.hospitals[0], self.config.hospitals[1:]
-        run_keys = self.receive_from_each(RunKey, recipients)
-        self.send(holder, KeyRequest(run_keys={name: message.certified_key for name, message in run_keys.items()}))
+        replies = self.receive_from_each((KeyReady, RunKey), self.config.hospitals)
+        if not isinstance(replies.pop(holder), KeyReady) or not all(isinstance(r, RunKey) for r in replies.values()):
+            raise ScriptError(f"expected key ready from {holder} and run keys from the others, got {replies}")
+        self.send(holder, KeyRequest(run_keys={name: message.certified_key for name, message in replies.items()}))
         setup = self.receive_from_each(KeySetup, [holder])[holder]
         for name, box in setup.sealed_keys.items():
-            self.send(name, SealedKey(box=box))
+            self.send(name, SealedKey(box=box, sealer=holder))
         self.receive_from_each(KeyReady, recipients)
 
     def start_round(self, round_number: int) -> dict[str, list[bytes]]:

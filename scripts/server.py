@@ -12,7 +12,7 @@ from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
 from protocol.roster import SERVER, Credentials, Roster
 from protocol.server import Server, Timeouts
 from scripts._cli import add_run_arguments, configure_logging, positive_float, run
-from training.datasets import load_dataset
+from training.datasets import Dataset, load_dataset
 from training.dopamine import DopamineSettings
 from training.models import ModelSpec, input_statistics
 
@@ -27,9 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", default="breast_cancer", help="validation data: breast_cancer, digits or an .npz path")
     parser.add_argument("--data-seed", type=int, default=0, help="train/validation split of built-in data (default: 0)")
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the run checkpointed in --out, after the server stopped (its settings are the checkpoint's; "
+        "the hospitals join again by themselves)",
+    )
+    parser.add_argument(
         "--expected-batch-size",
         type=positive_float,
-        required=True,
         help="B: the federation-wide divisor of each hospital's share, a public figure the consortium agrees "
         "(q times a typical hospital's record count, coarsely)",
     )
@@ -63,6 +68,33 @@ def serve(args: argparse.Namespace) -> None:
     roster = Roster.load(args.federation)
     credentials = Credentials.load(args.federation, SERVER)
     dataset = load_dataset(args.data, split_seed=args.data_seed)
+    timeouts = Timeouts(join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout)
+    settings = dict(
+        roster=roster,
+        credentials=credentials,
+        validation=dataset.validation,
+        out_dir=args.out,
+        timeouts=timeouts,
+        transcript=args.transcript,
+        transcript_payloads=args.transcript_payloads,
+        max_messages_per_second=args.max_messages_per_second,
+        on_round=lambda record: _print_round(record, server.config),
+    )
+    if args.resume:
+        server = Server.resume(**settings)
+        if server.config.dataset != dataset.name:
+            raise ConfigError(f"the checkpointed run is on {server.config.dataset}; pass the same --data")
+        print(f"server on {roster.server_address}: resuming run {server.config.run_id} from {args.out}", flush=True)
+    else:
+        server = Server(config=_new_run(args, roster, dataset), **settings)
+    report = server.run()
+    final = report["final"]
+    print(f"finished ({report['finish_reason']}): {final['rounds_released']} rounds released, report in {args.out}", flush=True)
+
+
+def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunConfig:
+    if args.expected_batch_size is None:
+        raise ConfigError("--expected-batch-size is required for a new run")
     mean, std = input_statistics(dataset.validation.x)
     hospitals = tuple(roster.hospitals)
     try:
@@ -92,36 +124,21 @@ def serve(args: argparse.Namespace) -> None:
         f"(N={params.poly_modulus_degree}, t={params.plain_modulus}, q={params.coeff_mod_bit_sizes[0]} bits)",
         flush=True,
     )
-    timeouts = Timeouts(join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout)
+    return config
 
-    def print_round(record: dict) -> None:
-        prefix = f"round {record['round']:>4}/{config.rounds}"
-        if record["status"] == "released":
-            print(
-                f"{prefix}  val_acc {record['validation_accuracy']:.3f}  "
-                f"epsilon {record['epsilon']['server']:.3f} against the server, "
-                f"{record['epsilon']['peer_hospital']:.3f} against a peer (delta {config.delta:g})  "
-                f"contributors {len(record['contributors'])}/{len(hospitals)}",
-                flush=True,
-            )
-        else:
-            print(f"{prefix}  aborted: {record['reason']}", flush=True)
 
-    server = Server(
-        config=config,
-        roster=roster,
-        credentials=credentials,
-        validation=dataset.validation,
-        out_dir=args.out,
-        timeouts=timeouts,
-        transcript=args.transcript,
-        transcript_payloads=args.transcript_payloads,
-        max_messages_per_second=args.max_messages_per_second,
-        on_round=print_round,
-    )
-    report = server.run()
-    final = report["final"]
-    print(f"finished ({report['finish_reason']}): {final['rounds_released']} rounds released, report in {args.out}", flush=True)
+def _print_round(record: dict, config: RunConfig) -> None:
+    prefix = f"round {record['round']:>4}/{config.rounds}"
+    if record["status"] == "released":
+        print(
+            f"{prefix}  val_acc {record['validation_accuracy']:.3f}  "
+            f"epsilon {record['epsilon']['server']:.3f} against the server, "
+            f"{record['epsilon']['peer_hospital']:.3f} against a peer (delta {config.delta:g})  "
+            f"contributors {len(record['contributors'])}/{len(config.hospitals)}",
+            flush=True,
+        )
+    else:
+        print(f"{prefix}  aborted: {record['reason']}", flush=True)
 
 
 if __name__ == "__main__":

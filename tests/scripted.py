@@ -16,26 +16,31 @@ from training.accounting import LEDGER_FILE, PrivacyLedger
 
 
 class ServerProcess:
+    """A real server; what it prints and logs goes to one file, which the tests wait on."""
+
     def __init__(self, tmp_path: Path, hospitals: int, *args: str) -> None:
         self.federation = tmp_path / "federation"
         self.out = tmp_path / "server"
         self.roster = provision(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}")
         self.log = tmp_path / "server.log"
-        command = launcher(
+        self._command = launcher(
             "server", "--federation", self.federation, "--out", self.out, "--expected-batch-size", "5",
             "--hidden", "4", "--join-timeout", "60", "--transcript", tmp_path / "transcript.msgpack", *args,
         )  # fmt: skip
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=self.log.open("w"), text=True, env=child_environment()
-        )
+        self.process = self._start()
+
+    def _start(self, *args: str) -> subprocess.Popen:
+        with self.log.open("a") as log:
+            return subprocess.Popen([*self._command, *args], stdout=log, stderr=log, text=True, env=child_environment())
+
+    def restart(self) -> None:
+        """Kill the server the hard way (SIGKILL), then start it again on the same output with --resume."""
+        self.kill()
+        self.process = self._start("--resume")
 
     def wait_for_log(self, text: str, timeout: float = 60) -> None:
         """Wait until the server has logged ``text``: an observable event, not a guess at timing."""
-        deadline = time.monotonic() + timeout
-        while text not in self.log.read_text():
-            assert self.process.poll() is None, f"the server exited before logging {text!r}"
-            assert time.monotonic() < deadline, f"the server did not log {text!r} within {timeout} s"
-            time.sleep(0.02)
+        _wait_for_text(self.log, text, self.process, timeout)
 
     def finish(self, timeout: float = 60) -> dict:
         assert self.process.wait(timeout=timeout) == 0, self.log.read_text()
@@ -45,6 +50,47 @@ class ServerProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+class HospitalProcess:
+    """A real hospital with its part of the built-in data, logging to a file."""
+
+    def __init__(self, federation: Path, name: str, part: int, parts: int, log: Path, *args: str) -> None:
+        self.name = name
+        self.log = log
+        self.state = federation / name
+        self._command = launcher(
+            "hospital", "--federation", federation, "--name", name, "--timeout", "60", "--parts", parts, "--part", part, *args
+        )
+        self.process = self._start()
+
+    def _start(self) -> subprocess.Popen:
+        with self.log.open("a") as log:
+            return subprocess.Popen(self._command, stdout=log, stderr=log, text=True, env=child_environment())
+
+    def restart(self) -> None:
+        """Kill the hospital the hard way (SIGKILL), then start it again with the same state."""
+        self.kill()
+        self.process = self._start()
+
+    def wait_for_log(self, text: str, timeout: float = 60) -> None:
+        _wait_for_text(self.log, text, self.process, timeout)
+
+    def ledger(self) -> PrivacyLedger:
+        return PrivacyLedger(self.state / LEDGER_FILE)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def _wait_for_text(path: Path, text: str, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text():
+        assert process.poll() is None, f"{path.stem} exited before logging {text!r}"
+        assert time.monotonic() < deadline, f"{path.stem} did not log {text!r} within {timeout} s"
+        time.sleep(0.02)
 
 
 class ScriptedHospital(_scripted.ScriptedHospital):
@@ -69,28 +115,27 @@ class ScriptedServer(_scripted.ScriptedServer):
         config = _scripted.small_run_config(roster, quorum=quorum, rounds=rounds, run_id=run_id)
         super().__init__(roster, Credentials.load(self.federation, SERVER), config)
         self.logs = {name: tmp_path / f"{name}-{config.run_id}.log" for name in config.hospitals}
-        self.processes = {
-            name: subprocess.Popen(
-                launcher(
-                    "hospital", "--federation", self.federation, "--name", name, "--timeout", "60", "--send-offset", "0",
-                    "--epsilon-budget", "100", "--parts", len(config.hospitals), "--part", index,
-                ),
-                stdout=subprocess.DEVNULL, stderr=self.logs[name].open("w"), text=True, env=child_environment(),
+        self.hospitals = {
+            name: HospitalProcess(
+                self.federation, name, index, len(config.hospitals), self.logs[name],
+                "--send-offset", "0", "--epsilon-budget", "100",
             )  # fmt: skip
             for index, name in enumerate(config.hospitals, start=1)
         }
 
     def wait_for_exit(self, name: str, timeout: float = 60) -> str:
         """The hospital's exit status must be an error; returns what it wrote to stderr."""
-        assert self.processes[name].wait(timeout=timeout) != 0, f"{name} finished normally"
+        assert self.hospitals[name].process.wait(timeout=timeout) != 0, f"{name} finished normally"
         return self.logs[name].read_text()
 
+    def wait_for_log(self, name: str, text: str, timeout: float = 60) -> None:
+        """Wait until hospital ``name`` has logged ``text``: an observable event, not a guess at timing."""
+        self.hospitals[name].wait_for_log(text, timeout)
+
     def ledger_epsilon(self, name: str) -> float:
-        return PrivacyLedger(self.federation / name / LEDGER_FILE).epsilons(self.config.delta)["server"]
+        return self.hospitals[name].ledger().epsilons(self.config.delta)["server"]
 
     def close(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        for hospital in self.hospitals.values():
+            hospital.kill()
         super().close()

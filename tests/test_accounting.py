@@ -20,7 +20,7 @@ def _mechanism(noise_multiplier=2.1, quorum=3, dimension=1586):
 
 def _ledger(path=None, run="0123abcd"):
     ledger = PrivacyLedger(path)
-    ledger.begin_run(run)
+    ledger.begin_run(run, f"{run}:settings")
     return ledger
 
 
@@ -97,16 +97,16 @@ def test_one_writer_at_a_time(tmp_path):
     path = tmp_path / "ledger.jsonl"
     writer = _ledger(path)
     with pytest.raises(LedgerError, match="in use by another writer"):
-        PrivacyLedger(path).begin_run("feedc0de")
+        PrivacyLedger(path).begin_run("feedc0de", "feedc0de:settings")
     reader = PrivacyLedger(path)  # reading needs no lock
     writer.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
     del writer
     with pytest.raises(LedgerError, match="changed since it was read"):
-        reader.begin_run("feedc0de")
+        reader.begin_run("feedc0de", "feedc0de:settings")
 
 
 def test_a_reused_run_id_cannot_lower_a_ledgers_epsilon(tmp_path):
-    """The server names runs and rounds; the ledger keys records itself and refuses a run id twice."""
+    """The server names runs and rounds; the ledger keys records itself and refuses a run id with other settings."""
     path = tmp_path / "ledger.jsonl"
     release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
     ledger = _ledger(path, run="feedc0de")
@@ -114,14 +114,33 @@ def test_a_reused_run_id_cannot_lower_a_ledgers_epsilon(tmp_path):
         ledger.record(release, run_id="feedc0de", round_number=1)
     spent = ledger.epsilon(1e-5)
     assert ledger.steps == 3
-    with pytest.raises(LedgerError, match="already in this privacy ledger"):
-        ledger.begin_run("feedc0de")
+    with pytest.raises(LedgerError, match="already in this privacy ledger with other settings"):
+        ledger.begin_run("feedc0de", "feedc0de:other-settings")
     with pytest.raises(LedgerError, match="not begun"):
         ledger.record(release, run_id="0badc0de", round_number=1)
     del ledger
-    with pytest.raises(LedgerError, match="already in this privacy ledger"):
-        PrivacyLedger(path).begin_run("feedc0de")
+    with pytest.raises(LedgerError, match="already in this privacy ledger with other settings"):
+        PrivacyLedger(path).begin_run("feedc0de", "feedc0de:other-settings")
     assert PrivacyLedger(path).steps == 3 and PrivacyLedger(path).epsilon(1e-5) == pytest.approx(spent)
+
+
+def test_a_run_resumes_after_its_last_recorded_round_and_keeps_its_charges(tmp_path):
+    """A restarted party resumes the same run (same fingerprint) only after the rounds it was charged for."""
+    path = tmp_path / "ledger.jsonl"
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
+    ledger = _ledger(path, run="feedc0de")
+    ledger.begin_run("0badc0de", "0badc0de:settings")
+    for round_number in (1, 2, 7):
+        ledger.record(release, run_id="feedc0de", round_number=round_number)
+    ledger.record(release, run_id="0badc0de", round_number=9)
+    spent = ledger.epsilon(1e-5)
+    assert ledger.begin_run("feedc0de", "feedc0de:settings") == 7
+    del ledger
+    resumed = PrivacyLedger(path)
+    assert resumed.begin_run("feedc0de", "feedc0de:settings") == 7
+    assert resumed.begin_run("0badc0de", "0badc0de:settings") == 9
+    assert resumed.steps == 4 and resumed.epsilon(1e-5) == pytest.approx(spent)
+    assert path.read_text().count('"fingerprint"') == 2  # resuming writes nothing
 
 
 def test_a_version_2_ledger_keeps_counting(tmp_path):
@@ -138,7 +157,7 @@ def test_a_version_2_ledger_keeps_counting(tmp_path):
     ledger = PrivacyLedger(path)
     assert ledger.steps == 3  # every version 2 line counts
     assert ledger.epsilon(1e-5, view="collusion") == math.inf  # version 2 did not record it
-    ledger.begin_run("0123abcd")
+    ledger.begin_run("0123abcd", "0123abcd:settings")
     ledger.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
     del ledger
     assert PrivacyLedger(path).steps == 4

@@ -29,6 +29,9 @@ def test_user_mistakes_get_one_line(tmp_path):
     used = tmp_path / "used"
     used.mkdir()
     (used / "privacy_ledger.jsonl").write_text("")
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "checkpoint.json").write_text('{"format": "consilium-server-checkpoint", "version": 1, "config"')
     cases = [
         (("hospital", *hospital, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("hospital", "--federation", tmp_path / "nowhere", "--name", "hospital-1"), "run consilium-provision first"),
@@ -39,6 +42,9 @@ def test_user_mistakes_get_one_line(tmp_path):
         (("server", *server, "--quorum", "3"), "exceeds the 2 hospitals"),
         (("provision", "--out", federation), "already holds a federation"),
         (("server", "--federation", federation, "--out", used, "--expected-batch-size", "5"), "already holds a run"),
+        (("server", "--federation", federation, "--out", used, "--resume"), "holds no checkpoint"),
+        (("server", "--federation", federation, "--out", torn, "--resume"), "checkpoint.json is unreadable"),
+        (("server", "--federation", federation, "--out", tmp_path / "new"), "--expected-batch-size is required"),
         (("federation", "--out", tmp_path / "run", "--data", tmp_path / "missing.npz"), "no dataset file"),
     ]
     # Each launcher takes seconds to import torch and Opacus; the cases are independent.

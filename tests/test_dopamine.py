@@ -91,6 +91,26 @@ def test_momentum_is_applied_to_the_mean_as_in_algorithm_1():
         update.apply(g1[:-1])
 
 
+def test_momentum_carried_over_continues_the_same_trajectory():
+    """What a restarted server hands a rejoining hospital: its model and m, from which it steps alike."""
+    settings = DopamineSettings(sample_rate=0.5, noise_multiplier=1.0, **SETTINGS)
+    g1, g2 = np.random.default_rng(0).normal(size=(2, get_flat_parameters(_model()).size)).astype(np.float32)
+    model = _model()
+    update = MomentumUpdate(model, settings)
+    assert not update.momentum().any()
+    update.apply(g1)
+    joined = _model()
+    set_flat_parameters(joined, get_flat_parameters(model))
+    carried = MomentumUpdate(joined, settings)
+    carried.load_momentum(update.momentum())
+    update.apply(g2)
+    carried.apply(g2)
+    assert np.array_equal(get_flat_parameters(joined), get_flat_parameters(model))
+    assert np.allclose(update.momentum(), 0.9 * g1 + g2)
+    with pytest.raises(ValueError, match="expected a momentum of"):
+        carried.load_momentum(g1[:-1])
+
+
 @pytest.mark.parametrize(
     "generator",
     [torch.Generator(), np.random.default_rng(), np.random.Generator(np.random.PCG64(2**127)), np.random.Generator(ChaCha(rounds=8))],

@@ -10,9 +10,8 @@ import dataclasses
 import pytest
 
 from crypto.bfv import aggregate_bytes
-from protocol.messages import Aggregate, Endorsement, Endorsements, Finish, Hello, KeyRequest, Released, RoundStart, RunKey, Welcome
+from protocol.messages import Aggregate, Endorsement, Endorsements, Finish, Hello, KeyReady, KeyRequest, Released, RoundStart, RunKey
 from scripted import ScriptedServer
-from training.models import build_model, get_flat_parameters
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +85,7 @@ def test_a_server_cannot_release_one_update_in_two_sums(server):
     assert releases[H1].mean_gradient and releases[H1].digest == releases[H2].digest
     server.send(H1, Finish(reason="test over"))
     server.send(H2, Finish(reason="test over"))
-    assert server.processes[H1].wait(timeout=60) == 0 and server.processes[H2].wait(timeout=60) == 0
+    assert server.hospitals[H1].process.wait(timeout=60) == 0 and server.hospitals[H2].process.wait(timeout=60) == 0
     assert _drain(server) == []  # hospital-2 never endorsed the second sum
     assert "a hospital endorses one per round" in server.logs[H2].read_text()
 
@@ -132,11 +131,11 @@ def test_hospitals_given_different_settings_get_no_key_through(server):
     less_noise = dataclasses.replace(config, dopamine=dataclasses.replace(config.dopamine, noise_multiplier=0.3))
     assert _ring(less_noise) == _ring(config)  # the same ciphertexts and keys: nothing else would tell them apart
     server.receive_from_each(Hello, (H1, H2, H3))
-    initial = get_flat_parameters(build_model(config.model)).tobytes()
-    server.send(H1, Welcome(config=config.to_dict(), initial_parameters=initial))
+    server.send(H1, server.welcome(H1))
     for name in (H2, H3):
-        server.send(name, Welcome(config=less_noise.to_dict(), initial_parameters=initial))
-    run_keys = server.receive_from_each(RunKey, (H2, H3))
+        server.send(name, server.welcome(name, less_noise))
+    run_keys = server.receive_from_each((KeyReady, RunKey), (H1, H2, H3))
+    assert isinstance(run_keys.pop(H1), KeyReady)
     server.send(H1, KeyRequest(run_keys={name: message.certified_key for name, message in run_keys.items()}))
-    assert "is not hospital-" in _refusal(server, H1)
+    server.wait_for_log(H1, "is not hospital-")
     assert _drain(server) == []  # no key setup

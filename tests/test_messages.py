@@ -24,6 +24,7 @@ from protocol.messages import (
     Withdraw,
     decode,
     encode,
+    float32_values,
     release_digest,
 )
 
@@ -35,10 +36,13 @@ SAMPLES = [
     Update(round=3, chunks=(b"a", b"b")),
     Withdraw(round=3, reason="budget"),
     Released(round=3, digest=b"d" * 32, mean_gradient=b""),
-    Welcome(config={"run_id": "abc", "nested": {"x": [1, 2.5]}}, initial_parameters=b"\x00" * 8),
+    Welcome(
+        config={"run_id": "abc", "nested": {"x": [1, 2.5]}}, initial_parameters=b"\x00" * 8,
+        parameters=b"\x01" * 8, momentum=b"\x02" * 8, generate_key=True,
+    ),  # fmt: skip
     KeyRequest(run_keys={"hospital-2": b"k" * 96}),
     RunKey(certified_key=b"k" * 96),
-    SealedKey(box=b"box"),
+    SealedKey(box=b"box", sealer="hospital-2"),
     RoundStart(round=1),
     Aggregate(round=1, contributors=("hospital-1", "hospital-2"), chunks=(b"c",)),
     Endorsement(round=1, signature=b"s" * 64),
@@ -90,6 +94,20 @@ def _raw(**body):
 def test_malformed_messages_are_rejected_with_a_reason(raw, reason):
     with pytest.raises(MessageError, match=reason):
         decode(raw, accept=TO_SERVER, max_bytes=LIMIT)
+
+
+@pytest.mark.parametrize("flag", [1, 0, "true", None])
+def test_a_boolean_is_only_a_boolean(flag):
+    welcome = dict(config={}, initial_parameters=b"", parameters=b"", momentum=b"", generate_key=flag)
+    with pytest.raises(MessageError, match="must be a boolean"):
+        decode(_raw(v=1, type="welcome", **welcome), accept=TO_HOSPITAL, max_bytes=LIMIT)
+
+
+@pytest.mark.parametrize("payload", [b"\x00" * 7, b"\x00" * 12, b"\x00\x00\xc0\x7f" + b"\x00" * 4])
+def test_float32_fields_need_the_count_and_finite_values(payload):
+    assert float32_values(b"\x00" * 8, 2, "the model").tolist() == [0.0, 0.0]
+    with pytest.raises(MessageError, match="the model is not 2 finite float32 values"):
+        float32_values(payload, 2, "the model")
 
 
 def test_our_own_texts_are_made_printable_and_short_before_they_leave():

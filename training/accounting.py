@@ -21,7 +21,9 @@ model's parties); the collusion view is reported, since the threat model exclude
 release leaves (so a crash can only over-count) and read back on start, so a restart never resets
 epsilon. Each record is keyed by an identifier the ledger draws itself, never by anything the
 server chooses: a server that repeats a run id or a round cannot make two releases count as one.
-A run id is accepted once: ``begin_run`` refuses one the ledger has seen. The file is append-only
+A run id is accepted again only to resume that same run (the same fingerprint: every setting and the
+initial model, ``protocol.config.RunConfig.fingerprint``); ``begin_run`` then returns the last round
+recorded, and a party takes part only in later rounds. The file is append-only
 JSON lines, one fsynced line per record; a final line cut short by a crash was never acknowledged
 (so nothing was released on its strength) and is dropped on the next start; anything else
 unreadable is refused. One process at a time may hold a ledger file (an exclusive lock), so two
@@ -157,7 +159,8 @@ class PrivacyLedger:
     def __init__(self, path: Path | None = None) -> None:
         self._path = path
         self._entries: dict[str, Release | _GaussianRelease] = {}
-        self._runs: set[str] = set()
+        self._runs: dict[str, str | None] = {}  # run id -> its fingerprint (None in older ledgers)
+        self._last_round: dict[str, int] = {}
         self._locked = False
         self._size = path.stat().st_size if path is not None and path.exists() else 0
         # Repairs wait for the first write, made under the lock: a torn last line to cut, a header.
@@ -170,12 +173,19 @@ class PrivacyLedger:
     def steps(self) -> int:
         return len(self._entries)
 
-    def begin_run(self, run_id: str) -> None:
-        """Accept ``run_id`` once, durably; a run id seen before is refused."""
+    def begin_run(self, run_id: str, fingerprint: str) -> int:
+        """Begin a run, durably, or resume one begun with the same fingerprint; returns its last recorded round.
+
+        A run id seen before under another fingerprint is refused: a server may not reuse a run id."""
         if run_id in self._runs:
-            raise LedgerError(f"run {run_id} is already in this privacy ledger: a server may not reuse a run id")
-        self._write({"run": run_id})
-        self._runs.add(run_id)
+            if self._runs[run_id] != fingerprint:
+                raise LedgerError(
+                    f"run {run_id} is already in this privacy ledger with other settings: a server may not reuse a run id"
+                )
+            return self._last_round.get(run_id, 0)
+        self._write({"run": run_id, "fingerprint": fingerprint})
+        self._runs[run_id] = fingerprint
+        return 0
 
     def record(self, release: Release, *, run_id: str, round_number: int) -> None:
         """Add ``release`` under a fresh identifier, durably before returning."""
@@ -184,6 +194,7 @@ class PrivacyLedger:
         key = secrets.token_hex(16)
         self._write({"key": key, "run": run_id, "round": round_number, **release.to_record()})
         self._entries[key] = release
+        self._last_round[run_id] = max(self._last_round.get(run_id, 0), round_number)
 
     def epsilon(self, delta: float, *, view: str = "server", extra: Release | None = None) -> float:
         """Epsilon at ``delta`` for ``view`` spent so far, plus one more release if given."""
@@ -274,14 +285,14 @@ class PrivacyLedger:
             raise _unreadable(path, str(error)) from None
 
     def _replay(self, record: dict) -> None:
-        if set(record) == {"run"}:
-            self._runs.add(str(record["run"]))
+        if set(record) in ({"run"}, {"run", "fingerprint"}):
+            self._runs[str(record["run"])] = record.get("fingerprint")
         else:
-            key, run = record.pop("key"), record.pop("run")
-            record.pop("round")
-            if not isinstance(key, str) or key in self._entries or run not in self._runs:
+            key, run, round_number = record.pop("key"), record.pop("run"), record.pop("round")
+            if not isinstance(key, str) or key in self._entries or run not in self._runs or type(round_number) is not int:
                 raise ValueError(f"malformed record {key!r}")
             self._entries[key] = Release.from_record(record)
+            self._last_round[run] = max(self._last_round.get(run, 0), round_number)
 
 
 def _unreadable(path: Path, reason: str) -> LedgerError:

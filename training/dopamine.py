@@ -168,3 +168,19 @@ class MomentumUpdate:
         for parameter, values in zip(self._parameters, gradient.split([p.numel() for p in self._parameters])):
             parameter.grad = values.view_as(parameter).clone()
         self._optimizer.step()
+
+    def momentum(self) -> np.ndarray:
+        """``m`` as float32, zeros before the first step (where SGD's lazily created buffer starts)."""
+        buffers = [self._optimizer.state.get(p, {}).get("momentum_buffer") for p in self._parameters]
+        return np.concatenate(
+            [(torch.zeros_like(p) if b is None else b).detach().reshape(-1).numpy() for p, b in zip(self._parameters, buffers)]
+        ).astype("<f4")
+
+    def load_momentum(self, values: np.ndarray) -> None:
+        """Continue from ``m = values``, e.g. a checkpoint's; the next step is ``m <- beta m + g``."""
+        values = torch.as_tensor(np.asarray(values, dtype=np.float32))
+        sizes = [p.numel() for p in self._parameters]
+        if values.shape != (sum(sizes),):
+            raise ValueError(f"expected a momentum of {sum(sizes)} values, got shape {tuple(values.shape)}")
+        for parameter, part in zip(self._parameters, values.split(sizes)):
+            self._optimizer.state[parameter]["momentum_buffer"] = part.view_as(parameter).clone()
