@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -59,6 +59,7 @@ from protocol.messages import (
     KeyReady,
     KeyRequest,
     KeySetup,
+    MeanRequest,
     Message,
     MessageError,
     ProtocolError,
@@ -167,6 +168,7 @@ class Hospital:
         self._momentum: MomentumUpdate | None = None
         self._secret: SecretContext | None = None
         self._last_round = 0  # the last round this hospital was charged for: it takes part only in later ones
+        self._released: Released | None = None  # the last release, with the mean, should the server ask for it
         self._joins = 0
         self._rounds: list[dict] = []
         self._rejections = RejectionLog(log)
@@ -226,6 +228,7 @@ class Hospital:
         self._last_round = self._ledger.begin_run(config.run_id, run)
         if self._last_round:
             log.warning("%s resumes run %s after round %d, the last its ledger charged", self._name, config.run_id, self._last_round)
+            self._continue_metrics(config.run_id)
         self._limit = config.message_limit()
         self._config, self._run = config, run
         self._step = NoisyGradientStep(model, self._data.x, self._data.y, config.dopamine)
@@ -289,7 +292,7 @@ class Hospital:
     def _rounds_loop(self) -> str:
         pending: _Contribution | None = None
         while True:
-            message = self._expect(RoundStart, Aggregate, Endorsements, RoundAbort, KeyRequest, Finish)
+            message = self._expect(RoundStart, Aggregate, Endorsements, RoundAbort, KeyRequest, MeanRequest, Finish)
             received = time.monotonic()
             if isinstance(message, Finish):
                 return message.reason
@@ -298,6 +301,11 @@ class Hospital:
                     self._seal_key(message)
                 except ProtocolError as error:  # nothing sealed; the run goes on without the newcomer
                     self._rejections.reject("the server", message.TYPE, str(error))
+            elif isinstance(message, MeanRequest):
+                if self._released is None or self._released.round != message.round:
+                    self._rejections.reject("the server", message.TYPE, f"we released no mean gradient for round {message.round}")
+                else:
+                    self._send(self._released)  # the same release again, now with the mean itself
             elif isinstance(message, RoundStart):
                 if message.round <= self._last_round:
                     raise ProtocolError(f"the server started round {message.round} again after round {self._last_round}")
@@ -402,10 +410,9 @@ class Hospital:
             raise ProtocolError(f"round {message.round}: refusing to release the sum: {error}") from None
         self._momentum.apply(pending.mean)
         payload = pending.mean.tobytes()
+        self._released = Released(round=message.round, digest=release_digest(message.round, payload), mean_gradient=payload)
         releaser = contributors[0] == self._name
-        self._send(
-            Released(round=message.round, digest=release_digest(message.round, payload), mean_gradient=payload if releaser else b"")
-        )
+        self._send(self._released if releaser else replace(self._released, mean_gradient=b""))
         self._rounds.append(
             {
                 "round": message.round,
@@ -440,6 +447,14 @@ class Hospital:
 
     def _send(self, message: Message) -> None:
         self._transport.send(encode(message))
+
+    def _continue_metrics(self, run_id: str) -> None:
+        """Keep what an earlier process of this hospital recorded for the run."""
+        try:
+            earlier = json.loads((self._state_dir / f"metrics-{run_id}.json").read_text())
+            self._rounds, self._joins = list(earlier["rounds"]), int(earlier["joins"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log.warning("%s: the metrics of its earlier process are unreadable (%s); starting them afresh", self._name, error)
 
     def _write_metrics(self, finish_reason: str) -> None:
         config = self._config

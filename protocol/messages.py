@@ -22,6 +22,7 @@ Sequence of one run (H = each hospital, KH = the key holder, the first hospital 
     H  -> S  Endorsement(r, signature)      (crypto.endorsement: one aggregate per round)
     S  -> H  Endorsements(r, every contributor's signature) | RoundAbort(r, reason)
     H  -> S  Released(r, digest, mean gradient from the first contributor only)
+    S  -> H  MeanRequest(r)                 (only if the first contributor left: the next one sends it)
     S  -> H  Finish(reason)
 
 Joining later runs the same exchange between rounds: a hospital that restarted, or whose connection
@@ -51,6 +52,7 @@ __all__ = [
     "KeyReady",
     "KeyRequest",
     "KeySetup",
+    "MeanRequest",
     "Message",
     "MessageError",
     "ProtocolError",
@@ -185,7 +187,13 @@ class Released(Message):
     TYPE = "released"
     round: int
     digest: bytes  # release_digest(round, mean gradient)
-    mean_gradient: bytes  # float32; sent by the first contributor only, empty from the others
+    mean_gradient: bytes  # float32; sent by the first contributor only (or one asked by MeanRequest), empty from the others
+
+
+@dataclass(frozen=True)
+class MeanRequest(Message):
+    TYPE = "mean_request"
+    round: int  # the round whose mean gradient this hospital released: send it (the first contributor left)
 
 
 @dataclass(frozen=True)
@@ -195,7 +203,7 @@ class Finish(Message):
 
 
 TO_SERVER = frozenset({Hello, RunKey, KeySetup, KeyReady, Update, Withdraw, Endorsement, Released})
-TO_HOSPITAL = frozenset({Welcome, KeyRequest, SealedKey, RoundStart, Aggregate, Endorsements, RoundAbort, Finish})
+TO_HOSPITAL = frozenset({Welcome, KeyRequest, SealedKey, RoundStart, Aggregate, Endorsements, RoundAbort, MeanRequest, Finish})
 _BY_TYPE = {cls.TYPE: cls for cls in TO_SERVER | TO_HOSPITAL}
 
 

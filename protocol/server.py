@@ -46,6 +46,7 @@ from protocol.messages import (
     KeyReady,
     KeyRequest,
     KeySetup,
+    MeanRequest,
     Message,
     MessageError,
     ProtocolError,
@@ -74,6 +75,7 @@ from training.models import accuracy, build_model, get_flat_parameters, set_flat
 __all__ = ["Server", "Timeouts"]
 
 log = logging.getLogger("consilium.server")
+_MAX_JOINS_AGAIN = 3  # per hospital and run: a join mid-round costs every contributor a round's charge
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -170,15 +172,18 @@ class Server:
             self._initial_parameters = float32_values(checkpoint.initial_parameters, self._params.vector_length, "its initial model")
             set_flat_parameters(self._model, float32_values(checkpoint.parameters, self._params.vector_length, "its model"))
             self._momentum.load_momentum(float32_values(checkpoint.momentum, self._params.vector_length, "its momentum"))
-        except MessageError as error:
+            self._rounds = [_RoundRecord(**record) for record in checkpoint.rounds]
+            if not all(type(r.round) is int for r in self._rounds):
+                raise ValueError("round numbers must be integers")
+            self._departures = {str(name): str(reason) for name, reason in dict(checkpoint.departures).items()}
+            self._joins = [{"hospital": str(j["hospital"]), "before_round": int(j["before_round"])} for j in checkpoint.joins]
+        except (MessageError, TypeError, ValueError, KeyError) as error:
             raise CheckpointError(f"the checkpoint in {self._out_dir} is unusable: {error}") from None
         self._run = self._config.fingerprint(checkpoint.initial_parameters)
-        resumed_after = self._ledger.begin_run(self._config.run_id, self._run)
+        charged_up_to = self._ledger.begin_run(self._config.run_id, self._run)
         self._public = PublicContext(self._params)
-        self._rounds = [_RoundRecord(**record) for record in checkpoint.rounds]
-        self._rounds_started = checkpoint.rounds_started
-        self._departures = dict(checkpoint.departures)
-        self._joins = list(checkpoint.joins)
+        # Never a round number used before, even if the checkpoint on disk were older than the ledger.
+        self._rounds_started = max(checkpoint.rounds_started, charged_up_to)
         if self._rounds_started > max((r.round for r in self._rounds), default=0):
             self._rounds.append(
                 _RoundRecord(
@@ -188,7 +193,7 @@ class Server:
             )
         log.warning(
             "resuming run %s after round %d (its ledger last charged round %d)",
-            self._config.run_id, self._rounds_started, resumed_after,
+            self._config.run_id, self._rounds_started, charged_up_to,
         )  # fmt: skip
 
     def run(self) -> dict:
@@ -209,10 +214,9 @@ class Server:
                 if self._joining:
                     self._admit()
                 if len(self._active) < quorum:
+                    finish_reason = f"only {len(self._active)} hospitals remain, fewer than the quorum of {quorum}"
                     break
                 self._run_round(round_number)
-            if len(self._active) < quorum:
-                finish_reason = f"only {len(self._active)} hospitals remain, fewer than the quorum of {quorum}"
         except ProtocolError as error:
             finish_reason = f"stopped: {error}"
             raise
@@ -253,6 +257,8 @@ class Server:
             sender, message = got
             if not isinstance(message, Hello):
                 self._reject(sender, message, "expected hello")
+            elif sender not in self._config.hospitals:
+                self._reject(sender, message, "not a hospital of this run")
             elif sender in self._joining:
                 self._reject(sender, message, "already joined")
             else:
@@ -292,7 +298,7 @@ class Server:
                 run_keys[sender] = message.certified_key
             else:
                 self._reject(sender, message, "expected key ready or a run key")
-        sealers = self._active + ready
+        sealers = self._active + sorted(ready, key=lambda name: name != self._config.key_holder)
         if run_keys and sealers:
             ready += self._relay_key(sealers[0], run_keys, deadline)
         for name in set(newcomers) - set(ready) - set(self._joining):  # (one that said Hello again is welcomed again)
@@ -358,6 +364,9 @@ class Server:
         if set(signatures) != set(record.contributors):
             self._abort(record, f"{len(signatures)} of {len(record.contributors)} contributors endorsed the aggregate")
             return
+        # Charged before the endorsements leave: from then on the contributors may decrypt and use the sum.
+        release = release_of(self._mechanism, sample_rate=self._config.dopamine.sample_rate, contributors=len(record.contributors))
+        self._ledger.record(release, run_id=self._config.run_id, round_number=round_number)
         for name in record.contributors:
             self._send(name, Endorsements(round=round_number, signatures=signatures))
         mean_gradient = self._await_release(round_number, record.contributors)
@@ -367,8 +376,6 @@ class Server:
         self._momentum.apply(mean_gradient)
         record.validation_accuracy = accuracy(self._model, self._validation.x, self._validation.y)
         record.seconds["evaluate"] = time.perf_counter() - started
-        release = release_of(self._mechanism, sample_rate=self._config.dopamine.sample_rate, contributors=len(record.contributors))
-        self._ledger.record(release, run_id=self._config.run_id, round_number=round_number)
         record.status = "released"
         record.epsilon = self._ledger.epsilons(self._config.delta)
         self._finish_round(record)
@@ -377,8 +384,9 @@ class Server:
         total = CiphertextSum(self._public)
         aggregate_seconds = 0.0
         deadline = time.monotonic() + self._timeouts.round_s
-        while not set(self._active) <= set(record.contributors):
-            got = self._next_message(deadline)
+        waiting = lambda: not set(self._active) <= set(record.contributors)  # noqa: E731
+        while waiting():
+            got = self._next_message(deadline, waiting)
             if got is None:
                 break
             sender, message = got
@@ -422,10 +430,11 @@ class Server:
         )
         signatures: dict[str, bytes] = {}
         deadline = time.monotonic() + self._timeouts.round_s
+        complete = lambda: contributors <= set(self._active)  # noqa: E731 (one joining again will never endorse)
         while set(signatures) != contributors:
-            if not contributors <= set(self._active):  # one joins again: it will never endorse, and nobody is late
-                return signatures
-            got = self._next_message(deadline)
+            got = self._next_message(deadline, complete)
+            if not complete():
+                return signatures  # nobody is late
             if got is None:
                 break
             sender, message = got
@@ -451,8 +460,9 @@ class Server:
         digests: dict[str, bytes] = {}
         gradient: np.ndarray | None = None
         deadline = time.monotonic() + self._timeouts.round_s
-        while not set(contributors) & set(self._active) <= set(digests):
-            got = self._next_message(deadline)
+        waiting = lambda: not set(contributors) & set(self._active) <= set(digests)  # noqa: E731
+        while waiting():
+            got = self._next_message(deadline, waiting)
             if got is None:
                 break
             sender, message = got
@@ -471,8 +481,14 @@ class Server:
                     self._reject(sender, message, str(error))
                     continue
                 digests[sender] = message.digest
+        for name in contributors:
+            if gradient is not None:
+                break
+            if name in digests and name in self._active:
+                gradient = self._requested_mean(name, round_number, digests[name], deadline)
+                releaser = name
         if gradient is None:
-            raise ProtocolError(f"{releaser} did not release the mean gradient of round {round_number}")
+            raise ProtocolError(f"no contributor released the mean gradient of round {round_number}")
         expected = release_digest(round_number, gradient.tobytes())
         disagreeing = sorted(name for name, digest in digests.items() if digest != expected)
         if disagreeing:
@@ -483,11 +499,31 @@ class Server:
             self._drop(name, f"did not confirm round {round_number}")
         return gradient
 
+    def _requested_mean(self, name: str, round_number: int, digest: bytes, deadline: float) -> np.ndarray | None:
+        """The mean gradient ``name`` released, asked for because the first contributor left before sending it."""
+        self._send(name, MeanRequest(round=round_number))
+        while (got := self._next_message(deadline, lambda: name in self._active)) is not None:
+            sender, message = got
+            if not (isinstance(message, Released) and sender == name and message.round == round_number):
+                self._reject(sender, message, f"expected {name}'s mean gradient of round {round_number}")
+                continue
+            try:
+                gradient = float32_values(message.mean_gradient, self._params.vector_length, "the mean gradient")
+            except MessageError as error:
+                self._reject(sender, message, str(error))
+                continue
+            if message.digest == digest:
+                return gradient
+            self._reject(sender, message, "a mean gradient other than the one it stated")
+        return None
+
     # -- helpers --------------------------------------------------------------------------------
 
-    def _next_message(self, deadline: float) -> tuple[str, Message] | None:
-        """The next valid message before ``deadline``; invalid ones are rejected on the way."""
-        while (remaining := deadline - time.monotonic()) > 0:
+    def _next_message(self, deadline: float, waiting: Callable[[], bool] = lambda: True) -> tuple[str, Message] | None:
+        """The next valid message before ``deadline``, or None once it passes or ``waiting()`` turns false
+        (a hospital that says Hello again leaves the round: what a round waits for may change).
+        Invalid messages are rejected on the way."""
+        while (remaining := deadline - time.monotonic()) > 0 and waiting():
             got = self._transport.receive(remaining)
             if got is None:
                 return None
@@ -507,8 +543,19 @@ class Server:
 
     def _hello_again(self, sender: str, message: Hello) -> None:
         """A hospital of the run that connected again (it or this server restarted): welcomed before the next round."""
+        if sender not in self._config.hospitals:
+            self._reject(sender, message, "not a hospital of this run")
+            return
         if sender in self._joining:
             self._reject(sender, message, "already joining")
+            return
+        if sum(join["hospital"] == sender for join in self._joins) >= _MAX_JOINS_AGAIN:
+            # Each join mid-round costs the round, and every contributor is charged for it.
+            reason = f"joined again {_MAX_JOINS_AGAIN} times; not welcomed any more"
+            if sender in self._active:
+                self._drop(sender, reason)
+            else:
+                self._send(sender, Finish(reason=reason))
             return
         if sender in self._active:
             self._active.remove(sender)  # whatever it had in flight is gone: a round waits for it no longer
@@ -542,7 +589,7 @@ class Server:
             parameters=get_flat_parameters(self._model).tobytes(),
             momentum=self._momentum.momentum().tobytes(),
             rounds_started=self._rounds_started,
-            active=list(self._active),
+            active=self._active + self._joining,  # whom a resumed server waits for
             rounds=[dataclasses.asdict(r) for r in self._rounds],
             departures=dict(self._departures),
             joins=list(self._joins),

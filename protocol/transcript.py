@@ -8,7 +8,8 @@ keeps the messages themselves (the tests use it to show that no secret key ever 
 guard such a file like the hospitals' keys. Records are msgpack maps
 ``{"time", "sender", "bytes", "sha256"[, "payload"]}`` appended one after another, in a file only
 its owner can read. A resumed server appends to its transcript; a last record cut short when the
-server was killed is dropped first, so that the records after it stay readable.
+server was killed is dropped first, so that the records after it stay readable. Anything else
+unreadable is refused (``TranscriptError``): an audit record is never cut to make room.
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ from typing import BinaryIO, Iterator
 
 import msgpack
 
-__all__ = ["Transcript", "read_transcript"]
+__all__ = ["Transcript", "TranscriptError", "read_transcript"]
 
 
 class Transcript:
     def __init__(self, path: Path, *, payloads: bool = False, max_payload_bytes: int | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and (complete := _complete_length(path)) < path.stat().st_size:
-            os.truncate(path, complete)
+        if path.exists():
+            # A record is at most a payload and its small header; a longer unreadable tail is damage.
+            payload_room = (max_payload_bytes or 2**31) if payloads else 0
+            _drop_torn_last_record(path, longest_record=payload_room + 1024)
         self._file: BinaryIO = os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         os.chmod(path, 0o600)  # also when the file existed, whatever the umask made it
         self._payloads = payloads
@@ -50,14 +53,21 @@ def read_transcript(path: Path) -> Iterator[dict]:
         yield from msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
 
 
-def _complete_length(path: Path) -> int:
-    """How many leading bytes of the file are whole records."""
+class TranscriptError(RuntimeError):
+    """A transcript that is damaged other than by a last record cut short."""
+
+
+def _drop_torn_last_record(path: Path, *, longest_record: int) -> None:
+    size = path.stat().st_size
     with path.open("rb") as handle:
         unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
-        length = 0
+        complete = 0
         try:
             for _ in unpacker:
-                length = unpacker.tell()
+                complete = unpacker.tell()
         except (ValueError, msgpack.UnpackException):
-            pass  # not msgpack from here on: keep what came before
-    return length
+            raise TranscriptError(f"the transcript {path} is unreadable after byte {complete}; move it aside") from None
+    if size - complete > longest_record:
+        raise TranscriptError(f"the transcript {path} is unreadable after byte {complete}; move it aside")
+    if complete < size:
+        os.truncate(path, complete)

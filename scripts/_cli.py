@@ -14,6 +14,7 @@ from protocol.checkpoint import CheckpointError
 from protocol.config import ConfigError
 from protocol.messages import ProtocolError
 from protocol.roster import RosterError
+from protocol.transcript import TranscriptError
 from protocol.transport import TransportError
 from training.accounting import LedgerError
 from training.datasets import DatasetError
@@ -30,6 +31,7 @@ USER_ERRORS = (
     ProtocolError,
     RosterError,
     SealedBoxError,
+    TranscriptError,
     TransportError,
     OSError,
 )

@@ -13,6 +13,7 @@ from protocol.messages import (
     KeyReady,
     KeyRequest,
     KeySetup,
+    MeanRequest,
     MessageError,
     Released,
     RoundAbort,
@@ -48,6 +49,7 @@ SAMPLES = [
     Endorsement(round=1, signature=b"s" * 64),
     Endorsements(round=1, signatures={"hospital-1": b"s" * 64, "hospital-2": b"t" * 64}),
     RoundAbort(round=1, reason="quorum"),
+    MeanRequest(round=1),
     Finish(reason="done"),
 ]
 

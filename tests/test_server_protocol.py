@@ -16,7 +16,9 @@ from protocol.messages import (
     Endorsements,
     Finish,
     Hello,
+    KeyReady,
     KeySetup,
+    MeanRequest,
     Released,
     RoundAbort,
     RoundStart,
@@ -203,5 +205,44 @@ def test_a_flood_is_dropped_over_the_rate_and_logged_boundedly(server):
     assert dropped > 3000 and report["rejected_messages"] + dropped == 6000
     lines = [line for line in server.log.read_text().splitlines() if "hospital-2" in line]
     assert len(lines) < 40, len(lines)
+    for hospital in (h1, h2):
+        hospital.close()
+
+
+@pytest.mark.parametrize("server", [(2, "--rounds", "2", "--quorum", "2", "--round-timeout", "30")], indirect=True)
+def test_a_releaser_that_joins_again_is_replaced_and_the_run_goes_on(server):
+    """hospital-1, which sends the mean, says Hello again instead: hospital-2 is asked for it, then hospital-1 rejoins."""
+    h1, h2 = ScriptedHospital(server, "hospital-1"), ScriptedHospital(server, "hospital-2")
+    h1.send(Hello())
+    h2.send(Hello())
+    h1.welcome()
+    h2.welcome()
+    h2.send_run_key()
+    h1.send(h1.key_setup())
+    h2.receive_key()
+    for hospital in (h1, h2):
+        assert hospital.expect(RoundStart).round == 1
+    updates = [h.random_update(seed) for h, seed in ((h1, 1), (h2, 2))]
+    for hospital, update in zip((h1, h2), updates):
+        hospital.send(Update(round=1, chunks=tuple(hospital.secret.encrypt_update(update, round_number=1, hospital=hospital.name))))
+    aggregates = [hospital.expect(Aggregate) for hospital in (h1, h2)]
+    for hospital, aggregate in zip((h1, h2), aggregates):
+        hospital.endorse(aggregate)
+    for hospital in (h1, h2):
+        hospital.expect(Endorsements)
+    mean = (updates[0] + updates[1]).astype("<f4").tobytes()  # any agreed float32 vector of the right length
+    h1.send(Hello())  # restarted before it released
+    h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=b""))
+    assert h2.expect(MeanRequest).round == 1
+    h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
+    h1.welcome()  # welcomed again before round 2, holding the key
+    h1.send(KeyReady())
+    assert h1.expect(RoundStart).round == 2 and h2.expect(RoundStart).round == 2
+    for hospital in (h1, h2):
+        hospital.send(Withdraw(round=2, reason="done"))
+    report = server.finish()
+    assert [r["status"] for r in report["rounds"]] == ["released", "aborted"]
+    assert report["joins"] == [{"hospital": "hospital-1", "before_round": 2}]
+    assert "Traceback" not in server.log.read_text()
     for hospital in (h1, h2):
         hospital.close()

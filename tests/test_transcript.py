@@ -1,4 +1,6 @@
-from protocol.transcript import Transcript, read_transcript
+import pytest
+
+from protocol.transcript import Transcript, TranscriptError, read_transcript
 
 
 def test_a_record_cut_short_by_a_kill_is_dropped_when_the_transcript_is_reopened(tmp_path):
@@ -16,3 +18,23 @@ def test_a_record_cut_short_by_a_kill_is_dropped_when_the_transcript_is_reopened
         ("hospital-1", b"first"), ("hospital-2", b"second"), ("hospital-3", b"third"),
     ]  # fmt: skip
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("where", ["a byte that is not msgpack", "a length running past the end"])
+def test_damage_before_the_last_record_is_refused_and_nothing_is_cut(tmp_path, where):
+    path = tmp_path / "transcript.msgpack"
+    transcript = Transcript(path)
+    for number in range(50):
+        if number == 10:
+            boundary = path.stat().st_size  # where the 11th record begins
+        transcript.record(f"hospital-{number}", b"message")
+    transcript.close()
+    damaged = bytearray(path.read_bytes())
+    if where == "a byte that is not msgpack":
+        damaged[boundary] = 0xC1
+    else:
+        damaged[boundary : boundary + 5] = b"\xc6\x7f\xff\xff\xff"  # a 2 GiB binary
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(TranscriptError, match=f"unreadable after byte {boundary}"):
+        Transcript(path)
+    assert path.read_bytes() == bytes(damaged)
