@@ -449,9 +449,12 @@ class Hospital:
         self._transport.send(encode(message))
 
     def _continue_metrics(self, run_id: str) -> None:
-        """Keep what an earlier process of this hospital recorded for the run."""
+        """Keep what an earlier process of this hospital recorded for the run (one killed wrote nothing)."""
+        path = self._state_dir / f"metrics-{run_id}.json"
+        if not path.exists():
+            return
         try:
-            earlier = json.loads((self._state_dir / f"metrics-{run_id}.json").read_text())
+            earlier = json.loads(path.read_text())
             self._rounds, self._joins = list(earlier["rounds"]), int(earlier["joins"])
         except (OSError, ValueError, KeyError, TypeError) as error:
             log.warning("%s: the metrics of its earlier process are unreadable (%s); starting them afresh", self._name, error)

@@ -141,8 +141,7 @@ class Server:
         self._rounds_open = False  # from the first admission on, a Hello means a hospital joins again
         self._resumed_from = _checkpoint
         if _checkpoint is None:
-            self._initial_parameters = get_flat_parameters(self._model)
-            self._ledger.begin_run(config.run_id, config.fingerprint(self._initial_parameters.tobytes()))
+            self._initial_parameters = get_flat_parameters(self._model)  # the ledger's run begins once the run is named
         else:
             self._restore(_checkpoint)
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
@@ -214,9 +213,11 @@ class Server:
                 if self._joining:
                     self._admit()
                 if len(self._active) < quorum:
-                    finish_reason = f"only {len(self._active)} hospitals remain, fewer than the quorum of {quorum}"
                     break
                 self._run_round(round_number)
+            remaining = len(self._active) + len(self._joining)  # (one joining again is still in the run)
+            if remaining < quorum:
+                finish_reason = f"only {remaining} hospitals remain, fewer than the quorum of {quorum}"
         except ProtocolError as error:
             finish_reason = f"stopped: {error}"
             raise
@@ -248,6 +249,7 @@ class Server:
         self._params = self._config.bfv_parameters()
         self._public = PublicContext(self._params)
         self._run = self._config.fingerprint(self._initial_parameters.tobytes())
+        self._ledger.begin_run(self._config.run_id, self._run)
 
     def _await_hellos(self, expected: set[str], deadline: float) -> None:
         while not expected <= set(self._joining):

@@ -107,7 +107,5 @@ def test_a_hospital_killed_mid_run_rejoins_with_its_ledger_continuous(tmp_path):
     assert (first.state / "privacy_ledger.jsonl").read_text().count('"fingerprint"') == 1  # the run was begun once
     run_id = report["config"]["run_id"]
     metrics = json.loads((first.state / f"metrics-{run_id}.json").read_text())
-    released_with_first = [r for r in report["rounds"] if r["status"] == "released" and "hospital-1" in r["contributors"]]
-    recorded = [r["round"] for r in metrics["rounds"]]  # (a round it endorsed before the kill may be missing)
-    assert metrics["joins"] == 2 and recorded == sorted(set(recorded))
-    assert {r["round"] for r in after_join} <= set(recorded) <= {r["round"] for r in released_with_first}
+    recorded = [r["round"] for r in metrics["rounds"]]
+    assert metrics["joins"] == 1 and recorded == [r["round"] for r in after_join]  # the killed process wrote none
