@@ -450,7 +450,7 @@ class Hospital:
 
     def _continue_metrics(self, run_id: str) -> None:
         """Keep what an earlier process of this hospital recorded for the run (one killed wrote nothing)."""
-        path = self._state_dir / f"metrics-{run_id}.json"
+        path = self._metrics_path(run_id)
         if not path.exists():
             return
         try:
@@ -472,4 +472,7 @@ class Hospital:
             "joins": self._joins,
             "rounds": self._rounds,
         }
-        (self._state_dir / f"metrics-{config.run_id}.json").write_text(json.dumps(metrics, indent=1))
+        self._metrics_path(config.run_id).write_text(json.dumps(metrics, indent=1))
+
+    def _metrics_path(self, run_id: str) -> Path:
+        return self._state_dir / f"metrics-{run_id}.json"

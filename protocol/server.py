@@ -476,12 +476,7 @@ class Server:
                 self._reject(sender, message, f"only {releaser} sends the mean gradient")
             elif sender != releaser:
                 digests[sender] = message.digest
-            else:
-                try:
-                    gradient = float32_values(message.mean_gradient, self._params.vector_length, "the mean gradient")
-                except MessageError as error:
-                    self._reject(sender, message, str(error))
-                    continue
+            elif (gradient := self._mean_gradient_in(sender, message)) is not None:
                 digests[sender] = message.digest
         for name in contributors:
             if gradient is not None:
@@ -509,15 +504,20 @@ class Server:
             if not (isinstance(message, Released) and sender == name and message.round == round_number):
                 self._reject(sender, message, f"expected {name}'s mean gradient of round {round_number}")
                 continue
-            try:
-                gradient = float32_values(message.mean_gradient, self._params.vector_length, "the mean gradient")
-            except MessageError as error:
-                self._reject(sender, message, str(error))
-                continue
-            if message.digest == digest:
+            gradient = self._mean_gradient_in(sender, message)
+            if gradient is not None and message.digest == digest:
                 return gradient
-            self._reject(sender, message, "a mean gradient other than the one it stated")
+            if gradient is not None:
+                self._reject(sender, message, "a mean gradient other than the one it stated")
         return None
+
+    def _mean_gradient_in(self, sender: str, message: Released) -> np.ndarray | None:
+        """The mean gradient a release carries, or None (rejected) if it is not the model's size or not finite."""
+        try:
+            return float32_values(message.mean_gradient, self._params.vector_length, "the mean gradient")
+        except MessageError as error:
+            self._reject(sender, message, str(error))
+            return None
 
     # -- helpers --------------------------------------------------------------------------------
 
