@@ -277,6 +277,8 @@ class Hospital:
     def _certified_run_keys(self, run_keys: dict[str, bytes]) -> dict[str, X25519PublicKey]:
         """The other hospitals' run keys, each checked against its owner's identity in the roster."""
         expected = set(self._config.hospitals) - {self._name}
+        if not run_keys:
+            raise ProtocolError("the server asks to seal the key to no hospital")
         if not set(run_keys) <= expected:
             raise ProtocolError(f"the server asks to seal the key to {sorted(set(run_keys) - expected)}, not in this run")
         keys = {}

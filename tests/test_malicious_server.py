@@ -126,7 +126,7 @@ def test_a_replayed_round_and_a_reused_run_id_are_refused(tmp_path):
 
 
 def test_hospitals_given_different_settings_get_no_key_through(server):
-    """Less noise for hospitals 2 and 3 than for hospital-1: the key holder seals no key to them."""
+    """Less noise for hospitals 2 and 3 than for hospital-1: the key holder seals no key to them (nor to nobody)."""
     config = server.config
     less_noise = dataclasses.replace(config, dopamine=dataclasses.replace(config.dopamine, noise_multiplier=0.3))
     assert _ring(less_noise) == _ring(config)  # the same ciphertexts and keys: nothing else would tell them apart
@@ -138,4 +138,6 @@ def test_hospitals_given_different_settings_get_no_key_through(server):
     assert isinstance(run_keys.pop(H1), KeyReady)
     server.send(H1, KeyRequest(run_keys={name: message.certified_key for name, message in run_keys.items()}))
     server.wait_for_log(H1, "is not hospital-")
+    server.send(H1, KeyRequest(run_keys={}))
+    server.wait_for_log(H1, "to no hospital")
     assert _drain(server) == []  # no key setup
