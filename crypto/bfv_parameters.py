@@ -29,7 +29,6 @@ encrypted vector wins (fewer ciphertexts on a tie). ``crypto/bfv.py`` packs each
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from crypto.membership import check_slot_count

@@ -86,7 +86,7 @@ def run_federation(args: argparse.Namespace) -> dict:
     roster = provision(federation, hospitals=args.hospitals, address=address)
 
     data = load_dataset(args.data, split_seed=args.seed)
-    parts = partition(
+    partition(  # each hospital partitions alike; a partition that cannot be made fails here, before any process starts
         data.train.y, args.hospitals, args.partition, seed=args.seed, classes_per_part=args.classes_per_part, alpha=args.alpha
     )
     print(

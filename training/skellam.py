@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SkellamMechanism", "SumBound"]
+__all__ = ["SkellamMechanism", "SumBound", "bernstein_deviation"]
 
 _ROUNDING_TAIL = 2.0  # c = sqrt(2 ln(1/beta)): beta = e^-2, a redraw for ~13.5% of examples
 _SENSITIVITY_INFLATION = 1.01  # Delta_2 <= 1.01 gamma C
@@ -119,14 +119,14 @@ class SkellamMechanism:
         """
         log_half = _WRAP_LOG_PROBABILITY - math.log(2)
         batch_mean = contributors * expected_batch_size
-        records = batch_mean + _bernstein_deviation(batch_mean, -log_half)
+        records = batch_mean + bernstein_deviation(batch_mean, -log_half)
         # Two-sided, and over every coordinate: per coordinate at most half / (2 d).
-        noise = _bernstein_deviation(2 * contributors * self.share_mu, -(log_half - math.log(2 * self.dimension)))
+        noise = bernstein_deviation(2 * contributors * self.share_mu, -(log_half - math.log(2 * self.dimension)))
         levels = math.ceil(math.floor(records) * math.floor(self.l2_sensitivity) + noise)
         return SumBound(levels=levels, wrap_probability=math.exp(_WRAP_LOG_PROBABILITY))
 
 
-def _bernstein_deviation(variance: float, log_inverse_probability: float) -> float:
+def bernstein_deviation(variance: float, log_inverse_probability: float) -> float:
     """The ``a`` at which ``exp(-a^2 / (2 (variance + a/3)))`` equals ``exp(-log_inverse_probability)``."""
     L = log_inverse_probability
     return L / 3 + math.sqrt(L * L / 9 + 2 * L * variance)

@@ -1,0 +1,45 @@
+import numpy as np
+import pytest
+from scipy import stats
+
+from crypto.secret_sharing import ShareError, add, check_fits, from_bytes, reconstruct, share, to_bytes
+
+P = 2**61 - 1  # a Mersenne prime
+
+
+def test_shares_reconstruct_signed_votes_and_their_sums():
+    votes = [np.array([-7, 0, 3, 2**40, -(2**40)]), np.array([1, 1, -1, 5, 6])]
+    shared = [share(v, 3, P) for v in votes]
+    assert np.array_equal(reconstruct(shared[0], P), votes[0])
+    # What a tallier does: add the shares it holds; the totals reconstruct to the sum of the votes.
+    totals = [add(list(map(int, a)), b, P) for a, b in zip(shared[0], shared[1])]
+    assert np.array_equal(reconstruct([np.array(t, dtype=np.uint64) for t in totals], P), votes[0] + votes[1])
+
+
+def test_a_share_is_independent_of_the_votes():
+    """One tallier's shares of all-zero votes and of extreme votes: a two-sample test cannot tell them apart."""
+    count = 4000
+    zeros = share(np.zeros(count, dtype=np.int64), 3, P)[1]
+    extreme = share(np.full(count, 2**59, dtype=np.int64), 3, P)[1]
+    last_zeros = share(np.zeros(count, dtype=np.int64), 3, P)[2]  # the share that carries the vote, too
+    last_extreme = share(np.full(count, -(2**59), dtype=np.int64), 3, P)[2]
+    for a, b in ((zeros, extreme), (last_zeros, last_extreme)):
+        assert stats.ks_2samp(a / P, b / P).pvalue > 1e-4
+        assert stats.kstest(a / P, "uniform").pvalue > 1e-4
+
+
+def test_a_value_outside_the_field_range_is_refused():
+    with pytest.raises(ShareError, match="does not fit"):
+        share(np.array([P // 2]), 3, P)
+    with pytest.raises(ShareError, match="do not fit"):
+        check_fits(P // 2, P)
+    check_fits(P // 2 - 1, P)
+
+
+def test_shares_from_the_wire_are_checked():
+    vector = share(np.arange(4), 2, P)[0]
+    assert np.array_equal(from_bytes(to_bytes(vector), 4, P), vector)
+    with pytest.raises(ShareError, match="has 32 bytes, got 24"):
+        from_bytes(to_bytes(vector)[:24], 4, P)
+    with pytest.raises(ShareError, match="outside the field"):
+        from_bytes(np.array([0, P, 0, 0], dtype="<u8").tobytes(), 4, P)

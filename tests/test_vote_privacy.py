@@ -1,0 +1,92 @@
+import math
+
+import numpy as np
+import pytest
+from opacus.accountants.analysis.rdp import compute_rdp
+
+from training.accounting import PrivacyLedger
+from training.rdp import ORDERS, rdp_to_epsilon
+from training.secure_random import secure_generator
+from training.vote_privacy import VotingSettings
+
+
+def test_agent_level_ae_dpfl_matches_the_closed_form():
+    """At the quorum, Sk(sigma^2 / 2) on Q one-hot queries: alpha Q / (2 sigma^2) plus Skellam's correction."""
+    sigma, queries = 40.0, 300
+    settings = VotingSettings(method="ae-dpfl", noise_std=sigma, quorum=5)
+    release = settings.release(queries=queries, classes=10, contributors=5, level="agent")
+    alpha = ORDERS.astype(float)
+    correction = np.minimum((2 * alpha + 5) * queries / (4 * sigma**4), 3 * queries / (2 * sigma**2))
+    assert np.allclose(release.rdp("server"), alpha * queries / (2 * sigma**2) + correction, rtol=1e-12)
+    # The paper's Theorem 4 (Gaussian, Q alpha / (2 sigma^2)) is the same up to that correction.
+    gaussian = compute_rdp(q=1.0, noise_multiplier=sigma, steps=queries, orders=alpha)
+    epsilon = rdp_to_epsilon(ORDERS, release.rdp("server"), 1e-3)
+    assert rdp_to_epsilon(ORDERS, gaussian, 1e-3) < epsilon < 1.01 * rdp_to_epsilon(ORDERS, gaussian, 1e-3)
+
+
+def test_a_round_of_q_queries_costs_q_single_queries():
+    settings = VotingSettings(method="knn-dpfl", noise_std=25.0, quorum=3, neighbours=10)
+    for level in ("instance", "agent"):
+        one = settings.release(queries=1, classes=10, contributors=4, level=level)
+        many = settings.release(queries=250, classes=10, contributors=4, level=level)
+        for view in ("server", "peer_hospital", "collusion"):
+            assert np.allclose(many.rdp(view), 250 * one.rdp(view), rtol=1e-12)
+
+
+def test_knn_instance_level_is_k_over_sqrt2_tighter_in_sigma_than_agent_level():
+    k = 10
+    settings = VotingSettings(method="knn-dpfl", noise_std=60.0, quorum=3, neighbours=k)
+    assert settings.sensitivity("instance") == (math.sqrt(2), 2.0)
+    assert settings.sensitivity("agent") == (k, k)
+    instance = settings.release(queries=100, classes=10, contributors=3, level="instance")
+    agent = settings.release(queries=100, classes=10, contributors=3, level="agent")
+    # The Gaussian term of the RDP scales with Delta_2^2: 2 against k^2.
+    assert instance.rdp("server")[0] < agent.rdp("server")[0] * 2.2 / k**2
+
+
+def test_the_server_view_gains_from_every_voter_and_collusion_keeps_one_share():
+    settings = VotingSettings(method="ae-dpfl", noise_std=30.0, quorum=2)
+    two, five = (settings.release(queries=50, classes=10, contributors=c, level="instance") for c in (2, 5))
+    assert (five.rdp("server") < two.rdp("server")).all()
+    assert np.allclose(five.rdp("collusion"), two.rdp("collusion"))
+    with pytest.raises(ValueError, match="fewer than the quorum"):
+        settings.release(queries=50, classes=10, contributors=1, level="instance")
+
+
+def test_a_round_of_votes_is_charged_in_a_hospital_ledger(tmp_path):
+    settings = VotingSettings(method="ae-dpfl", noise_std=30.0, quorum=2)
+    release = settings.release(queries=50, classes=10, contributors=3, level="instance")
+    ledger = PrivacyLedger(tmp_path / "ledger.jsonl")
+    ledger.begin_run("0123abcd", "0123abcd:x")
+    ledger.record(release, run_id="0123abcd", round_number=1)
+    again = PrivacyLedger(tmp_path / "ledger.jsonl")
+    assert again.epsilon(1e-3) == pytest.approx(rdp_to_epsilon(ORDERS, release.rdp("server"), 1e-3))
+
+
+def test_the_sum_bound_holds_for_the_noise_actually_drawn():
+    settings = VotingSettings(method="knn-dpfl", noise_std=50.0, quorum=3, neighbours=5)
+    queries, classes, hospitals = 200, 10, 6
+    bound = settings.sum_bound(queries=queries, classes=classes, hospitals=hospitals)
+    mechanism = settings.mechanism(queries=queries, classes=classes, level="instance")
+    generator = secure_generator()
+    noise = sum(mechanism.noise_share(generator) for _ in range(hospitals))
+    votes = hospitals * settings.neighbours
+    assert np.abs(noise).max() + votes <= bound
+    # Not wildly loose either: the noise's standard deviation is sigma sqrt(6 / 3).
+    assert bound < votes + 12 * 50.0 * math.sqrt(2)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"method": "pate"}, "unknown voting method"),
+        ({"noise_std": 0.0}, "must be positive"),
+        ({"noise_std": float("nan")}, "must be positive"),
+        ({"quorum": 0}, "at least 1"),
+        ({"method": "ae-dpfl", "neighbours": 5}, "AE-DPFL votes once"),
+    ],
+)
+def test_bad_settings_are_refused(fields, message):
+    values = {"method": "knn-dpfl", "noise_std": 10.0, "quorum": 2, "neighbours": 5, **fields}
+    with pytest.raises(ValueError, match=message):
+        VotingSettings(**values)

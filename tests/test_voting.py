@@ -1,0 +1,44 @@
+import numpy as np
+import pytest
+
+from training.datasets import Split, load_dataset
+from training.models import ModelSpec
+from training.voting import PcaFeatures, knn_votes, noisy_votes, teacher_votes, train_teacher
+from training.vote_privacy import VotingSettings
+from training.secure_random import secure_generator
+
+
+def test_knn_votes_count_the_labels_of_the_nearest_records():
+    data = Split(x=np.array([[0.0], [1.0], [2.0], [10.0], [11.0]], dtype=np.float32), y=np.array([0, 0, 1, 2, 2]))
+    queries = np.array([[0.4], [10.6], [1.5]], dtype=np.float32)
+    votes = knn_votes(lambda x: x.astype(np.float64), data, queries, neighbours=2, classes=3)
+    assert votes.tolist() == [[2, 0, 0], [0, 0, 2], [1, 1, 0]]  # the tie at 1.5 goes to the record listed first
+
+
+def test_knn_needs_as_many_records_as_neighbours():
+    data = Split(x=np.zeros((3, 2), dtype=np.float32), y=np.zeros(3, dtype=np.int64))
+    with pytest.raises(ValueError, match="this hospital has 3"):
+        knn_votes(lambda x: x, data, np.zeros((1, 2)), neighbours=4, classes=2)
+
+
+def test_votes_on_digits_mostly_agree_with_the_true_labels():
+    digits = load_dataset("digits")
+    public, private = digits.validation, digits.train
+    phi = PcaFeatures.fit(public.x, dimensions=20)
+    votes = knn_votes(phi, private, public.x, neighbours=5, classes=10)
+    assert (votes.sum(axis=1) == 5).all()
+    assert np.mean(votes.argmax(axis=1) == public.y) > 0.9
+    spec = ModelSpec("mlp", digits.input_shape, 10, hidden=(32,))
+    teacher = train_teacher(spec, private, epochs=20, seed=0)
+    one_hot = teacher_votes(teacher, public.x, 10)
+    assert (one_hot.sum(axis=1) == 1).all()
+    assert np.mean(one_hot.argmax(axis=1) == public.y) > 0.9
+
+
+def test_noisy_votes_need_the_cryptographic_generator():
+    mechanism = VotingSettings(method="ae-dpfl", noise_std=10.0, quorum=2).mechanism(queries=3, classes=4, level="agent")
+    votes = np.eye(4, dtype=np.int64)[[0, 1, 2]]
+    noisy = noisy_votes(votes, mechanism, secure_generator())
+    assert noisy.shape == (12,) and noisy.dtype == np.int64
+    with pytest.raises(TypeError, match="cryptographic generator"):
+        noisy_votes(votes, mechanism, np.random.default_rng(0))

@@ -1,0 +1,129 @@
+"""The noise on private votes, and what a round of votes costs at each level of privacy.
+
+**Votes are integers**: a teacher's one-hot prediction (AE-DPFL) or the label counts of its ``k``
+nearest neighbours (kNN-DPFL, counts rather than the paper's frequencies ``counts / k``, so that
+they stay integers). Each hospital adds ``Sk(mu)`` to every count of every query, with
+``2 mu = sigma^2 / N_min``: the sum of ``N_c >= N_min`` hospitals' votes then carries
+``Sk(N_c mu)``, variance at least ``sigma^2`` per count. Skellam shares add up exactly, so the
+guarantee needs no rounding argument (``training.skellam`` has the mechanism, ``training.rdp``
+its Renyi DP).
+
+**Adjacency and sensitivity**, for one query (``C`` counts), in votes:
+
+- *instance level*: one record is added to or removed from a hospital's data. AE-DPFL: the
+  teacher may then predict another class, ``e_a - e_b``: L2 ``sqrt(2)``, L1 2 (as in PATE).
+  kNN-DPFL: under any fixed order of (distance, record), the ``k`` nearest neighbours gain one
+  record and lose one, again ``e_a - e_b``: L2 ``sqrt(2)``, L1 2. In the paper's frequency units
+  that is ``sqrt(2) / k``; its Theorem 4 charges ``sqrt(2 / k)``, ``sqrt(k)`` times more.
+- *agent level*: one hospital's data joins or leaves. Which hospitals vote is public (the server
+  sees who connects), so a hospital without data is one whose votes are all zero, its noise share
+  still added: its vote vector is the whole change. AE-DPFL: one one-hot, L2 1, L1 1 (the paper's
+  Theorem 4). kNN-DPFL: counts summing to ``k``, L2 at most ``k`` (all on one class), L1 ``k``.
+
+A round answers ``Q`` queries, and a record or hospital may change every one of them. The round is
+then one vector query of ``Q C`` counts with ``Delta_2 = sqrt(Q) s_2`` and ``Delta_1 = Q s_1``;
+the Skellam RDP bound is linear in ``Delta_2^2`` and ``Delta_1`` (in both arms of its ``min``), so
+this is exactly the composition of ``Q`` single queries. No sampling: ``q = 1``.
+
+**Views.** The server learns the argmax of the noisy sums, a post-processing of ``Sk(N_c mu)``
+noise: that is what the ``server`` view charges. Hospitals see nothing of the sum; the
+``peer_hospital`` view still subtracts one share, which over-charges. ``collusion`` (every other
+hospital, and every tallier, together) leaves a hospital its own share ``Sk(mu)``.
+
+**The field.** The talliers add shares modulo a prime and compare the totals inside the MPC; a
+total beyond the comparison's range would silently give a wrong label. ``sum_bound`` bounds every
+total of a round, except with probability ``2^-40`` per round, and the MPC's bit length is sized
+from it (``tallier.argmax``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from training.accounting import Release, release_of
+from training.skellam import SkellamMechanism, bernstein_deviation
+
+__all__ = ["LEVELS", "VOTING_METHODS", "VotingSettings"]
+
+VOTING_METHODS = ("ae-dpfl", "knn-dpfl")
+LEVELS = ("instance", "agent")
+_WRAP_LOG_PROBABILITY = -40 * math.log(2)
+
+
+@dataclass(frozen=True)
+class VotingSettings:
+    method: str  # one of VOTING_METHODS
+    noise_std: float  # sigma: standard deviation of the noise on each summed count, in votes, at the quorum
+    quorum: int  # N_min: hospitals that must vote before the talliers compute a label
+    neighbours: int = 1  # k, for kNN-DPFL; AE-DPFL votes once per query
+
+    def __post_init__(self) -> None:
+        if self.method not in VOTING_METHODS:
+            raise ValueError(f"unknown voting method {self.method!r}; choose from {', '.join(VOTING_METHODS)}")
+        if not (math.isfinite(self.noise_std) and self.noise_std > 0):
+            raise ValueError(f"the noise standard deviation must be positive, got {self.noise_std}")
+        if self.quorum < 1:
+            raise ValueError(f"the quorum must be at least 1, got {self.quorum}")
+        if self.neighbours < 1 or (self.method == "ae-dpfl" and self.neighbours != 1):
+            raise ValueError("kNN-DPFL needs neighbours >= 1; AE-DPFL votes once (neighbours = 1)")
+
+    @property
+    def votes_per_query(self) -> int:
+        """What one hospital's counts for a query add up to."""
+        return self.neighbours
+
+    def sensitivity(self, level: str) -> tuple[float, float]:
+        """(L2, L1) of one query's vote sum at ``level``, in votes."""
+        if level == "instance":
+            return math.sqrt(2), 2.0
+        if level == "agent":
+            return float(self.votes_per_query), float(self.votes_per_query)
+        raise ValueError(f"unknown privacy level {level!r}; choose from {', '.join(LEVELS)}")
+
+    def mechanism(self, *, queries: int, classes: int, level: str) -> SkellamMechanism:
+        """The Skellam mechanism of one round of ``queries`` queries over ``classes`` classes, at ``level``."""
+        if queries < 1 or classes < 2:
+            raise ValueError(f"a round needs at least one query and two classes, got {queries} and {classes}")
+        l2, l1 = self.sensitivity(level)
+        return SkellamMechanism(
+            dimension=queries * classes,
+            scale=1.0,
+            l2_sensitivity=math.sqrt(queries) * l2,
+            l1_sensitivity=queries * l1,
+            share_mu=self.noise_std**2 / (2 * self.quorum),
+        )
+
+    def release(self, *, queries: int, classes: int, contributors: int, level: str) -> Release:
+        """One round's votes from ``contributors`` hospitals, as each view of ``training.accounting`` sees it."""
+        if contributors < self.quorum:
+            raise ValueError(f"{contributors} voters are fewer than the quorum {self.quorum}: no label is computed")
+        mechanism = self.mechanism(queries=queries, classes=classes, level=level)
+        return release_of(mechanism, sample_rate=1.0, contributors=contributors)
+
+    def sum_bound(self, *, queries: int, classes: int, hospitals: int) -> int:
+        """A bound on |every noisy total| of a round of ``hospitals`` voters, failing with probability below 2^-40.
+
+        Votes add at most ``hospitals k`` to a count. The noise ``Sk(hospitals mu)`` is a sum of
+        unit jumps of variance ``2 hospitals mu``; Bernstein's inequality bounds each tail, and a
+        union bound covers both tails of all ``Q C`` counts.
+        """
+        mu = self.noise_std**2 / (2 * self.quorum)
+        log_inverse = -_WRAP_LOG_PROBABILITY + math.log(2 * queries * classes)
+        noise = bernstein_deviation(2 * hospitals * mu, log_inverse)
+        return math.ceil(hospitals * self.votes_per_query + noise)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "VotingSettings":
+        try:
+            return cls(
+                method=str(values["method"]),
+                noise_std=float(values["noise_std"]),
+                quorum=int(values["quorum"]),
+                neighbours=int(values["neighbours"]),
+            )
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"malformed voting settings: {error}") from None

@@ -1,0 +1,102 @@
+"""A hospital's votes on the server's public queries, and its noisy vote vector.
+
+- **AE-DPFL** (the voting paper's Algorithm 1): the hospital trains a teacher on its own records
+  (``train_teacher``, without DP: the privacy comes from the noise on the votes) and votes the
+  teacher's prediction, one-hot, on each query.
+- **kNN-DPFL** (Algorithm 2): the hospital votes the label counts of the ``k`` records nearest to
+  each query in a feature space ``phi`` that no private record shapes. ``PcaFeatures`` is the
+  default ``phi``: a PCA fit on the public pool. Any callable from inputs to feature rows can take
+  its place. Ties in distance go to the record listed first, a fixed order, which is what the
+  instance-level sensitivity in ``training.vote_privacy`` needs.
+
+``noisy_votes`` flattens a round's ``(Q, C)`` counts and adds the hospital's Skellam share of the
+noise, drawn from a ChaCha20 generator keyed by the OS (``training.secure_random``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.datasets import Split
+from training.models import ModelSpec, build_model
+from training.secure_random import require_cryptographic
+from training.skellam import SkellamMechanism
+
+__all__ = ["FeatureMap", "PcaFeatures", "knn_votes", "noisy_votes", "teacher_votes", "train_teacher"]
+
+FeatureMap = Callable[[np.ndarray], np.ndarray]
+_TEACHER_BATCH = 64
+
+
+def train_teacher(spec: ModelSpec, data: Split, *, epochs: int, learning_rate: float = 1e-3, seed: int | None = None) -> nn.Module:
+    """A teacher trained on ``data`` with Adam, ``epochs`` passes in shuffled batches of 64."""
+    if len(data) == 0:
+        raise ValueError("a teacher needs at least one record")
+    generator = torch.Generator().manual_seed(seed) if seed is not None else torch.Generator()
+    if seed is not None:
+        torch.manual_seed(seed)
+    model = build_model(spec)
+    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
+    x, y = torch.as_tensor(data.x), torch.as_tensor(data.y)
+    model.train()
+    for _ in range(epochs):
+        for batch in torch.randperm(len(y), generator=generator).split(_TEACHER_BATCH):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+            optimizer.step()
+    model.eval()
+    return model
+
+
+@torch.no_grad()
+def teacher_votes(teacher: nn.Module, queries: np.ndarray, classes: int) -> np.ndarray:
+    """One-hot predictions of ``teacher`` on ``queries``: a ``(Q, C)`` integer array."""
+    teacher.eval()
+    predictions = teacher(torch.as_tensor(queries)).argmax(dim=1).numpy()
+    return np.eye(classes, dtype=np.int64)[predictions]
+
+
+@dataclass(frozen=True)
+class PcaFeatures:
+    """``phi(x)``: the projection of flattened ``x`` on the top principal components of the public pool."""
+
+    mean: np.ndarray
+    components: np.ndarray  # (dimensions, features)
+
+    @classmethod
+    def fit(cls, public_pool: np.ndarray, dimensions: int) -> "PcaFeatures":
+        flat = public_pool.reshape(len(public_pool), -1).astype(np.float64)
+        if not 1 <= dimensions <= min(flat.shape):
+            raise ValueError(f"PCA on {flat.shape[0]} records of {flat.shape[1]} features cannot keep {dimensions} dimensions")
+        mean = flat.mean(axis=0)
+        _, _, rows = np.linalg.svd(flat - mean, full_matrices=False)
+        return cls(mean=mean, components=rows[:dimensions])
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return (x.reshape(len(x), -1).astype(np.float64) - self.mean) @ self.components.T
+
+
+def knn_votes(features: FeatureMap, data: Split, queries: np.ndarray, *, neighbours: int, classes: int) -> np.ndarray:
+    """Label counts of the ``neighbours`` records of ``data`` nearest to each query in ``features``: ``(Q, C)``."""
+    if not 1 <= neighbours <= len(data):
+        raise ValueError(f"{neighbours} neighbours need at least as many records; this hospital has {len(data)}")
+    records, points = features(data.x), features(queries)
+    # Squared distances without the |query|^2 term, which does not change any query's order.
+    distances = (records * records).sum(axis=1)[None, :] - 2 * points @ records.T
+    nearest = np.argsort(distances, axis=1, kind="stable")[:, :neighbours]
+    counts = np.zeros((len(queries), classes), dtype=np.int64)
+    np.add.at(counts, (np.arange(len(queries))[:, None], data.y[nearest]), 1)
+    return counts
+
+
+def noisy_votes(votes: np.ndarray, mechanism: SkellamMechanism, generator: np.random.Generator) -> np.ndarray:
+    """The round's ``(Q, C)`` counts, flattened, plus this hospital's ``Sk(mu)`` share of the noise."""
+    flat = np.asarray(votes, dtype=np.int64).reshape(-1)
+    if flat.size != mechanism.dimension:
+        raise ValueError(f"expected {mechanism.dimension} counts, got {flat.size}")
+    return flat + mechanism.noise_share(require_cryptographic(generator))
