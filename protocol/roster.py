@@ -5,9 +5,13 @@
     roster.toml                 public: the server's address, every party's public keys
     server/secret_keys.toml     private to the server (mode 0600)
     hospital-1/secret_keys.toml private to hospital-1, ...
+    tallier-1/secret_keys.toml  private to tallier-1, ... (with ``talliers``, for private voting)
+    tallier-1/.config/          tallier-1's MPC certificate and key, and the federation's MPC authority
 
 Each party has a CurveZMQ key pair (transport authentication and encryption) and an identity
-(``crypto.identity``: Ed25519 to sign, X25519 to receive sealed boxes). In a real deployment each
+(``crypto.identity``: Ed25519 to sign, X25519 to receive sealed boxes). Talliers also have an
+address where the other talliers reach them for the MPC, over mutual TLS with certificates from an
+authority whose key is discarded once they are issued (``crypto.tls``). In a real deployment each
 party generates or receives only its own folder; all of them share ``roster.toml``.
 """
 
@@ -22,12 +26,15 @@ from pathlib import Path
 import zmq
 
 from crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
+from crypto.tls import issue_mpc_certificates
 
 __all__ = ["Credentials", "CurveKeyPair", "Party", "Roster", "RosterError", "provision"]
 
 ROSTER_FILE = "roster.toml"
 SECRET_FILE = "secret_keys.toml"
 SERVER = "server"
+ROLES = ("server", "hospital", "tallier")
+MPC_CERTIFICATES = ".config"  # where MPyC looks, under the tallier's working directory
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _Z85_KEY = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 
@@ -45,9 +52,10 @@ class CurveKeyPair:
 @dataclass(frozen=True)
 class Party:
     name: str
-    role: str  # "server" or "hospital"
+    role: str  # one of ROLES
     curve_public: bytes
     identity: PublicIdentity
+    mpc_address: tuple[str, int] | None = None  # talliers only: (host, port) for the MPC
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,11 @@ class Roster:
     @property
     def hospitals(self) -> list[str]:
         return [name for name, party in self.parties.items() if party.role == "hospital"]
+
+    @property
+    def talliers(self) -> list[str]:
+        """In MPC party order."""
+        return [name for name, party in self.parties.items() if party.role == "tallier"]
 
     @property
     def server(self) -> Party:
@@ -90,7 +103,7 @@ class Roster:
             parties = {}
             for entry in document["party"]:
                 name, role = entry["name"], entry["role"]
-                if not _NAME.match(name) or role not in ("server", "hospital") or name in parties:
+                if not _NAME.match(name) or role not in ROLES or name in parties:
                     raise RosterError(f"roster entry {name!r} has a bad or repeated name or role")
                 if (name == SERVER) != (role == "server"):
                     raise RosterError(f"only the party named {SERVER!r} may have the server role")
@@ -99,6 +112,7 @@ class Roster:
                     role=role,
                     curve_public=_curve_key(entry["curve_public"], name),
                     identity=PublicIdentity.from_text(entry),
+                    mpc_address=_mpc_address(entry["mpc_address"], name) if role == "tallier" else None,
                 )
         except (KeyError, TypeError) as error:
             raise RosterError(f"{directory / ROSTER_FILE} is malformed: missing {error}") from None
@@ -132,29 +146,55 @@ class Credentials:
             raise RosterError(f"{path}: {error}") from None
 
 
-def provision(directory: Path, *, hospitals: int, address: str) -> Roster:
-    """Create a federation directory with a server and ``hospitals`` hospitals."""
+def provision(directory: Path, *, hospitals: int, address: str, mpc_addresses: tuple[str, ...] = ()) -> Roster:
+    """Create a federation directory with a server, ``hospitals`` hospitals and a tallier per MPC address."""
     if hospitals < 1:
         raise RosterError(f"a federation needs at least one hospital, got {hospitals}")
     if not re.match(r"^tcp://[^\s\"]+:\d+$", address):
         raise RosterError(f"server address must look like tcp://HOST:PORT, got {address!r}")
+    if len(mpc_addresses) == 1:
+        raise RosterError("private voting needs at least 2 talliers (3 for an honest majority that tolerates one)")
+    mpc = {f"tallier-{i}": _mpc_address(a, f"tallier-{i}") for i, a in enumerate(mpc_addresses, start=1)}
+    if len(set(mpc.values())) != len(mpc):
+        raise RosterError("every tallier needs its own MPC address")
     if (directory / ROSTER_FILE).exists():
         raise RosterError(f"{directory} already holds a federation; choose an empty directory")
-    names = [SERVER] + [f"hospital-{i}" for i in range(1, hospitals + 1)]
+    names = [SERVER] + [f"hospital-{i}" for i in range(1, hospitals + 1)] + list(mpc)
     entries = []
     for name in names:
         public, secret = zmq.curve_keypair()
         identity = PrivateIdentity.generate()
         secrets_text = {"curve_public": public.decode(), "curve_secret": secret.decode(), **identity.to_text()}
         _write_private(directory / name / SECRET_FILE, _toml_table(secrets_text))
-        role = "server" if name == SERVER else "hospital"
-        entries.append({"name": name, "role": role, "curve_public": public.decode(), **identity.public.to_text()})
+        role = "server" if name == SERVER else "tallier" if name in mpc else "hospital"
+        entry = {"name": name, "role": role, "curve_public": public.decode(), **identity.public.to_text()}
+        if name in mpc:
+            entry["mpc_address"] = "%s:%d" % mpc[name]
+        entries.append(entry)
+    if mpc:
+        _write_mpc_certificates(directory, list(mpc))
     roster = f"[server]\naddress = {_toml_string(address)}\n\n" + "".join(
         "[[party]]\n" + _toml_table(entry) + "\n" for entry in entries
     )
     # Public, but whoever can rewrite it can swap a party's keys: only its owner may write it.
     _write_private(directory / ROSTER_FILE, roster)
     return Roster.load(directory)
+
+
+def _write_mpc_certificates(directory: Path, talliers: list[str]) -> None:
+    authority, issued = issue_mpc_certificates(len(talliers), authority_name=f"Consilium talliers of {directory.resolve().name}")
+    for index, (name, certificate) in enumerate(zip(talliers, issued)):
+        folder = directory / name / MPC_CERTIFICATES
+        _write_private(folder / f"party_{index}.key", certificate.private_key.decode())
+        _write_private(folder / f"party_{index}.crt", certificate.certificate.decode())
+        _write_private(folder / "mpyc_ca.crt", authority.decode())
+
+
+def _mpc_address(text: object, owner: str) -> tuple[str, int]:
+    match = re.match(r"^([A-Za-z0-9.\-]+):(\d{1,5})$", text) if isinstance(text, str) else None
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise RosterError(f"{owner}: an MPC address must look like HOST:PORT, got {text!r}")
+    return match.group(1), int(match.group(2))
 
 
 def _read_toml(path: Path, *, hint: str) -> dict:

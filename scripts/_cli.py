@@ -77,6 +77,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be non-negative, got {text}")
+    return value
+
+
 def probability(text: str) -> float:
     """A number in (0, 1): delta."""
     value = _number(text, float)

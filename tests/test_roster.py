@@ -3,7 +3,7 @@ import stat
 
 import pytest
 
-from protocol.roster import Credentials, Roster, RosterError, provision
+from protocol.roster import MPC_CERTIFICATES, Credentials, Roster, RosterError, provision
 
 
 def test_provision_writes_private_keys_and_a_public_roster(tmp_path):
@@ -57,3 +57,30 @@ def test_keys_from_another_provisioning_are_refused(tmp_path):
     roster.check_credentials(Credentials.load(tmp_path / "a", "hospital-1"))
     with pytest.raises(RosterError, match="do not match its entry"):
         roster.check_credentials(Credentials.load(tmp_path / "b", "hospital-1"))
+
+
+def test_talliers_get_an_mpc_address_and_private_certificates(tmp_path):
+    addresses = ("127.0.0.1:7001", "127.0.0.1:7002", "10.0.0.3:7003")
+    roster = provision(tmp_path / "fed", hospitals=2, address="tcp://127.0.0.1:7000", mpc_addresses=addresses)
+    assert roster.talliers == ["tallier-1", "tallier-2", "tallier-3"]
+    assert roster.hospitals == ["hospital-1", "hospital-2"]
+    assert Roster.load(tmp_path / "fed").party("tallier-3").mpc_address == ("10.0.0.3", 7003)
+    certificates = tmp_path / "fed" / "tallier-2" / MPC_CERTIFICATES
+    assert sorted(p.name for p in certificates.iterdir()) == ["mpyc_ca.crt", "party_1.crt", "party_1.key"]
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in certificates.iterdir())
+    assert "PRIVATE KEY" not in (tmp_path / "fed" / "roster.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    "addresses, message",
+    [
+        (("127.0.0.1:7001",), "at least 2 talliers"),
+        (("127.0.0.1:7001", "127.0.0.1:7001"), "its own MPC address"),
+        (("127.0.0.1:7001", "tcp://127.0.0.1:7002"), "HOST:PORT"),
+        (("127.0.0.1:7001", "127.0.0.1:70000"), "HOST:PORT"),
+    ],
+)
+def test_bad_tallier_addresses_are_refused(tmp_path, addresses, message):
+    with pytest.raises(RosterError, match=message):
+        provision(tmp_path / "fed", hospitals=1, address="tcp://127.0.0.1:7000", mpc_addresses=addresses)
+    assert not (tmp_path / "fed").exists()

@@ -6,24 +6,18 @@ import sys
 import numpy as np
 
 from crypto.secret_sharing import share
-from crypto.tls import issue_mpc_certificates
+from protocol.roster import MPC_CERTIFICATES, provision
 from tallier.mpc import bit_length_for, field_modulus
 from tests.conftest import REPO, child_environment, free_port
 
 TALLIERS = 3
 
 
-def _certificates(root, authority="test federation"):
-    authority_certificate, issued = issue_mpc_certificates(TALLIERS, authority_name=authority)
-    folders = []
-    for index, issued_certificate in enumerate(issued):
-        folder = root / f"tallier-{index + 1}"
-        (folder / ".config").mkdir(parents=True)
-        (folder / ".config" / f"party_{index}.crt").write_bytes(issued_certificate.certificate)
-        (folder / ".config" / f"party_{index}.key").write_bytes(issued_certificate.private_key)
-        (folder / ".config" / "mpyc_ca.crt").write_bytes(authority_certificate)
-        folders.append(folder)
-    return folders
+def _tallier_folders(root):
+    """The talliers' folders of a freshly provisioned federation: each holds its MPC certificates."""
+    addresses = tuple(f"127.0.0.1:{free_port()}" for _ in range(TALLIERS))
+    roster = provision(root, hospitals=1, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=addresses)
+    return [root / name for name in roster.talliers]
 
 
 def _run(tmp_path, totals, *, reveal="labels", folders=None, parties=range(TALLIERS), timeout=60.0):
@@ -33,7 +27,7 @@ def _run(tmp_path, totals, *, reveal="labels", folders=None, parties=range(TALLI
     shares = share(totals.reshape(-1), TALLIERS, field_modulus(bit_length))
     source = tmp_path / "input.npz"
     np.savez(source, local_sums=np.stack(shares), queries=queries, classes=classes, bit_length=bit_length, reveal=reveal, timeout=timeout)
-    folders = folders or _certificates(tmp_path)
+    folders = folders or _tallier_folders(tmp_path / "federation")
     ports = [str(free_port()) for _ in range(TALLIERS)]
     processes = {
         index: subprocess.Popen(
@@ -82,9 +76,9 @@ def test_a_missing_tallier_ends_the_round_with_an_error_and_no_labels(tmp_path):
 
 
 def test_a_tallier_certified_by_another_authority_is_not_let_in(tmp_path):
-    folders = _certificates(tmp_path / "ours")
-    (folders[2] / ".config").rename(tmp_path / "unused")
-    impostor = _certificates(tmp_path / "theirs", authority="another federation")[2]
-    (impostor / ".config").rename(folders[2] / ".config")
+    folders = _tallier_folders(tmp_path / "ours")
+    (folders[2] / MPC_CERTIFICATES).rename(tmp_path / "unused")
+    impostor = _tallier_folders(tmp_path / "theirs")[2]  # the same name, from another federation's authority
+    (impostor / MPC_CERTIFICATES).rename(folders[2] / MPC_CERTIFICATES)
     outputs, codes, _ = _run(tmp_path, np.zeros((5, 3), dtype=np.int64), folders=folders, timeout=5.0)
     assert outputs == {} and set(codes.values()) == {2}
