@@ -66,7 +66,7 @@ class ServerTransport:
         max_message_bytes: int,
         max_messages_per_second: float = DEFAULT_MAX_MESSAGES_PER_SECOND,
     ) -> None:
-        self._context = zmq.Context()
+        self._context = _context()
         self._authenticator = _RosterAuthenticator(self._context, enrolled)
         self._authenticator.start()
         self._socket = self._context.socket(zmq.ROUTER)
@@ -141,7 +141,7 @@ class ServerTransport:
 
 class ClientTransport:
     def __init__(self, connect: str, server_public: bytes, keys: CurveKeyPair, max_message_bytes: int) -> None:
-        self._context = zmq.Context()
+        self._context = _context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.curve_serverkey = server_public
         self._socket.curve_publickey = keys.public
@@ -194,6 +194,14 @@ class ClientTransport:
         self._monitor.close(linger=0)
         self._socket.close()
         self._context.term()
+
+
+def _context() -> zmq.Context:
+    """A context whose sockets linger 0 unless told otherwise, so that ending it never waits forever
+    (ZeroMQ's default is to wait for every queued message to leave, however long that takes)."""
+    context = zmq.Context()
+    context.set(zmq.BLOCKY, False)
+    return context
 
 
 class _TokenBuckets:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -31,7 +32,9 @@ class ServerProcess:
 
     def _start(self, *args: str) -> subprocess.Popen:
         with self.log.open("a") as log:
-            return subprocess.Popen([*self._command, *args], stdout=log, stderr=log, text=True, env=child_environment())
+            return subprocess.Popen(
+                [*self._command, *args], stdout=log, stderr=log, text=True, env=child_environment(), preexec_fn=_interruptible
+            )
 
     def restart(self) -> None:
         """Kill the server the hard way (SIGKILL), then start it again on the same output with --resume."""
@@ -68,9 +71,9 @@ class HospitalProcess:
         with self.log.open("a") as log:
             return subprocess.Popen(self._command, stdout=log, stderr=log, text=True, env=child_environment())
 
-    def restart(self) -> None:
-        """Kill the hospital the hard way (SIGKILL), then start it again with the same state."""
-        self.kill()
+    def start_again(self) -> None:
+        """Start the hospital again with the same state, once it has been killed."""
+        assert self.process.poll() is not None
         self.process = self._start()
 
     def wait_for_log(self, text: str, timeout: float = 60) -> None:
@@ -83,6 +86,12 @@ class HospitalProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def _interruptible() -> None:
+    """Ctrl-C stops the process, as in a terminal, even if the tests run where SIGINT is ignored (a
+    background job): Python turns SIGINT into KeyboardInterrupt only if it is not ignored at start."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_text(path: Path, text: str, process: subprocess.Popen, timeout: float) -> None:

@@ -83,9 +83,10 @@ def test_a_hospital_killed_mid_run_rejoins_with_its_ledger_continuous(tmp_path):
         server.wait_for_log(_round_line(2))
         for hospital in others:  # hold the run in the round under way until hospital-1 is back
             os.kill(hospital.process.pid, signal.SIGSTOP)
+        first.kill()  # SIGKILL; its ledger is read only once it can no longer change
         steps_before, spent_before = first.ledger().steps, first.ledger().epsilons(1e-5)
         charged_before = _charged_rounds(first)
-        first.restart()
+        first.start_again()
         server.wait_for_log("hospital-1 connected again")
         for hospital in others:
             os.kill(hospital.process.pid, signal.SIGCONT)

@@ -168,15 +168,17 @@ def test_a_vanished_hospital_is_dropped_and_a_round_below_quorum_is_never_decryp
 def test_a_run_stopped_by_an_unexpected_error_says_so(server):
     """Interrupted mid-join: the report and the Finish name the interruption, not a completed run."""
     h1 = ScriptedHospital(server, "hospital-1")
-    h1.send(Hello())
-    h1.send_raw(b"\xc1")  # logged as rejected once the hello before it has been taken: the join is under way
-    server.wait_for_log("rejected a message from hospital-1")
-    server.process.send_signal(signal.SIGINT)
-    assert server.process.wait(timeout=60) == 130
-    reason = json.loads((server.out / "server_report.json").read_text())["finish_reason"]
-    assert reason.startswith("stopped by an unexpected KeyboardInterrupt")
-    assert h1.expect(Finish).reason == reason
-    h1.close()
+    try:
+        h1.send(Hello())
+        h1.send_raw(b"\xc1")  # logged as rejected once the hello before it has been taken: the join is under way
+        server.wait_for_log("rejected a message from hospital-1")
+        server.process.send_signal(signal.SIGINT)
+        assert server.process.wait(timeout=60) == 130
+        reason = json.loads((server.out / "server_report.json").read_text())["finish_reason"]
+        assert reason.startswith("stopped by an unexpected KeyboardInterrupt")
+        assert h1.expect(Finish).reason == reason
+    finally:
+        h1.close()
 
 
 @pytest.mark.parametrize("server", [(2, "--rounds", "1", "--quorum", "1", "--join-timeout", "5")], indirect=True)
