@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from crypto.membership import check_slot_count
+from crypto.primes import is_prime
 
 __all__ = ["BfvParameters", "ParameterError", "select_bfv_parameters"]
 
@@ -148,7 +149,7 @@ def _upload_bits(params: BfvParameters) -> int:
 def _smallest_batching_prime_at_least(lower: int, degree: int) -> int:
     step = 2 * degree
     candidate = -(-(lower - 1) // step) * step + 1
-    while not _is_prime(candidate):
+    while not is_prime(candidate):
         candidate += step
     return candidate
 
@@ -168,32 +169,7 @@ def _largest_batching_primes_below(upper: int, degree: int, count: int) -> list[
     while len(primes) < count:
         if candidate <= step:
             raise ParameterError(f"fewer than {count} primes = 1 mod {step} below {upper}")
-        if _is_prime(candidate):
+        if is_prime(candidate):
             primes.append(candidate)
         candidate -= step
     return primes
-
-
-def _is_prime(n: int) -> bool:
-    """Deterministic Miller-Rabin for n < 3.3e24 (these bases suffice; we need n < 2^61)."""
-    if n < 2:
-        return False
-    bases = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
-    for p in bases:
-        if n % p == 0:
-            return n == p
-    d, r = n - 1, 0
-    while d % 2 == 0:
-        d //= 2
-        r += 1
-    for a in bases:
-        x = pow(a, d, n)
-        if x in (1, n - 1):
-            continue
-        for _ in range(r - 1):
-            x = x * x % n
-            if x == n - 1:
-                break
-        else:
-            return False
-    return True

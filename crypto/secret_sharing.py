@@ -4,7 +4,7 @@ A vote vector ``v`` (signed integers) becomes ``J`` shares: ``J - 1`` vectors dr
 ``Z_p`` and a last one, ``v - (r_1 + ... + r_{J-1}) mod p``. Any ``J - 1`` shares are uniform and
 independent of ``v``; all ``J`` add up to ``v mod p``. Sums of shares add up to sums of votes, so a
 tallier adds the shares it receives locally and only the total is ever reconstructed (inside the
-MPC, ``tallier.argmax``). The signed value is recovered from ``[-p/2, p/2)``: the caller makes
+MPC, ``tallier.mpc``). The signed value is recovered from ``[-p/2, p/2)``: the caller makes
 sure, with ``check_fits``, that no sum it will reconstruct leaves that range.
 
 Uniform draws take 64 random bits from the OS more than ``p`` needs and reduce: the result is
@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
+
+from crypto.primes import is_prime
 
 __all__ = ["ShareError", "add", "check_fits", "from_bytes", "reconstruct", "share", "to_bytes"]
 
@@ -43,8 +45,9 @@ def share(values: np.ndarray, parties: int, modulus: int) -> list[np.ndarray]:
     values = np.asarray(values)
     if values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
         raise ShareError("only a vector of integers can be shared")
-    if values.size and int(np.abs(values).max()) >= modulus // 2:
-        raise ShareError(f"a value of {int(np.abs(values).max())} does not fit the field of {modulus.bit_length()} bits")
+    largest = max((abs(int(v)) for v in values), default=0)  # Python integers: |int64 min| overflows int64
+    if largest >= modulus // 2:
+        raise ShareError(f"a value of {largest} does not fit the field of {modulus.bit_length()} bits")
     masks = [_uniform(values.size, modulus) for _ in range(parties - 1)]
     last = [(int(v) - sum(column)) % modulus for v, column in zip(values, zip(*masks))]
     return [np.array(mask, dtype=np.uint64) for mask in masks] + [np.array(last, dtype=np.uint64)]
@@ -92,5 +95,5 @@ def _uniform(count: int, modulus: int) -> list[int]:
 
 
 def _check_modulus(modulus: int) -> None:
-    if not 3 <= modulus < 2**_MAX_MODULUS_BITS:
+    if not (3 <= modulus < 2**_MAX_MODULUS_BITS and is_prime(modulus)):
         raise ShareError(f"the field modulus must be an odd prime below 2^{_MAX_MODULUS_BITS}, got {modulus}")

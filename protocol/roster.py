@@ -152,8 +152,8 @@ def provision(directory: Path, *, hospitals: int, address: str, mpc_addresses: t
         raise RosterError(f"a federation needs at least one hospital, got {hospitals}")
     if not re.match(r"^tcp://[^\s\"]+:\d+$", address):
         raise RosterError(f"server address must look like tcp://HOST:PORT, got {address!r}")
-    if len(mpc_addresses) == 1:
-        raise RosterError("private voting needs at least 2 talliers (3 for an honest majority that tolerates one)")
+    if 0 < len(mpc_addresses) < 3:  # with 2, MPyC's threshold is 0: each tallier would hold the other's input
+        raise RosterError("private voting needs at least 3 talliers, for an honest majority among them")
     mpc = {f"tallier-{i}": _mpc_address(a, f"tallier-{i}") for i, a in enumerate(mpc_addresses, start=1)}
     if len(set(mpc.values())) != len(mpc):
         raise RosterError("every tallier needs its own MPC address")

@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--address", default="tcp://127.0.0.1:5555", help="address the server listens on (default: tcp://127.0.0.1:5555)"
     )
     parser.add_argument(
-        "--talliers", type=non_negative_int, default=0, help="number of talliers, for private voting (default: 0; 3 for an honest majority)"
+        "--talliers", type=non_negative_int, default=0, help="number of talliers, for private voting (default: 0; at least 3, for an honest majority)"
     )
     parser.add_argument(
         "--mpc-address", action="append", default=[], metavar="HOST:PORT",

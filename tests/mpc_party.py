@@ -1,10 +1,10 @@
-"""One MPC party for the tests: reads its summed shares from a .npz, runs a round, writes the result.
+"""One MPC party for the tests: reads its summed shares from a .npz, runs the round ``rounds`` times
+in this one process, and writes each result.
 
-    python tests/mpc_party.py IN.npz OUT.npz INDEX CERTS|- PORT [PORT ...]
+    python tests/mpc_party.py IN.npz OUT_PREFIX INDEX CERTIFICATES PORT [PORT ...]
 """
 
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -14,17 +14,15 @@ if __name__ == "__main__":
     source, target, index, certificates, *ports = sys.argv[1:]
     with np.load(source, allow_pickle=False) as data:
         local_sum = [int(v) for v in data["local_sums"][int(index)]]
-        queries, classes, bit_length = (int(data[k]) for k in ("queries", "classes", "bit_length"))
-        reveal, timeout = str(data["reveal"]), float(data["timeout"])
-    party = MpcParty(
-        index=int(index),
-        addresses=tuple(("127.0.0.1", int(port)) for port in ports),
-        certificates=None if certificates == "-" else Path(certificates),
-    )
-    try:
-        result = run_round(party, local_sum, queries=queries, classes=classes, bit_length=bit_length, reveal=reveal, timeout_s=timeout)
-    except MpcError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    extra = {} if result.totals is None else {"totals": result.totals}
-    np.savez(target, labels=result.labels, bytes_sent=result.bytes_sent, **extra)
+        settings = {k: int(data[k]) for k in ("queries", "classes", "bit_length")}
+        reveal, timeout, rounds = str(data["reveal"]), float(data["timeout"]), int(data["rounds"])
+        modulus = int(str(data["modulus"]))
+    party = MpcParty(index=int(index), addresses=tuple(("127.0.0.1", int(port)) for port in ports), certificates=certificates)
+    for round_number in range(1, rounds + 1):
+        try:
+            result = run_round(party, local_sum, **settings, modulus=modulus, reveal=reveal, timeout_s=timeout)
+        except MpcError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+        extra = {} if result.totals is None else {"totals": result.totals}
+        np.savez(f"{target}-{round_number}.npz", labels=result.labels, bytes_sent=result.bytes_sent, **extra)

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from crypto.bfv import PublicContext
-from crypto.bfv_parameters import ParameterError, _is_prime, select_bfv_parameters
+from crypto.bfv_parameters import ParameterError, select_bfv_parameters
+from crypto.primes import is_prime
 
 
 @pytest.mark.parametrize("contributors", [1, 2, 3, 10, 100, 1000])
@@ -10,8 +11,8 @@ from crypto.bfv_parameters import ParameterError, _is_prime, select_bfv_paramete
 def test_parameters_satisfy_the_bounds_they_claim(contributors, length):
     params = select_bfv_parameters(max_contributors=contributors, vector_length=length, sum_bound=2500 * contributors)
     degree, t, q = params.poly_modulus_degree, params.plain_modulus, params.ciphertext_modulus
-    assert _is_prime(t) and t % (2 * degree) == 1
-    assert _is_prime(q) and q % (2 * degree) == 1
+    assert is_prime(t) and t % (2 * degree) == 1
+    assert is_prime(q) and q % (2 * degree) == 1
     assert params.max_contributors >= contributors
     # No wrap: a sum within the bound stays inside (-t/2, t/2].
     assert 2 * params.sum_bound + 1 <= t
@@ -63,4 +64,4 @@ def test_miller_rabin_agrees_with_trial_division():
         return n > 1 and all(n % d for d in range(2, int(n**0.5) + 1))
 
     numbers = list(range(2000)) + list(np.random.default_rng(1).integers(10**6, 10**7, 300))
-    assert all(_is_prime(int(n)) == trial(int(n)) for n in numbers)
+    assert all(is_prime(int(n)) == trial(int(n)) for n in numbers)

@@ -74,10 +74,10 @@ def test_talliers_get_an_mpc_address_and_private_certificates(tmp_path):
 @pytest.mark.parametrize(
     "addresses, message",
     [
-        (("127.0.0.1:7001",), "at least 2 talliers"),
-        (("127.0.0.1:7001", "127.0.0.1:7001"), "its own MPC address"),
-        (("127.0.0.1:7001", "tcp://127.0.0.1:7002"), "HOST:PORT"),
-        (("127.0.0.1:7001", "127.0.0.1:70000"), "HOST:PORT"),
+        (("127.0.0.1:7001", "127.0.0.1:7002"), "at least 3 talliers"),
+        (("127.0.0.1:7001", "127.0.0.1:7001", "127.0.0.1:7003"), "its own MPC address"),
+        (("127.0.0.1:7001", "tcp://127.0.0.1:7002", "127.0.0.1:7003"), "HOST:PORT"),
+        (("127.0.0.1:7001", "127.0.0.1:70000", "127.0.0.1:7003"), "HOST:PORT"),
     ],
 )
 def test_bad_tallier_addresses_are_refused(tmp_path, addresses, message):

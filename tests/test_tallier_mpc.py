@@ -4,10 +4,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from crypto.secret_sharing import share
 from protocol.roster import MPC_CERTIFICATES, provision
-from tallier.mpc import bit_length_for, field_modulus
+from tallier.mpc import MpcParty, bit_length_for, field_modulus, run_round
 from tests.conftest import REPO, child_environment, free_port
 
 TALLIERS = 3
@@ -20,25 +21,36 @@ def _tallier_folders(root):
     return [root / name for name in roster.talliers]
 
 
-def _run(tmp_path, totals, *, reveal="labels", folders=None, parties=range(TALLIERS), timeout=60.0):
-    """Share ``totals`` (Q x C) among the talliers, run the parties in ``parties``; their results and exit codes."""
+def _run(tmp_path, totals, *, reveal="labels", folders=None, parties=range(TALLIERS), timeout=60.0, rounds=1):
+    """Share ``totals`` (Q x C) among the talliers, run the parties in ``parties``; their results and exit codes.
+
+    The parties run in ``tmp_path`` and find their certificates by a relative path."""
     queries, classes = totals.shape
     bit_length = bit_length_for(int(np.abs(totals).max()))
-    shares = share(totals.reshape(-1), TALLIERS, field_modulus(bit_length))
+    modulus = field_modulus(bit_length)
+    shares = share(totals.reshape(-1), TALLIERS, modulus)
     source = tmp_path / "input.npz"
-    np.savez(source, local_sums=np.stack(shares), queries=queries, classes=classes, bit_length=bit_length, reveal=reveal, timeout=timeout)
+    np.savez(
+        source, local_sums=np.stack(shares), queries=queries, classes=classes, bit_length=bit_length,
+        modulus=str(modulus), reveal=reveal, timeout=timeout, rounds=rounds,
+    )  # fmt: skip
     folders = folders or _tallier_folders(tmp_path / "federation")
     ports = [str(free_port()) for _ in range(TALLIERS)]
     processes = {
         index: subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "mpc_party.py"), str(source), str(tmp_path / f"out-{index}.npz"), str(index), str(folders[index]), *ports],
-            env={**child_environment(), "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True,
+            [sys.executable, str(REPO / "tests" / "mpc_party.py"), "input.npz", f"out-{index}", str(index),
+             str(folders[index].relative_to(tmp_path)), *ports],
+            cwd=tmp_path, env={**child_environment(), "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         for index in parties
     }
-    codes = {index: process.wait(timeout=timeout + 60) for index, process in processes.items()}
+    codes = {index: process.wait(timeout=rounds * timeout + 60) for index, process in processes.items()}
     errors = {index: process.stderr.read() for index, process in processes.items()}
-    outputs = {index: dict(np.load(tmp_path / f"out-{index}.npz")) for index in parties if codes[index] == 0}
+    outputs = {
+        index: [dict(np.load(tmp_path / f"out-{index}-{r}.npz")) for r in range(1, rounds + 1)]
+        for index in parties
+        if codes[index] == 0
+    }
     return outputs, codes, errors
 
 
@@ -50,29 +62,54 @@ def test_the_mpc_argmax_is_the_plaintext_argmax_ties_included(tmp_path):
     tied[:, 7] = tied[:, 2]
     tied[50:, 0] = tied[50:, 2]
     totals[100:110] = 0  # ... and all ten classes tied
-    outputs, codes, errors = _run(tmp_path, totals)
+    outputs, codes, errors = _run(tmp_path, totals, rounds=2)  # two rounds in each process, as a tallier runs them
     assert codes == {0: 0, 1: 0, 2: 0}, errors
-    for output in outputs.values():
+    for output in (o for party in outputs.values() for o in party):
         assert np.array_equal(output["labels"], totals.argmax(axis=1))
         assert "totals" not in output
     # The tie rule: the lowest class index among the largest totals.
-    assert set(outputs[0]["labels"][:50]) == {2} and set(outputs[0]["labels"][50:110]) == {0}
+    assert set(outputs[0][0]["labels"][:50]) == {2} and set(outputs[0][0]["labels"][50:110]) == {0}
 
 
 def test_histogram_mode_opens_the_totals(tmp_path):
     totals = np.random.default_rng().integers(-50, 50, size=(20, 4))
     outputs, codes, errors = _run(tmp_path, totals, reveal="histogram")
     assert codes == {0: 0, 1: 0, 2: 0}, errors
-    assert np.array_equal(outputs[1]["totals"], totals)
-    assert np.array_equal(outputs[1]["labels"], totals.argmax(axis=1))
+    assert np.array_equal(outputs[1][0]["totals"], totals)
+    assert np.array_equal(outputs[1][0]["labels"], totals.argmax(axis=1))
 
 
 def test_a_missing_tallier_ends_the_round_with_an_error_and_no_labels(tmp_path):
     totals = np.zeros((5, 3), dtype=np.int64)
-    outputs, codes, errors = _run(tmp_path, totals, parties=(0, 1), timeout=5.0)
+    outputs, codes, errors = _run(tmp_path, totals, parties=(0, 1), timeout=5.0, rounds=2)
     assert outputs == {}
-    assert codes == {0: 2, 1: 2}
+    assert codes == {0: 2, 1: 2}  # the first round's error; no second round is tried
     assert all("did not finish within 5 s" in error and "Traceback" not in error for error in errors.values())
+
+
+def test_a_second_round_after_a_failed_one_is_refused():
+    """In a process of its own: a failed MPC leaves this process's MPyC unusable, on purpose."""
+    script = """
+from tallier.mpc import MpcError, MpcParty, field_modulus, run_round
+from tests.conftest import REPO, free_port
+party = MpcParty(index=0, addresses=tuple(("127.0.0.1", free_port()) for _ in range(3)), certificates=REPO)
+for _ in range(2):
+    try:
+        run_round(party, [0, 0], queries=1, classes=2, bit_length=8, modulus=field_modulus(8), reveal="labels", timeout_s=0.5)
+    except MpcError as error:
+        print(error)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO, env=child_environment())
+    first, second = done.stdout.splitlines()
+    assert "did not finish within 0.5 s" in first and "restart the tallier" in second
+
+
+def test_fewer_than_three_talliers_or_another_field_are_refused():
+    with pytest.raises(ValueError, match="at least 3 talliers"):
+        MpcParty(index=0, addresses=(("127.0.0.1", 1), ("127.0.0.1", 2)), certificates=REPO)
+    party = MpcParty(index=0, addresses=(("h", 1), ("h", 2), ("h", 3)), certificates=REPO)
+    with pytest.raises(ValueError, match="computes modulo"):
+        run_round(party, [0, 0], queries=1, classes=2, bit_length=8, modulus=field_modulus(9), reveal="labels", timeout_s=1)
 
 
 def test_a_tallier_certified_by_another_authority_is_not_let_in(tmp_path):

@@ -6,7 +6,6 @@ from opacus.accountants.analysis.rdp import compute_rdp
 
 from training.accounting import PrivacyLedger
 from training.rdp import ORDERS, rdp_to_epsilon
-from training.secure_random import secure_generator
 from training.vote_privacy import VotingSettings
 
 
@@ -63,17 +62,19 @@ def test_a_round_of_votes_is_charged_in_a_hospital_ledger(tmp_path):
     assert again.epsilon(1e-3) == pytest.approx(rdp_to_epsilon(ORDERS, release.rdp("server"), 1e-3))
 
 
-def test_the_sum_bound_holds_for_the_noise_actually_drawn():
+def test_the_sum_bound_fails_with_probability_below_2_to_the_minus_40():
     settings = VotingSettings(method="knn-dpfl", noise_std=50.0, quorum=3, neighbours=5)
     queries, classes, hospitals = 200, 10, 6
     bound = settings.sum_bound(queries=queries, classes=classes, hospitals=hospitals)
-    mechanism = settings.mechanism(queries=queries, classes=classes, level="instance")
-    generator = secure_generator()
-    noise = sum(mechanism.noise_share(generator) for _ in range(hospitals))
+    mu = hospitals * settings.noise_std**2 / (2 * settings.quorum)  # the sum's noise: Sk(mu) in each count
     votes = hospitals * settings.neighbours
-    assert np.abs(noise).max() + votes <= bound
-    # Not wildly loose either: the noise's standard deviation is sigma sqrt(6 / 3).
-    assert bound < votes + 12 * 50.0 * math.sqrt(2)
+    # Chernoff's bound on a Skellam tail, P(X >= a) <= exp(mu (2 cosh t - 2) - t a) at t = asinh(a / (2 mu)),
+    # for both tails of every one of the Q C counts, with the votes at their largest.
+    a = bound - votes
+    t = math.asinh(a / (2 * mu))
+    log_failure = math.log(2 * queries * classes) + mu * (2 * math.cosh(t) - 2) - t * a
+    assert log_failure <= -40 * math.log(2)
+    assert log_failure > -60 * math.log(2)  # and not wildly loose
 
 
 @pytest.mark.parametrize(

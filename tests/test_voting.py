@@ -15,10 +15,10 @@ def test_knn_votes_count_the_labels_of_the_nearest_records():
     assert votes.tolist() == [[2, 0, 0], [0, 0, 2], [1, 1, 0]]  # the tie at 1.5 goes to the record listed first
 
 
-def test_knn_needs_as_many_records_as_neighbours():
+def test_knn_needs_more_records_than_neighbours():
     data = Split(x=np.zeros((3, 2), dtype=np.float32), y=np.zeros(3, dtype=np.int64))
     with pytest.raises(ValueError, match="this hospital has 3"):
-        knn_votes(lambda x: x, data, np.zeros((1, 2)), neighbours=4, classes=2)
+        knn_votes(lambda x: x, data, np.zeros((1, 2)), neighbours=3, classes=2)
 
 
 def test_votes_on_digits_mostly_agree_with_the_true_labels():
@@ -40,5 +40,8 @@ def test_noisy_votes_need_the_cryptographic_generator():
     votes = np.eye(4, dtype=np.int64)[[0, 1, 2]]
     noisy = noisy_votes(votes, mechanism, secure_generator())
     assert noisy.shape == (12,) and noisy.dtype == np.int64
+    # Sk(mu) with 2 mu = sigma^2 / quorum = 50: the noise is there, at its variance.
+    noise = np.concatenate([noisy_votes(votes, mechanism, secure_generator()) - votes.reshape(-1) for _ in range(500)])
+    assert abs(noise.var() / 50 - 1) < 0.1 and abs(noise.mean()) < 0.5
     with pytest.raises(TypeError, match="cryptographic generator"):
         noisy_votes(votes, mechanism, np.random.default_rng(0))

@@ -5,7 +5,7 @@ nearest neighbours (kNN-DPFL, counts rather than the paper's frequencies ``count
 they stay integers). Each hospital adds ``Sk(mu)`` to every count of every query, with
 ``2 mu = sigma^2 / N_min``: the sum of ``N_c >= N_min`` hospitals' votes then carries
 ``Sk(N_c mu)``, variance at least ``sigma^2`` per count. Skellam shares add up exactly, so the
-guarantee needs no rounding argument (``training.skellam`` has the mechanism, ``training.rdp``
+guarantee needs no rounding argument (numpy's Poisson sampler is exact up to floating-point rounding) (``training.skellam`` has the mechanism, ``training.rdp``
 its Renyi DP).
 
 **Adjacency and sensitivity**, for one query (``C`` counts), in votes:
@@ -33,7 +33,7 @@ hospital, and every tallier, together) leaves a hospital its own share ``Sk(mu)`
 **The field.** The talliers add shares modulo a prime and compare the totals inside the MPC; a
 total beyond the comparison's range would silently give a wrong label. ``sum_bound`` bounds every
 total of a round, except with probability ``2^-40`` per round, and the MPC's bit length is sized
-from it (``tallier.argmax``).
+from it (``tallier.mpc``).
 """
 
 from __future__ import annotations

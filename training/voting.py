@@ -83,8 +83,10 @@ class PcaFeatures:
 
 def knn_votes(features: FeatureMap, data: Split, queries: np.ndarray, *, neighbours: int, classes: int) -> np.ndarray:
     """Label counts of the ``neighbours`` records of ``data`` nearest to each query in ``features``: ``(Q, C)``."""
-    if not 1 <= neighbours <= len(data):
-        raise ValueError(f"{neighbours} neighbours need at least as many records; this hospital has {len(data)}")
+    # One more record than neighbours: removing any record must still leave k to vote, or the
+    # instance-level sensitivity (one neighbour in, one out) would not hold.
+    if not 1 <= neighbours < len(data):
+        raise ValueError(f"{neighbours} neighbours need more records than that; this hospital has {len(data)}")
     records, points = features(data.x), features(queries)
     # Squared distances without the |query|^2 term, which does not change any query's order.
     distances = (records * records).sum(axis=1)[None, :] - 2 * points @ records.T
