@@ -116,7 +116,7 @@ def run_round(
             labels, revealed = np.array(await runtime.output(runtime.np_argmax(totals, axis=1)), dtype=np.int64), None
         sent = sum(peer.protocol.nbytes_sent for peer in runtime.parties if peer.pid != runtime.pid)
         await runtime.shutdown()
-        return MpcResult(labels=labels.astype(np.int64), totals=revealed, bytes_sent=sent)
+        return MpcResult(labels=labels, totals=revealed, bytes_sent=sent)
 
     working_directory = Path.cwd()
     os.chdir(party.certificates)  # MPyC reads its certificates from .config under the working directory

@@ -39,7 +39,7 @@ from it (``tallier.mpc``).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from training.accounting import Release, release_of
 from training.skellam import SkellamMechanism, bernstein_deviation
@@ -112,18 +112,3 @@ class VotingSettings:
         log_inverse = -_WRAP_LOG_PROBABILITY + math.log(2 * queries * classes)
         noise = bernstein_deviation(2 * hospitals * mu, log_inverse)
         return math.ceil(hospitals * self.votes_per_query + noise)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "VotingSettings":
-        try:
-            return cls(
-                method=str(values["method"]),
-                noise_std=float(values["noise_std"]),
-                quorum=int(values["quorum"]),
-                neighbours=int(values["neighbours"]),
-            )
-        except (KeyError, TypeError) as error:
-            raise ValueError(f"malformed voting settings: {error}") from None

@@ -34,11 +34,17 @@ _TEACHER_BATCH = 64
 
 
 def train_teacher(spec: ModelSpec, data: Split, *, epochs: int, learning_rate: float = 1e-3, seed: int | None = None) -> nn.Module:
-    """A teacher trained on ``data`` with Adam, ``epochs`` passes in shuffled batches of 64."""
+    """A teacher trained on ``data`` with Adam, ``epochs`` passes in shuffled batches of 64.
+
+    Its initialisation and shuffling protect nothing (the noise on the votes does), so a seed may fix
+    them for reproducible runs; without one they are drawn afresh."""
     if len(data) == 0:
         raise ValueError("a teacher needs at least one record")
-    generator = torch.Generator().manual_seed(seed) if seed is not None else torch.Generator()
-    if seed is not None:
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
         torch.manual_seed(seed)
     model = build_model(spec)
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
