@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["SealedBoxError", "certify_key", "open_box", "seal", "verify_certified_key"]
+__all__ = ["OVERHEAD_BYTES", "SealedBoxError", "certify_key", "open_box", "seal", "verify_certified_key"]
 
 _VERSION = b"CSB1"
 _LABEL = b"consilium sealed box v1"
@@ -41,6 +41,7 @@ _NONCE_BYTES = 12
 _TAG_BYTES = 16
 _SIGNATURE_BYTES = 64
 _HEADER_BYTES = len(_VERSION) + _KEY_BYTES + _NONCE_BYTES
+OVERHEAD_BYTES = _HEADER_BYTES + _TAG_BYTES + _SIGNATURE_BYTES  # a box is exactly this much longer than its plaintext
 
 
 class SealedBoxError(ValueError):

@@ -21,7 +21,7 @@ from training.dopamine import DopamineSettings
 from training.models import ModelSpec, build_model
 from training.skellam import SkellamMechanism
 
-__all__ = ["ConfigError", "RunConfig"]
+__all__ = ["ConfigError", "RunConfig", "check_run", "run_fingerprint"]
 
 _RUN_ID = re.compile(r"^[0-9a-f]{8,64}$")
 _MESSAGE_SLACK_BYTES = 64 * 1024
@@ -30,6 +30,26 @@ _SEALED_KEY_SLACK_BYTES = 4096  # SEAL's header and zstd framing, the check key,
 
 class ConfigError(ValueError):
     """A run configuration that is malformed or cannot be run."""
+
+
+def check_run(run_id: str, hospitals: tuple[str, ...], *, quorum: int, rounds: int, delta: float) -> None:
+    """What every run's configuration must satisfy, whatever the method; ``ConfigError`` if not."""
+    if not _RUN_ID.match(run_id):
+        raise ConfigError(f"run_id must be 8-64 lowercase hex characters, got {run_id!r}")
+    if not hospitals or len(set(hospitals)) != len(hospitals):
+        raise ConfigError("a run needs distinct hospitals")
+    if quorum > len(hospitals):
+        raise ConfigError(f"the quorum {quorum} exceeds the {len(hospitals)} hospitals")
+    if rounds < 1:
+        raise ConfigError(f"rounds must be at least 1, got {rounds}")
+    if not 0 < delta < 1:
+        raise ConfigError(f"delta must be in (0, 1), got {delta}")
+
+
+def run_fingerprint(label: bytes, settings: dict, payload: bytes) -> str:
+    """``run_id:digest`` of every setting and a payload (the initial model, a feature map): what a party took part in."""
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()
+    return f"{settings['run_id']}:{hashlib.sha256(label + b'|%d|' % len(text) + text + payload).hexdigest()}"
 
 
 @dataclass(frozen=True)
@@ -43,16 +63,7 @@ class RunConfig:
     dopamine: DopamineSettings
 
     def __post_init__(self) -> None:
-        if not _RUN_ID.match(self.run_id):
-            raise ConfigError(f"run_id must be 8-64 lowercase hex characters, got {self.run_id!r}")
-        if not self.hospitals or len(set(self.hospitals)) != len(self.hospitals):
-            raise ConfigError("a run needs distinct hospitals")
-        if self.dopamine.quorum > len(self.hospitals):
-            raise ConfigError(f"the quorum {self.dopamine.quorum} exceeds the {len(self.hospitals)} hospitals")
-        if self.rounds < 1:
-            raise ConfigError(f"rounds must be at least 1, got {self.rounds}")
-        if not 0 < self.delta < 1:
-            raise ConfigError(f"delta must be in (0, 1), got {self.delta}")
+        check_run(self.run_id, self.hospitals, quorum=self.dopamine.quorum, rounds=self.rounds, delta=self.delta)
 
     @property
     def key_holder(self) -> str:
@@ -88,9 +99,7 @@ class RunConfig:
         Key contexts and endorsements are bound to it, so a server that gives hospitals different
         settings (say, less noise to some) gets no key through and no sum endorsed.
         """
-        settings = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
-        digest = hashlib.sha256(b"consilium run v1|%d|" % len(settings) + settings + initial_parameters).hexdigest()
-        return f"{self.run_id}:{digest}"
+        return run_fingerprint(b"consilium run v1", self.to_dict(), initial_parameters)
 
     def to_dict(self) -> dict:
         return {

@@ -102,6 +102,16 @@ class PrivacyBudget:
     epsilon: float
     delta: float
 
+    def refusal(self, ledger: PrivacyLedger, charge: Release, round_number: int) -> str:
+        """Why a hospital must not take part in the round, or "" if it may (Dopamine's Algorithm 1, line 17)."""
+        projected, view = ledger.worst_epsilon(self.delta, extra=charge)
+        if projected <= self.epsilon:
+            return ""
+        return (
+            f"privacy budget: round {round_number} would bring epsilon against the {view.replace('_', ' ')} "
+            f"to {projected:.3f} > {self.epsilon:g} at delta {self.delta:g}"
+        )
+
 
 @dataclass
 class _Contribution:
@@ -315,7 +325,7 @@ class Hospital:
                 # What every update is charged: the least noise its sum can carry, a quorum's.
                 dopamine = self._config.dopamine
                 least_noise = release_of(self._step.mechanism, sample_rate=dopamine.sample_rate, contributors=dopamine.quorum)
-                refusal = self._budget_refusal(least_noise, message.round)
+                refusal = self._budget.refusal(self._ledger, least_noise, message.round)
                 if refusal:
                     log.warning("%s withdraws: %s", self._name, refusal)
                     self._send(Withdraw(round=message.round, reason=refusal))
@@ -335,16 +345,6 @@ class Hospital:
             else:
                 self._release(message, pending)
                 pending = None
-
-    def _budget_refusal(self, charge: Release, round_number: int) -> str:
-        """Why this hospital must not take part in the round, or "" if it may (Algorithm 1, line 17)."""
-        projected, view = self._ledger.worst_epsilon(self._budget.delta, extra=charge)
-        if projected <= self._budget.epsilon:
-            return ""
-        return (
-            f"privacy budget: round {round_number} would bring epsilon against the {view.replace('_', ' ')} "
-            f"to {projected:.3f} > {self._budget.epsilon:g} at delta {self._budget.delta:g}"
-        )
 
     def _contribute(self, charge: Release, round_number: int, *, send_at: float) -> "_Contribution":
         # Durable before the update leaves: a crash can only over-count.

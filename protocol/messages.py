@@ -25,6 +25,17 @@ Sequence of one run (H = each hospital, KH = the key holder, the first hospital 
     S  -> H  MeanRequest(r)                 (only if the first contributor left: the next one sends it)
     S  -> H  Finish(reason)
 
+A voting run (AE-DPFL, kNN-DPFL; T = each tallier)::
+
+    H, T -> S  Hello                        S  -> T  VotingWelcome(config, feature map, no keys)
+    T  -> S  RunKey(certified key)          (a fresh box key for this run, signed by the tallier)
+    S  -> H  VotingWelcome(config, feature map, every tallier's certified key)
+    per round r:
+    S  -> H  VoteRequest(r, queries)        H  -> S  Ballot(r, a sealed share for each tallier) | Withdraw(r, reason)
+    S  -> T  Shares(r, its sealed share from each voter)
+    T  -> S  Labels(r, voters, labels)  | TallyFailed(r, reason)
+    S  -> H, T  Finish(reason)
+
 Joining later runs the same exchange between rounds: a hospital that restarted, or whose connection
 to a restarted server was re-established, says Hello again and is welcomed to the model as it is
 now. It answers KeyReady if it still holds the run's key, RunKey if not; any hospital that holds
@@ -49,6 +60,8 @@ __all__ = [
     "Endorsements",
     "Finish",
     "Hello",
+    "Labels",
+    "Ballot",
     "KeyReady",
     "KeyRequest",
     "KeySetup",
@@ -61,7 +74,14 @@ __all__ = [
     "RoundStart",
     "RunKey",
     "SealedKey",
+    "Shares",
+    "TO_TALLIER",
+    "TO_VOTING_HOSPITAL",
+    "TO_VOTING_SERVER",
+    "TallyFailed",
     "Update",
+    "VoteRequest",
+    "VotingWelcome",
     "Welcome",
     "Withdraw",
     "decode",
@@ -202,9 +222,63 @@ class Finish(Message):
     reason: str
 
 
+# -- voting ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VotingWelcome(Message):
+    TYPE = "voting_welcome"
+    config: dict  # protocol.voting_config.VotingConfig
+    feature_map: bytes  # kNN-DPFL: the public feature map (training.voting.PcaFeatures.to_bytes); AE-DPFL: empty
+    tallier_keys: dict[str, bytes]  # tallier -> its RunKey.certified_key; empty when sent to the talliers
+
+
+@dataclass(frozen=True)
+class VoteRequest(Message):
+    TYPE = "vote_request"
+    round: int
+    queries: bytes  # the round's public records: float32, little-endian, the config's input shape each
+
+
+@dataclass(frozen=True)
+class Ballot(Message):
+    TYPE = "ballot"
+    round: int
+    boxes: dict[str, bytes]  # tallier -> its share of the noisy votes, sealed to it (protocol.voting_hospital)
+
+
+@dataclass(frozen=True)
+class Shares(Message):
+    TYPE = "shares"
+    round: int
+    boxes: dict[str, bytes]  # voter -> the box its Ballot sealed to this tallier
+
+
+@dataclass(frozen=True)
+class Labels(Message):
+    TYPE = "labels"
+    round: int
+    voters: tuple[str, ...]  # the hospitals whose votes the labels count, as the talliers agreed
+    labels: tuple[int, ...]  # one class per query
+    totals: bytes  # reveal "histogram" only: the noisy totals, int64 little-endian, Q x C; else empty
+    mpc_microseconds: int
+    mpc_bytes: int  # sent by this tallier to the others
+
+
+@dataclass(frozen=True)
+class TallyFailed(Message):
+    TYPE = "tally_failed"
+    round: int
+    reason: str
+
+
+# What each role accepts: a message of another type is refused by ``decode``.
 TO_SERVER = frozenset({Hello, RunKey, KeySetup, KeyReady, Update, Withdraw, Endorsement, Released})
 TO_HOSPITAL = frozenset({Welcome, KeyRequest, SealedKey, RoundStart, Aggregate, Endorsements, RoundAbort, MeanRequest, Finish})
-_BY_TYPE = {cls.TYPE: cls for cls in TO_SERVER | TO_HOSPITAL}
+TO_VOTING_SERVER = frozenset({Hello, RunKey, Ballot, Withdraw, Labels, TallyFailed})
+TO_VOTING_HOSPITAL = frozenset({VotingWelcome, VoteRequest, Finish})
+TO_TALLIER = frozenset({VotingWelcome, Shares, Finish})
+_BY_TYPE = {cls.TYPE: cls for cls in TO_SERVER | TO_HOSPITAL | TO_VOTING_SERVER | TO_VOTING_HOSPITAL | TO_TALLIER}
 
 
 def float32_values(payload: bytes, count: int, what: str) -> np.ndarray:

@@ -26,6 +26,7 @@ from pathlib import Path
 import zmq
 
 from crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
+from crypto.mpc_field import MIN_PARTIES
 from crypto.tls import issue_mpc_certificates
 
 __all__ = ["Credentials", "CurveKeyPair", "Party", "Roster", "RosterError", "provision"]
@@ -152,8 +153,8 @@ def provision(directory: Path, *, hospitals: int, address: str, mpc_addresses: t
         raise RosterError(f"a federation needs at least one hospital, got {hospitals}")
     if not re.match(r"^tcp://[^\s\"]+:\d+$", address):
         raise RosterError(f"server address must look like tcp://HOST:PORT, got {address!r}")
-    if 0 < len(mpc_addresses) < 3:  # with 2, MPyC's threshold is 0: each tallier would hold the other's input
-        raise RosterError("private voting needs at least 3 talliers, for an honest majority among them")
+    if 0 < len(mpc_addresses) < MIN_PARTIES:
+        raise RosterError(f"private voting needs at least {MIN_PARTIES} talliers, for an honest majority among them")
     mpc = {f"tallier-{i}": _mpc_address(a, f"tallier-{i}") for i, a in enumerate(mpc_addresses, start=1)}
     if len(set(mpc.values())) != len(mpc):
         raise RosterError("every tallier needs its own MPC address")

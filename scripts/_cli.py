@@ -10,15 +10,18 @@ from typing import Callable
 from crypto.bfv import BfvError
 from crypto.bfv_parameters import ParameterError
 from crypto.sealed_box import SealedBoxError
+from crypto.secret_sharing import ShareError
 from protocol.checkpoint import CheckpointError
 from protocol.config import ConfigError
 from protocol.messages import ProtocolError
 from protocol.roster import RosterError
 from protocol.transcript import TranscriptError
 from protocol.transport import TransportError
+from tallier.mpc import MpcError
 from training.accounting import LedgerError
 from training.datasets import DatasetError
 from training.partition import PartitionError
+from training.vote_privacy import REVEAL_MODES, VOTING_METHODS
 
 USER_ERRORS = (
     BfvError,
@@ -26,11 +29,13 @@ USER_ERRORS = (
     ConfigError,
     DatasetError,
     LedgerError,
+    MpcError,
     ParameterError,
     PartitionError,
     ProtocolError,
     RosterError,
     SealedBoxError,
+    ShareError,
     TranscriptError,
     TransportError,
     OSError,
@@ -118,10 +123,14 @@ def widths(text: str) -> tuple[int, ...]:
     return values
 
 
-# The run's training settings, shared by consilium-server and consilium-federation (which passes
-# them on to the server it launches): (flag, type, default, help).
+METHODS = ("dopamine", *VOTING_METHODS)
+
+# The run's settings, shared by consilium-server and consilium-federation (which passes them on to
+# the server it launches): (flag, type, default, help). A default of None depends on the method
+# (``METHOD_DEFAULTS``).
 RUN_FLAGS = (
-    ("--rounds", positive_int, 100, "rounds of Dopamine (one DP-SGD step each)"),
+    ("--method", str, "dopamine", f"how the hospitals learn together: {', '.join(METHODS)}"),
+    ("--rounds", positive_int, None, "rounds: DP-SGD steps for Dopamine (default 100), query batches for voting (default 2)"),
     ("--sample-rate", rate, 0.1, "q: probability that a record is in a round's batch (Poisson sampling)"),
     ("--noise-multiplier", non_negative_float, 2.3, "sigma: noise of a quorum's sum, in units of its sensitivity"),
     ("--max-grad-norm", positive_float, 1.0, "C: per-example gradient clipping norm"),
@@ -130,21 +139,48 @@ RUN_FLAGS = (
     ("--delta", probability, 1e-5, "delta at which epsilon is reported"),
     ("--model", str, "mlp", "model architecture: mlp or cnn (for images)"),
     ("--hidden", widths, (48,), "MLP hidden widths, comma-separated (empty for a linear model)"),
+    ("--queries-per-round", positive_int, 90, "voting: public records the hospitals label per round"),
+    ("--vote-noise", positive_float, None, "voting: sigma, noise on each summed count in votes (AE-DPFL 1, kNN-DPFL 20)"),
+    ("--neighbours", positive_int, None, "kNN-DPFL: k, the neighbours each hospital counts (default 30)"),
+    ("--reveal", str, "labels", "voting: what the talliers open, labels or (trading privacy of the margins) histogram"),
+    ("--teacher-epochs", positive_int, 30, "AE-DPFL: epochs of each hospital's teacher"),
+    ("--feature-dimensions", positive_int, 30, "kNN-DPFL: dimensions of the public PCA feature map"),
+    ("--student-epochs", positive_int, 100, "voting: epochs of the server's student on the labelled queries"),
+    ("--public-fraction", rate, 0.5, "voting: share of the held-out records that form the public pool (the rest test)"),
 )
+METHOD_DEFAULTS = {
+    "dopamine": {"rounds": 100},
+    "ae-dpfl": {"rounds": 2, "vote_noise": 1.0, "neighbours": 1},
+    "knn-dpfl": {"rounds": 2, "vote_noise": 20.0, "neighbours": 30},
+}
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training (the server announces these to the hospitals)")
     for flag, kind, default, help_text in RUN_FLAGS:
-        group.add_argument(flag, type=kind, default=default, help=f"{help_text} (default: {_show(default)})")
+        shown = "" if default is None else f" (default: {_show(default)})"
+        group.add_argument(flag, type=kind, default=default, help=help_text + shown)
     group.add_argument("--quorum", type=positive_int, help="K_min: contributions a round needs (default: all hospitals)")
+
+
+def resolve_run_arguments(args: argparse.Namespace) -> None:
+    """Check ``--method`` and ``--reveal``, and fill in the defaults that depend on the method."""
+    if args.method not in METHODS:
+        raise ConfigError(f"unknown method {args.method!r}; choose from {', '.join(METHODS)}")
+    if args.reveal not in REVEAL_MODES:
+        raise ConfigError(f"unknown reveal mode {args.reveal!r}; choose from {', '.join(REVEAL_MODES)}")
+    for name, value in METHOD_DEFAULTS[args.method].items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
 
 
 def run_argv(args: argparse.Namespace) -> list[str]:
     """The flags of ``add_run_arguments`` as parsed, to pass on to consilium-server."""
     argv = []
     for flag, _, _, _ in RUN_FLAGS:
-        argv += [flag, _show(getattr(args, flag[2:].replace("-", "_")))]
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            argv += [flag, _show(value)]
     if args.quorum is not None:
         argv += ["--quorum", str(args.quorum)]
     return argv

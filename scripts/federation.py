@@ -29,9 +29,10 @@ import numpy as np
 from protocol.messages import ProtocolError
 from protocol.roster import SERVER, provision
 from protocol.hospital import DEFAULT_SEND_OFFSET_S
-from scripts._cli import add_run_arguments, non_negative_float, positive_float, positive_int, run, run_argv
+from scripts._cli import add_run_arguments, non_negative_float, positive_float, positive_int, resolve_run_arguments, run, run_argv
 from training.datasets import load_dataset
 from training.partition import PARTITION_SCHEMES, partition
+from training.vote_privacy import VOTING_METHODS
 
 _STARTUP_ALLOWANCE_S = 120.0
 _SHUTDOWN_GRACE_S = 30.0
@@ -43,12 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="consilium-federation",
         description=(
             "Run a local federation: a server and K hospitals as separate processes, Dopamine DP-SGD with "
-            "BFV secure aggregation. With no arguments: 3 hospitals on the built-in breast cancer data."
+            "BFV secure aggregation. With no arguments: 3 hospitals on the built-in breast cancer data. "
+            "With --method ae-dpfl or knn-dpfl: private voting on the built-in digits, with 3 tallier processes."
         ),
     )
     parser.add_argument("--out", type=Path, help="output directory (default: runs/<date-time>)")
     parser.add_argument("--hospitals", type=positive_int, default=3, help="number of hospitals (default: 3)")
-    parser.add_argument("--data", default="breast_cancer", help="breast_cancer, digits or an .npz path")
+    parser.add_argument("--data", help="breast_cancer, digits or an .npz path (default: breast_cancer; digits for voting)")
+    parser.add_argument("--talliers", type=positive_int, default=3, help="voting: number of talliers, at least 3 (default: 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data split and partition (default: 0)")
     parser.add_argument("--partition", default="iid", choices=PARTITION_SCHEMES, help="how hospitals split the data")
     parser.add_argument("--classes-per-part", type=positive_int, help="label_skew: classes each hospital sees")
@@ -77,13 +80,18 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_federation(args: argparse.Namespace) -> dict:
+    resolve_run_arguments(args)
+    voting = args.method in VOTING_METHODS
+    if args.data is None:  # votes need classes to vote on and a public pool to label: the ten digits
+        args.data = "digits" if voting else "breast_cancer"
     out = args.out or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     federation, logs = out / "federation", out / "logs"
     if federation.exists():
         raise ProtocolError(f"{out} already holds a federation; choose another --out")
     logs.mkdir(parents=True, exist_ok=True)
     address = f"tcp://127.0.0.1:{_free_port()}"
-    roster = provision(federation, hospitals=args.hospitals, address=address)
+    mpc_addresses = tuple(f"127.0.0.1:{_free_port()}" for _ in range(args.talliers)) if voting else ()
+    roster = provision(federation, hospitals=args.hospitals, address=address, mpc_addresses=mpc_addresses)
 
     data = load_dataset(args.data, split_seed=args.seed)
     partition(  # each hospital partitions alike; a partition that cannot be made fails here, before any process starts
@@ -95,7 +103,7 @@ def run_federation(args: argparse.Namespace) -> dict:
         flush=True,
     )
     expected_batch_size = args.expected_batch_size
-    if expected_batch_size is None:
+    if expected_batch_size is None and not voting:
         expected_batch_size = round(args.sample_rate * len(data.train) / args.hospitals, 1)
         print(
             f"B = {expected_batch_size:g}, proposed as q x {len(data.train)} (the data set's public training size) / "
@@ -108,19 +116,30 @@ def run_federation(args: argparse.Namespace) -> dict:
         *common,
         *run_argv(args),
         "--out", str(out / SERVER),
-        "--expected-batch-size", repr(expected_batch_size),
         "--transcript", str(out / SERVER / "transcript.msgpack"),
         "--round-timeout", str(args.round_timeout),
         *(["--transcript-payloads"] if args.transcript_payloads else []),
+        *([] if voting else ["--expected-batch-size", repr(expected_batch_size)]),
     ]  # fmt: skip
     started = time.monotonic()
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     server = _launch("scripts.server", server_argv, logs / "server.log", environment, stdout=subprocess.PIPE)
+    talliers = {
+        name: _launch(
+            "scripts.tallier",
+            ["--federation", str(federation), "--name", name, "--timeout", str(3 * args.round_timeout),
+             "--transcript", str(out / name / "transcript.msgpack")],
+            logs / f"{name}.log",
+            environment,
+        )  # fmt: skip
+        for name in roster.talliers
+    }
     hospitals = {}
     for index, name in enumerate(roster.hospitals, start=1):
         hospital_argv = [
             *common,
             "--name", name,
+            "--method", args.method,
             "--parts", str(args.hospitals),
             "--part", str(index),
             "--partition", args.partition,
@@ -141,15 +160,17 @@ def run_federation(args: argparse.Namespace) -> dict:
         server_status = server.wait(timeout=max(1.0, deadline - time.monotonic()))
         if server_status != 0:
             raise ProtocolError(f"the server failed (exit {server_status}): {_tail(logs / 'server.log')}")
-        statuses = {name: _wait(process) for name, process in hospitals.items()}
+        statuses = {name: _wait(process) for name, process in {**hospitals, **talliers}.items()}
     finally:
-        for process in [server, *hospitals.values()]:
+        for process in [server, *hospitals.values(), *talliers.values()]:
             if process.poll() is None:
                 process.kill()
     for name, status in statuses.items():
         if status != 0:
             print(f"warning: {name} exited with status {status}: {_tail(logs / f'{name}.log')}", file=sys.stderr)
 
+    if voting:
+        return _vote_report(out, wall_seconds=time.monotonic() - started)
     report = build_report(
         json.loads((out / SERVER / "server_report.json").read_text()),
         {name: _hospital_metrics(federation / name) for name in hospitals},
@@ -169,6 +190,56 @@ def run_federation(args: argparse.Namespace) -> dict:
     )
     print(f"report: {out / 'report.json'}, plot: {out / 'report.png'}", flush=True)
     return report
+
+
+def _vote_report(out: Path, *, wall_seconds: float) -> dict:
+    report = {**json.loads((out / SERVER / "server_report.json").read_text()), "wall_seconds": wall_seconds}
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    plot_vote_report(report, out / "report.png")
+    final = report["final"]
+    epsilon = final["epsilon"]
+    print(
+        f"done in {wall_seconds:.0f} s ({report['finish_reason']}): {final['queries_labelled']} queries labelled, "
+        f"label accuracy {_fraction(final['label_accuracy'])}, student test accuracy {_fraction(final['student_test_accuracy'])}; "
+        f"epsilon at delta {final['delta']:g} against the server: {epsilon['instance']['server']:.3f} per record, "
+        f"{epsilon['agent']['server']:.3f} per hospital; MPC {1000 * (final['mpc_seconds_per_query'] or 0):.1f} ms per query"
+        + (f"; {report['reveal_warning']}" if report["reveal_warning"] else ""),
+        flush=True,
+    )
+    print(f"report: {out / 'report.json'}, plot: {out / 'report.png'}", flush=True)
+    return report
+
+
+def _fraction(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def plot_vote_report(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labelled = [r for r in report["rounds"] if r["status"] == "labelled"]
+    rounds = [r["round"] for r in labelled]
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    top.plot(rounds, [r["label_accuracy"] for r in labelled], marker="o", color="tab:blue")
+    top.set_ylabel("label accuracy")
+    top.grid(alpha=0.3)
+    for level, label in (("instance", "per record"), ("agent", "per hospital")):
+        bottom.plot(rounds, [r["epsilon"][level]["server"] for r in labelled], marker="o", label=f"{label}, against the server")
+    bottom.set_ylabel(f"epsilon (delta {report['final']['delta']:g})")
+    bottom.set_xlabel("round")
+    bottom.legend()
+    bottom.grid(alpha=0.3)
+    config = report["config"]
+    figure.suptitle(
+        f"{report['method']} on {config['dataset']}: {len(config['hospitals'])} hospitals, {len(config['talliers'])} talliers, "
+        f"student test accuracy {_fraction(report['final']['student_test_accuracy'])}"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def build_report(server: dict, hospitals: dict[str, dict], *, wall_seconds: float) -> dict:

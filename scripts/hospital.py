@@ -8,7 +8,8 @@ from pathlib import Path
 
 from protocol.hospital import DEFAULT_SEND_OFFSET_S, Hospital, PrivacyBudget
 from protocol.roster import Credentials, Roster
-from scripts._cli import configure_logging, non_negative_float, positive_float, positive_int, probability, run
+from protocol.voting_hospital import VotingHospital
+from scripts._cli import METHODS, configure_logging, non_negative_float, positive_float, positive_int, probability, run
 from training.datasets import load_dataset
 from training.partition import PARTITION_SCHEMES, PartitionError, partition
 
@@ -16,10 +17,14 @@ from training.partition import PARTITION_SCHEMES, PartitionError, partition
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="consilium-hospital",
-        description="Run a hospital: train on local data, send only encrypted updates, enforce the privacy budget.",
+        description="Run a hospital: train or vote on local data, send only encrypted updates or sealed vote shares, "
+        "enforce the privacy budget.",
     )
     parser.add_argument("--federation", type=Path, required=True, help="federation directory (consilium-provision)")
     parser.add_argument("--name", required=True, help="this hospital's name in the roster, e.g. hospital-1")
+    parser.add_argument(
+        "--method", default="dopamine", choices=METHODS, help="the kind of run this hospital takes part in (default: dopamine)"
+    )
     parser.add_argument("--data", default="breast_cancer", help="training data: breast_cancer, digits or an .npz path")
     parser.add_argument("--data-seed", type=int, default=0, help="train/validation split of built-in data (default: 0)")
     parser.add_argument("--epsilon-budget", type=positive_float, default=3.0, help="refuse rounds beyond this epsilon")
@@ -61,15 +66,18 @@ def take_part(args: argparse.Namespace) -> None:
             data.y, args.parts, args.partition, seed=args.partition_seed, classes_per_part=args.classes_per_part, alpha=args.alpha
         )
         data = data.subset(parts[args.part - 1])
-    hospital = Hospital(
+    common = dict(
         roster=roster,
         credentials=credentials,
         data=data,
         budget=PrivacyBudget(epsilon=args.epsilon_budget, delta=args.delta),
         state_dir=args.state or args.federation / args.name,
         timeout_s=args.timeout,
-        send_offset_s=args.send_offset,
     )
+    if args.method == "dopamine":
+        hospital = Hospital(**common, send_offset_s=args.send_offset)
+    else:
+        hospital = VotingHospital(**common)
     result = hospital.run()
     print(f"{args.name}: {len(result['rounds'])} rounds, finished: {result['finish_reason']}", flush=True)
 

@@ -11,16 +11,21 @@ from protocol.config import ConfigError, RunConfig
 from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
 from protocol.roster import SERVER, Credentials, Roster
 from protocol.server import Server, Timeouts
-from scripts._cli import add_run_arguments, configure_logging, positive_float, run
+from protocol.voting_config import VotingConfig
+from protocol.voting_server import VotingServer
+from scripts._cli import add_run_arguments, configure_logging, positive_float, resolve_run_arguments, run
 from training.datasets import Dataset, load_dataset
 from training.dopamine import DopamineSettings
 from training.models import ModelSpec, input_statistics
+from training.vote_privacy import VOTING_METHODS, VotingSettings
+from training.voting import PcaFeatures, split_public_pool
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="consilium-server",
-        description="Run the server: it sums the hospitals' encrypted updates and evaluates the released model.",
+        description="Run the server: it sums the hospitals' encrypted updates and evaluates the released model "
+        "(Dopamine), or has the hospitals label its public records by private vote and trains a student on them.",
     )
     parser.add_argument("--federation", type=Path, required=True, help="federation directory (consilium-provision)")
     parser.add_argument("--out", type=Path, required=True, help="directory for the report, ledger and final model")
@@ -65,10 +70,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    resolve_run_arguments(args)
     roster = Roster.load(args.federation)
     credentials = Credentials.load(args.federation, SERVER)
     dataset = load_dataset(args.data, split_seed=args.data_seed)
     timeouts = Timeouts(join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout)
+    if args.method in VOTING_METHODS:
+        _serve_vote(args, roster, credentials, dataset, timeouts)
+        return
     settings = dict(
         roster=roster,
         credentials=credentials,
@@ -125,6 +134,78 @@ def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunC
         flush=True,
     )
     return config
+
+
+def _serve_vote(args: argparse.Namespace, roster: Roster, credentials: Credentials, dataset: Dataset, timeouts: Timeouts) -> None:
+    if args.resume:
+        raise ConfigError("a voting run cannot be resumed yet; start a new one")
+    public_pool, test = split_public_pool(dataset.validation, args.public_fraction, seed=args.data_seed)
+    mean, std = input_statistics(public_pool.x)
+    try:
+        config = VotingConfig(
+            run_id=secrets.token_hex(8),
+            dataset=dataset.name,
+            hospitals=tuple(roster.hospitals),
+            talliers=tuple(roster.talliers),
+            rounds=args.rounds,
+            queries_per_round=args.queries_per_round,
+            delta=args.delta,
+            voting=VotingSettings(
+                method=args.method, noise_std=args.vote_noise, quorum=args.quorum or len(roster.hospitals), neighbours=args.neighbours
+            ),
+            reveal=args.reveal,
+            model=ModelSpec(args.model, dataset.input_shape, dataset.num_classes, args.hidden, mean, std),
+            teacher_epochs=args.teacher_epochs,
+            feature_dimensions=args.feature_dimensions,
+        )
+        feature_map = PcaFeatures.fit(public_pool.x, args.feature_dimensions).to_bytes() if args.method == "knn-dpfl" else b""
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    server = VotingServer(
+        config=config,
+        roster=roster,
+        credentials=credentials,
+        public_pool=public_pool,
+        test=test,
+        feature_map=feature_map,
+        out_dir=args.out,
+        student_epochs=args.student_epochs,
+        timeouts=timeouts,
+        transcript=args.transcript,
+        on_round=lambda record: _print_vote(record, config),
+    )
+    field = config.field()
+    print(
+        f"server on {roster.server_address}: {args.method} run {config.run_id}, {len(config.hospitals)} hospitals, "
+        f"{len(config.talliers)} talliers, {config.rounds} rounds of {config.queries_per_round} queries from a public pool of "
+        f"{len(public_pool)} (test: {len(test)}), MPC over {field.bit_length}-bit integers, revealing {config.reveal}",
+        flush=True,
+    )
+    report = server.run()
+    final = report["final"]
+    print(
+        f"finished ({report['finish_reason']}): {final['queries_labelled']} queries labelled, label accuracy "
+        f"{_shown(final['label_accuracy'])}, student test accuracy {_shown(final['student_test_accuracy'])}; report in {args.out}",
+        flush=True,
+    )
+
+
+def _print_vote(record: dict, config: VotingConfig) -> None:
+    prefix = f"round {record['round']:>4}/{config.rounds}"
+    if record["status"] == "labelled":
+        epsilon = record["epsilon"]
+        print(
+            f"{prefix}  label_acc {record['label_accuracy']:.3f}  voters {len(record['voters'])}/{len(config.hospitals)}  "
+            f"epsilon {epsilon['instance']['server']:.3f} per record, {epsilon['agent']['server']:.3f} per hospital "
+            f"(delta {config.delta:g})  MPC {record['mpc_seconds'] / config.queries_per_round * 1000:.1f} ms/query",
+            flush=True,
+        )
+    else:
+        print(f"{prefix}  aborted: {record['reason']}", flush=True)
+
+
+def _shown(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _print_round(record: dict, config: RunConfig) -> None:

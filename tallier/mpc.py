@@ -1,21 +1,23 @@
-"""The talliers' MPC: a secure argmax over the summed vote shares, opening only the labels.
+"""The talliers' MPC: agree on the voters, then a secure argmax over their summed shares.
 
-Tallier ``j`` holds ``s_j``, the sum modulo ``p`` of the shares the hospitals sent it: the noisy
-vote totals ``T`` (``Q x C`` counts) satisfy ``T = s_1 + ... + s_J mod p``. With ``p`` the prime
-of MPyC's ``SecInt(l)`` field, one screen does it:
+Tallier ``j`` holds one share of each voting hospital's noisy vote vector, modulo the prime ``p``
+of MPyC's ``SecInt(l)`` (``crypto.mpc_field``). A round, on one screen:
 
-1. each tallier inputs ``s_j`` (MPyC Shamir-shares it among all talliers: nobody learns it);
-2. the secret-shared ``T`` is the sum of the inputs, free of communication;
-3. ``np_argmax`` along the classes finds each query's label with ``C - 1`` secure comparisons;
-   ties go to the lowest class index, as in NumPy (``_np_argmax`` keeps the first maximum);
-4. only the labels are opened, to every tallier.
+1. **Voters.** Each tallier inputs the round number and a 0/1 mark for each hospital of the run:
+   whether it holds a valid share from it. All inputs are opened (who sent what is no secret: the
+   server relayed it), every tallier checks that all name the same round, and the voters are the
+   hospitals every tallier holds a share from. Fewer than the quorum: no label (``VoterError``).
+2. **Inputs.** Each tallier sums its shares of exactly those voters, ``s_j``, and inputs it (MPyC
+   Shamir-shares it among all talliers: nobody learns it).
+3. **Totals.** The secret-shared noisy totals ``T = s_1 + ... + s_J`` are a sum of the inputs,
+   free of communication.
+4. **Labels.** ``np_argmax`` along the classes finds each query's label with ``C - 1`` secure
+   comparisons; ties go to the lowest class index, as in NumPy (``_np_argmax`` keeps the first
+   maximum). Only the labels are opened, to every tallier.
 
 ``reveal="histogram"`` opens ``T`` itself instead (a secure sum): cheaper, and it shows the noisy
 totals to the talliers and the server. It is for users who accept that, never a fallback.
 
-The comparisons are correct while every difference of two totals lies in ``[-2^(l-1), 2^(l-1))``,
-so ``bit_length_for`` takes ``l`` from a bound on ``|T|`` (``training.vote_privacy.sum_bound``)
-and MPyC picks a prime ``p > 2^(l + kappa + 1)`` with statistical security ``kappa = 30``.
 MPyC is honest-majority: ``t = floor((J - 1) / 2)`` corrupt talliers learn nothing, and every
 tallier must stay online; a silent peer ends the round at its deadline (``MpcError``). With
 ``J = 2``, ``t = 0`` and MPyC's shares are the inputs themselves: each tallier would see the other's
@@ -29,23 +31,26 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["MIN_TALLIERS", "REVEAL_MODES", "MpcError", "MpcParty", "MpcResult", "bit_length_for", "field_modulus", "run_round"]
+from crypto.mpc_field import MIN_PARTIES, MpcField, mpyc_runtime
+from crypto.secret_sharing import add
+from training.vote_privacy import REVEAL_MODES
 
-REVEAL_MODES = ("labels", "histogram")
-MIN_TALLIERS = 3
-_MIN_BIT_LENGTH = 8
-_MAX_BIT_LENGTH = 32  # MPyC's prime for SecInt(l) has l + 32 bits, and shares travel as 64-bit words
+__all__ = ["MpcError", "MpcParty", "MpcResult", "VoterError", "run_round"]
+
 _failed: list[str] = []  # set once an MPC in this process failed
 
 
 class MpcError(RuntimeError):
     """The MPC could not finish: a tallier left, or did not answer before the deadline."""
+
+
+class VoterError(RuntimeError):
+    """The talliers do not agree on the round, or hold shares from fewer voters than the quorum."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +60,8 @@ class MpcParty:
     certificates: Path  # folder holding .config/party_<i>.crt, .key and mpyc_ca.crt
 
     def __post_init__(self) -> None:
-        if len(self.addresses) < MIN_TALLIERS:
-            raise ValueError(f"the MPC needs at least {MIN_TALLIERS} talliers for an honest majority, got {len(self.addresses)}")
+        if len(self.addresses) < MIN_PARTIES:
+            raise ValueError(f"the MPC needs at least {MIN_PARTIES} talliers for an honest majority, got {len(self.addresses)}")
         if not 0 <= self.index < len(self.addresses):
             raise ValueError(f"tallier index {self.index} is not one of the {len(self.addresses)} talliers")
         object.__setattr__(self, "certificates", Path(self.certificates).resolve())
@@ -64,64 +69,76 @@ class MpcParty:
 
 @dataclass(frozen=True)
 class MpcResult:
+    voters: tuple[str, ...]  # whose votes the labels count, in the run's order
     labels: np.ndarray  # (Q,) int64
     totals: np.ndarray | None  # (Q, C) int64, only when revealed
     bytes_sent: int  # by this tallier, to all others
 
 
-def bit_length_for(bound: int) -> int:
-    """The smallest ``l`` whose comparisons are right for totals in ``[-bound, bound]``: ``2 bound < 2^(l-1)``."""
-    length = max(_MIN_BIT_LENGTH, (2 * bound).bit_length() + 1)
-    if length > _MAX_BIT_LENGTH:
-        raise ValueError(f"totals up to {bound} need {length}-bit comparisons; at most {_MAX_BIT_LENGTH} are supported")
-    return length
-
-
-def field_modulus(bit_length: int) -> int:
-    """The prime MPyC's ``SecInt(bit_length)`` computes modulo, which the hospitals share over."""
-    return _mpyc_runtime(None).SecInt(bit_length).field.modulus
-
-
 def run_round(
     party: MpcParty,
-    local_sum: list[int],
+    round_number: int,
+    shares: dict[str, np.ndarray],
     *,
+    hospitals: tuple[str, ...],
+    quorum: int,
     queries: int,
     classes: int,
-    bit_length: int,
-    modulus: int,
+    field: MpcField,
     reveal: str,
     timeout_s: float,
 ) -> MpcResult:
-    """One round of the protocol above for this tallier; ``MpcError`` if it does not finish in time."""
+    """One round of the protocol above for this tallier, holding ``shares`` (valid ones, by hospital).
+
+    ``MpcError`` if it does not finish in time; ``VoterError`` if the talliers disagree on the
+    round or share fewer voters than ``quorum``."""
     if reveal not in REVEAL_MODES:
         raise ValueError(f"unknown reveal mode {reveal!r}; choose from {', '.join(REVEAL_MODES)}")
-    if len(local_sum) != queries * classes or not all(0 <= value < modulus for value in local_sum):
-        raise ValueError(f"expected {queries * classes} summed shares in [0, p)")
-    runtime = _mpyc_runtime(party)
-    secint = runtime.SecInt(bit_length)
-    if secint.field.modulus != modulus:  # the hospitals shared over another field: the sums would be noise
-        raise ValueError(f"the hospitals shared modulo {modulus}, but {bit_length}-bit MPC computes modulo {secint.field.modulus}")
+    if not set(shares) <= set(hospitals):
+        raise ValueError(f"shares from {sorted(set(shares) - set(hospitals))}, not hospitals of the run")
+    if any(len(vector) != queries * classes for vector in shares.values()):
+        raise ValueError(f"every share must hold {queries * classes} values")
+    runtime = mpyc_runtime([f"-P{host}:{port}" for host, port in party.addresses] + ["-I", str(party.index), "--ssl"])
+    secint = runtime.SecInt(field.bit_length)
+    if secint.field.modulus != field.modulus:  # the hospitals shared over another field: the sums would be noise
+        raise ValueError(f"the hospitals shared modulo {field.modulus}, but {field.bit_length}-bit MPC computes modulo {secint.field.modulus}")
     if _failed:
         raise MpcError(f"an earlier MPC in this process failed ({_failed[0]}); restart the tallier")
 
+    def public_input(values: list[int]) -> list:
+        return runtime.input(secint.array(secint.field.array(np.array(values, dtype=object))))
+
     async def protocol() -> MpcResult:
         await runtime.start()
-        inputs = runtime.input(secint.array(secint.field.array(np.array(local_sum, dtype=object))))
+        marks = [round_number] + [int(name in shares) for name in hospitals]
+        opened = [await runtime.output(vector) for vector in public_input(marks)]
+        if {int(vector[0]) for vector in opened} != {round_number}:
+            await runtime.shutdown()
+            raise VoterError(f"the talliers are not all in round {round_number}: {sorted({int(v[0]) for v in opened})}")
+        voters = tuple(name for i, name in enumerate(hospitals, start=1) if all(int(v[i]) for v in opened))
+        if len(voters) < quorum:
+            await runtime.shutdown()
+            raise VoterError(f"the talliers share valid votes from {len(voters)} hospitals, fewer than the quorum of {quorum}")
+        local_sum = [0] * (queries * classes)
+        for name in voters:
+            local_sum = add(local_sum, shares[name], field.modulus)
+        inputs = public_input(local_sum)
         totals = runtime.np_reshape(sum(inputs[1:], inputs[0]), (queries, classes))
         if reveal == "histogram":
-            opened = np.array(await runtime.output(totals), dtype=np.int64)
-            labels, revealed = opened.argmax(axis=1), opened
+            revealed = np.array(await runtime.output(totals), dtype=np.int64)
+            labels = revealed.argmax(axis=1)
         else:
             labels, revealed = np.array(await runtime.output(runtime.np_argmax(totals, axis=1)), dtype=np.int64), None
         sent = sum(peer.protocol.nbytes_sent for peer in runtime.parties if peer.pid != runtime.pid)
         await runtime.shutdown()
-        return MpcResult(labels=labels, totals=revealed, bytes_sent=sent)
+        return MpcResult(voters=voters, labels=labels, totals=revealed, bytes_sent=sent)
 
     working_directory = Path.cwd()
     os.chdir(party.certificates)  # MPyC reads its certificates from .config under the working directory
     try:
         return runtime.run(asyncio.wait_for(protocol(), timeout_s))
+    except VoterError:
+        raise
     except (asyncio.TimeoutError, TimeoutError):
         _failed.append("timed out")
         raise MpcError(f"the talliers' MPC did not finish within {timeout_s:g} s (a tallier left or is unreachable)") from None
@@ -133,23 +150,3 @@ def run_round(
         raise
     finally:
         os.chdir(working_directory)
-
-
-def _mpyc_runtime(party: MpcParty | None):
-    """A fresh MPyC runtime for ``party``, over mutual TLS (a single local party if None).
-
-    MPyC reads its settings from ``sys.argv`` when it sets a runtime up (and when first imported),
-    so the arguments are swapped in for that moment only.
-    """
-    arguments = [sys.argv[0], "--no-log"]
-    if party is not None:
-        arguments += [f"-P{host}:{port}" for host, port in party.addresses] + ["-I", str(party.index), "--ssl"]
-    saved = sys.argv
-    try:
-        sys.argv = list(arguments)
-        import mpyc.runtime  # the first import sets up a runtime too, and leaves sys.argv stripped
-
-        sys.argv = list(arguments)
-        return mpyc.runtime.setup()
-    finally:
-        sys.argv = saved

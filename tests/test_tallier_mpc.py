@@ -8,10 +8,12 @@ import pytest
 
 from crypto.secret_sharing import share
 from protocol.roster import MPC_CERTIFICATES, provision
-from tallier.mpc import MpcParty, bit_length_for, field_modulus, run_round
+from crypto.mpc_field import MpcField
+from tallier.mpc import MpcParty, VoterError, run_round
 from tests.conftest import REPO, child_environment, free_port
 
 TALLIERS = 3
+HOSPITALS = ("hospital-1", "hospital-2")
 
 
 def _tallier_folders(root):
@@ -21,18 +23,24 @@ def _tallier_folders(root):
     return [root / name for name in roster.talliers]
 
 
-def _run(tmp_path, totals, *, reveal="labels", folders=None, parties=range(TALLIERS), timeout=60.0, rounds=1):
-    """Share ``totals`` (Q x C) among the talliers, run the parties in ``parties``; their results and exit codes.
-
-    The parties run in ``tmp_path`` and find their certificates by a relative path."""
+def _run(
+    tmp_path, totals, *, reveal="labels", folders=None, parties=range(TALLIERS), timeout=60.0, rounds=1, quorum=2, withheld=(),
+    first=None,
+):  # fmt: skip
+    """Split ``totals`` (Q x C) into two hospitals' votes (``first`` and the rest), share each among the talliers (but not the
+    ``(tallier, hospital)`` pairs in ``withheld``), and run the parties in ``parties``; their results
+    and exit codes. The parties run in ``tmp_path`` and find their certificates by a relative path."""
     queries, classes = totals.shape
-    bit_length = bit_length_for(int(np.abs(totals).max()))
-    modulus = field_modulus(bit_length)
-    shares = share(totals.reshape(-1), TALLIERS, modulus)
-    source = tmp_path / "input.npz"
+    first = np.random.default_rng().integers(-5, 5, size=totals.shape) if first is None else first
+    field = MpcField.for_bound(int(max(np.abs(totals).max(), np.abs(first).max(), np.abs(totals - first).max())))
+    shares = {}
+    for name, votes in zip(HOSPITALS, (first, totals - first)):
+        for tallier, vector in enumerate(share(votes.reshape(-1), TALLIERS, field.modulus)):
+            if (tallier, name) not in withheld:
+                shares[f"share-{tallier}-{name}"] = vector
     np.savez(
-        source, local_sums=np.stack(shares), queries=queries, classes=classes, bit_length=bit_length,
-        modulus=str(modulus), reveal=reveal, timeout=timeout, rounds=rounds,
+        tmp_path / "input.npz", **shares, hospitals=np.array(HOSPITALS), queries=queries, classes=classes, quorum=quorum,
+        bit_length=field.bit_length, modulus=str(field.modulus), reveal=reveal, timeout=timeout, rounds=rounds,
     )  # fmt: skip
     folders = folders or _tallier_folders(tmp_path / "federation")
     ports = [str(free_port()) for _ in range(TALLIERS)]
@@ -87,15 +95,36 @@ def test_a_missing_tallier_ends_the_round_with_an_error_and_no_labels(tmp_path):
     assert all("did not finish within 5 s" in error and "Traceback" not in error for error in errors.values())
 
 
+def test_the_voters_are_the_hospitals_every_tallier_holds_a_share_from(tmp_path):
+    generator = np.random.default_rng()
+    first = np.eye(4, dtype=np.int64)[generator.integers(0, 4, size=20)]
+    totals = first + 3 * np.eye(4, dtype=np.int64)[(first.argmax(axis=1) + 1) % 4]  # hospital-2 outvotes hospital-1
+    outputs, codes, errors = _run(tmp_path, totals, quorum=1, withheld={(1, "hospital-2")}, first=first)
+    assert codes == {0: 0, 1: 0, 2: 0}, errors
+    for output in (party[0] for party in outputs.values()):
+        assert list(output["voters"]) == ["hospital-1"]
+        assert np.array_equal(output["labels"], first.argmax(axis=1))  # hospital-2's shares were left out everywhere
+
+
+def test_fewer_shared_voters_than_the_quorum_release_no_label(tmp_path):
+    outputs, codes, errors = _run(tmp_path, np.zeros((5, 3), dtype=np.int64), withheld={(2, "hospital-1")})
+    assert outputs == {} and codes == {0: 2, 1: 2, 2: 2}
+    assert all("from 1 hospitals, fewer than the quorum of 2" in error for error in errors.values())
+
+
 def test_a_second_round_after_a_failed_one_is_refused():
     """In a process of its own: a failed MPC leaves this process's MPyC unusable, on purpose."""
     script = """
-from tallier.mpc import MpcError, MpcParty, field_modulus, run_round
+from crypto.mpc_field import MpcField
+from tallier.mpc import MpcError, MpcParty, run_round
 from tests.conftest import REPO, free_port
 party = MpcParty(index=0, addresses=tuple(("127.0.0.1", free_port()) for _ in range(3)), certificates=REPO)
-for _ in range(2):
+for round_number in (1, 2):
     try:
-        run_round(party, [0, 0], queries=1, classes=2, bit_length=8, modulus=field_modulus(8), reveal="labels", timeout_s=0.5)
+        run_round(
+            party, round_number, {}, hospitals=("h",), quorum=1, queries=1, classes=2, field=MpcField.for_bound(1),
+            reveal="labels", timeout_s=0.5,
+        )
     except MpcError as error:
         print(error)
 """
@@ -108,8 +137,9 @@ def test_fewer_than_three_talliers_or_another_field_are_refused():
     with pytest.raises(ValueError, match="at least 3 talliers"):
         MpcParty(index=0, addresses=(("127.0.0.1", 1), ("127.0.0.1", 2)), certificates=REPO)
     party = MpcParty(index=0, addresses=(("h", 1), ("h", 2), ("h", 3)), certificates=REPO)
+    another = MpcField(8, MpcField.for_bound(200).modulus)
     with pytest.raises(ValueError, match="computes modulo"):
-        run_round(party, [0, 0], queries=1, classes=2, bit_length=8, modulus=field_modulus(9), reveal="labels", timeout_s=1)
+        run_round(party, 1, {}, hospitals=("h",), quorum=1, queries=1, classes=2, field=another, reveal="labels", timeout_s=1)
 
 
 def test_a_tallier_certified_by_another_authority_is_not_let_in(tmp_path):

@@ -3,7 +3,7 @@ import pytest
 
 from training.datasets import Split, load_dataset
 from training.models import ModelSpec
-from training.voting import PcaFeatures, knn_votes, noisy_votes, teacher_votes, train_teacher
+from training.voting import PcaFeatures, knn_votes, noisy_votes, teacher_votes, train_classifier
 from training.vote_privacy import VotingSettings
 from training.secure_random import secure_generator
 
@@ -29,7 +29,7 @@ def test_votes_on_digits_mostly_agree_with_the_true_labels():
     assert (votes.sum(axis=1) == 5).all()
     assert np.mean(votes.argmax(axis=1) == public.y) > 0.9
     spec = ModelSpec("mlp", digits.input_shape, 10, hidden=(32,))
-    teacher = train_teacher(spec, private, epochs=20, seed=0)
+    teacher = train_classifier(spec, private, epochs=20, seed=0)
     one_hot = teacher_votes(teacher, public.x, 10)
     assert (one_hot.sum(axis=1) == 1).all()
     assert np.mean(one_hot.argmax(axis=1) == public.y) > 0.9

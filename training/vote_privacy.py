@@ -30,6 +30,11 @@ noise: that is what the ``server`` view charges. Hospitals see nothing of the su
 ``peer_hospital`` view still subtracts one share, which over-charges. ``collusion`` (every other
 hospital, and every tallier, together) leaves a hospital its own share ``Sk(mu)``.
 
+**What is revealed.** By default the talliers open only each query's label, the argmax of the noisy
+totals. ``REVEAL_MODES``' "histogram" opens the totals themselves: the epsilon is the same (the label
+is a post-processing of the totals, and the accounting charges the totals), but the server and the
+talliers then see how close every vote was. Off by default, and flagged in every report.
+
 **The field.** The talliers add shares modulo a prime and compare the totals inside the MPC; a
 total beyond the comparison's range would silently give a wrong label. ``sum_bound`` bounds every
 total of a round, except with probability ``2^-40`` per round, and the MPC's bit length is sized
@@ -39,14 +44,20 @@ from it (``tallier.mpc``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 from training.accounting import Release, release_of
 from training.skellam import SkellamMechanism, bernstein_deviation
 
-__all__ = ["LEVELS", "VOTING_METHODS", "VotingSettings"]
+__all__ = ["ACCOUNTANT", "LEVELS", "REVEAL_MODES", "VOTING_METHODS", "VotingSettings"]
+
+ACCOUNTANT = (
+    "RDP of the Skellam mechanism (Agarwal et al. 2021, Thm 3.5) on one round's Q x C noisy totals, no sampling, "
+    "composed over the labelled rounds (training/rdp.py), at integer orders 2-256, converted with Opacus's RDP-to-DP bound"
+)
 
 VOTING_METHODS = ("ae-dpfl", "knn-dpfl")
+REVEAL_MODES = ("labels", "histogram")
 LEVELS = ("instance", "agent")
 _WRAP_LOG_PROBABILITY = -40 * math.log(2)
 
@@ -67,6 +78,18 @@ class VotingSettings:
             raise ValueError(f"the quorum must be at least 1, got {self.quorum}")
         if self.neighbours < 1 or (self.method == "ae-dpfl" and self.neighbours != 1):
             raise ValueError("kNN-DPFL needs neighbours >= 1; AE-DPFL votes once (neighbours = 1)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "VotingSettings":
+        kinds = {"method": str, "noise_std": float, "quorum": int, "neighbours": int}
+        if set(values) != {f.name for f in fields(cls)}:
+            raise ValueError(f"voting settings need exactly {sorted(kinds)}, got {sorted(values)}")
+        if not all(isinstance(values[name], kind) and type(values[name]) is not bool for name, kind in kinds.items()):
+            raise ValueError("malformed voting settings: " + ", ".join(f"{n} must be {k.__name__}" for n, k in kinds.items()))
+        return cls(**values)
 
     @property
     def votes_per_query(self) -> int:

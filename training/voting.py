@@ -1,7 +1,7 @@
 """A hospital's votes on the server's public queries, and its noisy vote vector.
 
 - **AE-DPFL** (the voting paper's Algorithm 1): the hospital trains a teacher on its own records
-  (``train_teacher``, without DP: the privacy comes from the noise on the votes) and votes the
+  (``train_classifier``, without DP: the privacy comes from the noise on the votes) and votes the
   teacher's prediction, one-hot, on each query.
 - **kNN-DPFL** (Algorithm 2): the hospital votes the label counts of the ``k`` records nearest to
   each query in a feature space ``phi`` that no private record shapes. ``PcaFeatures`` is the
@@ -27,19 +27,32 @@ from training.models import ModelSpec, build_model
 from training.secure_random import require_cryptographic
 from training.skellam import SkellamMechanism
 
-__all__ = ["FeatureMap", "PcaFeatures", "knn_votes", "noisy_votes", "teacher_votes", "train_teacher"]
+__all__ = ["FeatureMap", "PcaFeatures", "knn_votes", "noisy_votes", "split_public_pool", "teacher_votes", "train_classifier"]
 
 FeatureMap = Callable[[np.ndarray], np.ndarray]
 _TEACHER_BATCH = 64
 
 
-def train_teacher(spec: ModelSpec, data: Split, *, epochs: int, learning_rate: float = 1e-3, seed: int | None = None) -> nn.Module:
-    """A teacher trained on ``data`` with Adam, ``epochs`` passes in shuffled batches of 64.
+def split_public_pool(records: Split, fraction: float, *, seed: int) -> tuple[Split, Split]:
+    """``(public pool, test)``: a random ``fraction`` of ``records`` for the server to label, the rest to test on.
+
+    As in the voting paper, which takes 30% of the MNIST test set as the public pool. Which records
+    are public is no secret, so a seed may fix the split."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"the public pool's fraction must be in (0, 1), got {fraction}")
+    order = np.random.default_rng(seed).permutation(len(records))
+    cut = round(fraction * len(records))
+    return records.subset(np.sort(order[:cut])), records.subset(np.sort(order[cut:]))
+
+
+def train_classifier(spec: ModelSpec, data: Split, *, epochs: int, learning_rate: float = 1e-3, seed: int | None = None) -> nn.Module:
+    """A model trained on ``data`` with Adam, ``epochs`` passes in shuffled batches of 64: a
+    hospital's teacher, or the server's student on the labelled queries.
 
     Its initialisation and shuffling protect nothing (the noise on the votes does), so a seed may fix
     them for reproducible runs; without one they are drawn afresh."""
     if len(data) == 0:
-        raise ValueError("a teacher needs at least one record")
+        raise ValueError("a model needs at least one record to train on")
     generator = torch.Generator()
     if seed is None:
         generator.seed()
@@ -85,6 +98,21 @@ class PcaFeatures:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return (x.reshape(len(x), -1).astype(np.float64) - self.mean) @ self.components.T
+
+    def to_bytes(self) -> bytes:
+        """The mean, then the components row by row: float64, little-endian."""
+        return np.concatenate([self.mean, self.components.reshape(-1)]).astype("<f8").tobytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, features: int, dimensions: int) -> "PcaFeatures":
+        """``ValueError`` unless ``data`` holds ``features (1 + dimensions)`` finite float64 values."""
+        expected = 8 * features * (1 + dimensions)
+        if len(data) != expected:
+            raise ValueError(f"a PCA of {dimensions} dimensions over {features} features has {expected} bytes, got {len(data)}")
+        values = np.frombuffer(data, dtype="<f8").astype(np.float64)
+        if not np.all(np.isfinite(values)):
+            raise ValueError("a PCA with values that are not finite")
+        return cls(mean=values[:features], components=values[features:].reshape(dimensions, features))
 
 
 def knn_votes(features: FeatureMap, data: Split, queries: np.ndarray, *, neighbours: int, classes: int) -> np.ndarray:

@@ -1,0 +1,71 @@
+"""A party's channel to the server: send a message, or wait, with a deadline, for one of the kinds it expects.
+
+What the server sends is decoded for the receiving role (``accept``) within the size limit of the
+run (``limit``, raised once the run's settings are known). A message that fails to decode, or is
+not one the caller waits for, is logged as rejected and skipped; a ``Finish`` the caller does not
+wait for ends the wait with ``ProtocolError``, as does the deadline. With a ``Transcript``, every
+message is recorded as it arrives, before anything reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TypeVar
+
+from protocol.messages import Finish, Message, MessageError, ProtocolError, decode, encode
+from protocol.rejections import RejectionLog
+from protocol.transcript import Transcript
+from protocol.transport import ClientTransport
+
+__all__ = ["ServerChannel"]
+
+M = TypeVar("M", bound=Message)
+
+
+class ServerChannel:
+    def __init__(
+        self,
+        transport: ClientTransport,
+        *,
+        accept: frozenset[type],
+        limit: int,
+        timeout_s: float,
+        log: logging.Logger,
+        transcript: Transcript | None = None,
+    ) -> None:
+        self.transport = transport
+        self.transcript = transcript
+        self.limit = limit
+        self.rejections = RejectionLog(log)
+        self._accept = accept
+        self._timeout_s = timeout_s
+
+    def send(self, message: Message) -> None:
+        self.transport.send(encode(message))
+
+    def expect(self, *types: type[M]) -> M:
+        """The next message of one of ``types``; others are logged and skipped. Times out."""
+        deadline = time.monotonic() + self._timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            payload = self.transport.receive(remaining)
+            if payload is None:
+                break
+            if self.transcript:
+                self.transcript.record("server", payload)
+            try:
+                message = decode(payload, accept=self._accept, max_bytes=self.limit)
+            except MessageError as error:
+                self.rejections.reject("the server", "a message", str(error))
+                continue
+            if isinstance(message, Finish) and Finish not in types:
+                raise ProtocolError(f"the server ended the run: {message.reason}")
+            if isinstance(message, types):
+                return message
+            self.rejections.reject("the server", message.TYPE, "not expected now")
+        raise ProtocolError(f"no {' or '.join(t.TYPE for t in types)} from the server within {self._timeout_s:g} s")
+
+    def close(self) -> None:
+        self.transport.close()
+        if self.transcript:
+            self.transcript.close()

@@ -1,0 +1,134 @@
+"""The configuration of a voting run (AE-DPFL, kNN-DPFL), and what every party derives from it.
+
+The server announces it in ``VotingWelcome``; hospitals and talliers validate it and derive the
+same things from it: the noise each hospital adds and what a round costs
+(``training.vote_privacy``), the bound on every noisy total, and from that bound the MPC's field,
+which the hospitals share over and the talliers compute in (``crypto.mpc_field``). The privacy
+budget is not part of it: each hospital holds its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from crypto.mpc_field import MIN_PARTIES, MpcField
+from protocol.config import ConfigError, check_run, run_fingerprint
+from training.models import ModelSpec
+from training.vote_privacy import REVEAL_MODES, VotingSettings
+
+__all__ = ["VotingConfig"]
+
+_MESSAGE_SLACK_BYTES = 64 * 1024
+_BOX_OVERHEAD_BYTES = 256  # a sealed box's header, tag and signature, its key in the map
+
+
+@dataclass(frozen=True)
+class VotingConfig:
+    run_id: str
+    dataset: str
+    hospitals: tuple[str, ...]  # in roster order
+    talliers: tuple[str, ...]  # in roster order: tallier i is MPC party i - 1
+    rounds: int
+    queries_per_round: int
+    delta: float
+    voting: VotingSettings
+    reveal: str  # one of REVEAL_MODES
+    model: ModelSpec  # the input shape and classes; AE-DPFL's teachers and the server's student
+    teacher_epochs: int  # AE-DPFL
+    feature_dimensions: int  # kNN-DPFL: the public PCA's dimensions
+
+    def __post_init__(self) -> None:
+        check_run(self.run_id, self.hospitals, quorum=self.voting.quorum, rounds=self.rounds, delta=self.delta)
+        if len(self.talliers) < MIN_PARTIES or len(set(self.talliers)) != len(self.talliers):
+            raise ConfigError(f"a voting run needs at least {MIN_PARTIES} distinct talliers, got {list(self.talliers)}")
+        if self.reveal not in REVEAL_MODES:
+            raise ConfigError(f"unknown reveal mode {self.reveal!r}; choose from {', '.join(REVEAL_MODES)}")
+        if self.queries_per_round < 1 or self.teacher_epochs < 1 or self.feature_dimensions < 1:
+            raise ConfigError("queries per round, teacher epochs and feature dimensions must be at least 1")
+        self.field()  # a run whose totals no field can hold fails here, before anything runs
+
+    @property
+    def classes(self) -> int:
+        return self.model.num_classes
+
+    @property
+    def features(self) -> int:
+        """Values per query record."""
+        return math.prod(self.model.input_shape)
+
+    @property
+    def votes_per_round(self) -> int:
+        return self.queries_per_round * self.classes
+
+    def sum_bound(self) -> int:
+        """|every noisy total| of a round, but with probability below 2^-40 (``VotingSettings.sum_bound``)."""
+        return self.voting.sum_bound(queries=self.queries_per_round, classes=self.classes, hospitals=len(self.hospitals))
+
+    def field(self) -> MpcField:
+        try:
+            return _field_for(self.sum_bound())
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
+    def message_limit(self) -> int:
+        """The largest message of the run: the queries, a ballot, the shares a tallier gets, or the welcome."""
+        share = 8 * self.votes_per_round + _BOX_OVERHEAD_BYTES
+        queries = 4 * self.queries_per_round * self.features
+        feature_map = 8 * self.features * (1 + self.feature_dimensions)
+        labels = 16 * self.votes_per_round  # in histogram mode, the totals beside the labels
+        largest = max(queries, len(self.talliers) * share, len(self.hospitals) * share, feature_map, labels)
+        return largest + _MESSAGE_SLACK_BYTES
+
+    def fingerprint(self, feature_map: bytes) -> str:
+        """What a party took part in: every setting and the feature map; ledgers and sealed shares are bound to it."""
+        return run_fingerprint(b"consilium voting run v1", self.to_dict(), feature_map)
+
+    def to_dict(self) -> dict:
+        return {
+            "run_id": self.run_id,
+            "dataset": self.dataset,
+            "hospitals": list(self.hospitals),
+            "talliers": list(self.talliers),
+            "rounds": self.rounds,
+            "queries_per_round": self.queries_per_round,
+            "delta": self.delta,
+            "voting": self.voting.to_dict(),
+            "reveal": self.reveal,
+            "model": self.model.to_dict(),
+            "teacher_epochs": self.teacher_epochs,
+            "feature_dimensions": self.feature_dimensions,
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "VotingConfig":
+        try:
+            config = cls(
+                run_id=str(values["run_id"]),
+                dataset=str(values["dataset"]),
+                hospitals=tuple(str(h) for h in values["hospitals"]),
+                talliers=tuple(str(t) for t in values["talliers"]),
+                rounds=int(values["rounds"]),
+                queries_per_round=int(values["queries_per_round"]),
+                delta=float(values["delta"]),
+                voting=VotingSettings.from_dict(values["voting"]),
+                reveal=str(values["reveal"]),
+                model=ModelSpec.from_dict(values["model"]),
+                teacher_epochs=int(values["teacher_epochs"]),
+                feature_dimensions=int(values["feature_dimensions"]),
+            )
+        except (KeyError, TypeError) as error:
+            raise ConfigError(f"malformed voting configuration: missing or wrong {error}") from None
+        except ConfigError:
+            raise
+        except ValueError as error:
+            raise ConfigError(f"malformed voting configuration: {error}") from None
+        if set(values) != set(config.to_dict()):
+            raise ConfigError(f"malformed voting configuration: unexpected fields {sorted(set(values) - set(config.to_dict()))}")
+        return config
+
+
+@functools.lru_cache(maxsize=8)
+def _field_for(bound: int) -> MpcField:
+    return MpcField.for_bound(bound)

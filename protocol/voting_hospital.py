@@ -1,0 +1,151 @@
+"""A hospital in a voting run: votes on the server's public queries, and only sealed shares leave it.
+
+On ``VotingWelcome`` it checks the run (it is one of the hospitals; the talliers are the roster's,
+each with a box key it certified for this run) and prepares its votes: AE-DPFL trains a teacher on
+its own records, kNN-DPFL takes the public feature map the server sent (``training.voting``).
+
+Per ``VoteRequest`` it charges its own durable ledger, before anything leaves, for the least noise
+the talliers' totals can carry (a quorum's, at the instance level: one of its records changes,
+``training.vote_privacy``), refusing once that would take it over its budget. It then adds its
+Skellam share of the noise to its votes, splits them into one share per tallier and sends each
+sealed to its tallier (``protocol.ballots``). Round numbers only go up, so a server that asks again
+about a round gets no second ballot; the ledger's keys are its own, so repeats still count.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
+from crypto.sealed_box import SealedBoxError, verify_certified_key
+from protocol.ballots import seal_ballot, tallier_key_context
+from protocol.channel import ServerChannel
+from protocol.config import ConfigError
+from protocol.hospital import PrivacyBudget
+from protocol.messages import TO_VOTING_HOSPITAL, Ballot, Finish, Hello, ProtocolError, VoteRequest, VotingWelcome, Withdraw
+from protocol.roster import Credentials, Roster
+from protocol.transport import ClientTransport
+from protocol.voting_config import VotingConfig
+from training.accounting import LEDGER_FILE, PrivacyLedger
+from training.datasets import Split
+from training.secure_random import secure_generator
+from training.voting import PcaFeatures, knn_votes, noisy_votes, teacher_votes, train_classifier
+
+__all__ = ["VotingHospital"]
+
+log = logging.getLogger("consilium.voting_hospital")
+_WELCOME_LIMIT_BYTES = 64 * 1024 * 1024  # before the run's settings are known
+
+
+class VotingHospital:
+    def __init__(
+        self, *, roster: Roster, credentials: Credentials, data: Split, budget: PrivacyBudget, state_dir: Path, timeout_s: float = 180.0
+    ) -> None:
+        roster.check_credentials(credentials)
+        self._name = credentials.name
+        self._roster = roster
+        self._credentials = credentials
+        self._data = data
+        self._budget = budget
+        self._state_dir = state_dir
+        transport = ClientTransport(roster.server_address, roster.server.curve_public, credentials.curve, _WELCOME_LIMIT_BYTES)
+        self._channel = ServerChannel(transport, accept=TO_VOTING_HOSPITAL, limit=_WELCOME_LIMIT_BYTES, timeout_s=timeout_s, log=log)
+        self._generator = secure_generator()
+        self._rounds: list[dict] = []
+
+    def run(self) -> dict:
+        """Vote until the server finishes the run or the budget is spent; returns what it did."""
+        finish_reason = ""
+        try:
+            self._channel.send(Hello())
+            self._join(self._channel.expect(VotingWelcome))
+            last_round = self._ledger.begin_run(self._config.run_id, self._run)
+            while not finish_reason:
+                message = self._channel.expect(VoteRequest, Finish)
+                if isinstance(message, Finish):
+                    finish_reason = message.reason
+                elif message.round <= last_round:
+                    raise ProtocolError(f"the server asked for votes on round {message.round} again after round {last_round}")
+                else:
+                    last_round = message.round
+                    finish_reason = self._vote(message)
+        finally:
+            self._channel.close()
+        return {"finish_reason": finish_reason, "rounds": self._rounds}
+
+    def _join(self, welcome: VotingWelcome) -> None:
+        try:
+            config = VotingConfig.from_dict(welcome.config)
+        except ConfigError as error:
+            raise ProtocolError(f"the server's voting configuration is unusable: {error}") from None
+        if self._name not in config.hospitals or not set(config.hospitals) <= set(self._roster.hospitals):
+            raise ProtocolError(f"the run's hospitals {list(config.hospitals)} do not include {self._name}, or are not all the roster's")
+        if config.talliers != tuple(self._roster.talliers):
+            raise ProtocolError(f"the run's talliers {list(config.talliers)} are not the roster's {self._roster.talliers}")
+        if self._data.x.shape[1:] != config.model.input_shape or not np.all(self._data.y < config.classes):
+            raise ProtocolError(f"this hospital's records do not fit the run's {config.model.input_shape} inputs and {config.classes} classes")
+        self._run = config.fingerprint(welcome.feature_map)
+        self._tallier_keys = self._certified_tallier_keys(config, welcome.tallier_keys)
+        if config.voting.method == "knn-dpfl":
+            try:
+                features = PcaFeatures.from_bytes(welcome.feature_map, features=config.features, dimensions=config.feature_dimensions)
+            except ValueError as error:
+                raise ProtocolError(f"the server's feature map is unusable: {error}") from None
+            self._votes = lambda queries: knn_votes(features, self._data, queries, neighbours=config.voting.neighbours, classes=config.classes)
+        elif welcome.feature_map:
+            raise ProtocolError("AE-DPFL takes no feature map")
+        else:
+            teacher = train_classifier(config.model, self._data, epochs=config.teacher_epochs)
+            self._votes = lambda queries: teacher_votes(teacher, queries, config.classes)
+        self._channel.limit = config.message_limit()
+        self._field = config.field()
+        self._config = config
+        self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE)
+
+    def _certified_tallier_keys(self, config: VotingConfig, tallier_keys: dict[str, bytes]) -> dict[str, X25519PublicKey]:
+        """Each tallier's box key for this run, checked against its identity in the roster, in the run's order."""
+        if set(tallier_keys) != set(config.talliers):
+            raise ProtocolError(f"the server relays box keys for {sorted(tallier_keys)}, not for the talliers {list(config.talliers)}")
+        keys = {}
+        for name in config.talliers:
+            try:
+                keys[name] = verify_certified_key(
+                    tallier_keys[name], signer=self._roster.party(name).identity.signing, context=tallier_key_context(self._run, name)
+                )
+            except SealedBoxError as error:
+                raise ProtocolError(f"the box key the server relays for {name} is not {name}'s: {error}") from None
+        return keys
+
+    def _vote(self, request: VoteRequest) -> str:
+        """Send this round's ballot, or withdraw for the budget; returns why it stops voting, or ""."""
+        config = self._config
+        queries = np.frombuffer(request.queries, dtype="<f4") if len(request.queries) % 4 == 0 else np.empty(0, dtype="<f4")
+        if queries.size != config.queries_per_round * config.features or not np.all(np.isfinite(queries)):
+            raise ProtocolError(f"round {request.round}: the queries are not {config.queries_per_round} finite records of {config.features} values")
+        least_noise = config.voting.release(
+            queries=config.queries_per_round, classes=config.classes, contributors=config.voting.quorum, level="instance"
+        )
+        refusal = self._budget.refusal(self._ledger, least_noise, request.round)
+        if refusal:
+            log.warning("%s withdraws: %s", self._name, refusal)
+            self._channel.send(Withdraw(round=request.round, reason=refusal))
+            return refusal
+        # Durable before the ballot leaves: a crash can only over-count.
+        self._ledger.record(least_noise, run_id=config.run_id, round_number=request.round)
+        votes = self._votes(queries.reshape(config.queries_per_round, *config.model.input_shape).copy())
+        mechanism = config.voting.mechanism(queries=config.queries_per_round, classes=config.classes, level="instance")
+        boxes = seal_ballot(
+            noisy_votes(votes, mechanism, self._generator),
+            tallier_keys=self._tallier_keys,
+            field=self._field,
+            sender=self._credentials.identity.signing,
+            run=self._run,
+            round_number=request.round,
+            hospital=self._name,
+        )
+        self._channel.send(Ballot(round=request.round, boxes=boxes))
+        self._rounds.append({"round": request.round, "epsilon": self._ledger.epsilons(self._budget.delta)})
+        return ""

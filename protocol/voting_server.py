@@ -1,0 +1,375 @@
+"""The server of a voting run: asks the hospitals to vote, relays sealed shares, and learns only the labels.
+
+It holds the public pool (unlabeled records; their true labels only to measure the label accuracy
+of the run, as a simulation can) and a test split. It never sees a vote, a share or a total: it
+relays each tallier only the boxes sealed to it (``protocol.ballots``), and the talliers send back
+the labels (``tallier.mpc``).
+
+A run: every hospital and tallier says Hello (all talliers must: the MPC needs each of them);
+the talliers get the run's ``VotingWelcome`` and answer with a certified box key, which the
+hospitals then get in theirs. Per round the server picks ``Q`` queries from the pool, sends them
+to the hospitals, and relays the ballots that arrive in time and carry a box of the right length
+for each tallier. A round with fewer ballots than the quorum is aborted: nothing is relayed. Every
+tallier must answer with the same voters and labels; the round is then charged to the server's
+ledgers, one per level (``training.vote_privacy``), at the number of voters the talliers agreed.
+A tallier that fails or disagrees stops the run: no label of that round is used.
+
+After the rounds it trains a student on the labelled queries (``training.voting.train_classifier``)
+and reports its test accuracy, the labels' accuracy, and epsilon at both levels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from protocol.ballots import box_bytes
+from protocol.config import ConfigError
+from protocol.messages import (
+    TO_VOTING_SERVER,
+    Ballot,
+    Finish,
+    Hello,
+    Labels,
+    Message,
+    MessageError,
+    ProtocolError,
+    RunKey,
+    Shares,
+    TallyFailed,
+    VoteRequest,
+    VotingWelcome,
+    Withdraw,
+    decode,
+    encode,
+)
+from protocol.rejections import RejectionLog
+from protocol.roster import Credentials, Roster
+from protocol.server import Timeouts
+from protocol.transcript import Transcript
+from protocol.transport import ServerTransport
+from protocol.voting_config import VotingConfig
+from training.accounting import PrivacyLedger
+from training.datasets import Split
+from training.models import accuracy
+from training.vote_privacy import ACCOUNTANT, LEVELS
+from training.voting import train_classifier
+
+__all__ = ["VotingServer"]
+
+log = logging.getLogger("consilium.voting_server")
+
+
+@dataclass
+class _RoundRecord:
+    round: int
+    status: str  # "labelled" or "aborted"
+    voters: list[str] = field(default_factory=list)
+    label_accuracy: float | None = None
+    epsilon: dict[str, dict[str, float]] = field(default_factory=dict)  # level -> view -> epsilon
+    mpc_seconds: float | None = None  # the slowest tallier's, shares opened and MPC
+    mpc_bytes: dict[str, int] = field(default_factory=dict)  # per tallier, sent to the others
+    seconds: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+
+class VotingServer:
+    def __init__(
+        self,
+        *,
+        config: VotingConfig,
+        roster: Roster,
+        credentials: Credentials,
+        public_pool: Split,
+        test: Split,
+        feature_map: bytes,
+        out_dir: Path,
+        student_epochs: int,
+        timeouts: Timeouts = Timeouts(),
+        transcript: Path | None = None,
+        on_round: Callable[[dict], None] | None = None,
+    ) -> None:
+        roster.check_credentials(credentials)
+        if config.talliers != tuple(roster.talliers):
+            raise ConfigError(f"the run's talliers {list(config.talliers)} are not the roster's {roster.talliers}")
+        if len(public_pool) < config.rounds * config.queries_per_round:
+            raise ConfigError(
+                f"{config.rounds} rounds of {config.queries_per_round} queries need {config.rounds * config.queries_per_round} "
+                f"public records; the pool has {len(public_pool)}"
+            )
+        ledgers = {level: out_dir / f"privacy_ledger_{level}.jsonl" for level in LEVELS}
+        if any(path.exists() for path in ledgers.values()):
+            raise ConfigError(f"{out_dir} already holds a run (its ledgers would mix two runs); choose another --out")
+        self._config = config
+        self._roster = roster
+        self._pool = public_pool
+        self._test = test
+        self._feature_map = feature_map
+        self._out_dir = out_dir
+        self._student_epochs = student_epochs
+        self._timeouts = timeouts
+        self._on_round = on_round or (lambda record: None)
+        self._ledgers = {level: PrivacyLedger(path) for level, path in ledgers.items()}
+        self._rejections = RejectionLog(log)
+        self._rounds: list[_RoundRecord] = []
+        self._labelled: list[tuple[np.ndarray, np.ndarray]] = []  # (pool indices, labels) of each labelled round
+        self._active: list[str] = []
+        self._departures: dict[str, str] = {}
+        self._phase_seconds: dict[str, float] = {}
+        self._limit = config.message_limit()
+        parties = list(config.hospitals) + list(config.talliers)
+        enrolled = {roster.party(name).curve_public: name for name in parties}
+        self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, self._limit)
+        self._transcript = Transcript(transcript, payloads=True, max_payload_bytes=self._limit) if transcript else None
+
+    @property
+    def config(self) -> VotingConfig:
+        return self._config
+
+    def run(self) -> dict:
+        """Run the vote to its end; returns (and writes) the server's report."""
+        finish_reason = "completed all rounds"
+        try:
+            started = time.perf_counter()
+            self._join()
+            self._phase_seconds["join"] = time.perf_counter() - started
+            order = np.random.default_rng().permutation(len(self._pool))  # the queries are public: no secret randomness needed
+            for round_number in range(1, self._config.rounds + 1):
+                if len(self._active) < self._config.voting.quorum:
+                    finish_reason = f"only {len(self._active)} hospitals remain, fewer than the quorum of {self._config.voting.quorum}"
+                    break
+                q = self._config.queries_per_round
+                self._run_round(round_number, order[(round_number - 1) * q : round_number * q])
+            started = time.perf_counter()
+            student = self._train_student()
+            self._phase_seconds["student"] = time.perf_counter() - started
+        except ProtocolError as error:
+            finish_reason, student = f"stopped: {error}", None
+            raise
+        except BaseException as error:  # a bug or an interrupt: the report must not claim success
+            finish_reason, student = f"stopped by an unexpected {type(error).__name__}: {error}", None
+            raise
+        finally:
+            for name in self._active + list(self._config.talliers):
+                self._send(name, Finish(reason=finish_reason))
+            report = self._report(finish_reason, student)
+            self._write_outputs(report)
+            self._transport.close()
+            if self._transcript:
+                self._transcript.close()
+        return report
+
+    # -- phases ---------------------------------------------------------------------------------
+
+    def _join(self) -> None:
+        config = self._config
+        deadline = time.monotonic() + self._timeouts.join_s
+        joined: list[str] = []
+        expected = set(config.hospitals) | set(config.talliers)
+        while set(joined) != expected and (got := self._next_message(deadline)) is not None:
+            sender, message = got
+            if not isinstance(message, Hello) or sender in joined:
+                self._reject(sender, message, "expected one hello")
+            else:
+                joined.append(sender)
+        missing_talliers = sorted(set(config.talliers) - set(joined))
+        if missing_talliers:
+            raise ProtocolError(f"the talliers {missing_talliers} did not join within {self._timeouts.join_s:g} s; the MPC needs every one")
+        hospitals = tuple(h for h in config.hospitals if h in joined)
+        if len(hospitals) < config.voting.quorum:
+            raise ProtocolError(f"only {len(hospitals)} of {len(config.hospitals)} hospitals joined; the quorum is {config.voting.quorum}")
+        self._config = dataclasses.replace(config, hospitals=hospitals)
+        self._run = self._config.fingerprint(self._feature_map)
+        for ledger in self._ledgers.values():
+            ledger.begin_run(self._config.run_id, self._run)
+        welcome = dict(config=self._config.to_dict(), feature_map=self._feature_map)
+        for name in self._config.talliers:
+            self._send(name, VotingWelcome(**welcome, tallier_keys={}))
+        keys: dict[str, bytes] = {}
+        deadline = time.monotonic() + self._timeouts.key_s
+        while set(keys) != set(self._config.talliers) and (got := self._next_message(deadline)) is not None:
+            sender, message = got
+            if not isinstance(message, RunKey) or sender not in self._config.talliers or sender in keys:
+                self._reject(sender, message, "expected a tallier's box key")
+            else:
+                keys[sender] = message.certified_key  # the hospitals check it against the tallier's identity
+        if set(keys) != set(self._config.talliers):
+            raise ProtocolError(f"the talliers {sorted(set(self._config.talliers) - set(keys))} sent no box key in time")
+        for name in hospitals:
+            self._send(name, VotingWelcome(**welcome, tallier_keys=keys))
+        self._active = list(hospitals)
+
+    def _run_round(self, round_number: int, indices: np.ndarray) -> None:
+        record = _RoundRecord(round=round_number, status="aborted")
+        started = time.perf_counter()
+        queries = np.ascontiguousarray(self._pool.x[indices], dtype="<f4").tobytes()
+        for name in self._active:
+            self._send(name, VoteRequest(round=round_number, queries=queries))
+        ballots = self._collect_ballots(round_number)
+        record.seconds["ballots"] = time.perf_counter() - started
+        record.voters = sorted(ballots, key=self._config.hospitals.index)
+        if len(ballots) < self._config.voting.quorum:
+            self._abort(record, f"{len(ballots)} ballots, fewer than the quorum of {self._config.voting.quorum}")
+            return
+        started = time.perf_counter()
+        for tallier in self._config.talliers:
+            self._send(tallier, Shares(round=round_number, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()}))
+        labels = self._collect_labels(round_number, record)
+        record.seconds["tally"] = time.perf_counter() - started
+        if set(record.voters) - set(ballots) or len(record.voters) < self._config.voting.quorum:
+            raise ProtocolError(f"round {round_number}: the talliers counted voters {record.voters}, not a quorum of those relayed")
+        for level, ledger in self._ledgers.items():
+            release = self._config.voting.release(
+                queries=len(indices), classes=self._config.classes, contributors=len(record.voters), level=level
+            )
+            ledger.record(release, run_id=self._config.run_id, round_number=round_number)
+            record.epsilon[level] = ledger.epsilons(self._config.delta)
+        self._labelled.append((indices, labels))
+        record.label_accuracy = float(np.mean(labels == self._pool.y[indices]))
+        record.status = "labelled"
+        self._finish_round(record)
+
+    def _collect_ballots(self, round_number: int) -> dict[str, dict[str, bytes]]:
+        """Each active hospital's boxes, one of the right length per tallier; the late are dropped."""
+        ballots: dict[str, dict[str, bytes]] = {}
+        deadline = time.monotonic() + self._timeouts.round_s
+        length = box_bytes(self._config.votes_per_round)
+        while not set(self._active) <= set(ballots) and (got := self._next_message(deadline)) is not None:
+            sender, message = got
+            if isinstance(message, Withdraw) and sender in self._active:
+                self._drop(sender, f"withdrew: {message.reason}", notify=False)
+            elif not (isinstance(message, Ballot) and sender in self._active and message.round == round_number):
+                self._reject(sender, message, f"expected a ballot for round {round_number}")
+            elif sender in ballots:
+                self._reject(sender, message, f"second ballot for round {round_number}")
+            elif set(message.boxes) != set(self._config.talliers) or any(len(box) != length for box in message.boxes.values()):
+                self._reject(sender, message, f"a ballot needs one box of {length} bytes for each tallier")
+            else:
+                ballots[sender] = message.boxes
+        for name in set(self._active) - set(ballots):
+            self._drop(name, f"sent no ballot for round {round_number} within {self._timeouts.round_s:g} s")
+        return ballots
+
+    def _collect_labels(self, round_number: int, record: _RoundRecord) -> np.ndarray:
+        """The labels every tallier reports alike, or ``ProtocolError``: a failed tally stops the run."""
+        answers: dict[str, Labels] = {}
+        deadline = time.monotonic() + self._timeouts.round_s
+        while set(answers) != set(self._config.talliers) and (got := self._next_message(deadline)) is not None:
+            sender, message = got
+            if isinstance(message, TallyFailed) and sender in self._config.talliers and message.round == round_number:
+                raise ProtocolError(f"{sender} could not tally round {round_number}: {message.reason}")
+            if not (isinstance(message, Labels) and sender in self._config.talliers and message.round == round_number):
+                self._reject(sender, message, f"expected the labels of round {round_number}")
+            elif sender in answers:
+                self._reject(sender, message, f"second labels for round {round_number}")
+            elif len(message.labels) != self._config.queries_per_round or max(message.labels, default=0) >= self._config.classes:
+                self._reject(sender, message, f"labels must be {self._config.queries_per_round} classes below {self._config.classes}")
+            else:
+                answers[sender] = message
+        missing = sorted(set(self._config.talliers) - set(answers))
+        if missing:
+            raise ProtocolError(f"{', '.join(missing)} sent no labels for round {round_number} within {self._timeouts.round_s:g} s")
+        if len({(a.voters, a.labels, a.totals) for a in answers.values()}) != 1:
+            raise ProtocolError(f"the talliers disagree on the labels of round {round_number}")
+        first = next(iter(answers.values()))
+        record.voters = list(first.voters)
+        record.mpc_seconds = max(a.mpc_microseconds for a in answers.values()) / 1e6
+        record.mpc_bytes = {name: a.mpc_bytes for name, a in answers.items()}
+        return np.array(first.labels, dtype=np.int64)
+
+    def _train_student(self) -> torch.nn.Module | None:
+        if not self._labelled:
+            return None
+        indices = np.concatenate([i for i, _ in self._labelled])
+        labels = np.concatenate([labels for _, labels in self._labelled])
+        return train_classifier(self._config.model, Split(self._pool.x[indices], labels), epochs=self._student_epochs)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _next_message(self, deadline: float) -> tuple[str, Message] | None:
+        """The next valid message before ``deadline``, or None once it passes; invalid ones are rejected."""
+        while (remaining := deadline - time.monotonic()) > 0:
+            got = self._transport.receive(remaining)
+            if got is None:
+                return None
+            sender, payload = got
+            if self._transcript:
+                self._transcript.record(sender, payload)
+            try:
+                return sender, decode(payload, accept=TO_VOTING_SERVER, max_bytes=self._limit)
+            except MessageError as error:
+                self._reject(sender, None, str(error))
+        return None
+
+    def _reject(self, sender: str, message: Message | None, reason: str) -> None:
+        self._rejections.reject(sender, message.TYPE if message else "a message", reason)
+        self._transport.reject(sender)
+
+    def _drop(self, name: str, reason: str, *, notify: bool = True) -> None:
+        if name in self._active:
+            self._active.remove(name)
+            self._departures[name] = reason
+            log.warning("%s leaves the run: %s", name, reason)
+            if notify:
+                self._send(name, Finish(reason=reason))
+
+    def _abort(self, record: _RoundRecord, reason: str) -> None:
+        record.reason = reason
+        log.warning("round %d aborted: %s; no share is relayed", record.round, reason)
+        self._finish_round(record)
+
+    def _send(self, name: str, message: Message) -> None:
+        self._transport.send(name, encode(message))
+
+    def _finish_round(self, record: _RoundRecord) -> None:
+        self._rounds.append(record)
+        self._on_round(dataclasses.asdict(record))
+
+    def _report(self, finish_reason: str, student: torch.nn.Module | None) -> dict:
+        labelled = [r for r in self._rounds if r.status == "labelled"]
+        queries = sum(len(indices) for indices, _ in self._labelled)
+        correct = sum(int(np.sum(labels == self._pool.y[indices])) for indices, labels in self._labelled)
+        mpc_seconds = sum(r.mpc_seconds for r in labelled)
+        config = self._config
+        return {
+            "method": config.voting.method,
+            "config": config.to_dict(),
+            "field": dataclasses.asdict(config.field()),
+            "sum_bound": config.sum_bound(),
+            "finish_reason": finish_reason,
+            "run_fingerprint": getattr(self, "_run", ""),
+            "reveal": config.reveal,
+            "reveal_warning": (
+                "histogram mode: the server and every tallier saw the noisy vote totals, not only the labels"
+                if config.reveal == "histogram"
+                else ""
+            ),
+            "rounds": [dataclasses.asdict(r) for r in self._rounds],
+            "final": {
+                "rounds_labelled": len(labelled),
+                "queries_labelled": queries,
+                "label_accuracy": correct / queries if queries else None,
+                "student_test_accuracy": accuracy(student, self._test.x, self._test.y) if student is not None else None,
+                "epsilon": {level: ledger.epsilons(config.delta) for level, ledger in self._ledgers.items()},
+                "delta": config.delta,
+                "accountant": ACCOUNTANT,
+                "mpc_seconds_per_query": mpc_seconds / queries if queries else None,
+            },
+            "phase_seconds": self._phase_seconds,
+            "rejected_messages": self._rejections.total,
+            "departures": self._departures,
+            "bytes_received": dict(self._transport.bytes_received),
+            "bytes_sent": dict(self._transport.bytes_sent),
+        }
+
+    def _write_outputs(self, report: dict) -> None:
+        self._out_dir.mkdir(parents=True, exist_ok=True)
+        (self._out_dir / "server_report.json").write_text(json.dumps(report, indent=1))

@@ -1,0 +1,52 @@
+"""consilium-tallier: run one tallier of a provisioned federation (private voting)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from protocol.roster import Credentials, Roster
+from scripts._cli import configure_logging, positive_float, run
+from tallier.tallier import Tallier
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="consilium-tallier",
+        description="Run a tallier: it sums its own shares of the hospitals' votes and, with the other talliers, "
+        "reveals only each query's winning label (MPyC over mutual TLS).",
+    )
+    parser.add_argument("--federation", type=Path, required=True, help="federation directory (consilium-provision --talliers)")
+    parser.add_argument("--name", required=True, help="this tallier's name in the roster, e.g. tallier-1")
+    parser.add_argument(
+        "--certificates", type=Path, help="folder holding this tallier's .config with its MPC certificates (default: FEDERATION/NAME)"
+    )
+    parser.add_argument("--timeout", type=positive_float, default=180.0, help="seconds to wait for the server")
+    parser.add_argument("--mpc-timeout", type=positive_float, default=120.0, help="seconds one round's MPC may take")
+    parser.add_argument("--transcript", type=Path, help="record every message the server sends this tallier, whole, in this file")
+    parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
+    sys.exit(run(lambda: tally(args)))
+
+
+def tally(args: argparse.Namespace) -> None:
+    tallier = Tallier(
+        roster=Roster.load(args.federation),
+        credentials=Credentials.load(args.federation, args.name),
+        certificates=args.certificates or args.federation / args.name,
+        timeout_s=args.timeout,
+        mpc_timeout_s=args.mpc_timeout,
+        transcript=args.transcript,
+    )
+    result = tallier.run()
+    print(f"{args.name}: {len(result['rounds'])} rounds tallied, finished: {result['finish_reason']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
