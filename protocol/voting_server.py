@@ -14,6 +14,9 @@ tallier must answer with the same voters and labels; the round is then charged t
 ledgers, one per level (``training.vote_privacy``), at the number of voters the talliers agreed.
 A tallier that fails or disagrees stops the run: no label of that round is used.
 
+Its transcript keeps whole messages: the boxes in them open only with the talliers' per-run keys,
+which never leave the tallier processes' memory.
+
 After the rounds it trains a student on the labelled queries (``training.voting.train_classifier``)
 and reports its test accuracy, the labels' accuracy, and epsilon at both levels.
 """

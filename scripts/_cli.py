@@ -140,7 +140,7 @@ RUN_FLAGS = (
     ("--model", str, "mlp", "model architecture: mlp or cnn (for images)"),
     ("--hidden", widths, (48,), "MLP hidden widths, comma-separated (empty for a linear model)"),
     ("--queries-per-round", positive_int, 90, "voting: public records the hospitals label per round"),
-    ("--vote-noise", positive_float, None, "voting: sigma, noise on each summed count in votes (AE-DPFL 1, kNN-DPFL 20)"),
+    ("--vote-noise", positive_float, None, "voting: sigma, noise on each summed count in votes (AE-DPFL 1, kNN-DPFL 15)"),
     ("--neighbours", positive_int, None, "kNN-DPFL: k, the neighbours each hospital counts (default 30)"),
     ("--reveal", str, "labels", "voting: what the talliers open, labels or (trading privacy of the margins) histogram"),
     ("--teacher-epochs", positive_int, 30, "AE-DPFL: epochs of each hospital's teacher"),
@@ -148,10 +148,15 @@ RUN_FLAGS = (
     ("--student-epochs", positive_int, 100, "voting: epochs of the server's student on the labelled queries"),
     ("--public-fraction", rate, 0.5, "voting: share of the held-out records that form the public pool (the rest test)"),
 )
+# Measured on the built-in digits with 3 hospitals: kNN-DPFL at sigma 15, k 30 labels about 88% of
+# the public pool right, at epsilon 6.3 per record against the server (7.9 against a fellow
+# hospital, which the budget binds on). AE-DPFL's data-independent guarantee needs many hospitals
+# (the voting paper's 100): with 3, noise that leaves the labels useful (sigma 1: about 84% right)
+# gives epsilon in the hundreds, so its default budget binds nothing, and the launchers say so.
 METHOD_DEFAULTS = {
-    "dopamine": {"rounds": 100},
-    "ae-dpfl": {"rounds": 2, "vote_noise": 1.0, "neighbours": 1},
-    "knn-dpfl": {"rounds": 2, "vote_noise": 20.0, "neighbours": 30},
+    "dopamine": {"rounds": 100, "epsilon_budget": 3.0},
+    "ae-dpfl": {"rounds": 2, "vote_noise": 1.0, "neighbours": 1, "epsilon_budget": 2000.0},
+    "knn-dpfl": {"rounds": 2, "vote_noise": 15.0, "neighbours": 30, "epsilon_budget": 10.0},
 }
 
 
@@ -170,7 +175,7 @@ def resolve_run_arguments(args: argparse.Namespace) -> None:
     if args.reveal not in REVEAL_MODES:
         raise ConfigError(f"unknown reveal mode {args.reveal!r}; choose from {', '.join(REVEAL_MODES)}")
     for name, value in METHOD_DEFAULTS[args.method].items():
-        if getattr(args, name, None) is None:
+        if hasattr(args, name) and getattr(args, name) is None:
             setattr(args, name, value)
 
 

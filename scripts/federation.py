@@ -37,6 +37,7 @@ from training.vote_privacy import VOTING_METHODS
 _STARTUP_ALLOWANCE_S = 120.0
 _SHUTDOWN_GRACE_S = 30.0
 _LOG_TAIL_LINES = 5
+_MEANINGFUL_EPSILON = 10.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--partition", default="iid", choices=PARTITION_SCHEMES, help="how hospitals split the data")
     parser.add_argument("--classes-per-part", type=positive_int, help="label_skew: classes each hospital sees")
     parser.add_argument("--alpha", type=positive_float, default=0.5, help="dirichlet concentration (default: 0.5)")
-    parser.add_argument("--epsilon-budget", type=positive_float, default=3.0, help="each hospital's budget (default: 3)")
+    parser.add_argument(
+        "--epsilon-budget", type=positive_float, help="each hospital's budget (default: 3; AE-DPFL 2000, kNN-DPFL 10)"
+    )
     parser.add_argument("--round-timeout", type=positive_float, default=60.0, help="seconds a round waits for updates")
     parser.add_argument(
         "--expected-batch-size",
@@ -198,6 +201,12 @@ def _vote_report(out: Path, *, wall_seconds: float) -> dict:
     plot_vote_report(report, out / "report.png")
     final = report["final"]
     epsilon = final["epsilon"]
+    if epsilon["instance"]["server"] > _MEANINGFUL_EPSILON:
+        print(
+            f"warning: epsilon {epsilon['instance']['server']:.0f} per record protects no record meaningfully; "
+            "the data-independent guarantee of voting needs many hospitals (the voting paper's AE-DPFL uses 100) or more noise",
+            flush=True,
+        )
     print(
         f"done in {wall_seconds:.0f} s ({report['finish_reason']}): {final['queries_labelled']} queries labelled, "
         f"label accuracy {_fraction(final['label_accuracy'])}, student test accuracy {_fraction(final['student_test_accuracy'])}; "

@@ -112,6 +112,7 @@ class Tallier:
             self._box_key.public_key(), signer=self._credentials.identity.signing, context=tallier_key_context(self._run, self._name)
         )
         self._channel.send(RunKey(certified_key=certified))
+        log.info("%s joined run %s and sent its box key", self._name, config.run_id)
 
     def _tally(self, message: Shares) -> None:
         config, started = self._config, time.perf_counter()
@@ -134,6 +135,7 @@ class Tallier:
                 )
             except BallotError as error:
                 self._channel.rejections.reject("the server", message.TYPE, str(error))
+        log.info("round %d: valid shares from %d hospitals; the MPC starts", message.round, len(shares))
         try:
             result = run_round(
                 self._party,

@@ -5,7 +5,11 @@ import pytest
 from protocol.messages import (
     TO_HOSPITAL,
     TO_SERVER,
+    TO_TALLIER,
+    TO_VOTING_HOSPITAL,
+    TO_VOTING_SERVER,
     Aggregate,
+    Ballot,
     Endorsement,
     Endorsements,
     Finish,
@@ -13,6 +17,7 @@ from protocol.messages import (
     KeyReady,
     KeyRequest,
     KeySetup,
+    Labels,
     MeanRequest,
     MessageError,
     Released,
@@ -20,7 +25,11 @@ from protocol.messages import (
     RoundStart,
     RunKey,
     SealedKey,
+    Shares,
+    TallyFailed,
     Update,
+    VoteRequest,
+    VotingWelcome,
     Welcome,
     Withdraw,
     decode,
@@ -51,13 +60,29 @@ SAMPLES = [
     RoundAbort(round=1, reason="quorum"),
     MeanRequest(round=1),
     Finish(reason="done"),
+    VotingWelcome(config={"run_id": "ab"}, feature_map=b"", tallier_keys={"tallier-1": b"k" * 96}),
+    VoteRequest(round=1, queries=b"\x00" * 16),
+    Ballot(round=1, boxes={"tallier-1": b"b" * 200}),
+    Shares(round=1, boxes={"hospital-1": b"b" * 200}),
+    Labels(round=1, voters=("hospital-1",), labels=(3, 0), totals=b"", mpc_microseconds=10, mpc_bytes=5),
+    TallyFailed(round=1, reason="too few voters"),
 ]
 
 
 @pytest.mark.parametrize("message", SAMPLES, ids=lambda m: m.TYPE)
 def test_every_message_survives_the_wire(message):
-    accept = TO_SERVER if type(message) in TO_SERVER else TO_HOSPITAL
-    assert decode(encode(message), accept=accept, max_bytes=LIMIT) == message
+    roles = (TO_SERVER, TO_HOSPITAL, TO_VOTING_SERVER, TO_VOTING_HOSPITAL, TO_TALLIER)
+    accepting = [accept for accept in roles if type(message) in accept]
+    assert accepting
+    for accept in accepting:
+        assert decode(encode(message), accept=accept, max_bytes=LIMIT) == message
+
+
+def test_each_role_refuses_the_other_method_s_messages():
+    with pytest.raises(MessageError, match="unexpected message type"):
+        decode(encode(Ballot(round=1, boxes={})), accept=TO_SERVER, max_bytes=LIMIT)
+    with pytest.raises(MessageError, match="unexpected message type"):
+        decode(encode(RoundStart(round=1)), accept=TO_TALLIER, max_bytes=LIMIT)
 
 
 def _raw(**body):

@@ -9,7 +9,7 @@ import pytest
 from crypto.secret_sharing import share
 from protocol.roster import MPC_CERTIFICATES, provision
 from crypto.mpc_field import MpcField
-from tallier.mpc import MpcParty, VoterError, run_round
+from tallier.mpc import MpcParty, run_round
 from tests.conftest import REPO, child_environment, free_port
 
 TALLIERS = 3

@@ -45,3 +45,14 @@ def test_noisy_votes_need_the_cryptographic_generator():
     assert abs(noise.var() / 50 - 1) < 0.1 and abs(noise.mean()) < 0.5
     with pytest.raises(TypeError, match="cryptographic generator"):
         noisy_votes(votes, mechanism, np.random.default_rng(0))
+
+
+def test_the_feature_map_survives_the_wire_and_refuses_a_wrong_size():
+    pool = np.random.default_rng().normal(size=(40, 8)).astype(np.float32)
+    features = PcaFeatures.fit(pool, 3)
+    restored = PcaFeatures.from_bytes(features.to_bytes(), features=8, dimensions=3)
+    assert np.array_equal(restored(pool), features(pool))
+    with pytest.raises(ValueError, match="has 192 bytes, got 256"):
+        PcaFeatures.from_bytes(features.to_bytes(), features=8, dimensions=2)
+    with pytest.raises(ValueError, match="not finite"):
+        PcaFeatures.from_bytes(np.full(32, np.nan).tobytes(), features=8, dimensions=3)

@@ -1,0 +1,51 @@
+"""Sealed vote shares: only the tallier they were sealed to opens them, for that run, round and hospital."""
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from crypto.identity import PrivateIdentity
+from crypto.mpc_field import MpcField
+from crypto.secret_sharing import reconstruct
+from protocol.ballots import BallotError, box_bytes, open_share, seal_ballot
+
+FIELD = MpcField.for_bound(100)
+TALLIERS = ("tallier-1", "tallier-2", "tallier-3")
+
+
+@pytest.fixture(scope="module")
+def ballot():
+    keys = {name: X25519PrivateKey.generate() for name in TALLIERS}
+    hospital = PrivateIdentity.generate()
+    votes = np.random.default_rng().integers(-50, 50, size=12)
+    boxes = seal_ballot(
+        votes, tallier_keys={n: k.public_key() for n, k in keys.items()}, field=FIELD, sender=hospital.signing,
+        run="run:abc", round_number=3, hospital="hospital-1",
+    )  # fmt: skip
+    return votes, keys, hospital, boxes
+
+
+def _open(ballot, tallier="tallier-1", box=None, **changes):
+    votes, keys, hospital, boxes = ballot
+    settings = dict(field=FIELD, values=12, run="run:abc", round_number=3, hospital="hospital-1", tallier=tallier)
+    settings.update(changes)
+    return open_share(box or boxes[tallier], recipient=keys[tallier], hospital_key=hospital.public.signing, **settings)
+
+
+def test_the_talliers_shares_add_up_to_the_votes(ballot):
+    votes, _, _, boxes = ballot
+    assert all(len(box) == box_bytes(12) for box in boxes.values())
+    assert np.array_equal(reconstruct([_open(ballot, name) for name in TALLIERS], FIELD.modulus), votes)
+
+
+@pytest.mark.parametrize(
+    "changes", [{"round_number": 4}, {"hospital": "hospital-2"}, {"run": "run:abd"}, {"values": 13}], ids=str
+)
+def test_a_share_opened_for_another_round_hospital_run_or_length_is_refused(ballot, changes):
+    with pytest.raises(BallotError, match="refused"):
+        _open(ballot, **changes)
+
+
+def test_a_box_for_another_tallier_does_not_open(ballot):
+    with pytest.raises(BallotError, match="refused"):
+        _open(ballot, "tallier-1", box=ballot[3]["tallier-2"])

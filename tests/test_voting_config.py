@@ -1,0 +1,54 @@
+"""The voting run's configuration: what every party derives from it, and what it refuses."""
+
+import pytest
+
+from protocol.config import ConfigError
+from protocol.voting_config import VotingConfig
+from training.models import ModelSpec
+from training.vote_privacy import VotingSettings
+
+
+def _config(**changes):
+    settings = dict(
+        run_id="0123abcd", dataset="digits", hospitals=("hospital-1", "hospital-2", "hospital-3"),
+        talliers=("tallier-1", "tallier-2", "tallier-3"), rounds=2, queries_per_round=20, delta=1e-5,
+        voting=VotingSettings("knn-dpfl", noise_std=15.0, quorum=3, neighbours=30), reveal="labels",
+        model=ModelSpec("mlp", (64,), 10), teacher_epochs=1, feature_dimensions=10,
+    )  # fmt: skip
+    settings.update(changes)
+    return VotingConfig(**settings)
+
+
+def test_the_configuration_survives_the_wire_and_names_its_feature_map():
+    config = _config()
+    assert VotingConfig.from_dict(config.to_dict()) == config
+    assert config.fingerprint(b"a") != config.fingerprint(b"b") != _config(rounds=3).fingerprint(b"b")
+
+
+def test_the_field_holds_every_total_the_bound_allows():
+    config = _config()
+    assert config.sum_bound() >= 3 * 30  # every hospital's k votes on one class, before the noise
+    assert config.field().holds(config.sum_bound())
+
+
+@pytest.mark.parametrize(
+    "changes, reason",
+    [
+        ({"talliers": ("tallier-1", "tallier-2")}, "at least 3 distinct talliers"),
+        ({"reveal": "everything"}, "unknown reveal mode"),
+        ({"voting": VotingSettings("knn-dpfl", noise_std=15.0, quorum=4, neighbours=30)}, "exceeds the 3 hospitals"),
+        ({"voting": VotingSettings("knn-dpfl", noise_std=1e12, quorum=3, neighbours=30)}, "at most 32 are supported"),
+    ],
+)
+def test_a_run_that_cannot_be_run_is_refused_before_anything_runs(changes, reason):
+    with pytest.raises(ConfigError, match=reason):
+        _config(**changes)
+
+
+@pytest.mark.parametrize(
+    "change", [{"voting": {"method": "knn-dpfl"}}, {"rounds": "two"}, {"extra": 1}, {"voting": {"method": "knn-dpfl", "noise_std": True, "quorum": 3, "neighbours": 1}}]
+)
+def test_a_malformed_configuration_is_a_config_error(change):
+    values = {**_config().to_dict(), **change}
+    with pytest.raises(ConfigError, match="malformed"):
+        VotingConfig.from_dict(values)

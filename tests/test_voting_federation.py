@@ -1,0 +1,214 @@
+"""Private voting as a user runs it: server, hospitals and talliers as real processes, real MPyC over TLS."""
+
+import json
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from conftest import child_environment, free_port, launcher, run_launcher
+from crypto.sealed_box import seal, verify_certified_key
+from crypto.secret_sharing import share, to_bytes
+from protocol.ballots import _share_context, box_bytes, tallier_key_context
+from protocol.messages import (
+    TO_TALLIER,
+    TO_VOTING_HOSPITAL,
+    TO_VOTING_SERVER,
+    Ballot,
+    Hello,
+    Labels,
+    Shares,
+    VoteRequest,
+    VotingWelcome,
+    decode,
+    encode,
+)
+from protocol.roster import Credentials, provision
+from protocol.transcript import read_transcript
+from protocol.transport import ClientTransport
+from protocol.voting_config import VotingConfig
+from training.accounting import LEDGER_FILE, PrivacyLedger
+
+pytestmark = pytest.mark.slow
+SMALL = ("--queries-per-round", "20", "--feature-dimensions", "10", "--student-epochs", "50", "--round-timeout", "60")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vote")
+    result = run_launcher("federation", "--method", "knn-dpfl", "--out", out, "--rounds", "2", *SMALL)
+    assert result.returncode == 0, result.stderr
+    return out, json.loads((out / "report.json").read_text())
+
+
+def _messages(path, accept):
+    return [(record["sender"], decode(record["payload"], accept=accept, max_bytes=1 << 26)) for record in read_transcript(path)]
+
+
+def test_the_vote_labels_the_queries_and_reports_both_levels(run):
+    out, report = run
+    final = report["final"]
+    assert report["finish_reason"] == "completed all rounds" and final["queries_labelled"] == 40
+    assert 0.5 < final["label_accuracy"] <= 1 and final["student_test_accuracy"] > 0.3  # chance: 0.1
+    assert 0 < final["epsilon"]["instance"]["server"] < final["epsilon"]["agent"]["server"]  # k = 30 votes per hospital
+    assert report["reveal"] == "labels" and report["reveal_warning"] == ""
+    for name in report["config"]["hospitals"]:
+        ledger = PrivacyLedger(out / "federation" / name / LEDGER_FILE)
+        assert ledger.steps == 2  # charged for both rounds, before its ballots left
+
+
+def test_the_server_receives_sealed_boxes_and_labels_only(run):
+    out, report = run
+    received = _messages(out / "server" / "transcript.msgpack", TO_VOTING_SERVER)
+    assert {message.TYPE for _, message in received} == {"hello", "run_key", "ballot", "labels"}
+    length = box_bytes(20 * 10)
+    for _, message in received:
+        if isinstance(message, Ballot):
+            assert all(len(box) == length for box in message.boxes.values())
+        if isinstance(message, Labels):
+            assert message.totals == b"" and len(message.labels) == 20
+
+
+def test_each_tallier_receives_its_own_boxes_and_nothing_else(run):
+    out, report = run
+    ballots = [(sender, m) for sender, m in _messages(out / "server" / "transcript.msgpack", TO_VOTING_SERVER) if isinstance(m, Ballot)]
+    for tallier in report["config"]["talliers"]:
+        received = [m for _, m in _messages(out / tallier / "transcript.msgpack", TO_TALLIER)]
+        assert {m.TYPE for m in received} == {"voting_welcome", "shares", "finish"}
+        shares = [m for m in received if isinstance(m, Shares)]
+        assert [m.round for m in shares] == [1, 2]
+        for message in shares:
+            sealed_to_it = {sender: b.boxes[tallier] for sender, b in ballots if b.round == message.round}
+            assert message.boxes == sealed_to_it
+        others = {b.boxes[t] for _, b in ballots for t in b.boxes if t != tallier}
+        assert not others & {box for m in shares for box in m.boxes.values()}
+
+
+class _Federation:
+    """A provisioned voting federation whose parties the test launches one by one, each logging to a file."""
+
+    def __init__(self, tmp_path, hospitals=3):
+        self.tmp = tmp_path
+        self.federation = tmp_path / "federation"
+        mpc = tuple(f"127.0.0.1:{free_port()}" for _ in range(3))
+        self.roster = provision(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=mpc)
+        self.processes = {}
+
+    def launch(self, role, name, *args):
+        log = self.tmp / f"{name}.log"
+        with log.open("w") as handle:
+            self.processes[name] = subprocess.Popen(
+                launcher(role, "--federation", self.federation, *args), stdout=handle, stderr=handle, text=True, env=child_environment()
+            )
+        return self.processes[name]
+
+    def server(self, *args):
+        return self.launch(
+            "server", "server", "--method", "knn-dpfl", "--data", "digits", "--out", self.tmp / "out", "--rounds", "1", *SMALL, *args
+        )
+
+    def hospital(self, name, part):
+        return self.launch("hospital", name, "--name", name, "--method", "knn-dpfl", "--data", "digits", "--parts", "3", "--part", part,
+                           "--epsilon-budget", "100", "--timeout", "60")  # fmt: skip
+
+    def tallier(self, name, *args):
+        return self.launch("tallier", name, "--name", name, "--timeout", "60", *args)
+
+    def log(self, name):
+        return (self.tmp / f"{name}.log").read_text()
+
+    def wait_for_log(self, name, text, timeout=60):
+        deadline = time.monotonic() + timeout
+        while text not in self.log(name):
+            assert self.processes[name].poll() is None, f"{name} exited before logging {text!r}: {self.log(name)}"
+            assert time.monotonic() < deadline, f"{name} did not log {text!r}"
+            time.sleep(0.02)
+
+    def exit_code(self, name, timeout=120):
+        return self.processes[name].wait(timeout=timeout)
+
+    def close(self):
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture
+def federation(tmp_path):
+    federation = _Federation(tmp_path)
+    yield federation
+    federation.close()
+
+
+def test_a_tallier_killed_before_the_mpc_stops_the_run_with_no_labels(federation):
+    federation.server()
+    for index, name in enumerate(federation.roster.hospitals, start=1):
+        federation.hospital(name, index)
+    federation.tallier("tallier-1", "--mpc-timeout", "5")
+    federation.tallier("tallier-2", "--mpc-timeout", "5")
+    federation.tallier("tallier-3", "--log-level", "info")
+    federation.wait_for_log("tallier-3", "sent its box key")
+    federation.processes["tallier-3"].kill()
+    assert federation.exit_code("server") == 2
+    assert "could not tally round 1" in federation.log("server") and "Traceback" not in federation.log("server")
+    report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
+    assert report["final"]["queries_labelled"] == 0 and report["finish_reason"].startswith("stopped:")
+    for name in ("tallier-1", "tallier-2"):
+        assert federation.exit_code(name) == 2
+        assert "did not finish within 5 s" in federation.log(name) and "Traceback" not in federation.log(name)
+    for name in federation.roster.hospitals:
+        assert federation.exit_code(name) == 0  # told that the run ended
+
+
+class _BadVoter:
+    """A hospital that seals tallier-2 a share outside the field (correctly sealed: only tallier-2 can tell)."""
+
+    def __init__(self, federation, name):
+        roster = federation.roster
+        self.name, self.roster = name, roster
+        self.credentials = Credentials.load(federation.federation, name)
+        self.transport = ClientTransport(roster.server_address, roster.server.curve_public, self.credentials.curve, 1 << 26)
+
+    def vote_badly(self):
+        self.transport.send(encode(Hello()))
+        welcome = decode(self.transport.receive(60), accept=TO_VOTING_HOSPITAL, max_bytes=1 << 26)
+        assert isinstance(welcome, VotingWelcome)
+        config = VotingConfig.from_dict(welcome.config)
+        run = config.fingerprint(welcome.feature_map)
+        keys = {
+            t: verify_certified_key(welcome.tallier_keys[t], signer=self.roster.party(t).identity.signing, context=tallier_key_context(run, t))
+            for t in config.talliers
+        }
+        request = decode(self.transport.receive(60), accept=TO_VOTING_HOSPITAL, max_bytes=1 << 26)
+        assert isinstance(request, VoteRequest)
+        field = config.field()
+        shares = share(np.zeros(config.votes_per_round, dtype=np.int64), 3, field.modulus)
+        shares[1] = np.full(config.votes_per_round, field.modulus, dtype=np.uint64)  # outside Z_p
+        boxes = {
+            t: seal(to_bytes(s), recipient=keys[t], sender=self.credentials.identity.signing, context=_share_context(run, request.round, self.name, t))
+            for t, s in zip(config.talliers, shares)
+        }
+        self.transport.send(encode(Ballot(round=request.round, boxes=boxes)))
+
+    def close(self):
+        self.transport.close()
+
+
+def test_a_share_outside_the_field_leaves_its_hospital_out_of_every_tallier_s_count(federation):
+    federation.server("--quorum", "2")
+    federation.hospital("hospital-1", 1)
+    federation.hospital("hospital-2", 2)
+    for name in federation.roster.talliers:
+        federation.tallier(name)
+    bad = _BadVoter(federation, "hospital-3")
+    try:
+        bad.vote_badly()
+        assert federation.exit_code("server") == 0, federation.log("server")
+    finally:
+        bad.close()
+    report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
+    assert report["final"]["queries_labelled"] == 20
+    assert report["rounds"][0]["voters"] == ["hospital-1", "hospital-2"]
+    assert "share from hospital-3 for round 1 is refused: a share value lies outside the field" in federation.log("tallier-2")
