@@ -71,12 +71,11 @@ from protocol.messages import (
     Update,
     Welcome,
     Withdraw,
-    decode,
     encode,
     float32_values,
     release_digest,
 )
-from protocol.rejections import RejectionLog
+from protocol.channel import ServerChannel
 from protocol.roster import Credentials, Roster
 from protocol.transport import ClientTransport, Reconnected
 from training.accounting import LEDGER_FILE, PrivacyLedger, Release, release_of
@@ -166,9 +165,7 @@ class Hospital:
         self._data = data
         self._budget = budget
         self._state_dir = state_dir
-        self._timeout_s = timeout_s
         self._send_offset_s = send_offset_s
-        self._limit = _HELLO_LIMIT_BYTES
         self._ledger: PrivacyLedger | None = None
         # Set by the first Welcome, kept across joins: a hospital takes part in one run.
         self._config: RunConfig | None = None
@@ -181,10 +178,8 @@ class Hospital:
         self._released: Released | None = None  # the last release, with the mean, should the server ask for it
         self._joins = 0
         self._rounds: list[dict] = []
-        self._rejections = RejectionLog(log)
-        self._transport = ClientTransport(
-            roster.server_address, roster.server.curve_public, credentials.curve, _HELLO_LIMIT_BYTES
-        )
+        transport = ClientTransport(roster.server_address, roster.server.curve_public, credentials.curve, _HELLO_LIMIT_BYTES)
+        self._channel = ServerChannel(transport, accept=TO_HOSPITAL, limit=_HELLO_LIMIT_BYTES, timeout_s=timeout_s, log=log)
 
     def run(self) -> dict:
         """Take part until the server finishes the run or the budget is spent; returns the metrics."""
@@ -201,7 +196,7 @@ class Hospital:
                     self._send(Hello())
         finally:
             self._write_metrics(finish_reason)
-            self._transport.close()
+            self._channel.close()
         return {"finish_reason": finish_reason, "rounds": self._rounds}
 
     def _join(self, welcome: Welcome) -> None:
@@ -239,7 +234,7 @@ class Hospital:
         if self._last_round:
             log.warning("%s resumes run %s after round %d, the last its ledger charged", self._name, config.run_id, self._last_round)
             self._continue_metrics(config.run_id)
-        self._limit = config.message_limit()
+        self._channel.limit = config.message_limit()
         self._config, self._run = config, run
         self._step = NoisyGradientStep(model, self._data.x, self._data.y, config.dopamine)
         self._momentum = MomentumUpdate(model, config.dopamine)
@@ -312,10 +307,10 @@ class Hospital:
                 try:
                     self._seal_key(message)
                 except ProtocolError as error:  # nothing sealed; the run goes on without the newcomer
-                    self._rejections.reject("the server", message.TYPE, str(error))
+                    self._channel.rejections.reject("the server", message.TYPE, str(error))
             elif isinstance(message, MeanRequest):
                 if self._released is None or self._released.round != message.round:
-                    self._rejections.reject("the server", message.TYPE, f"we released no mean gradient for round {message.round}")
+                    self._channel.rejections.reject("the server", message.TYPE, f"we released no mean gradient for round {message.round}")
                 else:
                     self._send(self._released)  # the same release again, now with the mean itself
             elif isinstance(message, RoundStart):
@@ -332,16 +327,16 @@ class Hospital:
                     return refusal
                 pending = self._contribute(least_noise, message.round, send_at=received + self._send_offset_s)
             elif pending is None or message.round != pending.round:
-                self._rejections.reject("the server", message.TYPE, f"no update of ours is pending for round {message.round}")
+                self._channel.rejections.reject("the server", message.TYPE, f"no update of ours is pending for round {message.round}")
             elif isinstance(message, RoundAbort):
                 log.warning("round %d aborted by the server: %s", message.round, message.reason)
                 pending = None
             elif isinstance(message, Aggregate) and pending.endorsed is not None:
-                self._rejections.reject("the server", message.TYPE, "a second aggregate: a hospital endorses one per round")
+                self._channel.rejections.reject("the server", message.TYPE, "a second aggregate: a hospital endorses one per round")
             elif isinstance(message, Aggregate):
                 self._endorse(message, pending)
             elif pending.endorsed is None:
-                self._rejections.reject("the server", message.TYPE, "endorsements before the round's aggregate")
+                self._channel.rejections.reject("the server", message.TYPE, "endorsements before the round's aggregate")
             else:
                 self._release(message, pending)
                 pending = None
@@ -351,8 +346,8 @@ class Hospital:
         self._ledger.record(charge, run_id=self._config.run_id, round_number=round_number)
         contribution = _Contribution(
             round=round_number,
-            bytes_sent_before=self._transport.bytes_sent,
-            bytes_received_before=self._transport.bytes_received,
+            bytes_sent_before=self._channel.transport.bytes_sent,
+            bytes_received_before=self._channel.transport.bytes_received,
         )
         started = time.perf_counter()
         try:
@@ -374,7 +369,7 @@ class Hospital:
                 "round %d: the update took %.3f s longer than the send offset of %g s; its send time may "
                 "reveal the batch size (raise --send-offset)", round_number, -wait, self._send_offset_s
             )
-        self._transport.send(update)
+        self._channel.transport.send(update)
         return contribution
 
     def _endorse(self, message: Aggregate, pending: "_Contribution") -> None:
@@ -388,7 +383,7 @@ class Hospital:
             raise ProtocolError(f"round {message.round}: the contributor list {contributors} is inconsistent")
         if len(contributors) < self._config.dopamine.quorum:
             raise ProtocolError(f"round {message.round}: {len(contributors)} contributors, fewer than the quorum")
-        pending.bytes_received_aggregate = self._transport.bytes_received - pending.bytes_received_before
+        pending.bytes_received_aggregate = self._channel.transport.bytes_received - pending.bytes_received_before
         started = time.perf_counter()
         try:
             total = self._secret.decrypt_sum(message.chunks, round_number=message.round, contributors=contributors)
@@ -423,32 +418,16 @@ class Hospital:
                 "seconds": pending.seconds,
                 "update_bytes": pending.update_bytes,
                 "received_bytes": pending.bytes_received_aggregate,
-                "sent_bytes": self._transport.bytes_sent - pending.bytes_sent_before,
+                "sent_bytes": self._channel.transport.bytes_sent - pending.bytes_sent_before,
                 "epsilon": self._ledger.epsilons(self._budget.delta),
             }
         )
 
-    def _expect(self, *types: type[M]) -> M:
-        """The next message of one of ``types``; others are logged and skipped. Times out."""
-        deadline = time.monotonic() + self._timeout_s
-        while (remaining := deadline - time.monotonic()) > 0:
-            payload = self._transport.receive(remaining)
-            if payload is None:
-                break
-            try:
-                message = decode(payload, accept=TO_HOSPITAL, max_bytes=self._limit)
-            except MessageError as error:
-                self._rejections.reject("the server", "a message", str(error))
-                continue
-            if isinstance(message, Finish) and Finish not in types:
-                raise ProtocolError(f"the server ended the run: {message.reason}")
-            if isinstance(message, types):
-                return message
-            self._rejections.reject("the server", message.TYPE, "not expected now")
-        raise ProtocolError(f"no {' or '.join(t.TYPE for t in types)} from the server within {self._timeout_s:g} s")
-
     def _send(self, message: Message) -> None:
-        self._transport.send(encode(message))
+        self._channel.send(message)
+
+    def _expect(self, *types: type[M]) -> M:
+        return self._channel.expect(*types)
 
     def _continue_metrics(self, run_id: str) -> None:
         """Keep what an earlier process of this hospital recorded for the run (one killed wrote nothing)."""
@@ -470,7 +449,7 @@ class Hospital:
             "hospital": self._name,
             "run_id": config.run_id,
             "finish_reason": finish_reason,
-            "rejected_messages": self._rejections.total,
+            "rejected_messages": self._channel.rejections.total,
             "joins": self._joins,
             "rounds": self._rounds,
         }
