@@ -21,6 +21,7 @@ from training.vote_privacy import REVEAL_MODES, VotingSettings
 __all__ = ["VotingConfig"]
 
 _MESSAGE_SLACK_BYTES = 64 * 1024
+_MAX_ROUNDS = 1_000_000
 _BOX_OVERHEAD_BYTES = 256  # a sealed box's header, tag and signature, its key in the map
 
 
@@ -45,6 +46,8 @@ class VotingConfig:
             raise ConfigError(f"a voting run needs at least {MIN_PARTIES} distinct talliers, got {list(self.talliers)}")
         if self.reveal not in REVEAL_MODES:
             raise ConfigError(f"unknown reveal mode {self.reveal!r}; choose from {', '.join(REVEAL_MODES)}")
+        if not 1 <= self.rounds <= _MAX_ROUNDS:  # round numbers travel through the MPC's field
+            raise ConfigError(f"rounds must be between 1 and {_MAX_ROUNDS}, got {self.rounds}")
         if self.queries_per_round < 1 or self.teacher_epochs < 1 or self.feature_dimensions < 1:
             raise ConfigError("queries per round, teacher epochs and feature dimensions must be at least 1")
         self.field()  # a run whose totals no field can hold fails here, before anything runs
@@ -103,6 +106,11 @@ class VotingConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "VotingConfig":
+        integers = ("rounds", "queries_per_round", "teacher_epochs", "feature_dimensions")
+        if not isinstance(values, dict) or any(type(values.get(name)) is not int for name in integers):
+            raise ConfigError(f"malformed voting configuration: {', '.join(integers)} must be integers")
+        if not all(isinstance(values.get(name), list) and all(type(n) is str for n in values[name]) for name in ("hospitals", "talliers")):
+            raise ConfigError("malformed voting configuration: hospitals and talliers must be lists of names")
         try:
             config = cls(
                 run_id=str(values["run_id"]),
@@ -118,8 +126,8 @@ class VotingConfig:
                 teacher_epochs=int(values["teacher_epochs"]),
                 feature_dimensions=int(values["feature_dimensions"]),
             )
-        except (KeyError, TypeError) as error:
-            raise ConfigError(f"malformed voting configuration: missing or wrong {error}") from None
+        except (KeyError, TypeError, OverflowError, RecursionError) as error:
+            raise ConfigError(f"malformed voting configuration: missing or wrong {type(error).__name__} {error}") from None
         except ConfigError:
             raise
         except ValueError as error:

@@ -8,8 +8,11 @@ Per ``VoteRequest`` it charges its own durable ledger, before anything leaves, f
 the talliers' totals can carry (a quorum's, at the instance level: one of its records changes,
 ``training.vote_privacy``), refusing once that would take it over its budget. It then adds its
 Skellam share of the noise to its votes, splits them into one share per tallier and sends each
-sealed to its tallier (``protocol.ballots``). Round numbers only go up, so a server that asks again
-about a round gets no second ballot; the ledger's keys are its own, so repeats still count.
+sealed to its tallier (``protocol.ballots``). Round numbers only go up, to the run's number of rounds,
+so a server that asks again about a round gets no second ballot; the ledger's keys are its own, so
+repeats still count. Its own policy comes first: it joins no run whose quorum is below its
+``min_quorum`` (a server alone with one hospital would see that hospital's votes through the noise
+of one), and none that opens the noisy totals unless it allows it.
 """
 
 from __future__ import annotations
@@ -42,7 +45,16 @@ _WELCOME_LIMIT_BYTES = 64 * 1024 * 1024  # before the run's settings are known
 
 class VotingHospital:
     def __init__(
-        self, *, roster: Roster, credentials: Credentials, data: Split, budget: PrivacyBudget, state_dir: Path, timeout_s: float = 180.0
+        self,
+        *,
+        roster: Roster,
+        credentials: Credentials,
+        data: Split,
+        budget: PrivacyBudget,
+        state_dir: Path,
+        timeout_s: float = 180.0,
+        min_quorum: int = 2,
+        allow_histogram: bool = False,
     ) -> None:
         roster.check_credentials(credentials)
         self._name = credentials.name
@@ -54,6 +66,8 @@ class VotingHospital:
         transport = ClientTransport(roster.server_address, roster.server.curve_public, credentials.curve, _WELCOME_LIMIT_BYTES)
         self._channel = ServerChannel(transport, accept=TO_VOTING_HOSPITAL, limit=_WELCOME_LIMIT_BYTES, timeout_s=timeout_s, log=log)
         self._generator = secure_generator()
+        self._min_quorum = min_quorum
+        self._allow_histogram = allow_histogram
         self._rounds: list[dict] = []
 
     def run(self) -> dict:
@@ -67,8 +81,8 @@ class VotingHospital:
                 message = self._channel.expect(VoteRequest, Finish)
                 if isinstance(message, Finish):
                     finish_reason = message.reason
-                elif message.round <= last_round:
-                    raise ProtocolError(f"the server asked for votes on round {message.round} again after round {last_round}")
+                elif not last_round < message.round <= self._config.rounds:
+                    raise ProtocolError(f"the server asked for votes on round {message.round} after round {last_round} of {self._config.rounds}")
                 else:
                     last_round = message.round
                     finish_reason = self._vote(message)
@@ -85,6 +99,12 @@ class VotingHospital:
             raise ProtocolError(f"the run's hospitals {list(config.hospitals)} do not include {self._name}, or are not all the roster's")
         if config.talliers != tuple(self._roster.talliers):
             raise ProtocolError(f"the run's talliers {list(config.talliers)} are not the roster's {self._roster.talliers}")
+        if config.voting.quorum < self._min_quorum:
+            raise ProtocolError(f"the run's quorum of {config.voting.quorum} is below this hospital's minimum of {self._min_quorum}")
+        if config.reveal != "labels" and not self._allow_histogram:
+            raise ProtocolError(f"the run would reveal the noisy {config.reveal}; this hospital allows labels only (--allow-histogram)")
+        if config.voting.method == "knn-dpfl" and config.voting.neighbours >= len(self._data):
+            raise ProtocolError(f"{config.voting.neighbours} neighbours need more records than this hospital has")
         if self._data.x.shape[1:] != config.model.input_shape or not np.all(self._data.y < config.classes):
             raise ProtocolError(f"this hospital's records do not fit the run's {config.model.input_shape} inputs and {config.classes} classes")
         self._run = config.fingerprint(welcome.feature_map)

@@ -12,7 +12,9 @@ to the hospitals, and relays the ballots that arrive in time and carry a box of 
 for each tallier. A round with fewer ballots than the quorum is aborted: nothing is relayed. Every
 tallier must answer with the same voters and labels; the round is then charged to the server's
 ledgers, one per level (``training.vote_privacy``), at the number of voters the talliers agreed.
-A tallier that fails or disagrees stops the run: no label of that round is used.
+If every tallier reports the same failure (they agreed on fewer voters than the quorum, say after
+bad shares), the round is lost and the run goes on; a tallier that fails otherwise, goes silent or
+disagrees stops the run. Either way no label of that round is used.
 
 Its transcript keeps whole messages: the boxes in them open only with the talliers' per-run keys,
 which never leave the tallier processes' memory.
@@ -227,6 +229,9 @@ class VotingServer:
             self._send(tallier, Shares(round=round_number, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()}))
         labels = self._collect_labels(round_number, record)
         record.seconds["tally"] = time.perf_counter() - started
+        if labels is None:
+            self._abort(record, record.reason)
+            return
         if set(record.voters) - set(ballots) or len(record.voters) < self._config.voting.quorum:
             raise ProtocolError(f"round {round_number}: the talliers counted voters {record.voters}, not a quorum of those relayed")
         for level, ledger in self._ledgers.items():
@@ -261,25 +266,32 @@ class VotingServer:
             self._drop(name, f"sent no ballot for round {round_number} within {self._timeouts.round_s:g} s")
         return ballots
 
-    def _collect_labels(self, round_number: int, record: _RoundRecord) -> np.ndarray:
-        """The labels every tallier reports alike, or ``ProtocolError``: a failed tally stops the run."""
-        answers: dict[str, Labels] = {}
+    def _collect_labels(self, round_number: int, record: _RoundRecord) -> np.ndarray | None:
+        """The labels every tallier reports alike; None if every tallier reports that it could not tally
+        (too few agreed voters: the round is lost); ``ProtocolError`` for anything else, which stops the run."""
+        answers: dict[str, Labels | TallyFailed] = {}
         deadline = time.monotonic() + self._timeouts.round_s
         while set(answers) != set(self._config.talliers) and (got := self._next_message(deadline)) is not None:
             sender, message = got
-            if isinstance(message, TallyFailed) and sender in self._config.talliers and message.round == round_number:
-                raise ProtocolError(f"{sender} could not tally round {round_number}: {message.reason}")
-            if not (isinstance(message, Labels) and sender in self._config.talliers and message.round == round_number):
+            if not (isinstance(message, (Labels, TallyFailed)) and sender in self._config.talliers and message.round == round_number):
                 self._reject(sender, message, f"expected the labels of round {round_number}")
             elif sender in answers:
-                self._reject(sender, message, f"second labels for round {round_number}")
-            elif len(message.labels) != self._config.queries_per_round or max(message.labels, default=0) >= self._config.classes:
+                self._reject(sender, message, f"second answer for round {round_number}")
+            elif isinstance(message, Labels) and (
+                len(message.labels) != self._config.queries_per_round or max(message.labels, default=0) >= self._config.classes
+            ):
                 self._reject(sender, message, f"labels must be {self._config.queries_per_round} classes below {self._config.classes}")
             else:
                 answers[sender] = message
+        failures = {name: a.reason for name, a in answers.items() if isinstance(a, TallyFailed)}
         missing = sorted(set(self._config.talliers) - set(answers))
-        if missing:
-            raise ProtocolError(f"{', '.join(missing)} sent no labels for round {round_number} within {self._timeouts.round_s:g} s")
+        if failures and not missing and len(failures) == len(answers) and len(set(failures.values())) == 1:
+            record.reason = f"no labels: {next(iter(failures.values()))}"
+            return None
+        if failures or missing:
+            said = "; ".join(f"{name} could not tally round {round_number}: {reason}" for name, reason in failures.items())
+            silent = f"{', '.join(missing)} sent no labels for round {round_number} within {self._timeouts.round_s:g} s" if missing else ""
+            raise ProtocolError("; ".join(part for part in (said, silent) if part))
         if len({(a.voters, a.labels, a.totals) for a in answers.values()}) != 1:
             raise ProtocolError(f"the talliers disagree on the labels of round {round_number}")
         first = next(iter(answers.values()))

@@ -131,7 +131,8 @@ def run_federation(args: argparse.Namespace) -> dict:
         name: _launch(
             "scripts.tallier",
             ["--federation", str(federation), "--name", name, "--timeout", str(3 * args.round_timeout),
-             "--transcript", str(out / name / "transcript.msgpack")],
+             "--transcript", str(out / name / "transcript.msgpack"),
+             *(["--allow-histogram"] if args.reveal == "histogram" else [])],
             logs / f"{name}.log",
             environment,
         )  # fmt: skip
@@ -143,6 +144,7 @@ def run_federation(args: argparse.Namespace) -> dict:
             *common,
             "--name", name,
             "--method", args.method,
+            *(["--allow-histogram"] if args.reveal == "histogram" else []),
             "--parts", str(args.hospitals),
             "--part", str(index),
             "--partition", args.partition,

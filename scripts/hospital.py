@@ -38,6 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="send each update this many seconds after the round starts, so its timing does not reveal the batch "
         f"size (default: {DEFAULT_SEND_OFFSET_S:g}; a warning says when a step overruns it)",
     )
+    voting = parser.add_argument_group("voting (AE-DPFL, kNN-DPFL)")
+    voting.add_argument(
+        "--min-quorum", type=positive_int, default=2, help="join no run whose quorum is smaller (default: 2)"
+    )
+    voting.add_argument(
+        "--allow-histogram", action="store_true", help="join runs that open the noisy vote totals (--reveal histogram)"
+    )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
     simulation = parser.add_argument_group("simulation: take one part of a shared dataset")
     simulation.add_argument("--parts", type=positive_int, help="split the training data into this many parts")
@@ -77,7 +84,7 @@ def take_part(args: argparse.Namespace) -> None:
     if args.method == "dopamine":
         hospital = Hospital(**common, send_offset_s=args.send_offset)
     else:
-        hospital = VotingHospital(**common)
+        hospital = VotingHospital(**common, min_quorum=args.min_quorum, allow_histogram=args.allow_histogram)
     result = hospital.run()
     print(f"{args.name}: {len(result['rounds'])} rounds, finished: {result['finish_reason']}", flush=True)
 

@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=positive_float, default=180.0, help="seconds to wait for the server")
     parser.add_argument("--mpc-timeout", type=positive_float, default=120.0, help="seconds one round's MPC may take")
     parser.add_argument("--transcript", type=Path, help="record every message the server sends this tallier, whole, in this file")
+    parser.add_argument(
+        "--allow-histogram", action="store_true", help="take part in runs that open the noisy vote totals (--reveal histogram)"
+    )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
     return parser
 
@@ -43,6 +46,7 @@ def tally(args: argparse.Namespace) -> None:
         timeout_s=args.timeout,
         mpc_timeout_s=args.mpc_timeout,
         transcript=args.transcript,
+        allow_histogram=args.allow_histogram,
     )
     result = tallier.run()
     print(f"{args.name}: {len(result['rounds'])} rounds tallied, finished: {result['finish_reason']}", flush=True)

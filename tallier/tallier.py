@@ -51,6 +51,7 @@ class Tallier:
         timeout_s: float = 180.0,
         mpc_timeout_s: float = 120.0,
         transcript: Path | None = None,
+        allow_histogram: bool = False,
     ) -> None:
         roster.check_credentials(credentials)
         if credentials.name not in roster.talliers:
@@ -64,6 +65,7 @@ class Tallier:
             certificates=certificates,
         )
         self._mpc_timeout_s = mpc_timeout_s
+        self._allow_histogram = allow_histogram
         transport = ClientTransport(roster.server_address, roster.server.curve_public, credentials.curve, _WELCOME_LIMIT_BYTES)
         self._channel = ServerChannel(
             transport,
@@ -86,8 +88,10 @@ class Tallier:
                 message = self._channel.expect(Shares, Finish)
                 if isinstance(message, Finish):
                     finish_reason = message.reason
-                elif message.round <= last_round:
-                    self._channel.rejections.reject("the server", message.TYPE, f"round {message.round} after round {last_round}")
+                elif not last_round < message.round <= self._config.rounds:
+                    self._channel.rejections.reject(
+                        "the server", message.TYPE, f"round {message.round} after round {last_round} of {self._config.rounds}"
+                    )
                 else:
                     last_round = message.round
                     self._tally(message)
@@ -102,6 +106,8 @@ class Tallier:
             raise ProtocolError(f"the server's voting configuration is unusable: {error}") from None
         if config.talliers != tuple(self._roster.talliers):
             raise ProtocolError(f"the run's talliers {list(config.talliers)} are not the roster's {self._roster.talliers}")
+        if config.reveal != "labels" and not self._allow_histogram:
+            raise ProtocolError(f"the run would reveal the noisy {config.reveal}; this tallier opens labels only (--allow-histogram)")
         if not set(config.hospitals) <= set(self._roster.hospitals):
             raise ProtocolError(f"the run names {sorted(set(config.hospitals) - set(self._roster.hospitals))} as hospitals; the roster does not")
         self._config, self._run, self._field = config, config.fingerprint(welcome.feature_map), config.field()

@@ -37,7 +37,8 @@ def test_the_field_holds_every_total_the_bound_allows():
         ({"talliers": ("tallier-1", "tallier-2")}, "at least 3 distinct talliers"),
         ({"reveal": "everything"}, "unknown reveal mode"),
         ({"voting": VotingSettings("knn-dpfl", noise_std=15.0, quorum=4, neighbours=30)}, "exceeds the 3 hospitals"),
-        ({"voting": VotingSettings("knn-dpfl", noise_std=1e12, quorum=3, neighbours=30)}, "at most 32 are supported"),
+        ({"rounds": 2_000_000}, "between 1 and 1000000"),
+        ({"voting": VotingSettings("knn-dpfl", noise_std=15.0, quorum=3, neighbours=10**9)}, "at most 32 are supported"),
     ],
 )
 def test_a_run_that_cannot_be_run_is_refused_before_anything_runs(changes, reason):
@@ -46,9 +47,19 @@ def test_a_run_that_cannot_be_run_is_refused_before_anything_runs(changes, reaso
 
 
 @pytest.mark.parametrize(
-    "change", [{"voting": {"method": "knn-dpfl"}}, {"rounds": "two"}, {"extra": 1}, {"voting": {"method": "knn-dpfl", "noise_std": True, "quorum": 3, "neighbours": 1}}]
+    "change",
+    [
+        {"voting": {"method": "knn-dpfl"}},
+        {"rounds": "two"},
+        {"rounds": 2.9},
+        {"hospitals": "hospital-1"},
+        {"extra": 1},
+        {"voting": {"method": "knn-dpfl", "noise_std": True, "quorum": 3, "neighbours": 1}},
+        {"voting": {"method": "knn-dpfl", "noise_std": 1e160, "quorum": 3, "neighbours": 1}},
+        {"delta": float("inf")},
+    ],
 )
 def test_a_malformed_configuration_is_a_config_error(change):
     values = {**_config().to_dict(), **change}
-    with pytest.raises(ConfigError, match="malformed"):
+    with pytest.raises(ConfigError, match="malformed|delta must be"):
         VotingConfig.from_dict(values)

@@ -143,7 +143,7 @@ def federation(tmp_path):
 
 
 def test_a_tallier_killed_before_the_mpc_stops_the_run_with_no_labels(federation):
-    federation.server()
+    federation.server("--round-timeout", "15")
     for index, name in enumerate(federation.roster.hospitals, start=1):
         federation.hospital(name, index)
     federation.tallier("tallier-1", "--mpc-timeout", "5")
@@ -196,8 +196,10 @@ class _BadVoter:
         self.transport.close()
 
 
-def test_a_share_outside_the_field_leaves_its_hospital_out_of_every_tallier_s_count(federation):
-    federation.server("--quorum", "2")
+@pytest.mark.parametrize("quorum", [2, 3])
+def test_a_share_outside_the_field_leaves_its_hospital_out_of_every_tallier_s_count(federation, quorum):
+    """With a quorum of 2 the others' votes are counted; with 3 the round is lost, and the run goes on."""
+    federation.server("--quorum", str(quorum))
     federation.hospital("hospital-1", 1)
     federation.hospital("hospital-2", 2)
     for name in federation.roster.talliers:
@@ -209,6 +211,11 @@ def test_a_share_outside_the_field_leaves_its_hospital_out_of_every_tallier_s_co
     finally:
         bad.close()
     report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
-    assert report["final"]["queries_labelled"] == 20
-    assert report["rounds"][0]["voters"] == ["hospital-1", "hospital-2"]
+    assert report["finish_reason"] == "completed all rounds"
+    if quorum == 2:
+        assert report["final"]["queries_labelled"] == 20
+        assert report["rounds"][0]["voters"] == ["hospital-1", "hospital-2"]
+    else:
+        assert report["final"]["queries_labelled"] == 0 and report["rounds"][0]["status"] == "aborted"
+        assert "fewer than the quorum of 3" in report["rounds"][0]["reason"]
     assert "share from hospital-3 for round 1 is refused: a share value lies outside the field" in federation.log("tallier-2")

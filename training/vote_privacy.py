@@ -60,6 +60,7 @@ VOTING_METHODS = ("ae-dpfl", "knn-dpfl")
 REVEAL_MODES = ("labels", "histogram")
 LEVELS = ("instance", "agent")
 _WRAP_LOG_PROBABILITY = -40 * math.log(2)
+_MAX_NOISE_STD = 1e6  # far beyond any useful vote; its square stays finite
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,8 @@ class VotingSettings:
     def __post_init__(self) -> None:
         if self.method not in VOTING_METHODS:
             raise ValueError(f"unknown voting method {self.method!r}; choose from {', '.join(VOTING_METHODS)}")
-        if not (math.isfinite(self.noise_std) and self.noise_std > 0):
-            raise ValueError(f"the noise standard deviation must be positive, got {self.noise_std}")
+        if not 0 < self.noise_std <= _MAX_NOISE_STD:
+            raise ValueError(f"the noise standard deviation must be in (0, {_MAX_NOISE_STD:g}], got {self.noise_std}")
         if self.quorum < 1:
             raise ValueError(f"the quorum must be at least 1, got {self.quorum}")
         if self.neighbours < 1 or (self.method == "ae-dpfl" and self.neighbours != 1):
