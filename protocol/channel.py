@@ -16,11 +16,13 @@ from typing import TypeVar
 from protocol.messages import Finish, Message, MessageError, ProtocolError, decode, encode
 from protocol.rejections import RejectionLog
 from protocol.transcript import Transcript
+from protocol.roster import Credentials, Roster
 from protocol.transport import ClientTransport
 
 __all__ = ["ServerChannel"]
 
 M = TypeVar("M", bound=Message)
+_FIRST_LIMIT_BYTES = 64 * 1024 * 1024  # until the run's settings, and so its largest message, are known
 
 
 class ServerChannel:
@@ -40,6 +42,21 @@ class ServerChannel:
         self.rejections = RejectionLog(log)
         self._accept = accept
         self._timeout_s = timeout_s
+
+    @classmethod
+    def connect(
+        cls,
+        roster: Roster,
+        credentials: Credentials,
+        *,
+        accept: frozenset[type],
+        timeout_s: float,
+        log: logging.Logger,
+        transcript: Transcript | None = None,
+    ) -> "ServerChannel":
+        """A channel to the roster's server, authenticated with ``credentials``."""
+        transport = ClientTransport(roster.server_address, roster.server.curve_public, credentials.curve, _FIRST_LIMIT_BYTES)
+        return cls(transport, accept=accept, limit=_FIRST_LIMIT_BYTES, timeout_s=timeout_s, log=log, transcript=transcript)
 
     def send(self, message: Message) -> None:
         self.transport.send(encode(message))

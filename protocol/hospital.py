@@ -77,7 +77,7 @@ from protocol.messages import (
 )
 from protocol.channel import ServerChannel
 from protocol.roster import Credentials, Roster
-from protocol.transport import ClientTransport, Reconnected
+from protocol.transport import Reconnected
 from training.accounting import LEDGER_FILE, PrivacyLedger, Release, release_of
 from training.datasets import Split
 from training.dopamine import MomentumUpdate, NoisyGradientStep, mean_gradient
@@ -87,7 +87,6 @@ __all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital", "PrivacyBudget", "run_key_contex
 
 log = logging.getLogger("consilium.hospital")
 
-_HELLO_LIMIT_BYTES = 64 * 1024 * 1024  # before the run's parameters are known
 M = TypeVar("M", bound=Message)
 
 
@@ -178,8 +177,7 @@ class Hospital:
         self._released: Released | None = None  # the last release, with the mean, should the server ask for it
         self._joins = 0
         self._rounds: list[dict] = []
-        transport = ClientTransport(roster.server_address, roster.server.curve_public, credentials.curve, _HELLO_LIMIT_BYTES)
-        self._channel = ServerChannel(transport, accept=TO_HOSPITAL, limit=_HELLO_LIMIT_BYTES, timeout_s=timeout_s, log=log)
+        self._channel = ServerChannel.connect(roster, credentials, accept=TO_HOSPITAL, timeout_s=timeout_s, log=log)
 
     def run(self) -> dict:
         """Take part until the server finishes the run or the budget is spent; returns the metrics."""

@@ -30,7 +30,6 @@ from protocol.config import ConfigError
 from protocol.hospital import PrivacyBudget
 from protocol.messages import TO_VOTING_HOSPITAL, Ballot, Finish, Hello, ProtocolError, VoteRequest, VotingWelcome, Withdraw
 from protocol.roster import Credentials, Roster
-from protocol.transport import ClientTransport
 from protocol.voting_config import VotingConfig
 from training.accounting import LEDGER_FILE, PrivacyLedger
 from training.datasets import Split
@@ -40,7 +39,6 @@ from training.voting import PcaFeatures, knn_votes, noisy_votes, teacher_votes, 
 __all__ = ["VotingHospital"]
 
 log = logging.getLogger("consilium.voting_hospital")
-_WELCOME_LIMIT_BYTES = 64 * 1024 * 1024  # before the run's settings are known
 
 
 class VotingHospital:
@@ -63,8 +61,7 @@ class VotingHospital:
         self._data = data
         self._budget = budget
         self._state_dir = state_dir
-        transport = ClientTransport(roster.server_address, roster.server.curve_public, credentials.curve, _WELCOME_LIMIT_BYTES)
-        self._channel = ServerChannel(transport, accept=TO_VOTING_HOSPITAL, limit=_WELCOME_LIMIT_BYTES, timeout_s=timeout_s, log=log)
+        self._channel = ServerChannel.connect(roster, credentials, accept=TO_VOTING_HOSPITAL, timeout_s=timeout_s, log=log)
         self._generator = secure_generator()
         self._min_quorum = min_quorum
         self._allow_histogram = allow_histogram

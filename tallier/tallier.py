@@ -31,14 +31,12 @@ from protocol.config import ConfigError
 from protocol.messages import TO_TALLIER, Finish, Hello, Labels, ProtocolError, RunKey, Shares, TallyFailed, VotingWelcome
 from protocol.roster import Credentials, Roster
 from protocol.transcript import Transcript
-from protocol.transport import ClientTransport
 from protocol.voting_config import VotingConfig
 from tallier.mpc import MpcError, MpcParty, VoterError, run_round
 
 __all__ = ["Tallier"]
 
 log = logging.getLogger("consilium.tallier")
-_WELCOME_LIMIT_BYTES = 64 * 1024 * 1024  # before the run's settings are known
 
 
 class Tallier:
@@ -66,11 +64,10 @@ class Tallier:
         )
         self._mpc_timeout_s = mpc_timeout_s
         self._allow_histogram = allow_histogram
-        transport = ClientTransport(roster.server_address, roster.server.curve_public, credentials.curve, _WELCOME_LIMIT_BYTES)
-        self._channel = ServerChannel(
-            transport,
+        self._channel = ServerChannel.connect(
+            roster,
+            credentials,
             accept=TO_TALLIER,
-            limit=_WELCOME_LIMIT_BYTES,
             timeout_s=timeout_s,
             log=log,
             transcript=Transcript(transcript, payloads=True) if transcript else None,

@@ -43,7 +43,7 @@ class ServerProcess:
 
     def wait_for_log(self, text: str, timeout: float = 60) -> None:
         """Wait until the server has logged ``text``: an observable event, not a guess at timing."""
-        _wait_for_text(self.log, text, self.process, timeout)
+        wait_for_text(self.log, text, self.process, timeout)
 
     def finish(self, timeout: float = 60) -> dict:
         assert self.process.wait(timeout=timeout) == 0, self.log.read_text()
@@ -77,7 +77,7 @@ class HospitalProcess:
         self.process = self._start()
 
     def wait_for_log(self, text: str, timeout: float = 60) -> None:
-        _wait_for_text(self.log, text, self.process, timeout)
+        wait_for_text(self.log, text, self.process, timeout)
 
     def ledger(self) -> PrivacyLedger:
         return PrivacyLedger(self.state / LEDGER_FILE)
@@ -94,7 +94,7 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _wait_for_text(path: Path, text: str, process: subprocess.Popen, timeout: float) -> None:
+def wait_for_text(path: Path, text: str, process: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while text not in path.read_text():
         assert process.poll() is None, f"{path.stem} exited before logging {text!r}"

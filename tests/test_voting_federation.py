@@ -2,7 +2,6 @@
 
 import json
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from protocol.roster import Credentials, provision
 from protocol.transcript import read_transcript
 from protocol.transport import ClientTransport
 from protocol.voting_config import VotingConfig
+from scripted import wait_for_text
 from training.accounting import LEDGER_FILE, PrivacyLedger
 
 pytestmark = pytest.mark.slow
@@ -119,11 +119,7 @@ class _Federation:
         return (self.tmp / f"{name}.log").read_text()
 
     def wait_for_log(self, name, text, timeout=60):
-        deadline = time.monotonic() + timeout
-        while text not in self.log(name):
-            assert self.processes[name].poll() is None, f"{name} exited before logging {text!r}: {self.log(name)}"
-            assert time.monotonic() < deadline, f"{name} did not log {text!r}"
-            time.sleep(0.02)
+        wait_for_text(self.tmp / f"{name}.log", text, self.processes[name], timeout)
 
     def exit_code(self, name, timeout=120):
         return self.processes[name].wait(timeout=timeout)
