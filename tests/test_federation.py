@@ -57,7 +57,11 @@ def test_the_run_prints_a_line_per_round_and_writes_its_report(run):
     assert all(set(r["hospitals"]) == {"hospital-1", "hospital-2", "hospital-3"} for r in report["rounds"])
     assert report["wire"]["update_ratio_to_float32"] <= 1.1
     assert report["phase_seconds"]["hospital_per_round"]["encrypt"] > 0
-    assert report["rejected_messages"] == 0 and report["send_offset_overruns"] == 0
+    assert report["rejected_messages"] == 0
+    # An overrun depends on the machine's load, not on the code: it must be counted and logged, not absent.
+    overruns = sum(h["overran_send_offset"] for r in report["rounds"] for h in r["hospitals"].values())
+    warnings = sum(log.read_text().count("longer than the send offset") for log in (out / "logs").glob("hospital-*.log"))
+    assert report["send_offset_overruns"] == overruns == warnings
     # Updates leave a fixed 0.25 s after RoundStart, so the server waits at least that long for them.
     assert all(r["seconds"]["collect"] >= 0.25 for r in report["rounds"])
 
