@@ -29,6 +29,7 @@ class ServerProcess:
             "--hidden", "4", "--join-timeout", "60", "--transcript", tmp_path / "transcript.msgpack", *args,
         )  # fmt: skip
         self.process = self._start()
+        self.peers: list[ScriptedHospital] = []  # closed with the server, so that a failed test leaves no socket open
 
     def _start(self, *args: str) -> subprocess.Popen:
         with self.log.open("a") as log:
@@ -53,6 +54,13 @@ class ServerProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+    def close(self) -> None:
+        """Kill the server and close every scripted hospital: an open ZeroMQ socket would keep pytest
+        from exiting after a failed test."""
+        self.kill()
+        for peer in self.peers:
+            peer.close()
 
 
 class HospitalProcess:
@@ -87,6 +95,13 @@ class HospitalProcess:
             self.process.kill()
             self.process.wait()
 
+    def close(self) -> None:
+        """Kill the server and close every scripted hospital: an open ZeroMQ socket would keep pytest
+        from exiting after a failed test."""
+        self.kill()
+        for peer in self.peers:
+            peer.close()
+
 
 def _interruptible() -> None:
     """Ctrl-C stops the process, as in a terminal, even if the tests run where SIGINT is ignored (a
@@ -105,6 +120,11 @@ def wait_for_text(path: Path, text: str, process: subprocess.Popen, timeout: flo
 class ScriptedHospital(_scripted.ScriptedHospital):
     def __init__(self, server: ServerProcess, name: str) -> None:
         super().__init__(server.roster, Credentials.load(server.federation, name))
+        server.peers.append(self)
+
+    def close(self) -> None:
+        if not self.transport._socket.closed:
+            super().close()
 
     def random_update(self, seed: int) -> np.ndarray:
         params = self.config.bfv_parameters()

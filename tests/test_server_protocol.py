@@ -39,7 +39,7 @@ def server(request, tmp_path):
     hospitals, *args = request.param
     process = ServerProcess(tmp_path, hospitals, *args)
     yield process
-    process.kill()
+    process.close()
 
 
 @pytest.mark.parametrize("server", [(2, "--rounds", "2", "--round-timeout", "30")], indirect=True)
@@ -185,12 +185,15 @@ def test_a_run_stopped_by_an_unexpected_error_says_so(server):
 def test_a_flood_is_dropped_over_the_rate_and_logged_boundedly(server):
     """6,000 junk messages from hospital-2: most dropped unread, a few log lines, and hospital-1's round is exact."""
     h1, h2 = ScriptedHospital(server, "hospital-1"), ScriptedHospital(server, "hospital-2")
+    # hospital-1 joins first: on a loaded machine the flood can outlast the 5 s join, and a join
+    # with nobody in it ends the run. The flooder waits as long as the server takes to drain it.
+    h1.send(Hello())
+    h2.transport._socket.setsockopt(zmq.SNDTIMEO, 120_000)
     for _ in range(5000):
         h2.send_raw(b"\xc1")
     for _ in range(1000):
         h2.transport._socket.send_multipart([b"two", b"frames"])  # never a message: dropped, not logged each
     server.wait_for_log("dropping messages from hospital-2")
-    h1.send(Hello())
     config = h1.welcome()  # once the join times out without hospital-2
     assert config.hospitals == ("hospital-1",)  # it holds the key it created: nobody needs it sealed
     assert h1.expect(RoundStart).round == 1
