@@ -17,11 +17,14 @@ from crypto.mpc_field import MIN_PARTIES, MpcField
 from protocol.config import ConfigError, check_run, run_fingerprint
 from training.models import ModelSpec
 from training.vote_privacy import REVEAL_MODES, VotingSettings
+from training.voting import MAX_FEATURE_DIMENSIONS
 
 __all__ = ["VotingConfig"]
 
 _MESSAGE_SLACK_BYTES = 64 * 1024
 _MAX_ROUNDS = 1_000_000
+_MAX_QUERIES_PER_ROUND = 10_000
+_MAX_TEACHER_EPOCHS = 1_000
 _BOX_OVERHEAD_BYTES = 256  # a sealed box's header, tag and signature, its key in the map
 
 
@@ -38,6 +41,7 @@ class VotingConfig:
     reveal: str  # one of REVEAL_MODES
     model: ModelSpec  # the input shape and classes; AE-DPFL's teachers and the server's student
     teacher_epochs: int  # AE-DPFL
+    teacher_confidence: float  # AE-DPFL: a teacher abstains below this top softmax probability; 0 always votes
     feature_dimensions: int  # kNN-DPFL: the public PCA's dimensions
 
     def __post_init__(self) -> None:
@@ -46,10 +50,14 @@ class VotingConfig:
             raise ConfigError(f"a voting run needs at least {MIN_PARTIES} distinct talliers, got {list(self.talliers)}")
         if self.reveal not in REVEAL_MODES:
             raise ConfigError(f"unknown reveal mode {self.reveal!r}; choose from {', '.join(REVEAL_MODES)}")
+        if not 0 <= self.teacher_confidence < 1:
+            raise ConfigError(f"the teacher confidence must be in [0, 1), got {self.teacher_confidence}")
         if not 1 <= self.rounds <= _MAX_ROUNDS:  # round numbers travel through the MPC's field
             raise ConfigError(f"rounds must be between 1 and {_MAX_ROUNDS}, got {self.rounds}")
-        if self.queries_per_round < 1 or self.teacher_epochs < 1 or self.feature_dimensions < 1:
-            raise ConfigError("queries per round, teacher epochs and feature dimensions must be at least 1")
+        for name, most in (("queries_per_round", _MAX_QUERIES_PER_ROUND), ("teacher_epochs", _MAX_TEACHER_EPOCHS),
+                           ("feature_dimensions", MAX_FEATURE_DIMENSIONS)):  # fmt: skip
+            if not 1 <= getattr(self, name) <= most:  # a server's config must not make a hospital exhaust itself
+                raise ConfigError(f"{name.replace('_', ' ')} must be between 1 and {most}, got {getattr(self, name)}")
         self.field()  # a run whose totals no field can hold fails here, before anything runs
 
     @property
@@ -101,6 +109,7 @@ class VotingConfig:
             "reveal": self.reveal,
             "model": self.model.to_dict(),
             "teacher_epochs": self.teacher_epochs,
+            "teacher_confidence": self.teacher_confidence,
             "feature_dimensions": self.feature_dimensions,
         }
 
@@ -109,6 +118,8 @@ class VotingConfig:
         integers = ("rounds", "queries_per_round", "teacher_epochs", "feature_dimensions")
         if not isinstance(values, dict) or any(type(values.get(name)) is not int for name in integers):
             raise ConfigError(f"malformed voting configuration: {', '.join(integers)} must be integers")
+        if type(values.get("teacher_confidence")) is not float:
+            raise ConfigError("malformed voting configuration: teacher_confidence must be a float")
         if not all(isinstance(values.get(name), list) and all(type(n) is str for n in values[name]) for name in ("hospitals", "talliers")):
             raise ConfigError("malformed voting configuration: hospitals and talliers must be lists of names")
         try:
@@ -124,6 +135,7 @@ class VotingConfig:
                 reveal=str(values["reveal"]),
                 model=ModelSpec.from_dict(values["model"]),
                 teacher_epochs=int(values["teacher_epochs"]),
+                teacher_confidence=values["teacher_confidence"],
                 feature_dimensions=int(values["feature_dimensions"]),
             )
         except (KeyError, TypeError, OverflowError, RecursionError) as error:

@@ -12,7 +12,8 @@ sealed to its tallier (``protocol.ballots``). Round numbers only go up, to the r
 so a server that asks again about a round gets no second ballot; the ledger's keys are its own, so
 repeats still count. Its own policy comes first: it joins no run whose quorum is below its
 ``min_quorum`` (a server alone with one hospital would see that hospital's votes through the noise
-of one), and none that opens the noisy totals unless it allows it.
+of one), and none that opens the noisy totals unless it allows it. A run it refuses gets a
+``Withdraw`` with the reason before the hospital exits.
 """
 
 from __future__ import annotations
@@ -72,7 +73,12 @@ class VotingHospital:
         finish_reason = ""
         try:
             self._channel.send(Hello())
-            self._join(self._channel.expect(VotingWelcome))
+            welcome = self._channel.expect(VotingWelcome)
+            try:
+                self._join(welcome)
+            except ProtocolError as refusal:  # said, so that the server drops it now, not at the round's deadline
+                self._channel.send(Withdraw(round=0, reason=str(refusal)))
+                raise
             last_round = self._ledger.begin_run(self._config.run_id, self._run)
             while not finish_reason:
                 message = self._channel.expect(VoteRequest, Finish)
@@ -116,7 +122,7 @@ class VotingHospital:
             raise ProtocolError("AE-DPFL takes no feature map")
         else:
             teacher = train_classifier(config.model, self._data, epochs=config.teacher_epochs)
-            self._votes = lambda queries: teacher_votes(teacher, queries, config.classes)
+            self._votes = lambda queries: teacher_votes(teacher, queries, config.classes, min_confidence=config.teacher_confidence)
         self._channel.limit = config.message_limit()
         self._field = config.field()
         self._config = config

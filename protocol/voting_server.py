@@ -7,7 +7,8 @@ the labels (``tallier.mpc``).
 
 A run: every hospital and tallier says Hello (all talliers must: the MPC needs each of them);
 the talliers get the run's ``VotingWelcome`` and answer with a certified box key, which the
-hospitals then get in theirs. Per round the server picks ``Q`` queries from the pool, sends them
+hospitals then get in theirs. A tallier that refuses the run stops it; a hospital that refuses it
+(``Withdraw``) leaves it. Per round the server picks ``Q`` queries from the pool, sends them
 to the hospitals, and relays the ballots that arrive in time and carry a box of the right length
 for each tallier. A round with fewer ballots than the quorum is aborted: nothing is relayed. Every
 tallier must answer with the same voters and labels; the round is then charged to the server's
@@ -19,8 +20,8 @@ disagrees stops the run. Either way no label of that round is used.
 Its transcript keeps whole messages: the boxes in them open only with the talliers' per-run keys,
 which never leave the tallier processes' memory.
 
-After the rounds it trains a student on the labelled queries (``training.voting.train_classifier``)
-and reports its test accuracy, the labels' accuracy, and epsilon at both levels.
+After the rounds it trains a student on the labelled queries and the rest of the pool
+(``training.voting.train_student``) and reports its test accuracy, the labels' accuracy, and epsilon at both levels.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ from training.accounting import PrivacyLedger
 from training.datasets import Split
 from training.models import accuracy
 from training.vote_privacy import ACCOUNTANT, LEVELS
-from training.voting import train_classifier
+from training.voting import train_student
 
 __all__ = ["VotingServer"]
 
@@ -192,6 +193,7 @@ class VotingServer:
         if len(hospitals) < config.voting.quorum:
             raise ProtocolError(f"only {len(hospitals)} of {len(config.hospitals)} hospitals joined; the quorum is {config.voting.quorum}")
         self._config = dataclasses.replace(config, hospitals=hospitals)
+        self._active = list(hospitals)  # from here on each is told when the run ends, however it ends
         self._run = self._config.fingerprint(self._feature_map)
         for ledger in self._ledgers.values():
             ledger.begin_run(self._config.run_id, self._run)
@@ -202,6 +204,8 @@ class VotingServer:
         deadline = time.monotonic() + self._timeouts.key_s
         while set(keys) != set(self._config.talliers) and (got := self._next_message(deadline)) is not None:
             sender, message = got
+            if isinstance(message, TallyFailed) and sender in self._config.talliers and message.round == 0:
+                raise ProtocolError(f"{sender} refuses the run: {message.reason}")
             if not isinstance(message, RunKey) or sender not in self._config.talliers or sender in keys:
                 self._reject(sender, message, "expected a tallier's box key")
             else:
@@ -210,7 +214,6 @@ class VotingServer:
             raise ProtocolError(f"the talliers {sorted(set(self._config.talliers) - set(keys))} sent no box key in time")
         for name in hospitals:
             self._send(name, VotingWelcome(**welcome, tallier_keys=keys))
-        self._active = list(hospitals)
 
     def _run_round(self, round_number: int, indices: np.ndarray) -> None:
         record = _RoundRecord(round=round_number, status="aborted")
@@ -305,7 +308,8 @@ class VotingServer:
             return None
         indices = np.concatenate([i for i, _ in self._labelled])
         labels = np.concatenate([labels for _, labels in self._labelled])
-        return train_classifier(self._config.model, Split(self._pool.x[indices], labels), epochs=self._student_epochs)
+        unlabelled = np.setdiff1d(np.arange(len(self._pool)), indices)
+        return train_student(self._config.model, Split(self._pool.x[indices], labels), self._pool.x[unlabelled], epochs=self._student_epochs)
 
     # -- helpers --------------------------------------------------------------------------------
 

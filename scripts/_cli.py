@@ -105,7 +105,8 @@ def rate(text: str) -> float:
     return value
 
 
-def momentum(text: str) -> float:
+def below_one(text: str) -> float:
+    """A number in [0, 1): momentum, a confidence threshold."""
     value = _number(text, float)
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
@@ -135,7 +136,7 @@ RUN_FLAGS = (
     ("--noise-multiplier", non_negative_float, 2.3, "sigma: noise of a quorum's sum, in units of its sensitivity"),
     ("--max-grad-norm", positive_float, 1.0, "C: per-example gradient clipping norm"),
     ("--lr", positive_float, 0.05, "learning rate"),
-    ("--momentum", momentum, 0.9, "momentum, applied to the decrypted mean gradient"),
+    ("--momentum", below_one, 0.9, "momentum, applied to the decrypted mean gradient"),
     ("--delta", probability, 1e-5, "delta at which epsilon is reported"),
     ("--model", str, "mlp", "model architecture: mlp or cnn (for images)"),
     ("--hidden", widths, (48,), "MLP hidden widths, comma-separated (empty for a linear model)"),
@@ -144,6 +145,7 @@ RUN_FLAGS = (
     ("--neighbours", positive_int, None, "kNN-DPFL: k, the neighbours each hospital counts (default 30)"),
     ("--reveal", str, "labels", "voting: what the talliers open, labels or (trading privacy of the margins) histogram"),
     ("--teacher-epochs", positive_int, 30, "AE-DPFL: epochs of each hospital's teacher"),
+    ("--teacher-confidence", below_one, 0.0, "AE-DPFL: a teacher abstains below this top softmax probability (0: always votes)"),
     ("--feature-dimensions", positive_int, 30, "kNN-DPFL: dimensions of the public PCA feature map"),
     ("--student-epochs", positive_int, 100, "voting: epochs of the server's student on the labelled queries"),
     ("--public-fraction", rate, 0.5, "voting: share of the held-out records that form the public pool (the rest test)"),

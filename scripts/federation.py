@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from protocol.config import ConfigError
 from protocol.messages import ProtocolError
 from protocol.roster import SERVER, provision
 from protocol.hospital import DEFAULT_SEND_OFFSET_S
@@ -52,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="output directory (default: runs/<date-time>)")
     parser.add_argument("--hospitals", type=positive_int, default=3, help="number of hospitals (default: 3)")
     parser.add_argument("--data", help="breast_cancer, digits or an .npz path (default: breast_cancer; digits for voting)")
+    parser.add_argument(
+        "--hospitals-per-process",
+        type=positive_int,
+        default=1,
+        help="voting: simulate this many hospitals in each hospital process, each in its own thread with its own keys, "
+        "ledger, noise and connection (default: 1, a process each)",
+    )
     parser.add_argument("--talliers", type=positive_int, default=3, help="voting: number of talliers, at least 3 (default: 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data split and partition (default: 0)")
     parser.add_argument("--partition", default="iid", choices=PARTITION_SCHEMES, help="how hospitals split the data")
@@ -85,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
 def run_federation(args: argparse.Namespace) -> dict:
     resolve_run_arguments(args)
     voting = args.method in VOTING_METHODS
+    if args.hospitals_per_process > 1 and not voting:
+        raise ConfigError("--hospitals-per-process is for voting runs; a Dopamine hospital needs its own process")
     if args.data is None:  # votes need classes to vote on and a public pool to label: the ten digits
         args.data = "digits" if voting else "breast_cancer"
     out = args.out or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -139,14 +149,16 @@ def run_federation(args: argparse.Namespace) -> dict:
         for name in roster.talliers
     }
     hospitals = {}
-    for index, name in enumerate(roster.hospitals, start=1):
+    names = list(roster.hospitals)
+    for first in range(0, len(names), args.hospitals_per_process):
+        group = names[first : first + args.hospitals_per_process]
         hospital_argv = [
             *common,
-            "--name", name,
+            *[flag for name in group for flag in ("--name", name)],
             "--method", args.method,
             *(["--allow-histogram"] if args.reveal == "histogram" else []),
             "--parts", str(args.hospitals),
-            "--part", str(index),
+            *[flag for index in range(first + 1, first + len(group) + 1) for flag in ("--part", str(index))],
             "--partition", args.partition,
             "--partition-seed", str(args.seed),
             "--alpha", str(args.alpha),
@@ -157,7 +169,8 @@ def run_federation(args: argparse.Namespace) -> dict:
         ]  # fmt: skip
         if args.classes_per_part:
             hospital_argv += ["--classes-per-part", str(args.classes_per_part)]
-        hospitals[name] = _launch("scripts.hospital", hospital_argv, logs / f"{name}.log", environment)
+        process = group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}"
+        hospitals[process] = _launch("scripts.hospital", hospital_argv, logs / f"{process}.log", environment)
 
     deadline = started + _STARTUP_ALLOWANCE_S + 3 * args.rounds * args.round_timeout
     try:

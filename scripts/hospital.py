@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from protocol.config import ConfigError
 from protocol.hospital import DEFAULT_SEND_OFFSET_S, Hospital, PrivacyBudget
+from protocol.messages import ProtocolError
 from protocol.roster import Credentials, Roster
 from protocol.voting_hospital import VotingHospital
-from scripts._cli import METHODS, configure_logging, non_negative_float, positive_float, positive_int, probability, run
-from training.datasets import load_dataset
+from scripts._cli import METHODS, USER_ERRORS, configure_logging, non_negative_float, positive_float, positive_int, probability, run
+from training.datasets import Split, load_dataset
 from training.partition import PARTITION_SCHEMES, PartitionError, partition
 
 
@@ -21,7 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
         "enforce the privacy budget.",
     )
     parser.add_argument("--federation", type=Path, required=True, help="federation directory (consilium-provision)")
-    parser.add_argument("--name", required=True, help="this hospital's name in the roster, e.g. hospital-1")
+    parser.add_argument(
+        "--name",
+        required=True,
+        action="append",
+        help="this hospital's name in the roster, e.g. hospital-1. A simulation of a voting run may repeat it: each "
+        "hospital then runs in a thread of this process, with its own keys, ledger, noise and connection",
+    )
     parser.add_argument(
         "--method", default="dopamine", choices=METHODS, help="the kind of run this hospital takes part in (default: dopamine)"
     )
@@ -48,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
     simulation = parser.add_argument_group("simulation: take one part of a shared dataset")
     simulation.add_argument("--parts", type=positive_int, help="split the training data into this many parts")
-    simulation.add_argument("--part", type=positive_int, help="which part (1-based) is this hospital's")
+    simulation.add_argument("--part", type=positive_int, action="append", help="which part (1-based) is this hospital's; one per --name")
     simulation.add_argument("--partition", default="iid", choices=PARTITION_SCHEMES, help="how to split (default: iid)")
     simulation.add_argument("--partition-seed", type=int, default=0, help="seed of the split (default: 0)")
     simulation.add_argument("--classes-per-part", type=positive_int, help="label_skew: classes each part sees")
@@ -63,30 +72,54 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def take_part(args: argparse.Namespace) -> None:
+    if len(args.name) > 1 and (args.method == "dopamine" or args.state):
+        raise ConfigError("several --name in one process are for simulating voting runs, without --state")
     roster = Roster.load(args.federation)
-    credentials = Credentials.load(args.federation, args.name)
     data = load_dataset(args.data, split_seed=args.data_seed).train
+    shares = [data] * len(args.name)
     if args.parts is not None:
-        if args.part is None or args.part > args.parts:
-            raise PartitionError(f"--part must be between 1 and --parts ({args.parts})")
+        if not args.part or len(args.part) != len(args.name) or max(args.part) > args.parts:
+            raise PartitionError(f"give one --part between 1 and --parts ({args.parts}) for each --name")
         parts = partition(
             data.y, args.parts, args.partition, seed=args.partition_seed, classes_per_part=args.classes_per_part, alpha=args.alpha
         )
-        data = data.subset(parts[args.part - 1])
+        shares = [data.subset(parts[part - 1]) for part in args.part]
+    hospitals = {name: _hospital(args, roster, name, share) for name, share in zip(args.name, shares)}
+    if len(hospitals) == 1:
+        _report(*hospitals.items())
+        return
+    # Each hospital blocks on its own connection; the heavy parts (teachers, noise) release the GIL.
+    with ThreadPoolExecutor(max_workers=len(hospitals)) as pool:
+        done = {name: pool.submit(_report, (name, hospital)) for name, hospital in hospitals.items()}
+    failed = []
+    for name, future in done.items():
+        if (error := future.exception()) is not None:
+            if not isinstance(error, USER_ERRORS):
+                raise error
+            print(f"error: {name}: {error}", file=sys.stderr, flush=True)
+            failed.append(name)
+    if failed:
+        raise ProtocolError(f"{len(failed)} of the {len(hospitals)} hospitals of this process failed: {', '.join(failed)}")
+
+
+def _hospital(args: argparse.Namespace, roster: Roster, name: str, data: Split) -> Hospital | VotingHospital:
     common = dict(
         roster=roster,
-        credentials=credentials,
+        credentials=Credentials.load(args.federation, name),
         data=data,
         budget=PrivacyBudget(epsilon=args.epsilon_budget, delta=args.delta),
-        state_dir=args.state or args.federation / args.name,
+        state_dir=args.state or args.federation / name,
         timeout_s=args.timeout,
     )
     if args.method == "dopamine":
-        hospital = Hospital(**common, send_offset_s=args.send_offset)
-    else:
-        hospital = VotingHospital(**common, min_quorum=args.min_quorum, allow_histogram=args.allow_histogram)
+        return Hospital(**common, send_offset_s=args.send_offset)
+    return VotingHospital(**common, min_quorum=args.min_quorum, allow_histogram=args.allow_histogram)
+
+
+def _report(named: tuple[str, Hospital | VotingHospital]) -> None:
+    name, hospital = named
     result = hospital.run()
-    print(f"{args.name}: {len(result['rounds'])} rounds, finished: {result['finish_reason']}", flush=True)
+    print(f"{name}: {len(result['rounds'])} rounds, finished: {result['finish_reason']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -156,6 +156,7 @@ def _serve_vote(args: argparse.Namespace, roster: Roster, credentials: Credentia
             reveal=args.reveal,
             model=ModelSpec(args.model, dataset.input_shape, dataset.num_classes, args.hidden, mean, std),
             teacher_epochs=args.teacher_epochs,
+            teacher_confidence=args.teacher_confidence,
             feature_dimensions=args.feature_dimensions,
         )
         feature_map = PcaFeatures.fit(public_pool.x, args.feature_dimensions).to_bytes() if args.method == "knn-dpfl" else b""

@@ -3,7 +3,8 @@
 It joins like a hospital (Hello over CurveZMQ, enrolled in the roster), checks the run's
 ``VotingWelcome`` (it is one of the roster's talliers, in the roster's order, which is its MPC
 party number), and sends a box key made for this run alone and certified with its identity, so
-that no later leak of its long-term keys opens the shares a server recorded.
+that no later leak of its long-term keys opens the shares a server recorded. A run it refuses gets
+``TallyFailed`` for round 0, with the reason, instead.
 
 Per ``Shares`` it opens each hospital's box (``protocol.ballots``), refusing, with a logged reason,
 a box that does not open or holds no valid share (wrong length, outside the field), or one from a
@@ -79,7 +80,12 @@ class Tallier:
         finish_reason = ""
         try:
             self._channel.send(Hello())
-            self._join(self._channel.expect(VotingWelcome))
+            welcome = self._channel.expect(VotingWelcome)
+            try:
+                self._join(welcome)
+            except ProtocolError as refusal:  # said, so that the server stops now, not when it gives up on the box key
+                self._channel.send(TallyFailed(round=0, reason=str(refusal)))
+                raise
             last_round = 0
             while not finish_reason:
                 message = self._channel.expect(Shares, Finish)

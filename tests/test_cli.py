@@ -35,7 +35,9 @@ def test_user_mistakes_get_one_line(tmp_path):
     cases = [
         (("hospital", *hospital, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("hospital", "--federation", tmp_path / "nowhere", "--name", "hospital-1"), "run consilium-provision first"),
-        (("hospital", *hospital, "--parts", "2", "--part", "3"), "--part must be between"),
+        (("hospital", *hospital, "--parts", "2", "--part", "3"), "give one --part between 1 and --parts (2) for each --name"),
+        (("hospital", *hospital, "--name", "hospital-2"), "several --name in one process are for simulating voting runs"),
+        (("federation", "--out", tmp_path / "many", "--hospitals-per-process", "2"), "--hospitals-per-process is for voting runs"),
         (("hospital", "--federation", federation, "--name", "hospital-7"), "is 'hospital-7' a party"),
         (("server", *server, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("server", *server, "--model", "cnn"), "the CNN needs"),

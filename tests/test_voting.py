@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
+import torch
 
 from training.datasets import Split, load_dataset
-from training.models import ModelSpec
-from training.voting import PcaFeatures, knn_votes, noisy_votes, teacher_votes, train_classifier
+from training.models import ModelSpec, accuracy
+from training.voting import PcaFeatures, knn_votes, noisy_votes, teacher_votes, train_classifier, train_student
 from training.vote_privacy import VotingSettings
 from training.secure_random import secure_generator
 
@@ -13,6 +14,19 @@ def test_knn_votes_count_the_labels_of_the_nearest_records():
     queries = np.array([[0.4], [10.6], [1.5]], dtype=np.float32)
     votes = knn_votes(lambda x: x.astype(np.float64), data, queries, neighbours=2, classes=3)
     assert votes.tolist() == [[2, 0, 0], [0, 0, 2], [1, 1, 0]]  # the tie at 1.5 goes to the record listed first
+
+
+def test_removing_a_record_moves_at_most_one_neighbour_in_and_one_out():
+    """The instance-level sensitivity of kNN-DPFL, on records with many ties in distance."""
+    generator = np.random.default_rng()
+    data = Split(x=generator.integers(0, 3, size=(60, 4)).astype(np.float32), y=generator.integers(0, 5, size=60))
+    queries = generator.integers(0, 3, size=(30, 4)).astype(np.float32) + generator.normal(0, 1e-9, size=(30, 4))
+    phi = lambda x: x.astype(np.float64) / 3  # noqa: E731
+    votes = knn_votes(phi, data, queries, neighbours=7, classes=5)
+    assert np.array_equal(votes, np.concatenate([knn_votes(phi, data, q[None], neighbours=7, classes=5) for q in queries]))
+    for removed in range(len(data)):
+        changed = knn_votes(phi, data.subset(np.delete(np.arange(len(data)), removed)), queries, neighbours=7, classes=5)
+        assert np.abs(changed - votes).sum(axis=1).max() <= 2
 
 
 def test_knn_needs_more_records_than_neighbours():
@@ -33,6 +47,21 @@ def test_votes_on_digits_mostly_agree_with_the_true_labels():
     one_hot = teacher_votes(teacher, public.x, 10)
     assert (one_hot.sum(axis=1) == 1).all()
     assert np.mean(one_hot.argmax(axis=1) == public.y) > 0.9
+
+
+def test_a_teacher_abstains_where_it_is_unsure():
+    logits = np.array([[5.0, 0.0, 0.0], [0.1, 0.0, 0.0], [0.0, 0.0, 4.0]], dtype=np.float32)  # softmax tops 0.99, 0.36, 0.96
+    assert teacher_votes(torch.nn.Identity(), logits, 3, min_confidence=0.5).tolist() == [[1, 0, 0], [0, 0, 0], [0, 0, 1]]
+    assert teacher_votes(torch.nn.Identity(), logits, 3).sum() == 3
+
+
+def test_the_student_learns_from_the_labelled_queries_and_the_rest_of_the_pool():
+    digits = load_dataset("digits")
+    spec = ModelSpec("mlp", digits.input_shape, 10, hidden=(32,))
+    labelled, unlabelled = digits.train.subset(np.arange(300)), digits.train.x[300:]
+    student = train_student(spec, labelled, unlabelled, epochs=30)
+    assert accuracy(student, digits.validation.x, digits.validation.y) > 0.8
+    assert accuracy(train_student(spec, labelled, unlabelled[:0], epochs=30), digits.validation.x, digits.validation.y) > 0.8
 
 
 def test_noisy_votes_need_the_cryptographic_generator():

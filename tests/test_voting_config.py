@@ -13,7 +13,7 @@ def _config(**changes):
         run_id="0123abcd", dataset="digits", hospitals=("hospital-1", "hospital-2", "hospital-3"),
         talliers=("tallier-1", "tallier-2", "tallier-3"), rounds=2, queries_per_round=20, delta=1e-5,
         voting=VotingSettings("knn-dpfl", noise_std=15.0, quorum=3, neighbours=30), reveal="labels",
-        model=ModelSpec("mlp", (64,), 10), teacher_epochs=1, feature_dimensions=10,
+        model=ModelSpec("mlp", (64,), 10), teacher_epochs=1, teacher_confidence=0.0, feature_dimensions=10,
     )  # fmt: skip
     settings.update(changes)
     return VotingConfig(**settings)
@@ -38,6 +38,9 @@ def test_the_field_holds_every_total_the_bound_allows():
         ({"reveal": "everything"}, "unknown reveal mode"),
         ({"voting": VotingSettings("knn-dpfl", noise_std=15.0, quorum=4, neighbours=30)}, "exceeds the 3 hospitals"),
         ({"rounds": 2_000_000}, "between 1 and 1000000"),
+        ({"queries_per_round": 10**6}, "queries per round must be between 1 and 10000"),
+        ({"teacher_epochs": 10**6}, "teacher epochs must be between 1 and 1000"),
+        ({"feature_dimensions": 0}, "feature dimensions must be between 1 and 1024"),
         ({"voting": VotingSettings("knn-dpfl", noise_std=15.0, quorum=3, neighbours=10**9)}, "at most 32 are supported"),
     ],
 )

@@ -108,9 +108,10 @@ class _Federation:
             "server", "server", "--method", "knn-dpfl", "--data", "digits", "--out", self.tmp / "out", "--rounds", "1", *SMALL, *args
         )
 
-    def hospital(self, name, part):
-        return self.launch("hospital", name, "--name", name, "--method", "knn-dpfl", "--data", "digits", "--parts", "3", "--part", part,
-                           "--epsilon-budget", "100", "--timeout", "60")  # fmt: skip
+    def hospital(self, name, part, *args):
+        parts = str(len(self.roster.hospitals))
+        return self.launch("hospital", name, "--name", name, "--method", "knn-dpfl", "--data", "digits", "--parts", parts, "--part", part,
+                           "--epsilon-budget", "100", "--timeout", "60", *args)  # fmt: skip
 
     def tallier(self, name, *args):
         return self.launch("tallier", name, "--name", name, "--timeout", "60", *args)
@@ -132,10 +133,52 @@ class _Federation:
 
 
 @pytest.fixture
-def federation(tmp_path):
-    federation = _Federation(tmp_path)
+def federation(tmp_path, request):
+    federation = _Federation(tmp_path, hospitals=getattr(request, "param", 3))
     yield federation
     federation.close()
+
+
+@pytest.mark.parametrize("federation", [4], indirect=True)
+def test_a_histogram_run_opens_the_totals_and_keeps_only_the_hospitals_that_accept_it(federation):
+    federation.server("--reveal", "histogram", "--quorum", "2", "--transcript", federation.tmp / "transcript.msgpack")
+    for name in federation.roster.talliers:
+        federation.tallier(name, "--allow-histogram")
+    federation.hospital("hospital-1", 1, "--allow-histogram")
+    federation.hospital("hospital-2", 2, "--allow-histogram")
+    federation.hospital("hospital-3", 3)  # labels only, the default
+    federation.hospital("hospital-4", 4, "--allow-histogram", "--min-quorum", "3")
+    assert federation.exit_code("server") == 0, federation.log("server")
+    refusals = {
+        "hospital-3": "the run would reveal the noisy histogram; this hospital allows labels only",
+        "hospital-4": "the run's quorum of 2 is below this hospital's minimum of 3",
+    }
+    for name, reason in refusals.items():
+        assert federation.exit_code(name) == 2 and reason in federation.log(name) and "Traceback" not in federation.log(name)
+    report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
+    assert report["reveal"] == "histogram" and "saw the noisy vote totals" in report["reveal_warning"]
+    assert report["rounds"][0]["voters"] == ["hospital-1", "hospital-2"]
+    assert set(report["departures"]) == set(refusals)
+    assert all(report["departures"][name].startswith("withdrew: " + reason) for name, reason in refusals.items())
+    labels = [m for _, m in _messages(federation.tmp / "transcript.msgpack", TO_VOTING_SERVER) if isinstance(m, Labels)]
+    assert len(labels) == 3  # one per tallier, alike
+    totals = np.frombuffer(labels[0].totals, dtype="<i8").reshape(20, 10)
+    assert np.array_equal(totals.argmax(axis=1), labels[0].labels) and totals.sum() != 0
+
+
+def test_a_tallier_that_opens_labels_only_stops_a_histogram_run(federation):
+    federation.server("--reveal", "histogram")
+    for name in federation.roster.hospitals:
+        federation.hospital(name, int(name.split("-")[1]), "--allow-histogram")
+    federation.tallier("tallier-1", "--allow-histogram")
+    federation.tallier("tallier-2")
+    federation.tallier("tallier-3", "--allow-histogram")
+    assert federation.exit_code("tallier-2") == 2
+    assert "this tallier opens labels only" in federation.log("tallier-2") and "Traceback" not in federation.log("tallier-2")
+    assert federation.exit_code("server") == 2
+    assert "tallier-2 refuses the run: the run would reveal the noisy histogram" in federation.log("server")
+    for name in federation.roster.hospitals:  # told, not left waiting for a welcome
+        assert federation.exit_code(name) == 2 and "the server ended the run: stopped: tallier-2 refuses the run" in federation.log(name)
 
 
 def test_a_tallier_killed_before_the_mpc_stops_the_run_with_no_labels(federation):

@@ -2,8 +2,9 @@
 
 - ``iid``: a uniform random split into near-equal parts.
 - ``label_skew``: each part sees only ``classes_per_part`` classes (the voting paper gives each of
-  100 agents 6 of the 10 digits). Part ``i`` gets classes ``i*c, ..., i*c + c - 1`` (mod the number
-  of classes), and each class's examples are shared evenly among the parts that have it.
+  100 agents 6 of the 10 digits, no two agents quite the same 6). Part by part, each takes the
+  classes the fewest parts have so far, ties broken at random: every class is as widely held as
+  any other, in varied combinations. Each class's examples are shared evenly among its parts.
 - ``dirichlet``: each class is shared among the parts in proportions drawn from
   ``Dirichlet(alpha, ..., alpha)``; smaller ``alpha`` is more skewed.
 
@@ -56,8 +57,10 @@ def _label_skew(labels: np.ndarray, num_parts: int, classes_per_part: int | None
         raise PartitionError(f"label_skew needs classes_per_part between 1 and {len(classes)}")
     owners: dict[int, list[int]] = {int(c): [] for c in classes}
     for part in range(num_parts):
-        for offset in range(classes_per_part):
-            owners[int(classes[(part * classes_per_part + offset) % len(classes)])].append(part)
+        tie_breaks = rng.random(len(classes))
+        fewest_first = sorted(owners, key=lambda c: (len(owners[c]), tie_breaks[np.searchsorted(classes, c)]))
+        for label in fewest_first[:classes_per_part]:
+            owners[label].append(part)
     unowned = [c for c, parts in owners.items() if not parts]
     if unowned:
         raise PartitionError(

@@ -11,14 +11,15 @@ its Renyi DP).
 **Adjacency and sensitivity**, for one query (``C`` counts), in votes:
 
 - *instance level*: one record is added to or removed from a hospital's data. AE-DPFL: the
-  teacher may then predict another class, ``e_a - e_b``: L2 ``sqrt(2)``, L1 2 (as in PATE).
+  teacher may then predict another class, ``e_a - e_b``: L2 ``sqrt(2)``, L1 2 (as in PATE); a
+  teacher that abstains below a confidence changes a vote by at most as much.
   kNN-DPFL: under any fixed order of (distance, record), the ``k`` nearest neighbours gain one
   record and lose one, again ``e_a - e_b``: L2 ``sqrt(2)``, L1 2. In the paper's frequency units
   that is ``sqrt(2) / k``; its Theorem 4 charges ``sqrt(2 / k)``, ``sqrt(k)`` times more.
 - *agent level*: one hospital's data joins or leaves. Which hospitals vote is public (the server
   sees who connects), so a hospital without data is one whose votes are all zero, its noise share
-  still added: its vote vector is the whole change. AE-DPFL: one one-hot, L2 1, L1 1 (the paper's
-  Theorem 4). kNN-DPFL: counts summing to ``k``, L2 at most ``k`` (all on one class), L1 ``k``.
+  still added: its vote vector is the whole change. AE-DPFL: one one-hot or none, L2 1, L1 1 (the
+  paper's Theorem 4). kNN-DPFL: counts summing to ``k``, L2 at most ``k`` (all on one class), L1 ``k``.
 
 A round answers ``Q`` queries, and a record or hospital may change every one of them. The round is
 then one vector query of ``Q C`` counts with ``Delta_2 = sqrt(Q) s_2`` and ``Delta_1 = Q s_1``;
