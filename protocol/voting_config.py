@@ -25,6 +25,10 @@ _MESSAGE_SLACK_BYTES = 64 * 1024
 _MAX_ROUNDS = 1_000_000
 _MAX_QUERIES_PER_ROUND = 10_000
 _MAX_TEACHER_EPOCHS = 1_000
+_MAX_VOTES_PER_ROUND = 1_000_000
+_MAX_QUERY_VALUES_PER_ROUND = 2**26  # 256 MiB of float32 queries
+_MAX_HIDDEN_LAYERS = 8
+_MAX_HIDDEN_WIDTH = 4096
 _BOX_OVERHEAD_BYTES = 256  # a sealed box's header, tag and signature, its key in the map
 
 
@@ -58,6 +62,13 @@ class VotingConfig:
                            ("feature_dimensions", MAX_FEATURE_DIMENSIONS)):  # fmt: skip
             if not 1 <= getattr(self, name) <= most:  # a server's config must not make a hospital exhaust itself
                 raise ConfigError(f"{name.replace('_', ' ')} must be between 1 and {most}, got {getattr(self, name)}")
+        if self.votes_per_round > _MAX_VOTES_PER_ROUND or self.queries_per_round * self.features > _MAX_QUERY_VALUES_PER_ROUND:
+            raise ConfigError(
+                f"a round of {self.queries_per_round} queries of {self.features} values over {self.classes} classes is too large "
+                f"(at most {_MAX_VOTES_PER_ROUND} votes and {_MAX_QUERY_VALUES_PER_ROUND} query values)"
+            )
+        if len(self.model.hidden) > _MAX_HIDDEN_LAYERS or max(self.model.hidden, default=1) > _MAX_HIDDEN_WIDTH:
+            raise ConfigError(f"at most {_MAX_HIDDEN_LAYERS} hidden layers of at most {_MAX_HIDDEN_WIDTH} units, got {self.model.hidden}")
         self.field()  # a run whose totals no field can hold fails here, before anything runs
 
     @property

@@ -18,6 +18,7 @@ of one), and none that opens the noisy totals unless it allows it. A run it refu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from protocol.config import ConfigError
 from protocol.hospital import PrivacyBudget
 from protocol.messages import TO_VOTING_HOSPITAL, Ballot, Finish, Hello, ProtocolError, VoteRequest, VotingWelcome, Withdraw
 from protocol.roster import Credentials, Roster
+from protocol.transport import TransportError
 from protocol.voting_config import VotingConfig
 from training.accounting import LEDGER_FILE, PrivacyLedger
 from training.datasets import Split
@@ -77,7 +79,8 @@ class VotingHospital:
             try:
                 self._join(welcome)
             except ProtocolError as refusal:  # said, so that the server drops it now, not at the round's deadline
-                self._channel.send(Withdraw(round=0, reason=str(refusal)))
+                with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
+                    self._channel.send(Withdraw(round=0, reason=str(refusal)))
                 raise
             last_round = self._ledger.begin_run(self._config.run_id, self._run)
             while not finish_reason:

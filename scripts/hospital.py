@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
 def take_part(args: argparse.Namespace) -> None:
     if len(args.name) > 1 and (args.method == "dopamine" or args.state):
         raise ConfigError("several --name in one process are for simulating voting runs, without --state")
+    if len(set(args.name)) != len(args.name) or len(set(args.part or ())) != len(args.part or ()):
+        raise ConfigError("each --name and each --part may be given once")
     roster = Roster.load(args.federation)
     data = load_dataset(args.data, split_seed=args.data_seed).train
     shares = [data] * len(args.name)

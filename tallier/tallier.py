@@ -19,6 +19,7 @@ tallier tells the server and stops. Too few agreed voters only costs the round.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from protocol.config import ConfigError
 from protocol.messages import TO_TALLIER, Finish, Hello, Labels, ProtocolError, RunKey, Shares, TallyFailed, VotingWelcome
 from protocol.roster import Credentials, Roster
 from protocol.transcript import Transcript
+from protocol.transport import TransportError
 from protocol.voting_config import VotingConfig
 from tallier.mpc import MpcError, MpcParty, VoterError, run_round
 
@@ -84,7 +86,8 @@ class Tallier:
             try:
                 self._join(welcome)
             except ProtocolError as refusal:  # said, so that the server stops now, not when it gives up on the box key
-                self._channel.send(TallyFailed(round=0, reason=str(refusal)))
+                with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
+                    self._channel.send(TallyFailed(round=0, reason=str(refusal)))
                 raise
             last_round = 0
             while not finish_reason:

@@ -56,8 +56,7 @@ class ServerProcess:
             self.process.wait()
 
     def close(self) -> None:
-        """Kill the server and close every scripted hospital: an open ZeroMQ socket would keep pytest
-        from exiting after a failed test."""
+        """Kill the server and close every scripted hospital, also after a failed test."""
         self.kill()
         for peer in self.peers:
             peer.close()
@@ -94,13 +93,6 @@ class HospitalProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-
-    def close(self) -> None:
-        """Kill the server and close every scripted hospital: an open ZeroMQ socket would keep pytest
-        from exiting after a failed test."""
-        self.kill()
-        for peer in self.peers:
-            peer.close()
 
 
 def _interruptible() -> None:

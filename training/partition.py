@@ -2,9 +2,9 @@
 
 - ``iid``: a uniform random split into near-equal parts.
 - ``label_skew``: each part sees only ``classes_per_part`` classes (the voting paper gives each of
-  100 agents 6 of the 10 digits, no two agents quite the same 6). Part by part, each takes the
-  classes the fewest parts have so far, ties broken at random: every class is as widely held as
-  any other, in varied combinations. Each class's examples are shared evenly among its parts.
+  100 agents 6 of the 10 digits, in varied combinations). Part by part, each takes the classes
+  the fewest parts have so far, ties broken at random: every class is as widely held as any other
+  (MNIST, 100 parts of 6: 75 to 83 distinct sets for seeds 0 to 2). Each class's examples are shared evenly among its parts.
 - ``dirichlet``: each class is shared among the parts in proportions drawn from
   ``Dirichlet(alpha, ..., alpha)``; smaller ``alpha`` is more skewed.
 
