@@ -88,11 +88,12 @@ def take_part(args: argparse.Namespace) -> None:
         shares = [data.subset(parts[part - 1]) for part in args.part]
     hospitals = {name: _hospital(args, roster, name, share) for name, share in zip(args.name, shares)}
     if len(hospitals) == 1:
-        _report(*hospitals.items())
+        ((name, hospital),) = hospitals.items()
+        _report(name, hospital)
         return
     # Each hospital blocks on its own connection; the heavy parts (teachers, noise) release the GIL.
     with ThreadPoolExecutor(max_workers=len(hospitals)) as pool:
-        done = {name: pool.submit(_report, (name, hospital)) for name, hospital in hospitals.items()}
+        done = {name: pool.submit(_report, name, hospital) for name, hospital in hospitals.items()}
     failed = []
     for name, future in done.items():
         if (error := future.exception()) is not None:
@@ -118,8 +119,7 @@ def _hospital(args: argparse.Namespace, roster: Roster, name: str, data: Split) 
     return VotingHospital(**common, min_quorum=args.min_quorum, allow_histogram=args.allow_histogram)
 
 
-def _report(named: tuple[str, Hospital | VotingHospital]) -> None:
-    name, hospital = named
+def _report(name: str, hospital: Hospital | VotingHospital) -> None:
     result = hospital.run()
     print(f"{name}: {len(result['rounds'])} rounds, finished: {result['finish_reason']}", flush=True)
 

@@ -5,9 +5,10 @@
   teacher's prediction, one-hot, on each query, or abstains where the teacher is unsure.
 - **kNN-DPFL** (Algorithm 2): the hospital votes the label counts of the ``k`` records nearest to
   each query in a feature space ``phi`` that no private record shapes. ``PcaFeatures`` is the
-  default ``phi``: a PCA fit on the public pool. Any callable from inputs to feature rows can take
-  its place. Ties in distance go to the record listed first, a fixed order, which is what the
-  instance-level sensitivity in ``training.vote_privacy`` needs.
+  default ``phi``: a PCA fit on the public pool. Any callable from inputs to feature rows that
+  computes each row alone can take its place. Distances are exact, and ties go to the record
+  listed first, a fixed order: what the instance-level sensitivity in ``training.vote_privacy``
+  needs.
 
 ``noisy_votes`` flattens a round's ``(Q, C)`` counts and adds the hospital's Skellam share of the
 noise, drawn from a ChaCha20 generator keyed by the OS (``training.secure_random``).
@@ -28,18 +29,29 @@ from training.models import ModelSpec, build_model
 from training.secure_random import require_cryptographic
 from training.skellam import SkellamMechanism
 
-__all__ = ["MAX_FEATURE_DIMENSIONS", "FeatureMap", "PcaFeatures", "knn_votes", "noisy_votes", "split_public_pool", "teacher_votes", "train_classifier", "train_student"]
+__all__ = [
+    "MAX_FEATURE_DIMENSIONS",
+    "FeatureMap",
+    "PcaFeatures",
+    "knn_votes",
+    "noisy_votes",
+    "split_public_pool",
+    "teacher_votes",
+    "train_classifier",
+    "train_student",
+]
 
 FeatureMap = Callable[[np.ndarray], np.ndarray]
 _TEACHER_BATCH = 64
 _PSEUDO_LABEL_CONFIDENCE = 0.9
+# Exact kNN (``_on_grid``, ``PcaFeatures.__call__``): bounds and grids under which float64 and int64 are exact.
 _FEATURE_BOUND = 2.0**8
+_GRID_STEPS_PER_UNIT = 2.0**12
 _INPUT_STEPS_PER_UNIT = 2.0**12
 _WEIGHT_STEPS_PER_UNIT = 2.0**16
 _MAX_PCA_INPUTS = 2**17
-_QUERY_CHUNK = 256
-_GRID_STEPS_PER_UNIT = 2.0**12
 MAX_FEATURE_DIMENSIONS = 2**10
+_QUERY_CHUNK = 256
 
 
 def split_public_pool(records: Split, fraction: float, *, seed: int) -> tuple[Split, Split]:
