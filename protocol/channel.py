@@ -1,10 +1,12 @@
-"""A party's channel to the server: send a message, or wait, with a deadline, for one of the kinds it expects.
+"""A party's channel to the server (``ServerChannel``) and the server's to its parties (``PartyChannels``):
+send a message, or wait, with a deadline, for one of the kinds expected.
 
 What the server sends is decoded for the receiving role (``accept``) within the size limit of the
 run (``limit``, raised once the run's settings are known). A message that fails to decode, or is
 not one the caller waits for, is logged as rejected and skipped; a ``Finish`` the caller does not
 wait for ends the wait with ``ProtocolError``, as does the deadline. With a ``Transcript``, every
-message is recorded as it arrives, before anything reads it.
+message is recorded as it arrives, before anything reads it. ``PartyChannels`` also charges
+each rejection to its sender's rate limit (``ServerTransport.reject``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from protocol.messages import Finish, Message, MessageError, ProtocolError, deco
 from protocol.rejections import RejectionLog
 from protocol.transcript import Transcript
 from protocol.roster import Credentials, Roster
-from protocol.transport import ClientTransport
+from protocol.transport import ClientTransport, ServerTransport
 
-__all__ = ["ServerChannel"]
+__all__ = ["PartyChannels", "ServerChannel"]
 
 M = TypeVar("M", bound=Message)
 _FIRST_LIMIT_BYTES = 64 * 1024 * 1024  # until the run's settings, and so its largest message, are known
@@ -86,3 +88,36 @@ class ServerChannel:
         self.transport.close()
         if self.transcript:
             self.transcript.close()
+
+
+class PartyChannels:
+    def __init__(
+        self, transport: ServerTransport, *, accept: frozenset[type], limit: int, log: logging.Logger, transcript: Transcript | None
+    ) -> None:
+        self.rejections = RejectionLog(log)
+        self._transport = transport
+        self._accept = accept
+        self._limit = limit
+        self._transcript = transcript
+
+    def next_message(self, deadline: float) -> tuple[str, Message] | None:
+        """The next valid message and its sender before ``deadline`` (``time.monotonic``), or None once it passes."""
+        while (remaining := deadline - time.monotonic()) > 0:
+            got = self._transport.receive(remaining)
+            if got is None:
+                return None
+            sender, payload = got
+            if self._transcript:
+                self._transcript.record(sender, payload)
+            try:
+                return sender, decode(payload, accept=self._accept, max_bytes=self._limit)
+            except MessageError as error:
+                self.reject(sender, None, str(error))
+        return None
+
+    def reject(self, sender: str, message: Message | None, reason: str) -> None:
+        self.rejections.reject(sender, message.TYPE if message else "a message", reason)
+        self._transport.reject(sender)
+
+    def send(self, name: str, message: Message) -> None:
+        self._transport.send(name, encode(message))

@@ -34,6 +34,7 @@ import torch
 
 from crypto.bfv import BfvError, CiphertextSum, PublicContext
 from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements
+from protocol.channel import PartyChannels
 from protocol.checkpoint import Checkpoint, CheckpointError
 from protocol.config import ConfigError, RunConfig
 from protocol.messages import (
@@ -58,12 +59,9 @@ from protocol.messages import (
     Update,
     Welcome,
     Withdraw,
-    decode,
-    encode,
     float32_values,
     release_digest,
 )
-from protocol.rejections import RejectionLog
 from protocol.roster import Credentials, Roster
 from protocol.transcript import Transcript
 from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
@@ -125,7 +123,7 @@ class Server:
         self._model = build_model(config.model)
         self._momentum = MomentumUpdate(self._model, config.dopamine)
         self._params = config.bfv_parameters()
-        self._limit = config.message_limit()
+        limit = config.message_limit()
         self._mechanism = config.mechanism()
         self._ledger = PrivacyLedger(ledger_path)
         self._public: PublicContext | None = None
@@ -134,7 +132,6 @@ class Server:
         self._joining: list[str] = []  # said Hello after the run began: welcomed before the next round
         self._rounds: list[_RoundRecord] = []
         self._rounds_started = 0
-        self._rejections = RejectionLog(log)
         self._departures: dict[str, str] = {}
         self._joins: list[dict] = []  # hospitals that joined after the start, and before which round
         self._phase_seconds: dict[str, float] = {}
@@ -146,11 +143,12 @@ class Server:
             self._restore(_checkpoint)
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
         self._transport = ServerTransport(
-            roster.server_address, credentials.curve, enrolled, self._limit, max_messages_per_second
+            roster.server_address, credentials.curve, enrolled, limit, max_messages_per_second
         )
         self._transcript = (
-            Transcript(transcript, payloads=transcript_payloads, max_payload_bytes=self._limit) if transcript else None
+            Transcript(transcript, payloads=transcript_payloads, max_payload_bytes=limit) if transcript else None
         )
+        self._parties = PartyChannels(self._transport, accept=TO_SERVER, limit=limit, log=log, transcript=self._transcript)
 
     @property
     def config(self) -> RunConfig:
@@ -226,7 +224,7 @@ class Server:
             raise
         finally:
             for name in self._active + self._joining:
-                self._send(name, Finish(reason=finish_reason))
+                self._parties.send(name, Finish(reason=finish_reason))
             report = self._report(finish_reason)
             self._write_outputs(report)
             self._transport.close()
@@ -258,11 +256,11 @@ class Server:
                 return
             sender, message = got
             if not isinstance(message, Hello):
-                self._reject(sender, message, "expected hello")
+                self._parties.reject(sender, message, "expected hello")
             elif sender not in self._config.hospitals:
-                self._reject(sender, message, "not a hospital of this run")
+                self._parties.reject(sender, message, "not a hospital of this run")
             elif sender in self._joining:
-                self._reject(sender, message, "already joined")
+                self._parties.reject(sender, message, "already joined")
             else:
                 self._joining.append(sender)  # told how the run ends from now on, also if it ends mid-join
                 log.info("%s joined (%d of %d)", sender, len(self._joining), len(expected))
@@ -284,7 +282,7 @@ class Server:
         )
         key_exists = bool(self._active) or self._resumed_from is not None or self._rounds_started > 0
         for name in newcomers:
-            self._send(name, Welcome(**welcome, generate_key=not key_exists and name == self._config.key_holder))
+            self._parties.send(name, Welcome(**welcome, generate_key=not key_exists and name == self._config.key_holder))
         ready: list[str] = []
         run_keys: dict[str, bytes] = {}
         while set(ready) | set(run_keys) != set(newcomers):
@@ -293,20 +291,20 @@ class Server:
                 break
             sender, message = got
             if sender not in newcomers or sender in ready or sender in run_keys:
-                self._reject(sender, message, "expected nothing while hospitals join")
+                self._parties.reject(sender, message, "expected nothing while hospitals join")
             elif isinstance(message, KeyReady):
                 ready.append(sender)
             elif isinstance(message, RunKey):
                 run_keys[sender] = message.certified_key
             else:
-                self._reject(sender, message, "expected key ready or a run key")
+                self._parties.reject(sender, message, "expected key ready or a run key")
         sealers = self._active + sorted(ready, key=lambda name: name != self._config.key_holder)
         if run_keys and sealers:
             ready += self._relay_key(sealers[0], run_keys, deadline)
         for name in set(newcomers) - set(ready) - set(self._joining):  # (one that said Hello again is welcomed again)
             self._departures[name] = f"did not take the run's key within {self._timeouts.key_s:g} s"
             log.warning("%s leaves the run: %s", name, self._departures[name])
-            self._send(name, Finish(reason=self._departures[name]))
+            self._parties.send(name, Finish(reason=self._departures[name]))
         if self._rounds_started:
             self._joins += [{"hospital": name, "before_round": self._rounds_started + 1} for name in ready]
         self._active = [name for name in self._config.hospitals if name in self._active or name in ready]
@@ -316,7 +314,7 @@ class Server:
 
     def _relay_key(self, sealer: str, run_keys: dict[str, bytes], deadline: float) -> list[str]:
         """Have ``sealer`` seal the key to each run key, relay the boxes; those that confirm hold the key."""
-        self._send(sealer, KeyRequest(run_keys=run_keys))
+        self._parties.send(sealer, KeyRequest(run_keys=run_keys))
         while True:
             got = self._next_message(deadline)
             if got is None:
@@ -324,13 +322,13 @@ class Server:
                 return []
             sender, message = got
             if not (isinstance(message, KeySetup) and sender == sealer):
-                self._reject(sender, message, f"expected {sealer}'s key setup")
+                self._parties.reject(sender, message, f"expected {sealer}'s key setup")
             elif set(message.sealed_keys) != set(run_keys):
-                self._reject(sender, message, f"sealed keys are for {sorted(message.sealed_keys)}, not {sorted(run_keys)}")
+                self._parties.reject(sender, message, f"sealed keys are for {sorted(message.sealed_keys)}, not {sorted(run_keys)}")
             else:
                 break
         for name, box in message.sealed_keys.items():
-            self._send(name, SealedKey(box=box, sealer=sealer))
+            self._parties.send(name, SealedKey(box=box, sealer=sealer))
         ready: list[str] = []
         while set(ready) != set(run_keys):
             got = self._next_message(deadline)
@@ -340,7 +338,7 @@ class Server:
             if isinstance(message, KeyReady) and sender in run_keys and sender not in ready:
                 ready.append(sender)
             else:
-                self._reject(sender, message, "expected key ready")
+                self._parties.reject(sender, message, "expected key ready")
         return ready
 
     def _run_round(self, round_number: int) -> None:
@@ -349,7 +347,7 @@ class Server:
         self._save_checkpoint()  # before RoundStart leaves: a resumed server never starts this round again
         started = time.perf_counter()
         for name in self._active:
-            self._send(name, RoundStart(round=round_number))
+            self._parties.send(name, RoundStart(round=round_number))
         total, aggregate_seconds = self._collect(round_number, record)
         record.seconds["collect"] = time.perf_counter() - started
         record.seconds["aggregate"] = aggregate_seconds
@@ -361,7 +359,7 @@ class Server:
         started = time.perf_counter()
         aggregate = Aggregate(round=round_number, contributors=tuple(record.contributors), chunks=tuple(total.to_chunks()))
         for name in record.contributors:
-            self._send(name, aggregate)
+            self._parties.send(name, aggregate)
         signatures = self._collect_endorsements(aggregate)
         if set(signatures) != set(record.contributors):
             self._abort(record, f"{len(signatures)} of {len(record.contributors)} contributors endorsed the aggregate")
@@ -370,7 +368,7 @@ class Server:
         release = release_of(self._mechanism, sample_rate=self._config.dopamine.sample_rate, contributors=len(record.contributors))
         self._ledger.record(release, run_id=self._config.run_id, round_number=round_number)
         for name in record.contributors:
-            self._send(name, Endorsements(round=round_number, signatures=signatures))
+            self._parties.send(name, Endorsements(round=round_number, signatures=signatures))
         mean_gradient = self._await_release(round_number, record.contributors)
         record.seconds["release"] = time.perf_counter() - started
 
@@ -395,17 +393,17 @@ class Server:
             if isinstance(message, Withdraw) and sender in self._active:
                 self._drop(sender, f"withdrew: {message.reason}", notify=False)
             elif not isinstance(message, Update) or sender not in self._active:
-                self._reject(sender, message, f"expected an update for round {round_number}")
+                self._parties.reject(sender, message, f"expected an update for round {round_number}")
             elif message.round != round_number:
-                self._reject(sender, message, f"update for round {message.round} during round {round_number}")
+                self._parties.reject(sender, message, f"update for round {message.round} during round {round_number}")
             elif sender in record.contributors:
-                self._reject(sender, message, f"second update for round {round_number}")
+                self._parties.reject(sender, message, f"second update for round {round_number}")
             else:
                 started = time.perf_counter()
                 try:
                     total.add(message.chunks)
                 except BfvError as error:
-                    self._reject(sender, message, str(error))
+                    self._parties.reject(sender, message, str(error))
                     continue
                 aggregate_seconds += time.perf_counter() - started
                 record.contributors.append(sender)
@@ -420,7 +418,7 @@ class Server:
         record.reason = reason
         for name in record.contributors:
             if name in self._active:
-                self._send(name, RoundAbort(round=record.round, reason=reason))
+                self._parties.send(name, RoundAbort(round=record.round, reason=reason))
         log.warning("round %d aborted: %s; its sum is never decrypted", record.round, reason)
         self._finish_round(record)
 
@@ -441,15 +439,15 @@ class Server:
                 break
             sender, message = got
             if not (isinstance(message, Endorsement) and message.round == aggregate.round and sender in contributors):
-                self._reject(sender, message, f"expected an endorsement of the aggregate of round {aggregate.round}")
+                self._parties.reject(sender, message, f"expected an endorsement of the aggregate of round {aggregate.round}")
                 continue
             if sender in signatures:
-                self._reject(sender, message, f"second endorsement of round {aggregate.round}")
+                self._parties.reject(sender, message, f"second endorsement of round {aggregate.round}")
                 continue
             try:
                 check_endorsements(statement, {sender: message.signature}, {sender: self._roster.party(sender).identity.signing})
             except EndorsementError as error:
-                self._reject(sender, message, str(error))
+                self._parties.reject(sender, message, str(error))
                 continue
             signatures[sender] = message.signature
         for name in contributors - set(signatures):
@@ -469,11 +467,11 @@ class Server:
                 break
             sender, message = got
             if not (isinstance(message, Released) and message.round == round_number and sender in contributors):
-                self._reject(sender, message, f"expected the release of round {round_number}")
+                self._parties.reject(sender, message, f"expected the release of round {round_number}")
             elif sender in digests:
-                self._reject(sender, message, f"second release of round {round_number}")
+                self._parties.reject(sender, message, f"second release of round {round_number}")
             elif sender != releaser and message.mean_gradient:
-                self._reject(sender, message, f"only {releaser} sends the mean gradient")
+                self._parties.reject(sender, message, f"only {releaser} sends the mean gradient")
             elif sender != releaser:
                 digests[sender] = message.digest
             elif (gradient := self._mean_gradient_in(sender, message)) is not None:
@@ -498,17 +496,17 @@ class Server:
 
     def _requested_mean(self, name: str, round_number: int, digest: bytes, deadline: float) -> np.ndarray | None:
         """The mean gradient ``name`` released, asked for because the first contributor left before sending it."""
-        self._send(name, MeanRequest(round=round_number))
+        self._parties.send(name, MeanRequest(round=round_number))
         while (got := self._next_message(deadline, lambda: name in self._active)) is not None:
             sender, message = got
             if not (isinstance(message, Released) and sender == name and message.round == round_number):
-                self._reject(sender, message, f"expected {name}'s mean gradient of round {round_number}")
+                self._parties.reject(sender, message, f"expected {name}'s mean gradient of round {round_number}")
                 continue
             gradient = self._mean_gradient_in(sender, message)
             if gradient is not None and message.digest == digest:
                 return gradient
             if gradient is not None:
-                self._reject(sender, message, "a mean gradient other than the one it stated")
+                self._parties.reject(sender, message, "a mean gradient other than the one it stated")
         return None
 
     def _mean_gradient_in(self, sender: str, message: Released) -> np.ndarray | None:
@@ -516,40 +514,29 @@ class Server:
         try:
             return float32_values(message.mean_gradient, self._params.vector_length, "the mean gradient")
         except MessageError as error:
-            self._reject(sender, message, str(error))
+            self._parties.reject(sender, message, str(error))
             return None
 
     # -- helpers --------------------------------------------------------------------------------
 
     def _next_message(self, deadline: float, waiting: Callable[[], bool] = lambda: True) -> tuple[str, Message] | None:
         """The next valid message before ``deadline``, or None once it passes or ``waiting()`` turns false
-        (a hospital that says Hello again leaves the round: what a round waits for may change).
-        Invalid messages are rejected on the way."""
-        while (remaining := deadline - time.monotonic()) > 0 and waiting():
-            got = self._transport.receive(remaining)
-            if got is None:
-                return None
-            sender, payload = got
-            if self._transcript:
-                self._transcript.record(sender, payload)
-            try:
-                message = decode(payload, accept=TO_SERVER, max_bytes=self._limit)
-            except MessageError as error:
-                self._reject(sender, None, str(error))
-                continue
+        (a hospital that says Hello again leaves the round: what a round waits for may change)."""
+        while waiting() and (got := self._parties.next_message(deadline)) is not None:
+            sender, message = got
             if isinstance(message, Hello) and self._rounds_open:
                 self._hello_again(sender, message)
             else:
-                return sender, message
+                return got
         return None
 
     def _hello_again(self, sender: str, message: Hello) -> None:
         """A hospital of the run that connected again (it or this server restarted): welcomed before the next round."""
         if sender not in self._config.hospitals:
-            self._reject(sender, message, "not a hospital of this run")
+            self._parties.reject(sender, message, "not a hospital of this run")
             return
         if sender in self._joining:
-            self._reject(sender, message, "already joining")
+            self._parties.reject(sender, message, "already joining")
             return
         if sum(join["hospital"] == sender for join in self._joins) >= _MAX_JOINS_AGAIN:
             # Each join mid-round costs the round, and every contributor is charged for it.
@@ -557,16 +544,12 @@ class Server:
             if sender in self._active:
                 self._drop(sender, reason)
             else:
-                self._send(sender, Finish(reason=reason))
+                self._parties.send(sender, Finish(reason=reason))
             return
         if sender in self._active:
             self._active.remove(sender)  # whatever it had in flight is gone: a round waits for it no longer
             log.warning("%s connected again; it joins again before the next round", sender)
         self._joining.append(sender)
-
-    def _reject(self, sender: str, message: Message | None, reason: str) -> None:
-        self._rejections.reject(sender, message.TYPE if message else "a message", reason)
-        self._transport.reject(sender)
 
     def _drop(self, name: str, reason: str, *, notify: bool = True) -> None:
         if name in self._active:
@@ -574,10 +557,7 @@ class Server:
             self._departures[name] = reason
             log.warning("%s leaves the run: %s", name, reason)
             if notify:
-                self._send(name, Finish(reason=reason))
-
-    def _send(self, name: str, message: Message) -> None:
-        self._transport.send(name, encode(message))
+                self._parties.send(name, Finish(reason=reason))
 
     def _finish_round(self, record: _RoundRecord) -> None:
         self._rounds.append(record)
@@ -615,7 +595,7 @@ class Server:
                 "accountant": ACCOUNTANT,
             },
             "phase_seconds": self._phase_seconds,
-            "rejected_messages": self._rejections.total,
+            "rejected_messages": self._parties.rejections.total,
             "dropped_messages_over_rate": dict(self._transport.dropped),
             "departures": self._departures,
             "joins": self._joins,

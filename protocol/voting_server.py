@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from protocol.ballots import box_bytes
+from protocol.channel import PartyChannels
 from protocol.config import ConfigError
 from protocol.messages import (
     TO_VOTING_SERVER,
@@ -45,8 +46,6 @@ from protocol.messages import (
     Finish,
     Hello,
     Labels,
-    Message,
-    MessageError,
     ProtocolError,
     RunKey,
     Shares,
@@ -54,10 +53,7 @@ from protocol.messages import (
     VoteRequest,
     VotingWelcome,
     Withdraw,
-    decode,
-    encode,
 )
-from protocol.rejections import RejectionLog
 from protocol.roster import Credentials, Roster
 from protocol.server import Timeouts
 from protocol.transcript import Transcript
@@ -124,17 +120,17 @@ class VotingServer:
         self._timeouts = timeouts
         self._on_round = on_round or (lambda record: None)
         self._ledgers = {level: PrivacyLedger(path) for level, path in ledgers.items()}
-        self._rejections = RejectionLog(log)
         self._rounds: list[_RoundRecord] = []
         self._labelled: list[tuple[np.ndarray, np.ndarray]] = []  # (pool indices, labels) of each labelled round
         self._active: list[str] = []
         self._departures: dict[str, str] = {}
         self._phase_seconds: dict[str, float] = {}
-        self._limit = config.message_limit()
+        limit = config.message_limit()
         parties = list(config.hospitals) + list(config.talliers)
         enrolled = {roster.party(name).curve_public: name for name in parties}
-        self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, self._limit)
-        self._transcript = Transcript(transcript, payloads=True, max_payload_bytes=self._limit) if transcript else None
+        self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, limit)
+        self._transcript = Transcript(transcript, payloads=True, max_payload_bytes=limit) if transcript else None
+        self._parties = PartyChannels(self._transport, accept=TO_VOTING_SERVER, limit=limit, log=log, transcript=self._transcript)
 
     @property
     def config(self) -> VotingConfig:
@@ -165,7 +161,7 @@ class VotingServer:
             raise
         finally:
             for name in self._active + list(self._config.talliers):
-                self._send(name, Finish(reason=finish_reason))
+                self._parties.send(name, Finish(reason=finish_reason))
             report = self._report(finish_reason, student)
             self._write_outputs(report)
             self._transport.close()
@@ -180,10 +176,10 @@ class VotingServer:
         deadline = time.monotonic() + self._timeouts.join_s
         joined: list[str] = []
         expected = set(config.hospitals) | set(config.talliers)
-        while set(joined) != expected and (got := self._next_message(deadline)) is not None:
+        while set(joined) != expected and (got := self._parties.next_message(deadline)) is not None:
             sender, message = got
             if not isinstance(message, Hello) or sender in joined:
-                self._reject(sender, message, "expected one hello")
+                self._parties.reject(sender, message, "expected one hello")
             else:
                 joined.append(sender)
         missing_talliers = sorted(set(config.talliers) - set(joined))
@@ -199,28 +195,28 @@ class VotingServer:
             ledger.begin_run(self._config.run_id, self._run)
         welcome = dict(config=self._config.to_dict(), feature_map=self._feature_map)
         for name in self._config.talliers:
-            self._send(name, VotingWelcome(**welcome, tallier_keys={}))
+            self._parties.send(name, VotingWelcome(**welcome, tallier_keys={}))
         keys: dict[str, bytes] = {}
         deadline = time.monotonic() + self._timeouts.key_s
-        while set(keys) != set(self._config.talliers) and (got := self._next_message(deadline)) is not None:
+        while set(keys) != set(self._config.talliers) and (got := self._parties.next_message(deadline)) is not None:
             sender, message = got
             if isinstance(message, TallyFailed) and sender in self._config.talliers and message.round == 0:
                 raise ProtocolError(f"{sender} refuses the run: {message.reason}")
             if not isinstance(message, RunKey) or sender not in self._config.talliers or sender in keys:
-                self._reject(sender, message, "expected a tallier's box key")
+                self._parties.reject(sender, message, "expected a tallier's box key")
             else:
                 keys[sender] = message.certified_key  # the hospitals check it against the tallier's identity
         if set(keys) != set(self._config.talliers):
             raise ProtocolError(f"the talliers {sorted(set(self._config.talliers) - set(keys))} sent no box key in time")
         for name in hospitals:
-            self._send(name, VotingWelcome(**welcome, tallier_keys=keys))
+            self._parties.send(name, VotingWelcome(**welcome, tallier_keys=keys))
 
     def _run_round(self, round_number: int, indices: np.ndarray) -> None:
         record = _RoundRecord(round=round_number, status="aborted")
         started = time.perf_counter()
         queries = np.ascontiguousarray(self._pool.x[indices], dtype="<f4").tobytes()
         for name in self._active:
-            self._send(name, VoteRequest(round=round_number, queries=queries))
+            self._parties.send(name, VoteRequest(round=round_number, queries=queries))
         ballots = self._collect_ballots(round_number)
         record.seconds["ballots"] = time.perf_counter() - started
         record.voters = sorted(ballots, key=self._config.hospitals.index)
@@ -229,7 +225,7 @@ class VotingServer:
             return
         started = time.perf_counter()
         for tallier in self._config.talliers:
-            self._send(tallier, Shares(round=round_number, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()}))
+            self._parties.send(tallier, Shares(round=round_number, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()}))
         labels = self._collect_labels(round_number, record)
         record.seconds["tally"] = time.perf_counter() - started
         if labels is None:
@@ -253,16 +249,16 @@ class VotingServer:
         ballots: dict[str, dict[str, bytes]] = {}
         deadline = time.monotonic() + self._timeouts.round_s
         length = box_bytes(self._config.votes_per_round)
-        while not set(self._active) <= set(ballots) and (got := self._next_message(deadline)) is not None:
+        while not set(self._active) <= set(ballots) and (got := self._parties.next_message(deadline)) is not None:
             sender, message = got
             if isinstance(message, Withdraw) and sender in self._active:
                 self._drop(sender, f"withdrew: {message.reason}", notify=False)
             elif not (isinstance(message, Ballot) and sender in self._active and message.round == round_number):
-                self._reject(sender, message, f"expected a ballot for round {round_number}")
+                self._parties.reject(sender, message, f"expected a ballot for round {round_number}")
             elif sender in ballots:
-                self._reject(sender, message, f"second ballot for round {round_number}")
+                self._parties.reject(sender, message, f"second ballot for round {round_number}")
             elif set(message.boxes) != set(self._config.talliers) or any(len(box) != length for box in message.boxes.values()):
-                self._reject(sender, message, f"a ballot needs one box of {length} bytes for each tallier")
+                self._parties.reject(sender, message, f"a ballot needs one box of {length} bytes for each tallier")
             else:
                 ballots[sender] = message.boxes
         for name in set(self._active) - set(ballots):
@@ -274,16 +270,16 @@ class VotingServer:
         (too few agreed voters: the round is lost); ``ProtocolError`` for anything else, which stops the run."""
         answers: dict[str, Labels | TallyFailed] = {}
         deadline = time.monotonic() + self._timeouts.round_s
-        while set(answers) != set(self._config.talliers) and (got := self._next_message(deadline)) is not None:
+        while set(answers) != set(self._config.talliers) and (got := self._parties.next_message(deadline)) is not None:
             sender, message = got
             if not (isinstance(message, (Labels, TallyFailed)) and sender in self._config.talliers and message.round == round_number):
-                self._reject(sender, message, f"expected the labels of round {round_number}")
+                self._parties.reject(sender, message, f"expected the labels of round {round_number}")
             elif sender in answers:
-                self._reject(sender, message, f"second answer for round {round_number}")
+                self._parties.reject(sender, message, f"second answer for round {round_number}")
             elif isinstance(message, Labels) and (
                 len(message.labels) != self._config.queries_per_round or max(message.labels, default=0) >= self._config.classes
             ):
-                self._reject(sender, message, f"labels must be {self._config.queries_per_round} classes below {self._config.classes}")
+                self._parties.reject(sender, message, f"labels must be {self._config.queries_per_round} classes below {self._config.classes}")
             else:
                 answers[sender] = message
         failures = {name: a.reason for name, a in answers.items() if isinstance(a, TallyFailed)}
@@ -313,40 +309,18 @@ class VotingServer:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _next_message(self, deadline: float) -> tuple[str, Message] | None:
-        """The next valid message before ``deadline``, or None once it passes; invalid ones are rejected."""
-        while (remaining := deadline - time.monotonic()) > 0:
-            got = self._transport.receive(remaining)
-            if got is None:
-                return None
-            sender, payload = got
-            if self._transcript:
-                self._transcript.record(sender, payload)
-            try:
-                return sender, decode(payload, accept=TO_VOTING_SERVER, max_bytes=self._limit)
-            except MessageError as error:
-                self._reject(sender, None, str(error))
-        return None
-
-    def _reject(self, sender: str, message: Message | None, reason: str) -> None:
-        self._rejections.reject(sender, message.TYPE if message else "a message", reason)
-        self._transport.reject(sender)
-
     def _drop(self, name: str, reason: str, *, notify: bool = True) -> None:
         if name in self._active:
             self._active.remove(name)
             self._departures[name] = reason
             log.warning("%s leaves the run: %s", name, reason)
             if notify:
-                self._send(name, Finish(reason=reason))
+                self._parties.send(name, Finish(reason=reason))
 
     def _abort(self, record: _RoundRecord, reason: str) -> None:
         record.reason = reason
         log.warning("round %d aborted: %s; no share is relayed", record.round, reason)
         self._finish_round(record)
-
-    def _send(self, name: str, message: Message) -> None:
-        self._transport.send(name, encode(message))
 
     def _finish_round(self, record: _RoundRecord) -> None:
         self._rounds.append(record)
@@ -383,7 +357,7 @@ class VotingServer:
                 "mpc_seconds_per_query": mpc_seconds / queries if queries else None,
             },
             "phase_seconds": self._phase_seconds,
-            "rejected_messages": self._rejections.total,
+            "rejected_messages": self._parties.rejections.total,
             "departures": self._departures,
             "bytes_received": dict(self._transport.bytes_received),
             "bytes_sent": dict(self._transport.bytes_sent),
