@@ -43,6 +43,7 @@ class VotingConfig:
     delta: float
     voting: VotingSettings
     reveal: str  # one of REVEAL_MODES
+    label_threshold: int  # a query is labelled only where its noisy top total reaches this many votes; 0 labels all
     model: ModelSpec  # the input shape and classes; AE-DPFL's teachers and the server's student
     teacher_epochs: int  # AE-DPFL
     teacher_confidence: float  # AE-DPFL: a teacher abstains below this top softmax probability; 0 always votes
@@ -54,6 +55,11 @@ class VotingConfig:
             raise ConfigError(f"a voting run needs at least {MIN_PARTIES} distinct talliers, got {list(self.talliers)}")
         if self.reveal not in REVEAL_MODES:
             raise ConfigError(f"unknown reveal mode {self.reveal!r}; choose from {', '.join(REVEAL_MODES)}")
+        # Above the quorum's votes, a round the quorum alone votes in could release labels by noise only.
+        # (Not every hospital's: the server narrows the run to those that joined.) The MPC compares
+        # top - T, within the field's range as long as T stays below the totals' bound.
+        if not 0 <= self.label_threshold <= self.quorum_votes:
+            raise ConfigError(f"the label threshold must be between 0 and {self.quorum_votes} votes (the quorum's), got {self.label_threshold}")
         if not 0 <= self.teacher_confidence < 1:
             raise ConfigError(f"the teacher confidence must be in [0, 1), got {self.teacher_confidence}")
         if not 1 <= self.rounds <= _MAX_ROUNDS:  # round numbers travel through the MPC's field
@@ -79,6 +85,11 @@ class VotingConfig:
     def features(self) -> int:
         """Values per query record."""
         return math.prod(self.model.input_shape)
+
+    @property
+    def quorum_votes(self) -> int:
+        """The largest count a query's class can get before noise when only the quorum votes."""
+        return self.voting.quorum * self.voting.votes_per_query
 
     @property
     def votes_per_round(self) -> int:
@@ -118,6 +129,7 @@ class VotingConfig:
             "delta": self.delta,
             "voting": self.voting.to_dict(),
             "reveal": self.reveal,
+            "label_threshold": self.label_threshold,
             "model": self.model.to_dict(),
             "teacher_epochs": self.teacher_epochs,
             "teacher_confidence": self.teacher_confidence,
@@ -126,7 +138,7 @@ class VotingConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "VotingConfig":
-        integers = ("rounds", "queries_per_round", "teacher_epochs", "feature_dimensions")
+        integers = ("rounds", "queries_per_round", "label_threshold", "teacher_epochs", "feature_dimensions")
         if not isinstance(values, dict) or any(type(values.get(name)) is not int for name in integers):
             raise ConfigError(f"malformed voting configuration: {', '.join(integers)} must be integers")
         if type(values.get("teacher_confidence")) is not float:
@@ -144,6 +156,7 @@ class VotingConfig:
                 delta=float(values["delta"]),
                 voting=VotingSettings.from_dict(values["voting"]),
                 reveal=str(values["reveal"]),
+                label_threshold=int(values["label_threshold"]),
                 model=ModelSpec.from_dict(values["model"]),
                 teacher_epochs=int(values["teacher_epochs"]),
                 teacher_confidence=values["teacher_confidence"],

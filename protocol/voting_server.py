@@ -11,7 +11,8 @@ hospitals then get in theirs. A tallier that refuses the run stops it; a hospita
 (``Withdraw``) leaves it. Per round the server picks ``Q`` queries from the pool, sends them
 to the hospitals, and relays the ballots that arrive in time and carry a box of the right length
 for each tallier. A round with fewer ballots than the quorum is aborted: nothing is relayed. Every
-tallier must answer with the same voters and labels; the round is then charged to the server's
+tallier must answer with the same voters and labels (with a label threshold, ``C`` for a query
+whose noisy top total fell short: its record stays unlabelled); the round is then charged to the server's
 ledgers, one per level (``training.vote_privacy``), at the number of voters the talliers agreed.
 If every tallier reports the same failure (they agreed on fewer voters than the quorum, say after
 bad shares), the round is lost and the run goes on; a tallier that fails otherwise, goes silent or
@@ -75,7 +76,8 @@ class _RoundRecord:
     round: int
     status: str  # "labelled" or "aborted"
     voters: list[str] = field(default_factory=list)
-    label_accuracy: float | None = None
+    label_accuracy: float | None = None  # of the released labels
+    labels_withheld: int = 0  # queries whose noisy top total was below the label threshold
     epsilon: dict[str, dict[str, float]] = field(default_factory=dict)  # level -> view -> epsilon
     mpc_seconds: float | None = None  # the slowest tallier's, shares opened and MPC
     mpc_bytes: dict[str, int] = field(default_factory=dict)  # per tallier, sent to the others
@@ -239,8 +241,10 @@ class VotingServer:
             )
             ledger.record(release, run_id=self._config.run_id, round_number=round_number)
             record.epsilon[level] = ledger.epsilons(self._config.delta)
-        self._labelled.append((indices, labels))
-        record.label_accuracy = float(np.mean(labels == self._pool.y[indices]))
+        released = labels < self._config.classes
+        self._labelled.append((indices[released], labels[released]))
+        record.labels_withheld = int(np.sum(~released))
+        record.label_accuracy = float(np.mean(labels[released] == self._pool.y[indices[released]])) if released.any() else None
         record.status = "labelled"
         self._finish_round(record)
 
@@ -270,6 +274,7 @@ class VotingServer:
         (too few agreed voters: the round is lost); ``ProtocolError`` for anything else, which stops the run."""
         answers: dict[str, Labels | TallyFailed] = {}
         deadline = time.monotonic() + self._timeouts.round_s
+        most_label = self._config.classes if self._config.label_threshold else self._config.classes - 1  # C: withheld
         while set(answers) != set(self._config.talliers) and (got := self._parties.next_message(deadline)) is not None:
             sender, message = got
             if not (isinstance(message, (Labels, TallyFailed)) and sender in self._config.talliers and message.round == round_number):
@@ -277,9 +282,9 @@ class VotingServer:
             elif sender in answers:
                 self._parties.reject(sender, message, f"second answer for round {round_number}")
             elif isinstance(message, Labels) and (
-                len(message.labels) != self._config.queries_per_round or max(message.labels, default=0) >= self._config.classes
+                len(message.labels) != self._config.queries_per_round or max(message.labels, default=0) > most_label
             ):
-                self._parties.reject(sender, message, f"labels must be {self._config.queries_per_round} classes below {self._config.classes}")
+                self._parties.reject(sender, message, f"labels must be {self._config.queries_per_round} values up to {most_label}")
             else:
                 answers[sender] = message
         failures = {name: a.reason for name, a in answers.items() if isinstance(a, TallyFailed)}
@@ -300,9 +305,9 @@ class VotingServer:
         return np.array(first.labels, dtype=np.int64)
 
     def _train_student(self) -> torch.nn.Module | None:
-        if not self._labelled:
+        indices = np.concatenate([i for i, _ in self._labelled] or [np.empty(0, dtype=np.int64)])
+        if len(indices) == 0:
             return None
-        indices = np.concatenate([i for i, _ in self._labelled])
         labels = np.concatenate([labels for _, labels in self._labelled])
         unlabelled = np.setdiff1d(np.arange(len(self._pool)), indices)
         return train_student(self._config.model, Split(self._pool.x[indices], labels), self._pool.x[unlabelled], epochs=self._student_epochs)
@@ -329,6 +334,7 @@ class VotingServer:
     def _report(self, finish_reason: str, student: torch.nn.Module | None) -> dict:
         labelled = [r for r in self._rounds if r.status == "labelled"]
         queries = sum(len(indices) for indices, _ in self._labelled)
+        asked = queries + sum(r.labels_withheld for r in labelled)
         correct = sum(int(np.sum(labels == self._pool.y[indices])) for indices, labels in self._labelled)
         mpc_seconds = sum(r.mpc_seconds for r in labelled)
         config = self._config
@@ -349,12 +355,13 @@ class VotingServer:
             "final": {
                 "rounds_labelled": len(labelled),
                 "queries_labelled": queries,
+                "queries_withheld": asked - queries,
                 "label_accuracy": correct / queries if queries else None,
                 "student_test_accuracy": accuracy(student, self._test.x, self._test.y) if student is not None else None,
                 "epsilon": {level: ledger.epsilons(config.delta) for level, ledger in self._ledgers.items()},
                 "delta": config.delta,
                 "accountant": ACCOUNTANT,
-                "mpc_seconds_per_query": mpc_seconds / queries if queries else None,
+                "mpc_seconds_per_query": mpc_seconds / asked if asked else None,
             },
             "phase_seconds": self._phase_seconds,
             "rejected_messages": self._parties.rejections.total,

@@ -223,7 +223,9 @@ def _vote_report(out: Path, *, wall_seconds: float) -> dict:
             flush=True,
         )
     print(
-        f"done in {wall_seconds:.0f} s ({report['finish_reason']}): {final['queries_labelled']} queries labelled, "
+        f"done in {wall_seconds:.0f} s ({report['finish_reason']}): {final['queries_labelled']} queries labelled"
+        + (f" ({final['queries_withheld']} withheld under the label threshold)" if final["queries_withheld"] else "")
+        + ", "
         f"label accuracy {_fraction(final['label_accuracy'])}, student test accuracy {_fraction(final['student_test_accuracy'])}; "
         f"epsilon at delta {final['delta']:g} against the server: {epsilon['instance']['server']:.3f} per record, "
         f"{epsilon['agent']['server']:.3f} per hospital; MPC {1000 * (final['mpc_seconds_per_query'] or 0):.1f} ms per query"

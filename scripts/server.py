@@ -154,6 +154,7 @@ def _serve_vote(args: argparse.Namespace, roster: Roster, credentials: Credentia
                 method=args.method, noise_std=args.vote_noise, quorum=args.quorum or len(roster.hospitals), neighbours=args.neighbours
             ),
             reveal=args.reveal,
+            label_threshold=args.label_threshold,
             model=ModelSpec(args.model, dataset.input_shape, dataset.num_classes, args.hidden, mean, std),
             teacher_epochs=args.teacher_epochs,
             teacher_confidence=args.teacher_confidence,
@@ -185,7 +186,7 @@ def _serve_vote(args: argparse.Namespace, roster: Roster, credentials: Credentia
     report = server.run()
     final = report["final"]
     print(
-        f"finished ({report['finish_reason']}): {final['queries_labelled']} queries labelled, label accuracy "
+        f"finished ({report['finish_reason']}): {final['queries_labelled']} queries labelled, {final['queries_withheld']} withheld, label accuracy "
         f"{_shown(final['label_accuracy'])}, student test accuracy {_shown(final['student_test_accuracy'])}; report in {args.out}",
         flush=True,
     )
@@ -196,7 +197,7 @@ def _print_vote(record: dict, config: VotingConfig) -> None:
     if record["status"] == "labelled":
         epsilon = record["epsilon"]
         print(
-            f"{prefix}  label_acc {record['label_accuracy']:.3f}  voters {len(record['voters'])}/{len(config.hospitals)}  "
+            f"{prefix}  label_acc {_shown(record['label_accuracy'])}  withheld {record['labels_withheld']}  voters {len(record['voters'])}/{len(config.hospitals)}  "
             f"epsilon {epsilon['instance']['server']:.3f} per record, {epsilon['agent']['server']:.3f} per hospital "
             f"(delta {config.delta:g})  MPC {record['mpc_seconds'] / config.queries_per_round * 1000:.1f} ms/query",
             flush=True,

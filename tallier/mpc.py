@@ -11,12 +11,16 @@ of MPyC's ``SecInt(l)`` (``crypto.mpc_field``). A round, on one screen:
    Shamir-shares it among all talliers: nobody learns it).
 3. **Totals.** The secret-shared noisy totals ``T = s_1 + ... + s_J`` are a sum of the inputs,
    free of communication.
-4. **Labels.** ``np_argmax`` along the classes finds each query's label with ``C - 1`` secure
-   comparisons; ties go to the lowest class index, as in NumPy (``_np_argmax`` keeps the first
-   maximum). Only the labels are opened, to every tallier.
+4. **Labels.** ``np_argmax`` along the classes finds each query's label and top total with
+   ``C - 1`` secure comparisons; ties go to the lowest class index, as in NumPy (``_np_argmax``
+   keeps the first maximum). With a label threshold ``T > 0``, one more comparison per query
+   withholds the label where the top total is below ``T``: the opened value is
+   ``C + [top >= T] (label - C)``, the label or ``C`` for "withheld", so not even the comparison's
+   bit is opened apart from it. Only these are opened, to every tallier.
 
 ``reveal="histogram"`` opens ``T`` itself instead (a secure sum): cheaper, and it shows the noisy
-totals to the talliers and the server. It is for users who accept that, never a fallback.
+totals to the talliers and the server, which apply the same rule (``released_labels``). It is for
+users who accept that, never a fallback.
 
 MPyC is honest-majority: ``t = floor((J - 1) / 2)`` corrupt talliers learn nothing, and every
 tallier must stay online; a silent peer ends the round at its deadline (``MpcError``). With
@@ -40,7 +44,7 @@ from crypto.mpc_field import MIN_PARTIES, MpcField, mpyc_runtime
 from crypto.secret_sharing import add
 from training.vote_privacy import REVEAL_MODES
 
-__all__ = ["MpcError", "MpcParty", "MpcResult", "VoterError", "run_round"]
+__all__ = ["MpcError", "MpcParty", "MpcResult", "VoterError", "released_labels", "run_round"]
 
 _failed: list[str] = []  # set once an MPC in this process failed
 
@@ -70,7 +74,7 @@ class MpcParty:
 @dataclass(frozen=True)
 class MpcResult:
     voters: tuple[str, ...]  # whose votes the labels count, in the run's order
-    labels: np.ndarray  # (Q,) int64
+    labels: np.ndarray  # (Q,) int64: a class, or C where the label is withheld
     totals: np.ndarray | None  # (Q, C) int64, only when revealed
     bytes_sent: int  # by this tallier, to all others
 
@@ -86,6 +90,7 @@ def run_round(
     classes: int,
     field: MpcField,
     reveal: str,
+    label_threshold: int,
     timeout_s: float,
 ) -> MpcResult:
     """One round of the protocol above for this tallier, holding ``shares`` (valid ones, by hospital).
@@ -126,9 +131,12 @@ def run_round(
         totals = runtime.np_reshape(sum(inputs[1:], inputs[0]), (queries, classes))
         if reveal == "histogram":
             revealed = np.array(await runtime.output(totals), dtype=np.int64)
-            labels = revealed.argmax(axis=1)
+            labels = released_labels(revealed, label_threshold)
         else:
-            labels, revealed = np.array(await runtime.output(runtime.np_argmax(totals, axis=1)), dtype=np.int64), None
+            winners, tops = runtime.np_argmax(totals, axis=1, arg_only=False)
+            if label_threshold:  # MPyC 0.11 returns the tops as a (Q, 1) array
+                winners = classes + (runtime.np_reshape(tops, (queries,)) >= label_threshold) * (winners - classes)
+            labels, revealed = np.array(await runtime.output(winners), dtype=np.int64), None
         sent = sum(peer.protocol.nbytes_sent for peer in runtime.parties if peer.pid != runtime.pid)
         await runtime.shutdown()
         return MpcResult(voters=voters, labels=labels, totals=revealed, bytes_sent=sent)
@@ -150,3 +158,12 @@ def run_round(
         raise
     finally:
         os.chdir(working_directory)
+
+
+def released_labels(totals: np.ndarray, label_threshold: int) -> np.ndarray:
+    """What the MPC opens, computed in the clear from ``(Q, C)`` totals: each row's first largest
+    class, or ``C`` where a positive ``label_threshold`` exceeds the row's largest total."""
+    labels = totals.argmax(axis=1)
+    if label_threshold:
+        labels = np.where(totals.max(axis=1) >= label_threshold, labels, totals.shape[1])
+    return labels

@@ -159,6 +159,7 @@ class Tallier:
                 classes=config.classes,
                 field=self._field,
                 reveal=config.reveal,
+                label_threshold=config.label_threshold,
                 timeout_s=self._mpc_timeout_s,
             )
         except (VoterError, MpcError) as error:

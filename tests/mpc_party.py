@@ -16,7 +16,7 @@ if __name__ == "__main__":
     with np.load(source, allow_pickle=False) as data:
         hospitals = tuple(str(name) for name in data["hospitals"])
         shares = {name: data[f"share-{index}-{name}"] for name in hospitals if f"share-{index}-{name}" in data}
-        settings = {k: int(data[k]) for k in ("queries", "classes", "quorum")}
+        settings = {k: int(data[k]) for k in ("queries", "classes", "quorum", "label_threshold")}
         field = MpcField(int(data["bit_length"]), int(str(data["modulus"])))
         reveal, timeout, rounds = str(data["reveal"]), float(data["timeout"]), int(data["rounds"])
     party = MpcParty(index=int(index), addresses=tuple(("127.0.0.1", int(port)) for port in ports), certificates=certificates)

@@ -3,7 +3,7 @@ from scripts.reproduce_voting import SETTINGS, results_table
 
 def _run(seed, accuracy, epsilon):
     final = {
-        "student_test_accuracy": accuracy, "label_accuracy": 0.8, "queries_labelled": 500, "delta": 1e-3,
+        "student_test_accuracy": accuracy, "label_accuracy": 0.8, "queries_labelled": 400, "queries_withheld": 100, "delta": 1e-3,
         "epsilon": {"agent": {"server": epsilon}, "instance": {"server": 2 * epsilon}}, "mpc_seconds_per_query": 0.004,
     }  # fmt: skip
     return {"seed": seed, "argv": [], "report": {"final": final, "wall_seconds": 100.0}}
@@ -12,7 +12,15 @@ def _run(seed, accuracy, epsilon):
 def test_the_table_says_whether_each_target_is_met_over_the_seeds():
     accuracy, epsilon = SETTINGS["ae-dpfl"]["target"]
     met = results_table({"ae-dpfl": [_run(0, accuracy + 0.01, epsilon), _run(1, accuracy, epsilon)]}, data="mnist.npz")
-    assert "| ae-dpfl | 0, 1 | 90.5 ± 0.7% |" in met and f"{epsilon:g}: yes |" in met
+    assert "| ae-dpfl | 0, 1 | 90.5 ± 0.7% | 80.0 ± 0.0% | 400 ± 0 (of 500) |" in met and f"{epsilon:g}: yes |" in met
     short = results_table({"ae-dpfl": [_run(0, accuracy - 0.01, epsilon)]}, data="mnist.npz")
     over = results_table({"ae-dpfl": [_run(0, accuracy + 0.01, epsilon), _run(1, accuracy + 0.01, epsilon + 0.1)]}, data="mnist.npz")
     assert f"{epsilon:g}: no |" in short and f"{epsilon:g}: no |" in over
+
+
+def test_a_run_without_labels_is_shown_and_counted_as_missing_the_target():
+    accuracy, epsilon = SETTINGS["ae-dpfl"]["target"]
+    empty = _run(1, None, epsilon)
+    empty["report"]["final"].update(label_accuracy=None, queries_labelled=0, queries_withheld=500)
+    table = results_table({"ae-dpfl": [empty]}, data="mnist.npz")
+    assert "| ae-dpfl | 1 | n/a | n/a | 0 ± 0 (of 500) |" in table and f"{epsilon:g}: no |" in table

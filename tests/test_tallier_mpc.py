@@ -25,7 +25,7 @@ def _tallier_folders(root):
 
 def _run(
     tmp_path, totals, *, reveal="labels", folders=None, parties=range(TALLIERS), timeout=60.0, rounds=1, quorum=2, withheld=(),
-    first=None,
+    first=None, label_threshold=0,
 ):  # fmt: skip
     """Split ``totals`` (Q x C) into two hospitals' votes (``first`` and the rest), share each among the talliers (but not the
     ``(tallier, hospital)`` pairs in ``withheld``), and run the parties in ``parties``; their results
@@ -41,6 +41,7 @@ def _run(
     np.savez(
         tmp_path / "input.npz", **shares, hospitals=np.array(HOSPITALS), queries=queries, classes=classes, quorum=quorum,
         bit_length=field.bit_length, modulus=str(field.modulus), reveal=reveal, timeout=timeout, rounds=rounds,
+        label_threshold=label_threshold,
     )  # fmt: skip
     folders = folders or _tallier_folders(tmp_path / "federation")
     ports = [str(free_port()) for _ in range(TALLIERS)]
@@ -77,6 +78,21 @@ def test_the_mpc_argmax_is_the_plaintext_argmax_ties_included(tmp_path):
         assert "totals" not in output
     # The tie rule: the lowest class index among the largest totals.
     assert set(outputs[0][0]["labels"][:50]) == {2} and set(outputs[0][0]["labels"][50:110]) == {0}
+
+
+@pytest.mark.parametrize("reveal", ["labels", "histogram"])
+def test_a_label_threshold_withholds_the_labels_of_queries_whose_top_total_is_below_it(tmp_path, reveal):
+    totals = np.random.default_rng().integers(-60, 60, size=(200, 5))
+    totals[:20] = 0
+    totals[:10, 3] = 30  # exactly at the threshold: released
+    totals[10:20, 1] = 29  # one vote below: withheld
+    outputs, codes, errors = _run(tmp_path, totals, reveal=reveal, label_threshold=30)
+    assert codes == {0: 0, 1: 0, 2: 0}, errors
+    expected = np.where(totals.max(axis=1) >= 30, totals.argmax(axis=1), 5)  # 5 classes: label 5 is "withheld"
+    assert 0 < np.sum(expected == 5) < len(totals)
+    for party in outputs.values():
+        assert np.array_equal(party[0]["labels"], expected)
+    assert set(outputs[0][0]["labels"][:10]) == {3} and set(outputs[0][0]["labels"][10:20]) == {5}
 
 
 def test_histogram_mode_opens_the_totals(tmp_path):
@@ -123,7 +139,7 @@ for round_number in (1, 2):
     try:
         run_round(
             party, round_number, {}, hospitals=("h",), quorum=1, queries=1, classes=2, field=MpcField.for_bound(1),
-            reveal="labels", timeout_s=0.5,
+            reveal="labels", label_threshold=0, timeout_s=0.5,
         )
     except MpcError as error:
         print(error)
@@ -139,7 +155,7 @@ def test_fewer_than_three_talliers_or_another_field_are_refused():
     party = MpcParty(index=0, addresses=(("h", 1), ("h", 2), ("h", 3)), certificates=REPO)
     another = MpcField(8, MpcField.for_bound(200).modulus)
     with pytest.raises(ValueError, match="computes modulo"):
-        run_round(party, 1, {}, hospitals=("h",), quorum=1, queries=1, classes=2, field=another, reveal="labels", timeout_s=1)
+        run_round(party, 1, {}, hospitals=("h",), quorum=1, queries=1, classes=2, field=another, reveal="labels", label_threshold=0, timeout_s=1)
 
 
 def test_a_tallier_certified_by_another_authority_is_not_let_in(tmp_path):

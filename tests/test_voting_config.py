@@ -1,5 +1,7 @@
 """The voting run's configuration: what every party derives from it, and what it refuses."""
 
+import dataclasses
+
 import pytest
 
 from protocol.config import ConfigError
@@ -13,16 +15,23 @@ def _config(**changes):
         run_id="0123abcd", dataset="digits", hospitals=("hospital-1", "hospital-2", "hospital-3"),
         talliers=("tallier-1", "tallier-2", "tallier-3"), rounds=2, queries_per_round=20, delta=1e-5,
         voting=VotingSettings("knn-dpfl", noise_std=15.0, quorum=3, neighbours=30), reveal="labels",
-        model=ModelSpec("mlp", (64,), 10), teacher_epochs=1, teacher_confidence=0.0, feature_dimensions=10,
+        label_threshold=0, model=ModelSpec("mlp", (64,), 10), teacher_epochs=1, teacher_confidence=0.0, feature_dimensions=10,
     )  # fmt: skip
     settings.update(changes)
     return VotingConfig(**settings)
 
 
 def test_the_configuration_survives_the_wire_and_names_its_feature_map():
-    config = _config()
+    config = _config(label_threshold=50)
     assert VotingConfig.from_dict(config.to_dict()) == config
     assert config.fingerprint(b"a") != config.fingerprint(b"b") != _config(rounds=3).fingerprint(b"b")
+
+
+def test_a_label_threshold_the_quorum_can_reach_survives_narrowing_the_run_to_the_hospitals_that_joined():
+    config = _config(voting=VotingSettings("knn-dpfl", noise_std=15.0, quorum=2, neighbours=30), label_threshold=60)
+    assert dataclasses.replace(config, hospitals=config.hospitals[:2]).label_threshold == 60
+    with pytest.raises(ConfigError, match="between 0 and 60 votes"):
+        _config(voting=config.voting, label_threshold=61)
 
 
 def test_the_field_holds_every_total_the_bound_allows():
@@ -36,6 +45,8 @@ def test_the_field_holds_every_total_the_bound_allows():
     [
         ({"talliers": ("tallier-1", "tallier-2")}, "at least 3 distinct talliers"),
         ({"reveal": "everything"}, "unknown reveal mode"),
+        ({"label_threshold": 91}, "label threshold must be between 0 and 90 votes"),  # a quorum of 3 x 30 neighbours
+        ({"label_threshold": -1}, "label threshold must be between 0 and 90 votes"),
         ({"voting": VotingSettings("knn-dpfl", noise_std=15.0, quorum=4, neighbours=30)}, "exceeds the 3 hospitals"),
         ({"rounds": 2_000_000}, "between 1 and 1000000"),
         ({"queries_per_round": 10**6}, "queries per round must be between 1 and 10000"),
@@ -57,6 +68,7 @@ def test_a_run_that_cannot_be_run_is_refused_before_anything_runs(changes, reaso
         {"voting": {"method": "knn-dpfl"}},
         {"rounds": "two"},
         {"rounds": 2.9},
+        {"label_threshold": True},
         {"hospitals": "hospital-1"},
         {"extra": 1},
         {"voting": {"method": "knn-dpfl", "noise_std": True, "quorum": 3, "neighbours": 1}},

@@ -29,6 +29,7 @@ from protocol.transport import ClientTransport
 from protocol.voting_config import VotingConfig
 from scripted import wait_for_text
 from training.accounting import LEDGER_FILE, PrivacyLedger
+from training.vote_privacy import VotingSettings
 
 pytestmark = pytest.mark.slow
 SMALL = ("--queries-per-round", "20", "--feature-dimensions", "10", "--student-epochs", "50", "--round-timeout", "60")
@@ -141,7 +142,11 @@ def federation(tmp_path, request):
 
 @pytest.mark.parametrize("federation", [4], indirect=True)
 def test_a_histogram_run_opens_the_totals_and_keeps_only_the_hospitals_that_accept_it(federation):
-    federation.server("--reveal", "histogram", "--quorum", "2", "--transcript", federation.tmp / "transcript.msgpack")
+    # Two voters with k = 30 give a clean top total of up to 60 (median about 41 on these queries),
+    # sigma 15 on it: a threshold of 45 releases about half the labels.
+    federation.server(
+        "--reveal", "histogram", "--quorum", "2", "--label-threshold", "45", "--transcript", federation.tmp / "transcript.msgpack"
+    )
     for name in federation.roster.talliers:
         federation.tallier(name, "--allow-histogram")
     federation.hospital("hospital-1", 1, "--allow-histogram")
@@ -163,7 +168,16 @@ def test_a_histogram_run_opens_the_totals_and_keeps_only_the_hospitals_that_acce
     labels = [m for _, m in _messages(federation.tmp / "transcript.msgpack", TO_VOTING_SERVER) if isinstance(m, Labels)]
     assert len(labels) == 3  # one per tallier, alike
     totals = np.frombuffer(labels[0].totals, dtype="<i8").reshape(20, 10)
-    assert np.array_equal(totals.argmax(axis=1), labels[0].labels) and totals.sum() != 0
+    assert np.array_equal(np.where(totals.max(axis=1) >= 45, totals.argmax(axis=1), 10), labels[0].labels) and totals.sum() != 0
+    withheld = sum(label == 10 for label in labels[0].labels)
+    assert 0 < withheld < 20  # both kinds, but for a chance of about 4e-6
+    assert (report["final"]["queries_labelled"], report["final"]["queries_withheld"]) == (20 - withheld, withheld)
+    # Every query asked is charged, its label released or not.
+    asked = PrivacyLedger()
+    asked.begin_run("run", "fingerprint")
+    settings = VotingSettings("knn-dpfl", noise_std=15.0, quorum=2, neighbours=30)
+    asked.record(settings.release(queries=20, classes=10, contributors=2, level="instance"), run_id="run", round_number=1)
+    assert report["final"]["epsilon"]["instance"]["server"] == pytest.approx(asked.epsilons(report["final"]["delta"])["server"])
 
 
 def test_a_tallier_that_opens_labels_only_stops_a_histogram_run(federation):

@@ -36,6 +36,12 @@ totals. ``REVEAL_MODES``' "histogram" opens the totals themselves: the epsilon i
 is a post-processing of the totals, and the accounting charges the totals), but the server and the
 talliers then see how close every vote was. Off by default, and flagged in every report.
 
+**Withheld labels.** With a label threshold ``T``, a query gets its label only where its largest
+noisy total reaches ``T`` (confident PATE's idea, Papernot et al. 2018, on the same noisy totals
+rather than a second, separately noised check): the pattern of withheld queries is a function of
+the totals too, so it costs nothing more, and every query asked is charged whether or not its
+label is released. What it buys is labels the hospitals agreed on: fewer, and more often right.
+
 **The field.** The talliers add shares modulo a prime and compare the totals inside the MPC; a
 total beyond the comparison's range would silently give a wrong label. ``sum_bound`` bounds every
 total of a round, except with probability ``2^-40`` per round, and the MPC's bit length is sized
