@@ -259,7 +259,7 @@ class Labels(Message):
     TYPE = "labels"
     round: int
     voters: tuple[str, ...]  # the hospitals whose votes the labels count, as the talliers agreed
-    labels: tuple[int, ...]  # one class per query
+    labels: tuple[int, ...]  # one class per query, or C (the number of classes) where a label threshold withheld it
     totals: bytes  # reveal "histogram" only: the noisy totals, int64 little-endian, Q x C; else empty
     mpc_microseconds: int
     mpc_bytes: int  # sent by this tallier to the others

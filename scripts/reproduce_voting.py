@@ -91,7 +91,7 @@ def results_table(runs: dict[str, list[dict]], *, data: str) -> str:
         "",
         "Command: `consilium-reproduce-voting` (one run per seed; each run is a `consilium-federation` with the "
         "settings below). Mean and standard deviation over the seeds; epsilon is against the server, which sees "
-        "the labels.",
+        "the labels; MPC time is per query asked, its label released or not.",
         "",
         "| method | seeds | student test accuracy | label accuracy | labels released (of queries) | epsilon (level, delta) "
         "| epsilon, other level | MPC ms per query | wall time per run (s) | target: met? |",
@@ -111,7 +111,7 @@ def results_table(runs: dict[str, list[dict]], *, data: str) -> str:
                 f"(of {statistics.fmean(f['queries_labelled'] + f.get('queries_withheld', 0) for f in finals):.0f})",
                 f"{_spread([f['epsilon'][level]['server'] for f in finals])} ({level}, {finals[0]['delta']:g})",
                 f"{_spread([f['epsilon'][other]['server'] for f in finals])} ({other})",
-                _spread([1000 * f["mpc_seconds_per_query"] for f in finals]),
+                _spread([None if f["mpc_seconds_per_query"] is None else 1000 * f["mpc_seconds_per_query"] for f in finals]),
                 _spread([r["report"]["wall_seconds"] for r in results], digits=0),
                 _verdict(finals, *SETTINGS[method]["target"], level=level),
             ]) + " |"
@@ -150,14 +150,15 @@ def _verdict(finals: list[dict], accuracy: float, epsilon: float, *, level: str)
 
 def _spread(values: list[float | None], *, percent: bool = False, digits: int = 2) -> str:
     """Mean ± standard deviation of the values a run had (a run with no label has no label accuracy)."""
-    values = [v for v in values if v is not None]
-    if not values:
+    known = [v for v in values if v is not None]
+    if not known:
         return "n/a"
+    missing = f" ({len(known)} of {len(values)} runs)" if len(known) < len(values) else ""
     scale = 100 if percent else 1
-    mean = statistics.fmean(values) * scale
-    spread = statistics.stdev(values) * scale if len(values) > 1 else 0.0
+    mean = statistics.fmean(known) * scale
+    spread = statistics.stdev(known) * scale if len(known) > 1 else 0.0
     places = 1 if percent else digits
-    return f"{mean:.{places}f} ± {spread:.{places}f}" + ("%" if percent else "")
+    return f"{mean:.{places}f} ± {spread:.{places}f}" + ("%" if percent else "") + missing
 
 
 if __name__ == "__main__":

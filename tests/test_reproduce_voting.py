@@ -18,9 +18,13 @@ def test_the_table_says_whether_each_target_is_met_over_the_seeds():
     assert f"{epsilon:g}: no |" in short and f"{epsilon:g}: no |" in over
 
 
-def test_a_run_without_labels_is_shown_and_counted_as_missing_the_target():
+def test_runs_without_labels_are_shown_and_counted_as_missing_the_target():
     accuracy, epsilon = SETTINGS["ae-dpfl"]["target"]
-    empty = _run(1, None, epsilon)
-    empty["report"]["final"].update(label_accuracy=None, queries_labelled=0, queries_withheld=500)
-    table = results_table({"ae-dpfl": [empty]}, data="mnist.npz")
+    withheld, lost = _run(1, None, epsilon), _run(2, None, epsilon)
+    withheld["report"]["final"].update(label_accuracy=None, queries_labelled=0, queries_withheld=500)  # every label withheld
+    lost["report"]["final"].update(label_accuracy=None, queries_labelled=0, queries_withheld=0, mpc_seconds_per_query=None)
+    table = results_table({"ae-dpfl": [withheld]}, data="mnist.npz")
     assert "| ae-dpfl | 1 | n/a | n/a | 0 ± 0 (of 500) |" in table and f"{epsilon:g}: no |" in table
+    table = results_table({"ae-dpfl": [_run(0, accuracy + 0.01, epsilon), lost]}, data="mnist.npz")  # every round aborted
+    assert "| ae-dpfl | 0, 2 | 91.0 ± 0.0% (1 of 2 runs) |" in table and "| 4.00 ± 0.00 (1 of 2 runs) |" in table
+    assert f"{epsilon:g}: no |" in table

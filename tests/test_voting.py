@@ -61,7 +61,8 @@ def test_the_student_learns_from_the_labelled_queries_and_the_rest_of_the_pool()
     digits = load_dataset("digits")
     spec = ModelSpec("mlp", digits.input_shape, 10, hidden=(32,))
     labelled, unlabelled = digits.train.subset(np.arange(300)), digits.train.x[300:]
-    # The initialisation: unseeded, about one student in four falls below 80% with 300 labels.
+    # The initialisation. Unseeded, 6 of 20 students fell below 80% with these 300 labels; from this
+    # one, 16 of 16 reached 83 to 84% (the shuffling is still fresh each time).
     torch.manual_seed(0)
     student = train_student(spec, labelled, unlabelled, epochs=30)
     assert accuracy(student, digits.validation.x, digits.validation.y) > 0.8

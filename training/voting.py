@@ -107,8 +107,7 @@ def train_classifier(
 def train_student(spec: ModelSpec, labelled: Split, unlabelled: np.ndarray, *, epochs: int) -> nn.Module:
     """The server's student: trained on the labelled queries, then retrained from scratch, three
     times, with its latest confident predictions on the rest of the public pool as further labels
-    (pseudo-labelling, Lee 2013): each round guesses with a better model than the last. Images are
-    jittered (``train_classifier``), which matters most with a few hundred labels.
+    (pseudo-labelling, Lee 2013). Images are jittered (``train_classifier``).
 
     Only public records and released labels go in, so the student costs no privacy."""
     jitter = len(spec.input_shape) == 3
