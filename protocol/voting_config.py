@@ -59,7 +59,9 @@ class VotingConfig:
         # (Not every hospital's: the server narrows the run to those that joined.) The MPC compares
         # top - T, within the field's range as long as T stays below the totals' bound.
         if not 0 <= self.label_threshold <= self.quorum_votes:
-            raise ConfigError(f"the label threshold must be between 0 and {self.quorum_votes} votes (the quorum's), got {self.label_threshold}")
+            raise ConfigError(
+                f"the label threshold must be between 0 and {self.quorum_votes} votes (the quorum's), got {self.label_threshold}"
+            )
         if not 0 <= self.teacher_confidence < 1:
             raise ConfigError(f"the teacher confidence must be in [0, 1), got {self.teacher_confidence}")
         if not 1 <= self.rounds <= _MAX_ROUNDS:  # round numbers travel through the MPC's field

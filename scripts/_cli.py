@@ -144,7 +144,7 @@ RUN_FLAGS = (
     ("--vote-noise", positive_float, None, "voting: sigma, noise on each summed count in votes (AE-DPFL 1, kNN-DPFL 15)"),
     ("--neighbours", positive_int, None, "kNN-DPFL: k, the neighbours each hospital counts (default 30)"),
     ("--reveal", str, "labels", "voting: what the talliers open, labels or (trading privacy of the margins) histogram"),
-    ("--label-threshold", non_negative_int, 0, "voting: release a query's label only where its noisy top total reaches this many votes (0: always)"),
+    ("--label-threshold", non_negative_int, 0, "voting: label a query only where its noisy top total reaches this many votes (0: all)"),
     ("--teacher-epochs", positive_int, 30, "AE-DPFL: epochs of each hospital's teacher"),
     ("--teacher-confidence", below_one, 0.0, "AE-DPFL: a teacher abstains below this top softmax probability (0: always votes)"),
     ("--feature-dimensions", positive_int, 30, "kNN-DPFL: dimensions of the public PCA feature map"),

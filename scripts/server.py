@@ -186,8 +186,9 @@ def _serve_vote(args: argparse.Namespace, roster: Roster, credentials: Credentia
     report = server.run()
     final = report["final"]
     print(
-        f"finished ({report['finish_reason']}): {final['queries_labelled']} queries labelled, {final['queries_withheld']} withheld, label accuracy "
-        f"{_shown(final['label_accuracy'])}, student test accuracy {_shown(final['student_test_accuracy'])}; report in {args.out}",
+        f"finished ({report['finish_reason']}): {final['queries_labelled']} queries labelled, {final['queries_withheld']} withheld, "
+        f"label accuracy {_shown(final['label_accuracy'])}, student test accuracy {_shown(final['student_test_accuracy'])}; "
+        f"report in {args.out}",
         flush=True,
     )
 
@@ -197,7 +198,8 @@ def _print_vote(record: dict, config: VotingConfig) -> None:
     if record["status"] == "labelled":
         epsilon = record["epsilon"]
         print(
-            f"{prefix}  label_acc {_shown(record['label_accuracy'])}  withheld {record['labels_withheld']}  voters {len(record['voters'])}/{len(config.hospitals)}  "
+            f"{prefix}  label_acc {_shown(record['label_accuracy'])}  withheld {record['labels_withheld']}  "
+            f"voters {len(record['voters'])}/{len(config.hospitals)}  "
             f"epsilon {epsilon['instance']['server']:.3f} per record, {epsilon['agent']['server']:.3f} per hospital "
             f"(delta {config.delta:g})  MPC {record['mpc_seconds'] / config.queries_per_round * 1000:.1f} ms/query",
             flush=True,

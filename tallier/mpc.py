@@ -15,12 +15,12 @@ of MPyC's ``SecInt(l)`` (``crypto.mpc_field``). A round, on one screen:
    ``C - 1`` secure comparisons; ties go to the lowest class index, as in NumPy (``_np_argmax``
    keeps the first maximum). With a label threshold ``T > 0``, one more comparison per query
    withholds the label where the top total is below ``T``: the opened value is
-   ``C + [top >= T] (label - C)``, the label or ``C`` for "withheld", so not even the comparison's
-   bit is opened apart from it. Only these are opened, to every tallier.
+   ``C + [top >= T] (label - C)``, the label or ``C`` for "withheld"; the comparison's bit is never
+   opened on its own. Only these values are opened, to every tallier.
 
 ``reveal="histogram"`` opens ``T`` itself instead (a secure sum): cheaper, and it shows the noisy
-totals to the talliers and the server, which apply the same rule (``released_labels``). It is for
-users who accept that, never a fallback.
+totals to the talliers and the server; the talliers draw the labels from them by the same rule
+(``_released_labels``). It is for users who accept that, never a fallback.
 
 MPyC is honest-majority: ``t = floor((J - 1) / 2)`` corrupt talliers learn nothing, and every
 tallier must stay online; a silent peer ends the round at its deadline (``MpcError``). With
@@ -44,7 +44,7 @@ from crypto.mpc_field import MIN_PARTIES, MpcField, mpyc_runtime
 from crypto.secret_sharing import add
 from training.vote_privacy import REVEAL_MODES
 
-__all__ = ["MpcError", "MpcParty", "MpcResult", "VoterError", "released_labels", "run_round"]
+__all__ = ["MpcError", "MpcParty", "MpcResult", "VoterError", "run_round"]
 
 _failed: list[str] = []  # set once an MPC in this process failed
 
@@ -131,7 +131,7 @@ def run_round(
         totals = runtime.np_reshape(sum(inputs[1:], inputs[0]), (queries, classes))
         if reveal == "histogram":
             revealed = np.array(await runtime.output(totals), dtype=np.int64)
-            labels = released_labels(revealed, label_threshold)
+            labels = _released_labels(revealed, label_threshold)
         else:
             winners, tops = runtime.np_argmax(totals, axis=1, arg_only=False)
             if label_threshold:  # MPyC 0.11 returns the tops as a (Q, 1) array
@@ -160,7 +160,7 @@ def run_round(
         os.chdir(working_directory)
 
 
-def released_labels(totals: np.ndarray, label_threshold: int) -> np.ndarray:
+def _released_labels(totals: np.ndarray, label_threshold: int) -> np.ndarray:
     """What the MPC opens, computed in the clear from ``(Q, C)`` totals: each row's first largest
     class, or ``C`` where a positive ``label_threshold`` exceeds the row's largest total."""
     labels = totals.argmax(axis=1)
