@@ -305,9 +305,9 @@ class VotingServer:
         return np.array(first.labels, dtype=np.int64)
 
     def _train_student(self) -> torch.nn.Module | None:
-        indices = np.concatenate([i for i, _ in self._labelled] or [np.empty(0, dtype=np.int64)])
-        if len(indices) == 0:
+        if not any(len(indices) for indices, _ in self._labelled):  # no round, or every label withheld
             return None
+        indices = np.concatenate([indices for indices, _ in self._labelled])
         labels = np.concatenate([labels for _, labels in self._labelled])
         unlabelled = np.setdiff1d(np.arange(len(self._pool)), indices)
         return train_student(self._config.model, Split(self._pool.x[indices], labels), self._pool.x[unlabelled], epochs=self._student_epochs)

@@ -44,12 +44,17 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"unknown architecture {self.architecture!r}; choose from {', '.join(ARCHITECTURES)}")
-        if self.architecture == "cnn" and len(self.input_shape) != 3:
+        if self.architecture == "cnn" and not self.takes_images:
             raise ValueError(f"the CNN needs (channels, height, width) inputs, got shape {self.input_shape}")
         if self.num_classes < 2:
             raise ValueError(f"need at least 2 classes, got {self.num_classes}")
         if len(self.input_mean) != len(self.input_std):
             raise ValueError("input_mean and input_std must have the same length")
+
+    @property
+    def takes_images(self) -> bool:
+        """Whether the inputs are (channels, height, width) images."""
+        return len(self.input_shape) == 3
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -82,7 +82,7 @@ def train_classifier(
     may fix them for reproducible runs; without one they are drawn afresh."""
     if len(data) == 0:
         raise ValueError("a model needs at least one record to train on")
-    if jitter and len(spec.input_shape) != 3:
+    if jitter and not spec.takes_images:
         raise ValueError(f"jitter moves images of (channels, height, width), not inputs of shape {spec.input_shape}")
     generator = torch.Generator()
     if seed is None:
@@ -110,7 +110,7 @@ def train_student(spec: ModelSpec, labelled: Split, unlabelled: np.ndarray, *, e
     (pseudo-labelling, Lee 2013). Images are jittered (``train_classifier``).
 
     Only public records and released labels go in, so the student costs no privacy."""
-    jitter = len(spec.input_shape) == 3
+    jitter = spec.takes_images
     student = train_classifier(spec, labelled, epochs=epochs, jitter=jitter)
     for _ in range(_PSEUDO_LABEL_ROUNDS if len(unlabelled) else 0):
         with torch.no_grad():
