@@ -188,8 +188,12 @@ class SecretContext:
         """The run's secrets. They only ever leave a hospital sealed to another hospital."""
         return self._check.to_bytes() + _save(self._secret_key)
 
-    def encrypt_update(self, values: np.ndarray, *, round_number: int, hospital: str) -> list[bytes]:
-        """The upload of an integer vector (each value taken modulo t) with its check slots."""
+    def encrypt_update(self, values: np.ndarray, *, round_number: int, hospital: str, seeded: bool = True) -> list[bytes]:
+        """The upload of an integer vector (each value taken modulo t) with its check slots.
+
+        ``seeded=False`` sends both polynomials, in the aggregate's form: twice the bytes. The protocol
+        always seeds; the crypto benchmark uses the other form to show what seeding saves.
+        """
         values = np.asarray(values)
         if values.shape != (self.params.vector_length,) or not np.issubdtype(values.dtype, np.integer):
             raise BfvError(f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}")
@@ -198,7 +202,12 @@ class SecretContext:
         for start in range(0, slots.size, self.params.poly_modulus_degree):
             plaintext = seal.Plaintext()
             self._encoder.encode(slots[start : start + self.params.poly_modulus_degree].tolist(), plaintext)
-            chunks.append(self._public.pack_upload(_save(self._encryptor.encrypt_symmetric(plaintext))))
+            if seeded:
+                chunks.append(self._public.pack_upload(_save(self._encryptor.encrypt_symmetric(plaintext))))
+            else:
+                ciphertext = seal.Ciphertext()
+                self._encryptor.encrypt_symmetric(plaintext, ciphertext)
+                chunks.append(self._public.pack_aggregate(ciphertext))
         return chunks
 
     def decrypt_sum(self, chunks: Sequence[bytes], *, round_number: int, contributors: Sequence[str]) -> np.ndarray:
@@ -220,17 +229,21 @@ class SecretContext:
 
 
 class CiphertextSum:
-    """Adds uploads. A contribution that fails validation, or whose addition fails, changes nothing."""
+    """Adds uploads. A contribution that fails validation, or whose addition fails, changes nothing.
 
-    def __init__(self, context: PublicContext) -> None:
+    ``seeded=False`` adds uploads sent with both polynomials (``SecretContext.encrypt_update``).
+    """
+
+    def __init__(self, context: PublicContext, *, seeded: bool = True) -> None:
         self._context = context
+        self._load = context.load_upload if seeded else context.load_aggregate
         self._totals: list[seal.Ciphertext] | None = None
         self.contributions = 0
 
     def add(self, chunks: Sequence[bytes]) -> None:
         if self.contributions >= self._context.params.max_contributors:
             raise BfvError(f"this sum already holds {self.contributions} contributions, the most these parameters allow")
-        incoming = self._context.load_upload(chunks)
+        incoming = self._load(chunks)
         if self._totals is not None:
             added = []
             for total, ciphertext in zip(self._totals, incoming):

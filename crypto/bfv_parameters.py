@@ -9,12 +9,17 @@ never clamped. Two failures would corrupt it silently; both are ruled out here b
    states ``S`` (``training.skellam.SkellamMechanism.sum_bound`` for Dopamine).
 
 2. **Decryption failure.** A fresh symmetric BFV ciphertext of ``m`` satisfies
-   ``c0 + c1 s = round(q m / t) - e (mod q)`` where ``e`` is SEAL's centred-binomial error,
-   ``|e| <= 21`` per coefficient, and the rounding adds at most 1/2. Adding ``K`` ciphertexts adds
-   these errors (the ``q * floor(sum / t)`` from plaintext wrap vanishes mod ``q``), and decryption
-   is exact while the accumulated error stays below ``q / (2t)``. With a factor 2 of margin we
-   require ``K * 22 <= q / (4t)``, i.e. ``88 K t <= q``, where ``q`` is the ciphertext modulus (the
-   coefficient modulus without SEAL's special prime).
+   ``c0 + c1 s = round(q m / t) - e (mod q)`` where ``e`` is SEAL's centred-binomial error: in each
+   coefficient ``|e| <= 21`` with variance 10.5, independently. Adding ``K`` ciphertexts adds the
+   errors ``E`` and at most ``K/2`` of rounding (the ``q * floor(sum / t)`` from plaintext wrap
+   vanishes mod ``q``), and decryption is exact while ``K/2 + |E| < q / (2t)``. ``|E|`` is at most
+   ``21 K`` always, and at most ``a_K`` in every coefficient of the sum except with probability
+   ``2^-40`` a round, by Bernstein's inequality ``P(|E| >= a) <= 2 exp(-a^2 / (2 (10.5 K + 7 a)))``
+   and a union bound over the coefficients. We require ``q >= t (K + 2 min(21 K, a_K))``, where
+   ``q`` is the ciphertext modulus (the coefficient modulus without SEAL's special prime). The tail
+   bound is what keeps ``q`` small for many contributors: at ``K = 100`` it needs about 2.5 bits
+   fewer than the worst case. If it ever failed, the garbled sum would fail its check slots
+   (``crypto.membership``) and the round would be lost, never decrypted to a wrong sum.
 
 Batching needs ``t`` prime with ``t = 1 (mod 2N)``; SEAL's NTT needs the same of each prime of the
 coefficient modulus. SEAL keeps the last prime as the "special" prime of key switching; nobody here
@@ -29,6 +34,7 @@ encrypted vector wins (fewer ciphertexts on a tie). ``crypto/bfv.py`` packs each
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from crypto.membership import check_slot_count
@@ -36,10 +42,9 @@ from crypto.primes import is_prime
 
 __all__ = ["BfvParameters", "ParameterError", "select_bfv_parameters"]
 
-_FRESH_ERROR_BOUND = 22  # 21 (centred binomial, SEAL 4) + 1/2 (rounding of q m / t), rounded up
-_ERROR_MARGIN = 2
-# q must exceed this many times K t: the error of K ciphertexts, below q / (2t), with the margin.
-_MODULUS_RATIO_PER_CONTRIBUTOR = 2 * _ERROR_MARGIN * _FRESH_ERROR_BOUND
+_FRESH_ERROR_MAX = 21  # SEAL 4's centred binomial error: the difference of two sums of 21 fair bits
+_FRESH_ERROR_VARIANCE = 10.5
+_DECRYPTION_FAILURE_LOG_PROBABILITY = -40 * math.log(2)  # a round, over every coefficient of the sum
 _MAX_PRIME_BITS = 60  # SEAL's limit for each prime
 _MAX_PLAIN_BITS = 32  # crypto.membership computes its inner products modulo t in 64-bit words
 _MIN_SPECIAL_PRIME_BITS = 20
@@ -118,7 +123,8 @@ def _parameters_for_degree(degree: int, contributors: int, vector_length: int, s
     if plain_modulus.bit_length() > _MAX_PLAIN_BITS:
         raise ParameterError(f"the plaintext modulus would need {plain_modulus.bit_length()} bits (max {_MAX_PLAIN_BITS})")
 
-    needed = _MODULUS_RATIO_PER_CONTRIBUTOR * contributors * plain_modulus
+    chunks = -(-(vector_length + check_slot_count(plain_modulus)) // degree)
+    needed = plain_modulus * (contributors + 2 * math.ceil(_decryption_error_bound(contributors, chunks * degree)))
     bits = needed.bit_length()
     while True:
         if bits > _MAX_PRIME_BITS:
@@ -138,8 +144,19 @@ def _parameters_for_degree(degree: int, contributors: int, vector_length: int, s
         coeff_mod_bit_sizes=(bits, special_bits),
         sum_bound=sum_bound,
         vector_length=vector_length,
-        max_contributors=min(contributors, ciphertext_modulus // (_MODULUS_RATIO_PER_CONTRIBUTOR * plain_modulus)),
+        max_contributors=contributors,
     )
+
+
+def _decryption_error_bound(contributors: int, coefficients: int) -> float:
+    """A bound on the summed fresh errors of ``contributors`` ciphertexts, in all ``coefficients`` of the sum."""
+    worst_case = _FRESH_ERROR_MAX * contributors
+    # Two-sided, in every coefficient: per coefficient at most 2^-40 / (2 coefficients).
+    log_inverse = math.log(2 * coefficients) - _DECRYPTION_FAILURE_LOG_PROBABILITY
+    range_term = 2 * log_inverse * _FRESH_ERROR_MAX / 3
+    # The a at which 2 exp(-a^2 / (2 (v + M a / 3))) reaches the per-coefficient probability.
+    tail = (range_term + math.sqrt(range_term**2 + 8 * log_inverse * contributors * _FRESH_ERROR_VARIANCE)) / 2
+    return min(worst_case, tail)
 
 
 def _upload_bits(params: BfvParameters) -> int:

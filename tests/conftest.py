@@ -20,9 +20,14 @@ def launcher(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", f"scripts.{module}", *map(str, args)]
 
 
-def run_launcher(module: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_launcher(module: str, *args: str, timeout: float = 240, environment: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        launcher(module, *args), capture_output=True, text=True, timeout=timeout, env=child_environment(), cwd=REPO
+        launcher(module, *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**child_environment(), **(environment or {})},
+        cwd=REPO,
     )
 
 

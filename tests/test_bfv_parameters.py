@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 
@@ -16,10 +18,23 @@ def test_parameters_satisfy_the_bounds_they_claim(contributors, length):
     assert params.max_contributors >= contributors
     # No wrap: a sum within the bound stays inside (-t/2, t/2].
     assert 2 * params.sum_bound + 1 <= t
-    # Decryption: K_max fresh errors of at most 22 each stay below q / (4t).
-    assert params.max_contributors * 22 * 4 * t <= q
+    # Decryption: K_max roundings of 1/2 and fresh errors stay below q / (2t), where the errors sum to at
+    # most 21 K always and to at most a_K (Bernstein, variance 10.5 each) but with probability 2^-40 a round.
+    k = params.max_contributors
+    log_inverse = math.log(2 * params.chunk_count * degree) + 40 * math.log(2)
+    # The a solving a^2 = 2 L (10.5 K + 21 a / 3), where 2 exp(-L) is each coefficient's share of 2^-40.
+    b = 2 * log_inverse * 7
+    tail = (b + math.sqrt(b * b + 8 * log_inverse * 10.5 * k)) / 2
+    assert k / 2 + min(21 * k, tail) < q / (2 * t)
     assert params.chunk_count * degree >= params.slot_count
     assert (params.slot_count - length) * np.log2(t) >= 128  # the check slots' soundness
+
+
+def test_the_error_tail_saves_bits_only_where_it_is_below_the_worst_case():
+    few = select_bfv_parameters(max_contributors=2, vector_length=1000, sum_bound=5000)
+    many = select_bfv_parameters(max_contributors=100, vector_length=1000, sum_bound=5000)
+    assert few.ciphertext_modulus >= few.plain_modulus * (2 + 2 * 21 * 2)  # worst case: 2 errors of 21
+    assert many.ciphertext_modulus < many.plain_modulus * (100 + 2 * 21 * 100) / 3  # the tail: 1.5 bits fewer
 
 
 def test_the_computed_primes_are_the_ones_seal_builds():
@@ -50,7 +65,7 @@ def test_a_short_vector_gets_the_smallest_ring_and_a_long_one_no_padding_waste()
         ({"vector_length": 0}, "vector_length"),
         ({"sum_bound": 0}, "sum_bound"),
         ({"sum_bound": 2**60}, "sum_bound"),
-        ({"max_contributors": 10**8, "sum_bound": 10**9}, "cannot sum"),
+        ({"max_contributors": 10**9, "sum_bound": 2**30}, "cannot sum"),
     ],
 )
 def test_impossible_requests_get_a_clear_error(kwargs, message):

@@ -1,0 +1,393 @@
+"""consilium-bench-crypto: what secure aggregation costs, against plaintext and two common HE setups.
+
+For each vector length ``d`` and number of hospitals ``K``, every scheme goes through the same
+three steps, timed on one core:
+
+1. **upload**, at each hospital: encode, encrypt and serialise one update;
+2. **aggregate**, at the server: deserialise and add each upload (reported per upload);
+3. **download**, back at a hospital: the server serialises the sum, the hospital deserialises,
+   decrypts and decodes it (for Consilium: and verifies its check slots).
+
+The schemes, side by side:
+
+- ``plaintext-float32``: the update as float32 bytes, summed in float32 (no protection at all);
+- ``tenseal-bfv-default``: TenSEAL's BFV vector at its default coefficient moduli for N = 4096
+  ([36, 36, 37] bits), t = 1032193, values in fixed point;
+- ``tenseal-ckks-nvflare``: TenSEAL's CKKS vector with NVFlare's defaults (N = 8192, [60, 40, 40],
+  scale 2^40);
+- ``consilium-seeded``: ``crypto.bfv`` with the parameters Consilium computes for ``K`` hospitals and
+  Dopamine's integer mechanism at this ``d`` (what a run uses), seeded uploads packed to
+  ``ceil(log2 q)`` bits a coefficient;
+- ``consilium-unseeded``: the same, sending both polynomials.
+
+Only Consilium's parameters depend on ``K``; the other schemes are measured once per ``d``. Each
+measurement uses ``--contributions`` distinct uploads (at most ``K``): timings are per upload, and
+the sum is checked against the plaintext sum (CKKS: its largest error is reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from crypto.bfv import CiphertextSum, PublicContext, SecretContext
+from crypto.bfv_parameters import BfvParameters, select_bfv_parameters
+from scripts._cli import positive_float, positive_int, run
+from training.skellam import SkellamMechanism
+
+SCHEMES = ("plaintext-float32", "tenseal-bfv-default", "tenseal-ckks-nvflare", "consilium-seeded", "consilium-unseeded")
+_TENSEAL_BFV_PLAIN_MODULUS = 1032193  # TenSEAL's tutorials' batching prime for N = 4096
+_TENSEAL_BFV_SCALE = 2**10  # fixed point: its sums of up to K values must stay below t / 2
+_CKKS_SCALE_BITS = 40
+_RUN_ID = "0123456789abcdef"
+
+
+@dataclass
+class Measurement:
+    scheme: str
+    length: int
+    hospitals: int | None  # None: the scheme does not depend on K
+    contributions: int
+    upload_bytes: int
+    upload_ratio: float  # to the update's float32 bytes
+    upload_seconds: float  # median over the contributions
+    aggregate_seconds: float  # per upload
+    download_seconds: float
+    max_error: float  # of the decoded sum against the plaintext sum
+    parameters: str
+
+    @property
+    def upload_values_per_second(self) -> float:
+        return self.length / self.upload_seconds
+
+    @property
+    def aggregate_values_per_second(self) -> float:
+        return self.length / self.aggregate_seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="consilium-bench-crypto",
+        description="Measure upload, aggregation and download time and wire bytes of Consilium's BFV against "
+        "plaintext float32, TenSEAL's default BFV and NVFlare-default CKKS; write results.md, results.json and plots.",
+    )
+    parser.add_argument("--lengths", type=positive_int, nargs="+", default=[10**4, 10**5, 10**6, 10**7], help="vector lengths d")
+    parser.add_argument("--hospitals", type=positive_int, nargs="+", default=[2, 10, 100], help="numbers of hospitals K")
+    parser.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES), help="which schemes to measure")
+    parser.add_argument("--contributions", type=positive_int, default=3, help="distinct uploads per measurement (at most K)")
+    parser.add_argument("--noise-multiplier", type=positive_float, default=2.3, help="Dopamine's sigma, for Consilium's parameters")
+    parser.add_argument("--max-grad-norm", type=positive_float, default=1.0, help="Dopamine's C")
+    parser.add_argument("--expected-batch-size", type=positive_float, default=15.0, help="Dopamine's B: records a hospital samples per round")
+    parser.add_argument("--out", type=Path, default=Path("results/bench_crypto"), help="where results.md, results.json and plots go")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    sys.exit(run(lambda: benchmark(args)))
+
+
+def benchmark(args: argparse.Namespace) -> list[Measurement]:
+    cells = [(scheme, length, k) for length in args.lengths for scheme in args.schemes
+             for k in (args.hospitals if scheme.startswith("consilium") else [None])]  # fmt: skip
+    measurements = []
+    with tqdm(cells, desc="crypto benchmark", unit="cell", file=sys.stderr) as progress:
+        for scheme, length, hospitals in progress:
+            progress.set_postfix_str(f"{scheme} d={length:.0e}" + (f" K={hospitals}" if hospitals else ""))
+            measurements.append(_measure(scheme, length, hospitals, args))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps({"argv": sys.argv[1:], "cpu": _cpu(), "measurements": [asdict(m) for m in measurements]}, indent=1))
+    (args.out / "results.md").write_text(results_table(measurements, args))
+    plot(measurements, args.out)
+    print(f"results: {args.out / 'results.md'}")
+    return measurements
+
+
+def _measure(scheme: str, length: int, hospitals: int | None, args: argparse.Namespace) -> Measurement:
+    contributions = min(args.contributions, hospitals or args.contributions)
+    setup = _SETUPS[scheme](length, hospitals or max(args.hospitals), args)
+    updates = [setup.update(np.random.default_rng(seed)) for seed in range(contributions)]
+    upload_seconds, uploads = [], []
+    for index, update in enumerate(updates):
+        start = time.perf_counter()
+        uploads.append(setup.upload(update, index))
+        upload_seconds.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    total = setup.new_sum()
+    for upload in uploads:
+        total = setup.add(total, upload)
+    aggregate_seconds = (time.perf_counter() - start) / contributions
+    start = time.perf_counter()
+    decoded = setup.download(total, contributions)
+    download_seconds = time.perf_counter() - start
+    expected = np.sum([np.asarray(u, dtype=np.float64) for u in updates], axis=0)
+    wire = _wire_bytes(uploads[0])
+    return Measurement(
+        scheme=scheme,
+        length=length,
+        hospitals=hospitals,
+        contributions=contributions,
+        upload_bytes=wire,
+        upload_ratio=wire / (4 * length),
+        upload_seconds=statistics.median(upload_seconds),
+        aggregate_seconds=aggregate_seconds,
+        download_seconds=download_seconds,
+        max_error=float(np.max(np.abs(np.asarray(decoded, dtype=np.float64) - expected))),
+        parameters=setup.parameters,
+    )
+
+
+def _wire_bytes(upload: bytes | list[bytes]) -> int:
+    return len(upload) if isinstance(upload, bytes) else sum(len(chunk) for chunk in upload)
+
+
+class _Plaintext:
+    parameters = "float32"
+
+    def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
+        self.length = length
+
+    def update(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.normal(0, 0.01, self.length).astype(np.float32)
+
+    def upload(self, update: np.ndarray, index: int) -> bytes:
+        return update.astype("<f4").tobytes()
+
+    def new_sum(self) -> np.ndarray:
+        return np.zeros(self.length, dtype=np.float32)
+
+    def add(self, total: np.ndarray, upload: bytes) -> np.ndarray:
+        total += np.frombuffer(upload, dtype="<f4")
+        return total
+
+    def download(self, total: np.ndarray, contributions: int) -> np.ndarray:
+        return np.frombuffer(total.tobytes(), dtype="<f4")
+
+
+class _TenSeal:
+    """A TenSEAL vector scheme; the server holds a public copy of the context (no secret key)."""
+
+    def __init__(self, length: int, context) -> None:
+        import tenseal
+
+        self.length = length
+        self._secret = context
+        self._public = tenseal.context_from(context.serialize(save_public_key=False, save_secret_key=False))
+
+    def new_sum(self):
+        return None
+
+    def add(self, total, upload: bytes):
+        vector = self._vector_from(self._public, upload)
+        if total is None:
+            return vector
+        total += vector
+        return total
+
+    def download(self, total, contributions: int) -> np.ndarray:
+        received = self._vector_from(self._secret, total.serialize())
+        return self._decode(np.asarray(received.decrypt(), dtype=np.float64))
+
+
+class _TenSealBfv(_TenSeal):
+    parameters = f"N=4096, q=[36,36,37] (TenSEAL default), t={_TENSEAL_BFV_PLAIN_MODULUS}, fixed point x{_TENSEAL_BFV_SCALE}"
+
+    def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
+        import tenseal
+
+        super().__init__(length, tenseal.context(tenseal.SCHEME_TYPE.BFV, 4096, plain_modulus=_TENSEAL_BFV_PLAIN_MODULUS))
+        self._bound = _TENSEAL_BFV_PLAIN_MODULUS // 2 // hospitals  # no sum of K values can wrap
+
+    def update(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.integers(-self._bound, self._bound, self.length, endpoint=True) / _TENSEAL_BFV_SCALE
+
+    def upload(self, update: np.ndarray, index: int) -> bytes:
+        import tenseal
+
+        return tenseal.bfv_vector(self._secret, np.rint(update * _TENSEAL_BFV_SCALE).astype(np.int64).tolist()).serialize()
+
+    def _vector_from(self, context, data: bytes):
+        import tenseal
+
+        return tenseal.bfv_vector_from(context, data)
+
+    def _decode(self, values: np.ndarray) -> np.ndarray:
+        return values / _TENSEAL_BFV_SCALE
+
+
+class _TenSealCkks(_TenSeal):
+    parameters = f"N=8192, q=[60,40,40], scale 2^{_CKKS_SCALE_BITS} (NVFlare's defaults)"
+
+    def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
+        import tenseal
+
+        context = tenseal.context(tenseal.SCHEME_TYPE.CKKS, 8192, coeff_mod_bit_sizes=[60, 40, 40])
+        context.global_scale = 2**_CKKS_SCALE_BITS
+        super().__init__(length, context)
+
+    def update(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.normal(0, 0.01, self.length)
+
+    def upload(self, update: np.ndarray, index: int) -> bytes:
+        import tenseal
+
+        return tenseal.ckks_vector(self._secret, update).serialize()
+
+    def _vector_from(self, context, data: bytes):
+        import tenseal
+
+        return tenseal.ckks_vector_from(context, data)
+
+    def _decode(self, values: np.ndarray) -> np.ndarray:
+        return values
+
+
+class _Consilium:
+    """``crypto.bfv`` at the parameters a Dopamine run with ``K`` hospitals and ``d`` parameters gets."""
+
+    seeded = True
+
+    def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
+        mechanism = SkellamMechanism.calibrate(
+            dimension=length, max_grad_norm=args.max_grad_norm, noise_multiplier=args.noise_multiplier, quorum=hospitals
+        )
+        bound = mechanism.sum_bound(contributors=hospitals, expected_batch_size=args.expected_batch_size).levels
+        self.params: BfvParameters = select_bfv_parameters(max_contributors=hospitals, vector_length=length, sum_bound=bound)
+        self.length = length
+        self._hospitals = hospitals
+        self._secret = SecretContext.generate(self.params, run_id=_RUN_ID)
+        self._public = PublicContext(self.params)
+        q_bits = self.params.ciphertext_modulus.bit_length()
+        self.parameters = (
+            f"N={self.params.poly_modulus_degree}, q={q_bits} bits, t={self.params.plain_modulus} "
+            f"({self.params.plain_modulus.bit_length()} bits), sum bound {bound:,}"
+        )
+
+    def update(self, rng: np.random.Generator) -> np.ndarray:
+        share = self.params.sum_bound // self._hospitals  # no sum of K shares can leave the bound
+        return rng.integers(-share, share, self.length, endpoint=True)
+
+    def upload(self, update: np.ndarray, index: int) -> list[bytes]:
+        return self._secret.encrypt_update(update, round_number=1, hospital=f"hospital-{index}", seeded=self.seeded)
+
+    def new_sum(self) -> CiphertextSum:
+        return CiphertextSum(self._public, seeded=self.seeded)
+
+    def add(self, total: CiphertextSum, upload: list[bytes]) -> CiphertextSum:
+        total.add(upload)
+        return total
+
+    def download(self, total: CiphertextSum, contributions: int) -> np.ndarray:
+        contributors = [f"hospital-{index}" for index in range(contributions)]
+        return self._secret.decrypt_sum(total.to_chunks(), round_number=1, contributors=contributors)
+
+
+class _ConsiliumUnseeded(_Consilium):
+    seeded = False
+
+
+_SETUPS = {
+    "plaintext-float32": _Plaintext,
+    "tenseal-bfv-default": _TenSealBfv,
+    "tenseal-ckks-nvflare": _TenSealCkks,
+    "consilium-seeded": _Consilium,
+    "consilium-unseeded": _ConsiliumUnseeded,
+}
+
+
+def results_table(measurements: list[Measurement], args: argparse.Namespace) -> str:
+    lines = [
+        "# Crypto overhead: Consilium's BFV against plaintext, TenSEAL's default BFV and NVFlare-default CKKS",
+        "",
+        f"Command: `consilium-bench-crypto {' '.join(sys.argv[1:])}`".rstrip() + f" on {_cpu()}, one core "
+        f"(every step runs in one thread). Each cell: {args.contributions} distinct uploads (fewer when K is smaller); "
+        "upload time is the median, aggregation time is per upload, download is the server serialising the sum and a "
+        "hospital deserialising, decrypting, decoding (and, for Consilium, checking) it. Consilium's parameters are "
+        f"the ones a Dopamine run computes for K hospitals and d parameters (sigma {args.noise_multiplier}, "
+        f"C {args.max_grad_norm}, B {args.expected_batch_size}); the other schemes do not depend on K.",
+        "",
+        "| scheme | d | K | upload bytes / float32 | upload (M values/s) | aggregate (M values/s per upload) "
+        "| download (s) | largest error of the sum | parameters |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in measurements:
+        lines.append(
+            f"| {m.scheme} | {m.length:.0e} | {m.hospitals or 'any'} | {m.upload_ratio:.2f}x | "
+            f"{m.upload_values_per_second / 1e6:.2f} | {m.aggregate_values_per_second / 1e6:.1f} | "
+            f"{m.download_seconds:.3f} | {m.max_error:.2g} | {m.parameters} |"
+        )
+    lines += ["", "## Targets", ""] + _targets(measurements)
+    return "\n".join(lines) + "\n"
+
+
+def _targets(measurements: list[Measurement]) -> list[str]:
+    seeded = [m for m in measurements if m.scheme == "consilium-seeded"]
+    if not seeded:
+        return ["(Consilium was not measured.)"]
+    ratio = max(seeded, key=lambda m: m.upload_ratio)
+    upload = min(seeded, key=lambda m: m.upload_values_per_second)
+    aggregate = min(seeded, key=lambda m: m.aggregate_values_per_second)
+    lines = [
+        f"- Upload at most 1.1x float32 for K <= 100: largest {ratio.upload_ratio:.3f}x (d {ratio.length:.0e}, K {ratio.hospitals}): "
+        f"{'met' if ratio.upload_ratio <= 1.1 else 'not met'}.",
+        f"- Upload (encode, encrypt, serialise) at least 2M values/s on one core: slowest {upload.upload_values_per_second / 1e6:.2f}M "
+        f"(d {upload.length:.0e}, K {upload.hospitals}): {'met' if upload.upload_values_per_second >= 2e6 else 'not met'}.",
+        f"- Aggregation at least 10M values/s on one core: slowest {aggregate.aggregate_values_per_second / 1e6:.1f}M "
+        f"(d {aggregate.length:.0e}, K {aggregate.hospitals}): {'met' if aggregate.aggregate_values_per_second >= 1e7 else 'not met'}.",
+    ]
+    return lines
+
+
+def plot(measurements: list[Measurement], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    panels = (
+        ("upload bytes / float32", lambda m: m.upload_ratio),
+        ("upload: M values/s", lambda m: m.upload_values_per_second / 1e6),
+        ("aggregation: M values/s per upload", lambda m: m.aggregate_values_per_second / 1e6),
+    )
+    for axis, (title, value) in zip(axes, panels):
+        for label, series in _series(measurements).items():
+            axis.plot([m.length for m in series], [value(m) for m in series], marker="o", label=label)
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("values per update (d)")
+        axis.set_title(title)
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(out / "crypto_overhead.png", dpi=120)
+    plt.close(figure)
+
+
+def _series(measurements: list[Measurement]) -> dict[str, list[Measurement]]:
+    series: dict[str, list[Measurement]] = {}
+    for m in measurements:
+        label = m.scheme + (f", K={m.hospitals}" if m.hospitals else "")
+        series.setdefault(label, []).append(m)
+    return series
+
+
+def _cpu() -> str:
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = "an unknown CPU"
+    return f"{model} ({os.cpu_count()} cores)"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,439 @@
+"""The audit suite (``pytest -m audit``): the threat model checked on real runs, byte by byte.
+
+Each run is ``consilium-federation``: real server, hospital and tallier processes over CurveZMQ,
+the talliers' MPC in MPyC over mutual TLS. The server keeps every message it receives
+(``--transcript-payloads``), each tallier every message the server relays to it, and
+``tests/audit_site`` records, as ground truth, what the hospitals kept secret (updates, run keys,
+noisy votes, shares) and every byte each tallier receives from its MPC peers. The checks then ask
+of the record what a curious server or tallier could learn, and each comes with a check that it
+fails on a planted leak (``test_the_checks_catch_planted_leaks``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pickle
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import zstandard
+from scipy import stats
+
+from conftest import REPO, run_launcher
+from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext
+from crypto.bfv_parameters import select_bfv_parameters
+from protocol.config import RunConfig
+from protocol.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Released, Shares, Update, decode
+from protocol.transcript import read_transcript
+from protocol.voting_config import VotingConfig
+from training.accounting import PrivacyLedger, release_of
+from training.dopamine import DopamineSettings, NoisyGradientStep
+from training.models import ModelSpec, build_model
+
+pytestmark = [pytest.mark.audit, pytest.mark.slow]
+AUDIT_SITE = Path(__file__).parent / "audit_site"
+DOPAMINE_ROUNDS = 4
+# A sample rate so small that no record is ever sampled: every update is its noise share alone.
+ZERO_UPDATES = ("--sample-rate", "1e-12", "--expected-batch-size", "15", "--noise-multiplier", "1.0")
+VOTING = ("--method", "knn-dpfl", "--rounds", "2", "--feature-dimensions", "10", "--student-epochs", "5", "--round-timeout", "60")
+# Six-sigma bands: a correct run fails one of these checks with probability below 1e-8.
+SIGMAS = 6.0
+
+
+def _audited_run(tmp_path_factory, name: str, *argv: str, zero_votes: bool = False) -> tuple[Path, dict, list[dict], list[bytes]]:
+    """A federation run with ground truth: (out, report, what the hospitals kept secret, the talliers' MPC bytes)."""
+    base = tmp_path_factory.mktemp(name)
+    record = base / "record"
+    record.mkdir()
+    environment = {
+        "PYTHONPATH": os.pathsep.join([str(AUDIT_SITE), str(REPO)]),
+        "CONSILIUM_AUDIT_RECORD": str(record),
+        "CONSILIUM_AUDIT_ZERO_VOTES": "1" if zero_votes else "0",
+    }
+    out = base / "run"
+    result = run_launcher("federation", "--out", out, *argv, environment=environment)
+    assert result.returncode == 0, result.stderr
+    secrets = []
+    for path in sorted(record.glob("*.pickle")):
+        with path.open("rb") as file:
+            while True:
+                try:
+                    secrets.append(pickle.load(file))
+                except EOFError:
+                    break
+    mpc = [path.read_bytes() for path in sorted(record.glob("*.mpc"))]
+    return out, json.loads((out / "report.json").read_text()), secrets, mpc
+
+
+@pytest.fixture(scope="module")
+def dopamine(tmp_path_factory):
+    return _audited_run(
+        tmp_path_factory, "dopamine", "--rounds", str(DOPAMINE_ROUNDS), "--round-timeout", "30", "--transcript-payloads", *ZERO_UPDATES
+    )
+
+
+@pytest.fixture(scope="module")
+def voting(tmp_path_factory):
+    return _audited_run(tmp_path_factory, "voting", *VOTING)
+
+
+@pytest.fixture(scope="module")
+def zero_votes(tmp_path_factory):
+    return _audited_run(tmp_path_factory, "zero-votes", *VOTING, "--reveal", "histogram", zero_votes=True)
+
+
+def _received(path: Path, accept) -> list[tuple[str, object, bytes]]:
+    """(sender, message, raw bytes) of every message a transcript kept."""
+    return [(r["sender"], decode(r["payload"], accept=accept, max_bytes=1 << 26), r["payload"]) for r in read_transcript(path)]
+
+
+# -- what a leak looks like ---------------------------------------------------------------------------------
+
+
+def _encodings(values: np.ndarray, modulus: int) -> dict[str, bytes]:
+    """The forms a leaked integer vector would most likely take on the wire."""
+    v = np.asarray(values, dtype=np.int64)
+    reduced = np.mod(v, modulus)
+    return {
+        "int64": v.astype("<i8").tobytes(),
+        "int32": v.astype("<i4").tobytes(),
+        "float32": v.astype("<f4").tobytes(),
+        "float64": v.astype("<f8").tobytes(),
+        "msgpack": msgpack.packb(v.tolist()),
+        "mod, uint64": reduced.astype("<u8").tobytes(),
+        **({"mod, uint32": reduced.astype("<u4").tobytes()} if modulus < 2**32 else {}),
+    }
+
+
+def _leaks(received: list[bytes], secrets: dict[str, bytes], *, width: int = 32) -> list[str]:
+    """The secrets of which ``2 * width`` contiguous bytes appear in any received byte string.
+
+    Such a copy holds one of the secret's ``width``-byte windows that start at a multiple of
+    ``width``; windows of fewer than 4 distinct bytes (a run of zeros, say) are too common to count."""
+    owner = {}
+    for name, data in secrets.items():
+        for start in range(0, len(data) - width + 1, width):
+            window = data[start : start + width]
+            if len(set(window)) >= 4:
+                owner.setdefault(window, name)
+    found = set()
+    for blob in received:
+        for start in range(len(blob) - width + 1):
+            name = owner.get(blob[start : start + width])
+            if name is not None:
+                found.add(name)
+    return sorted(found)
+
+
+def _uniform_and_independent(shares: np.ndarray, votes: np.ndarray, modulus: int) -> float:
+    """The smaller p-value of two tests: the shares are uniform in the field, and their law is the
+    same where the votes are high as where they are low (Kolmogorov-Smirnov, on shares / modulus)."""
+    u = np.asarray(shares, dtype=np.float64) / modulus
+    high = votes > np.median(votes)
+    return min(stats.kstest(u, "uniform").pvalue, stats.ks_2samp(u[high], u[~high]).pvalue)
+
+
+def _variance_in_band(samples: np.ndarray, variance: float) -> bool:
+    """Whether the sample variance of zero-mean draws lies within SIGMAS standard errors of ``variance``.
+
+    The standard error of the sample variance is ``sqrt((m4 - variance^2) / n)``; the fourth moment
+    is taken from the samples themselves."""
+    n = samples.size
+    fourth = np.mean(samples.astype(np.float64) ** 4)
+    error = np.sqrt(max(fourth - variance**2, 0.0) / n)
+    mean_error = np.sqrt(variance / n)
+    return abs(np.var(samples) - variance) <= SIGMAS * error and abs(samples.mean()) <= SIGMAS * mean_error
+
+
+# -- Dopamine: the server's view ----------------------------------------------------------------------------
+
+
+def _dopamine_parts(run):
+    out, report, secrets, _ = run
+    config = RunConfig.from_dict(report["config"])
+    received = _received(out / "server" / "transcript.msgpack", TO_SERVER)
+    updates = [s for s in secrets if s["kind"] == "update"]
+    return out, report, config, received, updates
+
+
+def test_no_update_or_key_reaches_the_server_in_any_encoding(dopamine):
+    _, _, config, received, updates = _dopamine_parts(dopamine)
+    t = config.bfv_parameters().plain_modulus
+    secrets = {}
+    for u in updates:
+        secrets |= {f"{u['hospital']} round {u['round']} ({form})": data for form, data in _encodings(u["values"], t).items()}
+    run_secrets = {u["secrets"] for u in updates}
+    assert len(run_secrets) == 1  # one run key, shared by every hospital
+    (run_secret,) = run_secrets
+    secrets["check key"] = run_secret[:32]
+    secrets["BFV secret key (SEAL's serialisation)"] = run_secret[32:]
+    assert _leaks([raw for _, _, raw in received], secrets) == []
+    assert len(updates) == DOPAMINE_ROUNDS * len(config.hospitals)  # the ground truth saw every update
+
+
+def test_the_server_holds_ciphertexts_of_the_updates_that_only_the_run_key_opens(dopamine):
+    """Every upload is the encryption of exactly the update its hospital recorded, every one has the
+    same length and no structure (it does not compress), and a key the server makes opens none."""
+    _, _, config, received, updates = _dopamine_parts(dopamine)
+    params = config.bfv_parameters()
+    public = PublicContext(params)
+    run_key = SecretContext.from_bytes(updates[0]["secrets"], params, run_id=config.run_id)
+    own_key = SecretContext.generate(params, run_id=config.run_id)
+    truth = {(u["hospital"], u["round"]): u["values"] for u in updates}
+    uploads = [(sender, m) for sender, m, _ in received if isinstance(m, Update)]
+    assert len(uploads) == len(updates)
+    lengths = {tuple(len(c) for c in m.chunks) for _, m in uploads}
+    assert len(lengths) == 1
+    for sender, message in uploads:
+        as_sum = [public.pack_aggregate(c) for c in public.load_upload(message.chunks)]
+        opened = run_key.decrypt_sum(as_sum, round_number=message.round, contributors=[sender])
+        np.testing.assert_array_equal(opened, truth[sender, message.round])
+        with pytest.raises(BfvError):
+            own_key.decrypt_sum(as_sum, round_number=message.round, contributors=[sender])
+        blob = b"".join(message.chunks)
+        assert len(zstandard.ZstdCompressor(level=19).compress(blob)) > 0.97 * len(blob)
+
+
+def test_the_released_noise_has_the_variance_the_accountant_assumes(dopamine):
+    """With no record ever sampled, each released mean is the noise alone: ``Sk(K_c mu) / (gamma B K_c)``.
+
+    Read back to integers from what the server received, it equals the sum of the hospitals' recorded
+    shares, and its variance is the ``2 K_c mu`` that the server's ledger charged for."""
+    out, report, config, received, updates = _dopamine_parts(dopamine)
+    mechanism = config.mechanism()
+    releases = [m for _, m, _ in received if isinstance(m, Released) and m.mean_gradient]
+    assert len(releases) == DOPAMINE_ROUNDS
+    totals = []
+    for release in releases:
+        contributors = report["rounds"][release.round - 1]["hospitals"]
+        scale = mechanism.scale * config.dopamine.expected_batch_size * len(contributors)
+        total = np.rint(np.frombuffer(release.mean_gradient, dtype="<f4") * scale).astype(np.int64)
+        np.testing.assert_array_equal(total, sum(u["values"] for u in updates if u["round"] == release.round))
+        totals.append(total)
+    # The server's ledger charged exactly these rounds of this mechanism: the mu checked below.
+    charged = PrivacyLedger()
+    charged.begin_run(config.run_id, report["run_fingerprint"])
+    for release in releases:
+        charged.record(release_of(mechanism, sample_rate=config.dopamine.sample_rate, contributors=len(config.hospitals)),
+                       run_id=config.run_id, round_number=release.round)  # fmt: skip
+    server_ledger = PrivacyLedger(out / "server" / "privacy_ledger.jsonl")
+    assert server_ledger.epsilon(config.delta) == pytest.approx(charged.epsilon(config.delta))
+    assert _variance_in_band(np.concatenate(totals), 2 * mechanism.mu(len(config.hospitals)))
+
+
+def test_ciphertext_sizes_do_not_depend_on_the_plaintext():
+    """Zeros, random and extreme vectors give uploads (seeded or not) and sums of one fixed length."""
+    params = select_bfv_parameters(max_contributors=3, vector_length=3000, sum_bound=40_000)
+    secret = SecretContext.generate(params, run_id="0123456789abcdef")
+    half = params.plain_modulus // 2
+    rng = np.random.default_rng()
+    vectors = {
+        "zeros": np.zeros(3000, dtype=np.int64),
+        "random": rng.integers(-half, half, 3000, endpoint=True),
+        "largest": np.full(3000, half, dtype=np.int64),
+        "smallest": np.full(3000, -half, dtype=np.int64),
+    }
+    for seeded in (True, False):
+        sizes = {}
+        for name, vector in vectors.items():
+            for _ in range(5):
+                chunks = secret.encrypt_update(vector, round_number=1, hospital="hospital-1", seeded=seeded)
+                sizes.setdefault(name, set()).add(tuple(len(c) for c in chunks))
+        assert len(set().union(*sizes.values())) == 1, sizes
+
+
+# -- voting: the server's and the talliers' views ----------------------------------------------------------
+
+
+def _ballots(secrets: list[dict]) -> list[dict]:
+    """Each recorded ballot with its shares (recorded right after it, in the same process)."""
+    ballots = []
+    for entry in secrets:
+        if entry["kind"] == "ballot":
+            ballots.append(dict(entry))
+        elif entry["kind"] == "shares":
+            ballots[-1] |= {"shares": entry["shares"], "modulus": entry["modulus"]}
+    return ballots
+
+
+def _noisy_totals(ballots: list[dict], round_number: int, voters) -> np.ndarray:
+    return sum(b["noisy_votes"] for b in ballots if b["round"] == round_number and b["hospital"] in voters)
+
+
+def test_no_vote_share_or_total_reaches_the_server_or_a_tallier(voting):
+    out, report, secrets, mpc = voting
+    ballots = _ballots(secrets)
+    assert len(ballots) == 2 * len(report["config"]["hospitals"]) and all("shares" in b for b in ballots)
+    modulus = ballots[0]["modulus"]
+    votes = {f"{b['hospital']} round {b['round']} votes ({form})": data
+             for b in ballots for form, data in _encodings(b["noisy_votes"], modulus).items()}  # fmt: skip
+    totals = {f"round {r} totals ({form})": data
+              for r in (1, 2) for form, data in _encodings(_noisy_totals(ballots, r, report["config"]["hospitals"]), modulus).items()}  # fmt: skip
+    shares = {f"{b['hospital']} round {b['round']} share for {t}": s.astype("<u8").tobytes()
+              for b in ballots for t, s in zip(b["talliers"], b["shares"])}  # fmt: skip
+    server = [raw for _, _, raw in _received(out / "server" / "transcript.msgpack", TO_VOTING_SERVER)]
+    assert _leaks(server, votes | totals | shares) == []
+    for tallier in report["config"]["talliers"]:
+        relayed = [raw for _, _, raw in _received(out / tallier / "transcript.msgpack", TO_TALLIER)]
+        assert _leaks(relayed, votes | totals | shares) == []  # its own shares come sealed, as boxes
+    assert len(mpc) == len(report["config"]["talliers"]) and all(mpc)
+    assert _leaks(mpc, votes | totals) == []  # the MPC exchanges Shamir shares, never a total
+
+
+def test_a_tallier_s_shares_are_uniform_and_independent_of_the_votes(voting):
+    _, report, secrets, _ = voting
+    ballots = _ballots(secrets)
+    votes = np.concatenate([b["noisy_votes"] for b in ballots])
+    for index, tallier in enumerate(report["config"]["talliers"]):
+        shares = np.concatenate([b["shares"][b["talliers"].index(tallier)] for b in ballots])
+        assert _uniform_and_independent(shares, votes, ballots[0]["modulus"]) > 1e-6, (index, tallier)
+
+
+def test_only_the_winning_labels_leave_the_talliers(voting):
+    out, report, secrets, _ = voting
+    ballots = _ballots(secrets)
+    classes = VotingConfig.from_dict(report["config"]).classes
+    from_talliers = [(s, m) for s, m, _ in _received(out / "server" / "transcript.msgpack", TO_VOTING_SERVER)
+                     if s in report["config"]["talliers"] and isinstance(m, Labels)]  # fmt: skip
+    assert len(from_talliers) == 2 * len(report["config"]["talliers"])
+    for _, labels in from_talliers:
+        totals = _noisy_totals(ballots, labels.round, labels.voters).reshape(-1, classes)
+        assert labels.totals == b"" and list(labels.labels) == list(np.argmax(totals, axis=1))  # ties: the lowest class
+
+
+def test_the_opened_totals_of_zero_votes_carry_the_accountant_s_noise(zero_votes):
+    """Every hospital votes zero, so the noisy totals the talliers open are the noise alone."""
+    out, report, secrets, _ = zero_votes
+    config = VotingConfig.from_dict(report["config"])
+    ballots = _ballots(secrets)
+    opened = [m for s, m, _ in _received(out / "server" / "transcript.msgpack", TO_VOTING_SERVER)
+              if isinstance(m, Labels) and s == config.talliers[0]]  # fmt: skip
+    assert len(opened) == 2
+    totals = []
+    for labels in opened:
+        total = np.frombuffer(labels.totals, dtype="<i8")
+        np.testing.assert_array_equal(total, _noisy_totals(ballots, labels.round, labels.voters))
+        totals.append(total)
+    mechanism = config.voting.mechanism(queries=config.queries_per_round, classes=config.classes, level="instance")
+    assert _variance_in_band(np.concatenate(totals), 2 * mechanism.mu(config.voting.quorum))
+
+
+# -- an empirical lower bound on epsilon --------------------------------------------------------------------
+
+CANARY_TRIALS = 1500  # per world: with the canary, and without it
+FAILURE = 1e-6  # a bound the test asserts fails with at most this probability: the test is not flaky
+
+
+def test_an_empirical_lower_bound_on_epsilon_stays_below_the_accountant_s(record_property):
+    inside, outside, accountant = _canary_scores(1.0, CANARY_TRIALS)
+    bound = _epsilon_lower_bound(inside, outside, delta=1e-5)
+    at_95 = _epsilon_lower_bound(inside, outside, delta=1e-5, failure=0.05)
+    record_property("epsilon_lower_bound", bound)
+    record_property("epsilon_lower_bound_95", at_95)
+    record_property("epsilon_accountant", accountant)
+    print(f"canary audit (sigma 1, one step): epsilon >= {bound:.2f} (or {at_95:.2f} at 95% confidence); accountant {accountant:.2f}")
+    assert bound <= accountant
+
+
+def _canary_scores(noise_multiplier: float, trials: int, *, accountant_noise: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """The canary's score in ``trials`` released sums with it and without it, and the accountant's epsilon.
+
+    Two hospitals (quorum 2) each take Dopamine's step at sample rate 1 on a linear model and encrypt
+    their shares; the sum is decrypted as a release is. Hospital 1 may hold the canary, a record whose
+    gradient is clipped to C; the score projects the release on that gradient. The accountant's
+    epsilon is that of one such step at ``accountant_noise`` (by default, the noise actually added).
+    """
+    import torch
+
+    def settings(noise: float) -> DopamineSettings:
+        return DopamineSettings(sample_rate=1.0, noise_multiplier=noise, max_grad_norm=1.0, quorum=2,
+                                expected_batch_size=5.0, learning_rate=0.1, momentum=0.0)  # fmt: skip
+
+    model = build_model(ModelSpec("mlp", (2,), 2, ()))
+    rng = np.random.default_rng()
+    records = [(rng.normal(size=(4, 2)).astype(np.float32), rng.integers(0, 2, 4)) for _ in range(2)]
+    canary_x = np.full((1, 2), 50.0, dtype=np.float32)
+    with torch.no_grad():  # labelled against the model's guess, so that its gradient is clipped to C
+        canary = (canary_x, 1 - model(torch.tensor(canary_x)).argmax(dim=1).numpy())
+    with_canary = tuple(np.concatenate([a, b]) for a, b in zip(records[0], canary))
+
+    def step(x, y) -> NoisyGradientStep:  # Opacus wraps a model once: each step gets its own copy
+        return NoisyGradientStep(copy.deepcopy(model), x, y, settings(noise_multiplier))
+
+    worlds = {"in": [step(*with_canary), step(*records[1])], "out": [step(*records[0]), step(*records[1])]}
+    mechanism = worlds["in"][0].mechanism
+    direction = step(*canary)._clipped_examples(torch.tensor([0]))[0]
+    bound = mechanism.sum_bound(contributors=2, expected_batch_size=5.0).levels
+    params = select_bfv_parameters(max_contributors=2, vector_length=mechanism.dimension, sum_bound=bound)
+    secret = SecretContext.generate(params, run_id="0123456789abcdef")
+    public = PublicContext(params)
+    contributors = ["hospital-1", "hospital-2"]
+    scores = {}
+    for world, steps in worlds.items():
+        values = []
+        for round_number in range(1, trials + 1):
+            total = CiphertextSum(public)
+            for name, step in zip(contributors, steps):
+                share, _ = step()
+                total.add(secret.encrypt_update(share, round_number=round_number, hospital=name))
+            released = secret.decrypt_sum(total.to_chunks(), round_number=round_number, contributors=contributors)
+            values.append(float(released @ direction))
+        scores[world] = np.array(values)
+    charged = settings(noise_multiplier if accountant_noise is None else accountant_noise).mechanism(mechanism.dimension)
+    epsilon = PrivacyLedger().epsilon(1e-5, extra=release_of(charged, sample_rate=1.0, contributors=2))
+    return scores["in"], scores["out"], epsilon
+
+
+def _epsilon_lower_bound(inside: np.ndarray, outside: np.ndarray, *, delta: float, failure: float = FAILURE) -> float:
+    """A lower bound on epsilon from a test that guesses "canary in" above a threshold.
+
+    The threshold is chosen on the first half of the scores; on the second half, Clopper-Pearson upper
+    bounds on the false positive and false negative rates (each failing with probability
+    ``failure / 2``) give ``epsilon >= ln((1 - delta - FNR) / FPR)``, which holds for any
+    (epsilon, delta)-DP release but with probability ``failure`` (Jagielski, Ullman and Oprea 2020).
+    With a few thousand trials such a bound is far below a Gaussian mechanism's epsilon: it catches a
+    release with much less noise than accounted, not a small error in the accountant."""
+    half = len(inside) // 2
+    fit_in, fit_out, test_in, test_out = inside[:half], outside[:half], inside[half:], outside[half:]
+
+    def estimate(threshold: float) -> float:
+        false_positive = max(np.mean(fit_out > threshold), 1 / half)
+        return np.log(max(1 - delta - np.mean(fit_in <= threshold), 1e-12) / false_positive)
+
+    threshold = max(np.concatenate([fit_in, fit_out]), key=estimate)
+    false_positive = _upper(int(np.sum(test_out > threshold)), len(test_out), failure / 2)
+    false_negative = _upper(int(np.sum(test_in <= threshold)), len(test_in), failure / 2)
+    return float(np.log(max(1 - delta - false_negative, 1e-12) / false_positive))
+
+
+def _upper(events: int, trials: int, failure: float) -> float:
+    """Clopper-Pearson upper confidence bound on a rate, exceeded with probability ``failure``."""
+    return 1.0 if events == trials else float(stats.beta.ppf(1 - failure, events + 1, trials - events))
+
+
+# -- each check fails on a planted leak ---------------------------------------------------------------------
+
+
+def test_the_checks_catch_planted_leaks():
+    rng = np.random.default_rng()
+    modulus = 2**61 - 1
+    votes = rng.integers(-40, 80, 2000)
+    # A plaintext copy inside a message, in any of the encodings, is found.
+    for form, data in _encodings(votes, modulus).items():
+        assert _leaks([rng.bytes(500) + data[100:400] + rng.bytes(500)], {form: data}) == [form]
+    # A "share" that is the vote itself, or one of only 32 random bits, is not uniform in the field.
+    assert _uniform_and_independent(np.mod(votes, modulus), votes, modulus) < 1e-6
+    assert _uniform_and_independent(rng.integers(0, 2**32, votes.size), votes, modulus) < 1e-6
+    # Half the noise's standard deviation is a quarter of its variance: outside the band.
+    assert not _variance_in_band(rng.normal(0, 50, 4000), 100.0**2)
+    assert _variance_in_band(rng.normal(0, 100, 4000), 100.0**2)
+
+
+def test_the_canary_audit_catches_a_release_without_noise():
+    """Hospitals that add no noise while the accountant charges sigma 2: the empirical bound exceeds it."""
+    inside, outside, accountant = _canary_scores(0.0, CANARY_TRIALS // 3, accountant_noise=2.0)
+    assert _epsilon_lower_bound(inside, outside, delta=1e-5) > accountant
