@@ -17,9 +17,10 @@ never clamped. Two failures would corrupt it silently; both are ruled out here b
    ``2^-40`` a round, by Bernstein's inequality ``P(|E| >= a) <= 2 exp(-a^2 / (2 (10.5 K + 7 a)))``
    and a union bound over the coefficients. We require ``q >= t (K + 2 min(21 K, a_K))``, where
    ``q`` is the ciphertext modulus (the coefficient modulus without SEAL's special prime). The tail
-   bound is what keeps ``q`` small for many contributors: at ``K = 100`` it needs about 2.5 bits
-   fewer than the worst case. If it ever failed, the garbled sum would fail its check slots
-   (``crypto.membership``) and the round would be lost, never decrypted to a wrong sum.
+   bound is what keeps ``q`` small for many contributors: at ``K = 100`` it needs about 1.5 bits
+   fewer than the worst case (below about ``K = 20`` it saves nothing). If it ever failed, the
+   garbled sum would fail its check slots (``crypto.membership``): the hospitals would refuse it,
+   as any sum that is not one contribution from each listed contributor, never decrypt it wrongly.
 
 Batching needs ``t`` prime with ``t = 1 (mod 2N)``; SEAL's NTT needs the same of each prime of the
 coefficient modulus. SEAL keeps the last prime as the "special" prime of key switching; nobody here

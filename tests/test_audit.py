@@ -20,12 +20,14 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+import tenseal.sealapi as seal
 import zstandard
 from scipy import stats
 
 from conftest import REPO, run_launcher
 from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext
 from crypto.bfv_parameters import select_bfv_parameters
+from crypto.membership import CHECK_KEY_BYTES, CheckKey
 from protocol.config import RunConfig
 from protocol.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Released, Shares, Update, decode
 from protocol.transcript import read_transcript
@@ -130,11 +132,23 @@ def _leaks(received: list[bytes], secrets: dict[str, bytes], *, width: int = 32)
 
 
 def _uniform_and_independent(shares: np.ndarray, votes: np.ndarray, modulus: int) -> float:
-    """The smaller p-value of two tests: the shares are uniform in the field, and their law is the
-    same where the votes are high as where they are low (Kolmogorov-Smirnov, on shares / modulus)."""
-    u = np.asarray(shares, dtype=np.float64) / modulus
+    """The smallest p-value of tests that the shares are uniform in the field, that their low 16 bits
+    are uniform, and that both laws are the same where the votes are high as where they are low
+    (Kolmogorov-Smirnov on shares / modulus; chi-square on the low bits)."""
+    shares = np.asarray(shares, dtype=np.uint64)
+    u = shares.astype(np.float64) / modulus
+    low = (shares % np.uint64(1 << 16)).astype(np.int64)
     high = votes > np.median(votes)
-    return min(stats.kstest(u, "uniform").pvalue, stats.ks_2samp(u[high], u[~high]).pvalue)
+    bins = 64  # the low 16 bits, in 64 bins of 1024 values each
+    counts = np.bincount(low >> 10, minlength=bins)
+    crossed = np.array([np.bincount(low[high] >> 10, minlength=bins), np.bincount(low[~high] >> 10, minlength=bins)])
+    crossed = crossed[:, crossed.sum(axis=0) > 0]  # bins nobody fell in: the uniformity test already fails
+    return min(
+        stats.kstest(u, "uniform").pvalue,
+        stats.ks_2samp(u[high], u[~high]).pvalue,
+        stats.chisquare(counts).pvalue,
+        stats.chi2_contingency(crossed).pvalue if crossed.shape[1] > 1 else 0.0,
+    )
 
 
 def _variance_in_band(samples: np.ndarray, variance: float) -> bool:
@@ -182,7 +196,9 @@ def test_the_server_holds_ciphertexts_of_the_updates_that_only_the_run_key_opens
     params = config.bfv_parameters()
     public = PublicContext(params)
     run_key = SecretContext.from_bytes(updates[0]["secrets"], params, run_id=config.run_id)
-    own_key = SecretContext.generate(params, run_id=config.run_id)
+    # The server's own BFV key, given even the run's check key: only the BFV key differs.
+    check_key = CheckKey(updates[0]["secrets"][:CHECK_KEY_BYTES], run_id=config.run_id, plain_modulus=params.plain_modulus)
+    own_key = SecretContext(public, seal.KeyGenerator(public.seal).secret_key(), check_key)
     truth = {(u["hospital"], u["round"]): u["values"] for u in updates}
     uploads = [(sender, m) for sender, m, _ in received if isinstance(m, Update)]
     assert len(uploads) == len(updates)
@@ -223,10 +239,13 @@ def test_the_released_noise_has_the_variance_the_accountant_assumes(dopamine):
     server_ledger = PrivacyLedger(out / "server" / "privacy_ledger.jsonl")
     assert server_ledger.epsilon(config.delta) == pytest.approx(charged.epsilon(config.delta))
     assert _variance_in_band(np.concatenate(totals), 2 * mechanism.mu(len(config.hospitals)))
+    for hospital in config.hospitals:  # and each hospital added its own share, not another's
+        shares = np.concatenate([u["values"] for u in updates if u["hospital"] == hospital])
+        assert _variance_in_band(shares, 2 * mechanism.share_mu), hospital
 
 
 def test_ciphertext_sizes_do_not_depend_on_the_plaintext():
-    """Zeros, random and extreme vectors give uploads (seeded or not) and sums of one fixed length."""
+    """Zeros, random and extreme vectors give uploads of one fixed length, seeded or not."""
     params = select_bfv_parameters(max_contributors=3, vector_length=3000, sum_bound=40_000)
     secret = SecretContext.generate(params, run_id="0123456789abcdef")
     half = params.plain_modulus // 2
@@ -250,14 +269,7 @@ def test_ciphertext_sizes_do_not_depend_on_the_plaintext():
 
 
 def _ballots(secrets: list[dict]) -> list[dict]:
-    """Each recorded ballot with its shares (recorded right after it, in the same process)."""
-    ballots = []
-    for entry in secrets:
-        if entry["kind"] == "ballot":
-            ballots.append(dict(entry))
-        elif entry["kind"] == "shares":
-            ballots[-1] |= {"shares": entry["shares"], "modulus": entry["modulus"]}
-    return ballots
+    return [entry for entry in secrets if entry["kind"] == "ballot"]
 
 
 def _noisy_totals(ballots: list[dict], round_number: int, voters) -> np.ndarray:
@@ -320,23 +332,47 @@ def test_the_opened_totals_of_zero_votes_carry_the_accountant_s_noise(zero_votes
         totals.append(total)
     mechanism = config.voting.mechanism(queries=config.queries_per_round, classes=config.classes, level="instance")
     assert _variance_in_band(np.concatenate(totals), 2 * mechanism.mu(config.voting.quorum))
+    for hospital in config.hospitals:
+        noise = np.concatenate([b["noisy_votes"] for b in ballots if b["hospital"] == hospital])
+        assert _variance_in_band(noise, 2 * mechanism.share_mu), hospital
 
 
 # -- an empirical lower bound on epsilon --------------------------------------------------------------------
 
 CANARY_TRIALS = 1500  # per world: with the canary, and without it
+CANARY_NOISE = 2.0  # where 750 test trials can bound epsilon above the accountant's (2.17), were the noise missing
 FAILURE = 1e-6  # a bound the test asserts fails with at most this probability: the test is not flaky
 
 
 def test_an_empirical_lower_bound_on_epsilon_stays_below_the_accountant_s(record_property):
-    inside, outside, accountant = _canary_scores(1.0, CANARY_TRIALS)
+    """The canary's release, with and without it: the bound stays below the accountant's epsilon, and
+    the canary moves the release's projection by at most ``1 / sigma`` of its standard deviation.
+
+    The second check is the sharper one: ``gamma C <= Delta_2`` and the noise's standard deviation
+    is ``sigma Delta_2``, so a canary clipped to C shifts the score by at most ``1 / sigma`` of it."""
+    inside, outside, accountant = _canary_scores(CANARY_NOISE, CANARY_TRIALS)
     bound = _epsilon_lower_bound(inside, outside, delta=1e-5)
     at_95 = _epsilon_lower_bound(inside, outside, delta=1e-5, failure=0.05)
     record_property("epsilon_lower_bound", bound)
     record_property("epsilon_lower_bound_95", at_95)
     record_property("epsilon_accountant", accountant)
-    print(f"canary audit (sigma 1, one step): epsilon >= {bound:.2f} (or {at_95:.2f} at 95% confidence); accountant {accountant:.2f}")
+    print(f"canary audit (sigma {CANARY_NOISE}, one step): epsilon >= {bound:.2f} (or {at_95:.2f} at 95% confidence); accountant {accountant:.2f}")
+    assert _best_possible_bound(CANARY_TRIALS - CANARY_TRIALS // 2, delta=1e-5) > accountant  # the test can fail
     assert bound <= accountant
+    assert _separation_within(inside, outside, CANARY_NOISE)
+
+
+def _separation_within(inside: np.ndarray, outside: np.ndarray, noise_multiplier: float) -> bool:
+    """Whether the scores' separation (in standard deviations) is at most ``1 / sigma``, within SIGMAS errors."""
+    separation = (inside.mean() - outside.mean()) / outside.std()
+    error = np.sqrt(1 / inside.size + 1 / outside.size + separation**2 / (2 * outside.size))
+    return bool(separation <= 1 / noise_multiplier + SIGMAS * error)
+
+
+def _best_possible_bound(trials: int, *, delta: float, failure: float = FAILURE) -> float:
+    """The bound of a test that never errs on ``trials`` trials per world: the most these trials can show."""
+    rate = _upper(0, trials, failure / 2)
+    return float(np.log((1 - delta - rate) / rate))
 
 
 def _canary_scores(noise_multiplier: float, trials: int, *, accountant_noise: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
@@ -423,11 +459,14 @@ def test_the_checks_catch_planted_leaks():
     modulus = 2**61 - 1
     votes = rng.integers(-40, 80, 2000)
     # A plaintext copy inside a message, in any of the encodings, is found.
-    for form, data in _encodings(votes, modulus).items():
-        assert _leaks([rng.bytes(500) + data[100:400] + rng.bytes(500)], {form: data}) == [form]
-    # A "share" that is the vote itself, or one of only 32 random bits, is not uniform in the field.
+    for t in (modulus, 1032193):
+        for form, data in _encodings(votes, t).items():
+            assert _leaks([rng.bytes(500) + data[100:400] + rng.bytes(500)], {form: data}) == [form]
+    # A "share" that is the vote itself, has only 32 random bits, or carries the vote in its low bits.
     assert _uniform_and_independent(np.mod(votes, modulus), votes, modulus) < 1e-6
     assert _uniform_and_independent(rng.integers(0, 2**32, votes.size), votes, modulus) < 1e-6
+    high_bits = rng.integers(0, 2**29, votes.size).astype(np.uint64) << np.uint64(32)
+    assert _uniform_and_independent(high_bits | np.mod(votes, 2**32).astype(np.uint64), votes, modulus) < 1e-6
     # Half the noise's standard deviation is a quarter of its variance: outside the band.
     assert not _variance_in_band(rng.normal(0, 50, 4000), 100.0**2)
     assert _variance_in_band(rng.normal(0, 100, 4000), 100.0**2)
@@ -435,5 +474,12 @@ def test_the_checks_catch_planted_leaks():
 
 def test_the_canary_audit_catches_a_release_without_noise():
     """Hospitals that add no noise while the accountant charges sigma 2: the empirical bound exceeds it."""
-    inside, outside, accountant = _canary_scores(0.0, CANARY_TRIALS // 3, accountant_noise=2.0)
+    inside, outside, accountant = _canary_scores(0.0, CANARY_TRIALS // 3, accountant_noise=CANARY_NOISE)
     assert _epsilon_lower_bound(inside, outside, delta=1e-5) > accountant
+    assert not _separation_within(inside, outside, CANARY_NOISE)
+
+
+def test_the_canary_audit_catches_half_the_noise():
+    """Hospitals adding noise of half the accounted standard deviation move the canary's score twice as far."""
+    inside, outside, _ = _canary_scores(CANARY_NOISE / 2, CANARY_TRIALS // 3)
+    assert not _separation_within(inside, outside, CANARY_NOISE)

@@ -8,18 +8,20 @@ places where a hospital's secrets take their last plaintext form and appends the
 
 - ``SecretContext.encrypt_update``: the integer update, and the run's secrets (BFV key, check key);
 - ``seal_ballot`` and the ``share`` it calls: the noisy votes, and the share for each tallier (in the
-  order of the talliers' names), one entry each, the one right after the other.
+  order of the talliers' names), in one entry.
 
 Servers and talliers never call either. Talliers' MPC traffic is recorded instead: every byte a
 process receives from its MPyC peers is appended to ``<folder>/<pid>.mpc``. With ``CONSILIUM_AUDIT_ZERO_VOTES=1``
 every hospital votes zero for every class (the noise and everything after it unchanged), so that
-what the talliers open is the noise alone. Nothing else changes: the processes are the real ones.
+what the talliers open is the noise alone. Otherwise the processes run their own code; each also
+imports TenSEAL and MPyC at start-up and writes these records.
 """
 
 import os
 
 if os.environ.get("CONSILIUM_AUDIT_RECORD"):
     import pickle
+    import threading
     from pathlib import Path
 
     import numpy as np
@@ -50,12 +52,15 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     crypto.bfv.SecretContext.encrypt_update = _recorded_encrypt_update
 
+    _ballot = threading.local()  # the ballot being sealed in this thread, which share() completes
     _seal_ballot = protocol.voting_hospital.seal_ballot
 
     def _recorded_seal_ballot(noisy_votes, **options):
-        _record({"kind": "ballot", "hospital": options["hospital"], "round": options["round_number"],
-                 "talliers": list(options["tallier_keys"]), "noisy_votes": np.asarray(noisy_votes, dtype=np.int64)})  # fmt: skip
-        return _seal_ballot(noisy_votes, **options)
+        _ballot.entry = {"kind": "ballot", "hospital": options["hospital"], "round": options["round_number"],
+                         "talliers": list(options["tallier_keys"]), "noisy_votes": np.asarray(noisy_votes, dtype=np.int64)}  # fmt: skip
+        boxes = _seal_ballot(noisy_votes, **options)
+        _record(_ballot.entry)
+        return boxes
 
     protocol.voting_hospital.seal_ballot = _recorded_seal_ballot
 
@@ -63,7 +68,7 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     def _recorded_share(values, parties, modulus):
         shares = _share(values, parties, modulus)
-        _record({"kind": "shares", "shares": [np.asarray(s) for s in shares], "modulus": modulus})
+        _ballot.entry |= {"shares": [np.asarray(share) for share in shares], "modulus": modulus}
         return shares
 
     protocol.ballots.share = _recorded_share
