@@ -76,7 +76,7 @@ class BfvParameters:
 
     @property
     def chunk_count(self) -> int:
-        return -(-self.slot_count // self.poly_modulus_degree)
+        return _chunk_count(self.vector_length, self.plain_modulus, self.poly_modulus_degree)
 
     def to_dict(self) -> dict:
         return {
@@ -124,8 +124,8 @@ def _parameters_for_degree(degree: int, contributors: int, vector_length: int, s
     if plain_modulus.bit_length() > _MAX_PLAIN_BITS:
         raise ParameterError(f"the plaintext modulus would need {plain_modulus.bit_length()} bits (max {_MAX_PLAIN_BITS})")
 
-    chunks = -(-(vector_length + check_slot_count(plain_modulus)) // degree)
-    needed = plain_modulus * (contributors + 2 * math.ceil(_decryption_error_bound(contributors, chunks * degree)))
+    coefficients = _chunk_count(vector_length, plain_modulus, degree) * degree
+    needed = plain_modulus * (contributors + 2 * math.ceil(_decryption_error_bound(contributors, coefficients)))
     bits = needed.bit_length()
     while True:
         if bits > _MAX_PRIME_BITS:
@@ -158,6 +158,11 @@ def _decryption_error_bound(contributors: int, coefficients: int) -> float:
     # The a at which 2 exp(-a^2 / (2 (v + M a / 3))) reaches the per-coefficient probability.
     tail = (range_term + math.sqrt(range_term**2 + 8 * log_inverse * contributors * _FRESH_ERROR_VARIANCE)) / 2
     return min(worst_case, tail)
+
+
+def _chunk_count(vector_length: int, plain_modulus: int, degree: int) -> int:
+    """Ciphertexts of ``degree`` slots that hold the vector and its check slots."""
+    return -(-(vector_length + check_slot_count(plain_modulus)) // degree)
 
 
 def _upload_bits(params: BfvParameters) -> int:

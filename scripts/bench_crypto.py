@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import tenseal
 from tqdm import tqdm
 
 from crypto.bfv import CiphertextSum, PublicContext, SecretContext
@@ -177,8 +178,6 @@ class _TenSeal:
     """A TenSEAL vector scheme; the server holds a public copy of the context (no secret key)."""
 
     def __init__(self, length: int, context) -> None:
-        import tenseal
-
         self.length = length
         self._secret = context
         self._public = tenseal.context_from(context.serialize(save_public_key=False, save_secret_key=False))
@@ -202,8 +201,6 @@ class _TenSealBfv(_TenSeal):
     parameters = f"N=4096, q=[36,36,37] (TenSEAL default), t={_TENSEAL_BFV_PLAIN_MODULUS}, fixed point x{_TENSEAL_BFV_SCALE}"
 
     def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
-        import tenseal
-
         super().__init__(length, tenseal.context(tenseal.SCHEME_TYPE.BFV, 4096, plain_modulus=_TENSEAL_BFV_PLAIN_MODULUS))
         self._bound = _TENSEAL_BFV_PLAIN_MODULUS // 2 // hospitals  # no sum of K values can wrap
 
@@ -211,13 +208,9 @@ class _TenSealBfv(_TenSeal):
         return rng.integers(-self._bound, self._bound, self.length, endpoint=True) / _TENSEAL_BFV_SCALE
 
     def upload(self, update: np.ndarray, index: int) -> bytes:
-        import tenseal
-
         return tenseal.bfv_vector(self._secret, np.rint(update * _TENSEAL_BFV_SCALE).astype(np.int64).tolist()).serialize()
 
     def _vector_from(self, context, data: bytes):
-        import tenseal
-
         return tenseal.bfv_vector_from(context, data)
 
     def _decode(self, values: np.ndarray) -> np.ndarray:
@@ -228,8 +221,6 @@ class _TenSealCkks(_TenSeal):
     parameters = f"N=8192, q=[60,40,40], scale 2^{_CKKS_SCALE_BITS} (NVFlare's defaults)"
 
     def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
-        import tenseal
-
         context = tenseal.context(tenseal.SCHEME_TYPE.CKKS, 8192, coeff_mod_bit_sizes=[60, 40, 40])
         context.global_scale = 2**_CKKS_SCALE_BITS
         super().__init__(length, context)
@@ -238,13 +229,9 @@ class _TenSealCkks(_TenSeal):
         return rng.normal(0, 0.01, self.length)
 
     def upload(self, update: np.ndarray, index: int) -> bytes:
-        import tenseal
-
         return tenseal.ckks_vector(self._secret, update).serialize()
 
     def _vector_from(self, context, data: bytes):
-        import tenseal
-
         return tenseal.ckks_vector_from(context, data)
 
     def _decode(self, values: np.ndarray) -> np.ndarray:
@@ -308,7 +295,7 @@ def results_table(measurements: list[Measurement], args: argparse.Namespace) -> 
     lines = [
         "# Crypto overhead: Consilium's BFV against plaintext, TenSEAL's default BFV and NVFlare-default CKKS",
         "",
-        f"Command: `consilium-bench-crypto {' '.join(sys.argv[1:])}`".rstrip() + f" on {_cpu()}, one core "
+        f"Command: `{' '.join(['consilium-bench-crypto', *sys.argv[1:]])}` on {_cpu()}, one core "
         f"(every step runs in one thread). Each cell: {args.contributions} distinct uploads (fewer when K is smaller); "
         "upload time is the median, aggregation time is per upload, download is the server serialising the sum and a "
         "hospital deserialising, decrypting, decoding (and, for Consilium, checking) it. Consilium's parameters are "
