@@ -10,17 +10,18 @@ never clamped. Two failures would corrupt it silently; both are ruled out here b
 
 2. **Decryption failure.** A fresh symmetric BFV ciphertext of ``m`` satisfies
    ``c0 + c1 s = round(q m / t) - e (mod q)`` where ``e`` is SEAL's centred-binomial error: in each
-   coefficient ``|e| <= 21`` with variance 10.5, independently. Adding ``K`` ciphertexts adds the
-   errors ``E`` and at most ``K/2`` of rounding (the ``q * floor(sum / t)`` from plaintext wrap
-   vanishes mod ``q``), and decryption is exact while ``K/2 + |E| < q / (2t)``. ``|E|`` is at most
-   ``21 K`` always, and at most ``a_K`` in every coefficient of the sum except with probability
-   ``2^-40`` a round, by Bernstein's inequality ``P(|E| >= a) <= 2 exp(-a^2 / (2 (10.5 K + 7 a)))``
-   and a union bound over the coefficients. We require ``q >= t (K + 2 min(21 K, a_K))``, where
-   ``q`` is the ciphertext modulus (the coefficient modulus without SEAL's special prime). The tail
-   bound is what keeps ``q`` small for many contributors: at ``K = 100`` it needs about 1.5 bits
-   fewer than the worst case (below about ``K = 20`` it saves nothing). If it ever failed, the
-   garbled sum would fail its check slots (``crypto.membership``): the hospitals would refuse it,
-   as any sum that is not one contribution from each listed contributor, never decrypt it wrongly.
+   coefficient the difference of two sums of 21 fair bits, independently. Adding ``K`` ciphertexts
+   adds the errors, so in each coefficient the summed error is exactly ``E = B - 21 K`` with
+   ``B ~ Binomial(42 K, 1/2)``, plus at most ``K/2`` of rounding (the ``q * floor(sum / t)`` from
+   plaintext wrap vanishes mod ``q``). Decryption is exact while ``K/2 + |E| < q / (2t)``. Let
+   ``a_K`` be the smallest integer with ``P(|E| >= a_K) <= 2^-40 / n`` over the ``n`` coefficients
+   of the sum, by a bound within a few percent of the exact binomial tail; then no coefficient fails, except with
+   probability ``2^-40`` a round (union bound), when ``q >= t (K + 2 a_K)``, where ``q`` is the
+   ciphertext modulus (the coefficient modulus without SEAL's special prime). The tail is what keeps
+   ``q`` small for many contributors: ``a_K`` is about 280 at ``K = 100`` where the worst case is
+   2,100. If it ever failed, the garbled sum would fail its check slots (``crypto.membership``): the
+   hospitals would refuse it, as any sum that is not one contribution from each listed contributor,
+   never decrypt it wrongly.
 
 Batching needs ``t`` prime with ``t = 1 (mod 2N)``; SEAL's NTT needs the same of each prime of the
 coefficient modulus. SEAL keeps the last prime as the "special" prime of key switching; nobody here
@@ -43,8 +44,7 @@ from crypto.primes import is_prime
 
 __all__ = ["BfvParameters", "ParameterError", "select_bfv_parameters"]
 
-_FRESH_ERROR_MAX = 21  # SEAL 4's centred binomial error: the difference of two sums of 21 fair bits
-_FRESH_ERROR_VARIANCE = 10.5
+_FRESH_ERROR_BITS = 21  # SEAL 4's centred binomial error: the difference of two sums of 21 fair bits
 _DECRYPTION_FAILURE_LOG_PROBABILITY = -40 * math.log(2)  # a round, over every coefficient of the sum
 _MAX_PRIME_BITS = 60  # SEAL's limit for each prime
 _MAX_PLAIN_BITS = 32  # crypto.membership computes its inner products modulo t in 64-bit words
@@ -125,7 +125,7 @@ def _parameters_for_degree(degree: int, contributors: int, vector_length: int, s
         raise ParameterError(f"the plaintext modulus would need {plain_modulus.bit_length()} bits (max {_MAX_PLAIN_BITS})")
 
     coefficients = _chunk_count(vector_length, plain_modulus, degree) * degree
-    needed = plain_modulus * (contributors + 2 * math.ceil(_decryption_error_bound(contributors, coefficients)))
+    needed = plain_modulus * (contributors + 2 * _decryption_error_bound(contributors, coefficients))
     bits = needed.bit_length()
     while True:
         if bits > _MAX_PRIME_BITS:
@@ -149,15 +149,29 @@ def _parameters_for_degree(degree: int, contributors: int, vector_length: int, s
     )
 
 
-def _decryption_error_bound(contributors: int, coefficients: int) -> float:
-    """A bound on the summed fresh errors of ``contributors`` ciphertexts, in all ``coefficients`` of the sum."""
-    worst_case = _FRESH_ERROR_MAX * contributors
-    # Two-sided, in every coefficient: per coefficient at most 2^-40 / (2 coefficients).
-    log_inverse = math.log(2 * coefficients) - _DECRYPTION_FAILURE_LOG_PROBABILITY
-    range_term = 2 * log_inverse * _FRESH_ERROR_MAX / 3
-    # The a at which 2 exp(-a^2 / (2 (v + M a / 3))) reaches the per-coefficient probability.
-    tail = (range_term + math.sqrt(range_term**2 + 8 * log_inverse * contributors * _FRESH_ERROR_VARIANCE)) / 2
-    return min(worst_case, tail)
+def _decryption_error_bound(contributors: int, coefficients: int) -> int:
+    """The smallest ``a`` with ``P(|E| >= a) <= 2^-40 / coefficients`` by the tail bound below, for ``E``
+    the summed fresh error of ``contributors`` ciphertexts in one coefficient.
+
+    ``E = B - m`` with ``B ~ Binomial(2 m, 1/2)`` and ``m = 21 K``, so ``P(|E| >= a) = 2 P(B >= m + a)``.
+    The terms ``C(2m, k)`` of that tail shrink by the ratio ``r_k = (2m - k) / (k + 1)``, itself
+    decreasing in ``k``, so the tail is at most its first term times ``1 / (1 - r_{m+a})``: within a few
+    percent of the exact sum, and computable in O(1) with ``lgamma``, so ``a`` is found by bisection.
+    """
+    half = _FRESH_ERROR_BITS * contributors
+    log_budget = _DECRYPTION_FAILURE_LOG_PROBABILITY - math.log(2 * coefficients)
+
+    def log_tail_bound(error: int) -> float:
+        successes = half + error
+        log_first = math.lgamma(2 * half + 1) - math.lgamma(successes + 1) - math.lgamma(2 * half - successes + 1)
+        ratio = (half - error) / (successes + 1)
+        return log_first - 2 * half * math.log(2) - math.log1p(-ratio)
+
+    low, high = 0, half + 1  # P(|E| >= half + 1) = 0 meets any budget
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if log_tail_bound(middle) <= log_budget else (middle, high)
+    return high
 
 
 def _chunk_count(vector_length: int, plain_modulus: int, degree: int) -> int:

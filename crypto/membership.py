@@ -101,12 +101,13 @@ class CheckKey:
     def _inner_products(self, reduced: np.ndarray, round_number: int) -> np.ndarray:
         generator = self._stream(b"coefficients|%d" % round_number)
         x = reduced.astype(np.uint64)
-        products = np.empty(self.slots, dtype=np.uint64)
+        # a, x < t: a block of this many products sums below 2^64, so np.dot (which wraps) is exact on it.
+        block = (2**64 - 1) // (self._t - 1) ** 2
+        products = np.empty(self.slots, dtype=np.int64)
         for l in range(self.slots):
             a = generator.integers(0, self._t, size=x.size, dtype=np.uint64)
-            # a, x < t < 2^32: each product fits in 64 bits, and reduced terms sum without overflow.
-            products[l] = np.sum((a * x) % np.uint64(self._t), dtype=np.uint64) % np.uint64(self._t)
-        return products.astype(np.int64)
+            products[l] = sum(int(np.dot(a[i : i + block], x[i : i + block])) % self._t for i in range(0, x.size, block)) % self._t
+        return products
 
     def _tags(self, round_number: int, hospital: str) -> np.ndarray:
         generator = self._stream(b"tags|%d|" % round_number + hospital.encode())

@@ -46,6 +46,7 @@ from torch import nn
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from crypto.bfv import BfvError, SecretContext
+from crypto.insecure_plaintext import InsecurePlaintextUploads
 from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements, endorse
 from crypto.sealed_box import SealedBoxError, certify_key, open_box, seal, verify_certified_key
 from protocol.config import ConfigError, RunConfig
@@ -156,6 +157,7 @@ class Hospital:
         state_dir: Path,
         timeout_s: float = 180.0,
         send_offset_s: float = DEFAULT_SEND_OFFSET_S,
+        insecure_plaintext_benchmark: bool = False,
     ) -> None:
         roster.check_credentials(credentials)
         self._name = credentials.name
@@ -165,6 +167,7 @@ class Hospital:
         self._budget = budget
         self._state_dir = state_dir
         self._send_offset_s = send_offset_s
+        self._insecure_plaintext = insecure_plaintext_benchmark  # crypto.insecure_plaintext: no privacy holds
         self._ledger: PrivacyLedger | None = None
         # Set by the first Welcome, kept across joins: a hospital takes part in one run.
         self._config: RunConfig | None = None
@@ -173,6 +176,7 @@ class Hospital:
         self._step: NoisyGradientStep | None = None
         self._momentum: MomentumUpdate | None = None
         self._secret: SecretContext | None = None
+        self._uploads: SecretContext | InsecurePlaintextUploads | None = None  # the secret, unless benchmarking
         self._last_round = 0  # the last round this hospital was charged for: it takes part only in later ones
         self._released: Released | None = None  # the last release, with the mean, should the server ask for it
         self._joins = 0
@@ -217,6 +221,7 @@ class Hospital:
             self._secret = SecretContext.generate(config.bfv_parameters(), run_id=config.run_id)
         if self._secret is None:
             self._secret = self._receive_key()
+        self._uploads = InsecurePlaintextUploads(config.bfv_parameters()) if self._insecure_plaintext else self._secret
         self._send(KeyReady())
 
     def _begin(self, config: RunConfig, run: str, initial_parameters: bytes) -> None:
@@ -354,14 +359,14 @@ class Hospital:
             raise ProtocolError(f"round {round_number}: {error}") from None
         contribution.seconds["train"] = time.perf_counter() - started
         started = time.perf_counter()
-        chunks = self._secret.encrypt_update(share, round_number=round_number, hospital=self._name)
+        chunks = self._uploads.encrypt_update(share, round_number=round_number, hospital=self._name)
         update = encode(Update(round=round_number, chunks=tuple(chunks)))
         contribution.seconds["encrypt"] = time.perf_counter() - started
         contribution.update_bytes = len(update)
         wait = send_at - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-        else:
+        elif self._send_offset_s > 0:  # an offset of 0 sends at once, by the operator's choice
             contribution.overran_send_offset = True
             log.warning(
                 "round %d: the update took %.3f s longer than the send offset of %g s; its send time may "
@@ -384,7 +389,7 @@ class Hospital:
         pending.bytes_received_aggregate = self._channel.transport.bytes_received - pending.bytes_received_before
         started = time.perf_counter()
         try:
-            total = self._secret.decrypt_sum(message.chunks, round_number=message.round, contributors=contributors)
+            total = self._uploads.decrypt_sum(message.chunks, round_number=message.round, contributors=contributors)
         except BfvError as error:
             raise ProtocolError(f"round {message.round}: refusing the server's sum: {error}") from None
         pending.mean = mean_gradient(total, len(contributors), mechanism=self._step.mechanism, settings=self._config.dopamine)

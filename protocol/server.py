@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from crypto.bfv import BfvError, CiphertextSum, PublicContext
+from crypto.insecure_plaintext import InsecurePlaintextSum
 from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements
 from protocol.channel import PartyChannels
 from protocol.checkpoint import Checkpoint, CheckpointError
@@ -108,6 +109,7 @@ class Server:
         transcript_payloads: bool = False,
         max_messages_per_second: float = DEFAULT_MAX_MESSAGES_PER_SECOND,
         on_round: Callable[[dict], None] | None = None,
+        insecure_plaintext_benchmark: bool = False,
         _checkpoint: Checkpoint | None = None,
     ) -> None:
         roster.check_credentials(credentials)
@@ -120,6 +122,7 @@ class Server:
         self._out_dir = out_dir
         self._timeouts = timeouts
         self._on_round = on_round or (lambda record: None)
+        self._insecure_plaintext = insecure_plaintext_benchmark  # crypto.insecure_plaintext: no privacy holds
         self._model = build_model(config.model)
         self._momentum = MomentumUpdate(self._model, config.dopamine)
         self._params = config.bfv_parameters()
@@ -380,8 +383,8 @@ class Server:
         record.epsilon = self._ledger.epsilons(self._config.delta)
         self._finish_round(record)
 
-    def _collect(self, round_number: int, record: _RoundRecord) -> tuple[CiphertextSum, float]:
-        total = CiphertextSum(self._public)
+    def _collect(self, round_number: int, record: _RoundRecord) -> tuple[CiphertextSum | InsecurePlaintextSum, float]:
+        total = InsecurePlaintextSum(self._params) if self._insecure_plaintext else CiphertextSum(self._public)
         aggregate_seconds = 0.0
         deadline = time.monotonic() + self._timeouts.round_s
         waiting = lambda: not set(self._active) <= set(record.contributors)  # noqa: E731
@@ -582,6 +585,7 @@ class Server:
         return {
             "config": self._config.to_dict(),
             "bfv": self._params.to_dict(),
+            "aggregation": "insecure-plaintext-benchmark" if self._insecure_plaintext else "bfv",
             "mechanism": self._mechanism_report(),
             "parameter_count": self._params.vector_length,
             "finish_reason": finish_reason,

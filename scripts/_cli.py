@@ -1,9 +1,10 @@
-"""What every launcher shares: logging, and turning the errors a user can fix into one line."""
+"""What every launcher shares: logging, local ports, and turning the errors a user can fix into one line."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from typing import Callable
 
@@ -53,6 +54,13 @@ def run(main: Callable[[], None]) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a local federation's parties."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def configure_logging(level: str) -> None:

@@ -20,8 +20,11 @@ The schemes, side by side:
   ``ceil(log2 q)`` bits a coefficient;
 - ``consilium-unseeded``: the same, sending both polynomials.
 
-Only Consilium's parameters depend on ``K``; the other schemes are measured once per ``d``. Each
-measurement uses ``--contributions`` distinct uploads (at most ``K``): timings are per upload, and
+The TenSEAL rows encrypt with the public key, as TenSEAL and NVFlare do by default; Consilium
+encrypts with the shared secret key, which is what makes its seeded uploads possible. Only
+Consilium's parameters depend on ``K``; the other schemes are measured once per ``d``. Each
+measurement uses ``--contributions`` distinct uploads (at most ``K``), after one untimed upload and
+addition: timings are medians per upload, and
 the sum is checked against the plaintext sum (CKKS: its largest error is reported).
 """
 
@@ -61,7 +64,7 @@ class Measurement:
     upload_bytes: int
     upload_ratio: float  # to the update's float32 bytes
     upload_seconds: float  # median over the contributions
-    aggregate_seconds: float  # per upload
+    aggregate_seconds: float  # median over the contributions, one addition each
     download_seconds: float
     max_error: float  # of the decoded sum against the plaintext sum
     parameters: str
@@ -84,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lengths", type=positive_int, nargs="+", default=[10**4, 10**5, 10**6, 10**7], help="vector lengths d")
     parser.add_argument("--hospitals", type=positive_int, nargs="+", default=[2, 10, 100], help="numbers of hospitals K")
     parser.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES), help="which schemes to measure")
-    parser.add_argument("--contributions", type=positive_int, default=3, help="distinct uploads per measurement (at most K)")
+    parser.add_argument("--contributions", type=positive_int, default=5, help="distinct uploads per measurement (at most K)")
     parser.add_argument("--noise-multiplier", type=positive_float, default=2.3, help="Dopamine's sigma, for Consilium's parameters")
     parser.add_argument("--max-grad-norm", type=positive_float, default=1.0, help="Dopamine's C")
     parser.add_argument("--expected-batch-size", type=positive_float, default=15.0, help="Dopamine's B: records a hospital samples per round")
@@ -117,16 +120,17 @@ def _measure(scheme: str, length: int, hospitals: int | None, args: argparse.Nam
     contributions = min(args.contributions, hospitals or args.contributions)
     setup = _SETUPS[scheme](length, hospitals or max(args.hospitals), args)
     updates = [setup.update(np.random.default_rng(seed)) for seed in range(contributions)]
+    setup.add(setup.new_sum(), setup.upload(updates[0], 0))  # warm-up, untimed: first-call allocations
     upload_seconds, uploads = [], []
     for index, update in enumerate(updates):
         start = time.perf_counter()
         uploads.append(setup.upload(update, index))
         upload_seconds.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    total = setup.new_sum()
+    total, aggregate_seconds = setup.new_sum(), []
     for upload in uploads:
+        start = time.perf_counter()
         total = setup.add(total, upload)
-    aggregate_seconds = (time.perf_counter() - start) / contributions
+        aggregate_seconds.append(time.perf_counter() - start)
     start = time.perf_counter()
     decoded = setup.download(total, contributions)
     download_seconds = time.perf_counter() - start
@@ -140,7 +144,7 @@ def _measure(scheme: str, length: int, hospitals: int | None, args: argparse.Nam
         upload_bytes=wire,
         upload_ratio=wire / (4 * length),
         upload_seconds=statistics.median(upload_seconds),
-        aggregate_seconds=aggregate_seconds,
+        aggregate_seconds=statistics.median(aggregate_seconds),
         download_seconds=download_seconds,
         max_error=float(np.max(np.abs(np.asarray(decoded, dtype=np.float64) - expected))),
         parameters=setup.parameters,
@@ -297,7 +301,7 @@ def results_table(measurements: list[Measurement], args: argparse.Namespace) -> 
         "",
         f"Command: `{' '.join(['consilium-bench-crypto', *sys.argv[1:]])}` on {_cpu()}, one core "
         f"(every step runs in one thread). Each cell: {args.contributions} distinct uploads (fewer when K is smaller); "
-        "upload time is the median, aggregation time is per upload, download is the server serialising the sum and a "
+        "upload and aggregation times are medians over the uploads (one addition each), download is the server serialising the sum and a "
         "hospital deserialising, decrypting, decoding (and, for Consilium, checking) it. Consilium's parameters are "
         f"the ones a Dopamine run computes for K hospitals and d parameters (sigma {args.noise_multiplier}, "
         f"C {args.max_grad_norm}, B {args.expected_batch_size}); the other schemes do not depend on K.",

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +29,16 @@ from protocol.config import ConfigError
 from protocol.messages import ProtocolError
 from protocol.roster import SERVER, provision
 from protocol.hospital import DEFAULT_SEND_OFFSET_S
-from scripts._cli import add_run_arguments, non_negative_float, positive_float, positive_int, resolve_run_arguments, run, run_argv
+from scripts._cli import (
+    add_run_arguments,
+    free_port,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    resolve_run_arguments,
+    run,
+    run_argv,
+)
 from training.datasets import load_dataset
 from training.partition import PARTITION_SCHEMES, partition
 from training.vote_privacy import VOTING_METHODS
@@ -81,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--transcript-payloads", action="store_true", help="the server's transcript keeps whole messages, not digests"
     )
+    parser.add_argument(
+        "--insecure-plaintext-benchmark",
+        action="store_true",
+        help="Dopamine: NO secure aggregation, updates travel and are summed in the clear and no privacy claim holds. "
+        "Only for consilium-bench-round's comparison",
+    )
     add_run_arguments(parser)
     return parser
 
@@ -95,6 +109,8 @@ def run_federation(args: argparse.Namespace) -> dict:
     voting = args.method in VOTING_METHODS
     if args.hospitals_per_process > 1 and not voting:
         raise ConfigError("--hospitals-per-process is for voting runs; a Dopamine hospital needs its own process")
+    if args.insecure_plaintext_benchmark and voting:
+        raise ConfigError("--insecure-plaintext-benchmark is for Dopamine runs")
     if args.data is None:  # votes need classes to vote on and a public pool to label: the ten digits
         args.data = "digits" if voting else "breast_cancer"
     out = args.out or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -102,8 +118,8 @@ def run_federation(args: argparse.Namespace) -> dict:
     if federation.exists():
         raise ProtocolError(f"{out} already holds a federation; choose another --out")
     logs.mkdir(parents=True, exist_ok=True)
-    address = f"tcp://127.0.0.1:{_free_port()}"
-    mpc_addresses = tuple(f"127.0.0.1:{_free_port()}" for _ in range(args.talliers)) if voting else ()
+    address = f"tcp://127.0.0.1:{free_port()}"
+    mpc_addresses = tuple(f"127.0.0.1:{free_port()}" for _ in range(args.talliers)) if voting else ()
     roster = provision(federation, hospitals=args.hospitals, address=address, mpc_addresses=mpc_addresses)
 
     data = load_dataset(args.data, split_seed=args.seed)
@@ -115,6 +131,8 @@ def run_federation(args: argparse.Namespace) -> dict:
         f"{len(data.train)} training records), outputs in {out}",
         flush=True,
     )
+    if args.insecure_plaintext_benchmark:
+        print("WARNING: secure aggregation is OFF (--insecure-plaintext-benchmark): the epsilons below do not hold", flush=True)
     expected_batch_size = args.expected_batch_size
     if expected_batch_size is None and not voting:
         expected_batch_size = round(args.sample_rate * len(data.train) / args.hospitals, 1)
@@ -133,6 +151,7 @@ def run_federation(args: argparse.Namespace) -> dict:
         "--round-timeout", str(args.round_timeout),
         *(["--transcript-payloads"] if args.transcript_payloads else []),
         *([] if voting else ["--expected-batch-size", repr(expected_batch_size)]),
+        *(["--insecure-plaintext-benchmark"] if args.insecure_plaintext_benchmark else []),
     ]  # fmt: skip
     started = time.monotonic()
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -166,6 +185,7 @@ def run_federation(args: argparse.Namespace) -> dict:
             "--delta", str(args.delta),
             "--timeout", str(3 * args.round_timeout),
             "--send-offset", str(args.send_offset),
+            *(["--insecure-plaintext-benchmark"] if args.insecure_plaintext_benchmark else []),
         ]  # fmt: skip
         if args.classes_per_part:
             hospital_argv += ["--classes-per-part", str(args.classes_per_part)]
@@ -198,12 +218,17 @@ def run_federation(args: argparse.Namespace) -> dict:
     plot_report(report, out / "report.png")
     final, wire = report["final"], report["wire"]
     epsilon = final["epsilon"]
+    if report["aggregation"] == "bfv":
+        privacy = (
+            f"epsilon at delta {final['delta']:g}: {epsilon['server']:.3f} against the server, "
+            f"{epsilon['peer_hospital']:.3f} against a fellow hospital, {epsilon['collusion']:.3f} if all the others "
+            f"collude; encrypted update"
+        )
+    else:
+        privacy = "NO privacy guarantee (--insecure-plaintext-benchmark); plaintext update"
     print(
-        f"done in {report['wall_seconds']:.0f} s: validation accuracy {final['validation_accuracy']:.3f}; "
-        f"epsilon at delta {final['delta']:g}: {epsilon['server']:.3f} against the server, "
-        f"{epsilon['peer_hospital']:.3f} against a fellow hospital, {epsilon['collusion']:.3f} if all the others "
-        f"collude; encrypted update {wire['update_bytes_per_round']:.0f} bytes = "
-        f"{wire['update_ratio_to_float32']:.2f}x float32",
+        f"done in {report['wall_seconds']:.0f} s: validation accuracy {_fraction(final['validation_accuracy'])}; {privacy} "
+        f"{wire['update_bytes_per_round']:.0f} bytes = {wire['update_ratio_to_float32']:.2f}x float32",
         flush=True,
     )
     print(f"report: {out / 'report.json'}, plot: {out / 'report.png'}", flush=True)
@@ -290,6 +315,7 @@ def build_report(server: dict, hospitals: dict[str, dict], *, wall_seconds: floa
         "config": server["config"],
         "run_fingerprint": server["run_fingerprint"],
         "bfv": server["bfv"],
+        "aggregation": server["aggregation"],
         "mechanism": server["mechanism"],
         "final": {**server["final"], "finish_reason": server["finish_reason"]},
         "wire": {
@@ -392,12 +418,6 @@ def _hospital_metrics(state_dir: Path) -> dict:
 def _tail(log: Path) -> str:
     lines = [line for line in log.read_text().splitlines() if line.strip()]
     return " | ".join(lines[-_LOG_TAIL_LINES:]) or "(no output)"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 if __name__ == "__main__":

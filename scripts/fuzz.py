@@ -40,7 +40,6 @@ import dataclasses
 import json
 import math
 import os
-import socket
 import shutil
 import subprocess
 import sys
@@ -80,7 +79,7 @@ from protocol.messages import (
     release_digest,
 )
 from protocol.roster import SERVER, Credentials, provision
-from scripts._cli import configure_logging, positive_int, run
+from scripts._cli import configure_logging, free_port, positive_int, run
 from scripts._scripted import ScriptedHospital, ScriptedServer, small_run_config
 
 _BATCH = 300  # fuzz messages per phase of a round
@@ -300,12 +299,6 @@ def _decoded(payload: bytes, accept: frozenset, limit: int):
 # -- targets ----------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _environment() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -330,7 +323,7 @@ def _progress(name: str, result: TargetResult, quota: int) -> None:
 
 def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path) -> None:
     work.mkdir(parents=True)
-    roster = provision(work / "federation", hospitals=2, address=f"tcp://127.0.0.1:{_free_port()}")
+    roster = provision(work / "federation", hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
     rounds = max(1, math.ceil(quota / (3 * _BATCH)))
     log_path = work / "server.log"
     command = [
@@ -459,7 +452,7 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
 def _fuzz_hospital(quota: int, mutator: _Mutator, result: TargetResult, work: Path) -> None:
     work.mkdir(parents=True)
     federation = work / "federation"
-    roster = provision(federation, hospitals=2, address=f"tcp://127.0.0.1:{_free_port()}")
+    roster = provision(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
     rounds = max(1, math.ceil(quota / _BATCH))
     config = small_run_config(roster, quorum=2, rounds=rounds)
     server = ScriptedServer(roster, Credentials.load(federation, SERVER), config)

@@ -45,7 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=non_negative_float,
         default=DEFAULT_SEND_OFFSET_S,
         help="send each update this many seconds after the round starts, so its timing does not reveal the batch "
-        f"size (default: {DEFAULT_SEND_OFFSET_S:g}; a warning says when a step overruns it)",
+        f"size (default: {DEFAULT_SEND_OFFSET_S:g}; a warning says when a step overruns it; 0 sends at once)",
+    )
+    parser.add_argument(
+        "--insecure-plaintext-benchmark",
+        action="store_true",
+        help="Dopamine: send updates UNENCRYPTED; the server sees each one and no privacy claim holds. Only for "
+        "consilium-bench-round's comparison with secure aggregation",
     )
     voting = parser.add_argument_group("voting (AE-DPFL, kNN-DPFL)")
     voting.add_argument(
@@ -76,6 +82,8 @@ def take_part(args: argparse.Namespace) -> None:
         raise ConfigError("several --name in one process are for simulating voting runs, without --state")
     if len(set(args.name)) != len(args.name) or len(set(args.part or ())) != len(args.part or ()):
         raise ConfigError("each --name and each --part may be given once")
+    if args.insecure_plaintext_benchmark and args.method != "dopamine":
+        raise ConfigError("--insecure-plaintext-benchmark is for Dopamine runs")
     roster = Roster.load(args.federation)
     data = load_dataset(args.data, split_seed=args.data_seed).train
     shares = [data] * len(args.name)
@@ -115,7 +123,7 @@ def _hospital(args: argparse.Namespace, roster: Roster, name: str, data: Split) 
         timeout_s=args.timeout,
     )
     if args.method == "dopamine":
-        return Hospital(**common, send_offset_s=args.send_offset)
+        return Hospital(**common, send_offset_s=args.send_offset, insecure_plaintext_benchmark=args.insecure_plaintext_benchmark)
     return VotingHospital(**common, min_quorum=args.min_quorum, allow_histogram=args.allow_histogram)
 
 

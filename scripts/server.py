@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="drop, unread, what a party sends once more of its messages than this are rejected a second "
         f"(default: {DEFAULT_MAX_MESSAGES_PER_SECOND:g}; an honest hospital's are never rejected)",
     )
+    parser.add_argument(
+        "--insecure-plaintext-benchmark",
+        action="store_true",
+        help="Dopamine: sum UNENCRYPTED updates; no privacy claim holds. Only for consilium-bench-round's comparison "
+        "with secure aggregation (the hospitals must say the same)",
+    )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
     return parser
 
@@ -76,6 +82,8 @@ def serve(args: argparse.Namespace) -> None:
     dataset = load_dataset(args.data, split_seed=args.data_seed)
     timeouts = Timeouts(join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout)
     if args.method in VOTING_METHODS:
+        if args.insecure_plaintext_benchmark:
+            raise ConfigError("--insecure-plaintext-benchmark is for Dopamine runs")
         _serve_vote(args, roster, credentials, dataset, timeouts)
         return
     settings = dict(
@@ -88,6 +96,7 @@ def serve(args: argparse.Namespace) -> None:
         transcript_payloads=args.transcript_payloads,
         max_messages_per_second=args.max_messages_per_second,
         on_round=lambda record: _print_round(record, server.config),
+        insecure_plaintext_benchmark=args.insecure_plaintext_benchmark,
     )
     if args.resume:
         server = Server.resume(**settings)
@@ -127,10 +136,15 @@ def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunC
     except ValueError as error:
         raise ConfigError(str(error)) from None
     params = config.bfv_parameters()
+    encoding = (
+        f"in the clear modulo t={params.plain_modulus} (--insecure-plaintext-benchmark: NO secure aggregation)"
+        if args.insecure_plaintext_benchmark
+        else f"in {params.chunk_count} BFV ciphertext(s) "
+        f"(N={params.poly_modulus_degree}, t={params.plain_modulus}, q={params.coeff_mod_bit_sizes[0]} bits)"
+    )
     print(
         f"server on {roster.server_address}: run {config.run_id}, {len(hospitals)} hospitals, "
-        f"{params.vector_length} parameters in {params.chunk_count} BFV ciphertext(s) "
-        f"(N={params.poly_modulus_degree}, t={params.plain_modulus}, q={params.coeff_mod_bit_sizes[0]} bits)",
+        f"{params.vector_length} parameters {encoding}",
         flush=True,
     )
     return config

@@ -29,7 +29,7 @@ from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext
 from crypto.bfv_parameters import select_bfv_parameters
 from crypto.membership import CHECK_KEY_BYTES, CheckKey
 from protocol.config import RunConfig
-from protocol.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Released, Shares, Update, decode
+from protocol.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Released, Update, decode
 from protocol.transcript import read_transcript
 from protocol.voting_config import VotingConfig
 from training.accounting import PrivacyLedger, release_of
@@ -39,15 +39,15 @@ from training.models import ModelSpec, build_model
 pytestmark = [pytest.mark.audit, pytest.mark.slow]
 AUDIT_SITE = Path(__file__).parent / "audit_site"
 DOPAMINE_ROUNDS = 4
-# A sample rate so small that no record is ever sampled: every update is its noise share alone.
-ZERO_UPDATES = ("--sample-rate", "1e-12", "--expected-batch-size", "15", "--noise-multiplier", "1.0")
+DOPAMINE = ("--expected-batch-size", "15", "--noise-multiplier", "1.0", "--epsilon-budget", "100")
 VOTING = ("--method", "knn-dpfl", "--rounds", "2", "--feature-dimensions", "10", "--student-epochs", "5", "--round-timeout", "60")
 # Six-sigma bands: a correct run fails one of these checks with probability below 1e-8.
 SIGMAS = 6.0
 
 
-def _audited_run(tmp_path_factory, name: str, *argv: str, zero_votes: bool = False) -> tuple[Path, dict, list[dict], list[bytes]]:
-    """A federation run with ground truth: (out, report, what the hospitals kept secret, the talliers' MPC bytes)."""
+def _audited_run(tmp_path_factory, name: str, *argv: str, zero_votes: bool = False) -> tuple[Path, dict, list[dict], list[dict]]:
+    """A federation run with ground truth: (out, report, what the hospitals kept secret, for each tallier process
+    the MPC bytes it received and the values its code opened)."""
     base = tmp_path_factory.mktemp(name)
     record = base / "record"
     record.mkdir()
@@ -59,22 +59,29 @@ def _audited_run(tmp_path_factory, name: str, *argv: str, zero_votes: bool = Fal
     out = base / "run"
     result = run_launcher("federation", "--out", out, *argv, environment=environment)
     assert result.returncode == 0, result.stderr
-    secrets = []
-    for path in sorted(record.glob("*.pickle")):
+    secrets = [entry for path in sorted(record.glob("*.pickle")) for entry in _pickled(path)]
+    talliers = [
+        {"received": path.read_bytes(), "opened": _pickled(path.with_suffix(".opened"))} for path in sorted(record.glob("*.mpc"))
+    ]
+    return out, json.loads((out / "report.json").read_text()), secrets, talliers
+
+
+def _pickled(path: Path) -> list:
+    entries = []
+    if path.exists():
         with path.open("rb") as file:
             while True:
                 try:
-                    secrets.append(pickle.load(file))
+                    entries.append(pickle.load(file))
                 except EOFError:
-                    break
-    mpc = [path.read_bytes() for path in sorted(record.glob("*.mpc"))]
-    return out, json.loads((out / "report.json").read_text()), secrets, mpc
+                    return entries
+    return entries
 
 
 @pytest.fixture(scope="module")
 def dopamine(tmp_path_factory):
     return _audited_run(
-        tmp_path_factory, "dopamine", "--rounds", str(DOPAMINE_ROUNDS), "--round-timeout", "30", "--transcript-payloads", *ZERO_UPDATES
+        tmp_path_factory, "dopamine", "--rounds", str(DOPAMINE_ROUNDS), "--round-timeout", "30", "--transcript-payloads", *DOPAMINE
     )
 
 
@@ -179,7 +186,8 @@ def test_no_update_or_key_reaches_the_server_in_any_encoding(dopamine):
     t = config.bfv_parameters().plain_modulus
     secrets = {}
     for u in updates:
-        secrets |= {f"{u['hospital']} round {u['round']} ({form})": data for form, data in _encodings(u["values"], t).items()}
+        for kind in ("values", "gradient"):  # what it sent, and its gradient before the noise
+            secrets |= {f"{u['hospital']} round {u['round']} {kind} ({form})": data for form, data in _encodings(u[kind], t).items()}
     run_secrets = {u["secrets"] for u in updates}
     assert len(run_secrets) == 1  # one run key, shared by every hospital
     (run_secret,) = run_secrets
@@ -215,10 +223,11 @@ def test_the_server_holds_ciphertexts_of_the_updates_that_only_the_run_key_opens
 
 
 def test_the_released_noise_has_the_variance_the_accountant_assumes(dopamine):
-    """With no record ever sampled, each released mean is the noise alone: ``Sk(K_c mu) / (gamma B K_c)``.
+    """Each released mean is ``(sum of the gradients + Sk(K_c mu)) / (gamma B K_c)``.
 
     Read back to integers from what the server received, it equals the sum of the hospitals' recorded
-    shares, and its variance is the ``2 K_c mu`` that the server's ledger charged for."""
+    shares; less their recorded gradients, what is left has the variance ``2 K_c mu`` that the
+    server's ledger charged for."""
     out, report, config, received, updates = _dopamine_parts(dopamine)
     mechanism = config.mechanism()
     releases = [m for _, m, _ in received if isinstance(m, Released) and m.mean_gradient]
@@ -229,7 +238,9 @@ def test_the_released_noise_has_the_variance_the_accountant_assumes(dopamine):
         scale = mechanism.scale * config.dopamine.expected_batch_size * len(contributors)
         total = np.rint(np.frombuffer(release.mean_gradient, dtype="<f4") * scale).astype(np.int64)
         np.testing.assert_array_equal(total, sum(u["values"] for u in updates if u["round"] == release.round))
-        totals.append(total)
+        gradients = sum(u["gradient"] for u in updates if u["round"] == release.round)
+        assert np.count_nonzero(gradients) > 0.5 * gradients.size  # records were sampled: a gradient to hide
+        totals.append(total - gradients)
     # The server's ledger charged exactly these rounds of this mechanism: the mu checked below.
     charged = PrivacyLedger()
     charged.begin_run(config.run_id, report["run_fingerprint"])
@@ -240,7 +251,7 @@ def test_the_released_noise_has_the_variance_the_accountant_assumes(dopamine):
     assert server_ledger.epsilon(config.delta) == pytest.approx(charged.epsilon(config.delta))
     assert _variance_in_band(np.concatenate(totals), 2 * mechanism.mu(len(config.hospitals)))
     for hospital in config.hospitals:  # and each hospital added its own share, not another's
-        shares = np.concatenate([u["values"] for u in updates if u["hospital"] == hospital])
+        shares = np.concatenate([u["values"] - u["gradient"] for u in updates if u["hospital"] == hospital])
         assert _variance_in_band(shares, 2 * mechanism.share_mu), hospital
 
 
@@ -277,7 +288,7 @@ def _noisy_totals(ballots: list[dict], round_number: int, voters) -> np.ndarray:
 
 
 def test_no_vote_share_or_total_reaches_the_server_or_a_tallier(voting):
-    out, report, secrets, mpc = voting
+    out, report, secrets, talliers = voting
     ballots = _ballots(secrets)
     assert len(ballots) == 2 * len(report["config"]["hospitals"]) and all("shares" in b for b in ballots)
     modulus = ballots[0]["modulus"]
@@ -292,6 +303,7 @@ def test_no_vote_share_or_total_reaches_the_server_or_a_tallier(voting):
     for tallier in report["config"]["talliers"]:
         relayed = [raw for _, _, raw in _received(out / tallier / "transcript.msgpack", TO_TALLIER)]
         assert _leaks(relayed, votes | totals | shares) == []  # its own shares come sealed, as boxes
+    mpc = [tallier["received"] for tallier in talliers]
     assert len(mpc) == len(report["config"]["talliers"]) and all(mpc)
     assert _leaks(mpc, votes | totals) == []  # the MPC exchanges Shamir shares, never a total
 
@@ -306,9 +318,19 @@ def test_a_tallier_s_shares_are_uniform_and_independent_of_the_votes(voting):
 
 
 def test_only_the_winning_labels_leave_the_talliers(voting):
-    out, report, secrets, _ = voting
+    out, report, secrets, talliers = voting
     ballots = _ballots(secrets)
-    classes = VotingConfig.from_dict(report["config"]).classes
+    config = VotingConfig.from_dict(report["config"])
+    classes = config.classes
+    # What each tallier's code opened in the MPC, round by round: every tallier's marks of who voted, then the labels.
+    per_round = len(config.talliers) + 1
+    for tallier in talliers:
+        assert len(tallier["opened"]) == 2 * per_round
+        for round_number in (1, 2):
+            *marks, labels = tallier["opened"][(round_number - 1) * per_round : round_number * per_round]
+            assert all(m == [round_number, *[1] * len(config.hospitals)] for m in marks)
+            totals = _noisy_totals(ballots, round_number, config.hospitals).reshape(-1, classes)
+            assert labels == list(np.argmax(totals, axis=1))
     from_talliers = [(s, m) for s, m, _ in _received(out / "server" / "transcript.msgpack", TO_VOTING_SERVER)
                      if s in report["config"]["talliers"] and isinstance(m, Labels)]  # fmt: skip
     assert len(from_talliers) == 2 * len(report["config"]["talliers"])

@@ -1,10 +1,8 @@
-import math
-
 import numpy as np
 import pytest
 
 from crypto.bfv import PublicContext
-from crypto.bfv_parameters import ParameterError, select_bfv_parameters
+from crypto.bfv_parameters import ParameterError, _decryption_error_bound, select_bfv_parameters
 from crypto.primes import is_prime
 
 
@@ -18,23 +16,38 @@ def test_parameters_satisfy_the_bounds_they_claim(contributors, length):
     assert params.max_contributors >= contributors
     # No wrap: a sum within the bound stays inside (-t/2, t/2].
     assert 2 * params.sum_bound + 1 <= t
-    # Decryption: K_max roundings of 1/2 and fresh errors stay below q / (2t), where the errors sum to at
-    # most 21 K always and to at most a_K (Bernstein, variance 10.5 each) but with probability 2^-40 a round.
+    # Decryption: K_max roundings of 1/2 and the summed fresh errors E stay below q / (2t) in every
+    # coefficient, but with probability 2^-40 a round; E is exactly Binomial(42 K, 1/2) - 21 K.
     k = params.max_contributors
-    log_inverse = math.log(2 * params.chunk_count * degree) + 40 * math.log(2)
-    # The a solving a^2 = 2 L (10.5 K + 21 a / 3), where 2 exp(-L) is each coefficient's share of 2^-40.
-    b = 2 * log_inverse * 7
-    tail = (b + math.sqrt(b * b + 8 * log_inverse * 10.5 * k)) / 2
-    assert k / 2 + min(21 * k, tail) < q / (2 * t)
+    assert k / 2 + _exact_error_quantile(k, params.chunk_count * degree) - 1 < q / (2 * t)
     assert params.chunk_count * degree >= params.slot_count
     assert (params.slot_count - length) * np.log2(t) >= 128  # the check slots' soundness
 
 
-def test_the_error_tail_saves_bits_only_where_it_is_below_the_worst_case():
-    few = select_bfv_parameters(max_contributors=2, vector_length=1000, sum_bound=5000)
+@pytest.mark.parametrize("contributors", [1, 2, 10, 100, 1000])
+@pytest.mark.parametrize("coefficients", [2048, 40 * 8192])
+def test_the_error_bound_is_the_exact_binomial_quantile_or_one_above(contributors, coefficients):
+    exact = _exact_error_quantile(contributors, coefficients)
+    assert exact <= _decryption_error_bound(contributors, coefficients) <= exact + 1
+
+
+def test_the_error_tail_saves_bits_for_many_contributors():
     many = select_bfv_parameters(max_contributors=100, vector_length=1000, sum_bound=5000)
-    assert few.ciphertext_modulus >= few.plain_modulus * (2 + 2 * 21 * 2)  # worst case: 2 errors of 21
-    assert many.ciphertext_modulus < many.plain_modulus * (100 + 2 * 21 * 100) / 3  # the tail: 1.5 bits fewer
+    assert many.ciphertext_modulus < many.plain_modulus * (100 + 2 * 21 * 100) / 4  # 2 bits below the worst case
+
+
+def _exact_error_quantile(contributors, coefficients):
+    """The smallest a with P(|E| >= a) <= 2^-40 / coefficients, in exact integer arithmetic."""
+    half = 21 * contributors
+    trials = 2 * half
+    budget = 2**trials
+    tail, term = 0, 1  # term = C(trials, half + a), walking a down from half
+    for error in range(half, 0, -1):
+        tail += term
+        if 2 * tail * coefficients * 2**40 > budget:
+            return error + 1
+        term = term * (half + error) // (half - error + 1)
+    return 1
 
 
 def test_the_computed_primes_are_the_ones_seal_builds():

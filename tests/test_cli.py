@@ -8,7 +8,7 @@ from conftest import run_launcher
 from protocol.roster import provision
 
 
-@pytest.mark.parametrize("module", ["provision", "server", "hospital", "federation"])
+@pytest.mark.parametrize("module", ["provision", "server", "hospital", "federation", "bench_crypto", "bench_round", "bench_tallier"])
 def test_every_launcher_has_help(module):
     result = run_launcher(module, "--help")
     assert result.returncode == 0 and "usage:" in result.stdout
@@ -38,6 +38,8 @@ def test_user_mistakes_get_one_line(tmp_path):
         (("hospital", *hospital, "--parts", "2", "--part", "3"), "give one --part between 1 and --parts (2) for each --name"),
         (("hospital", *hospital, "--name", "hospital-2"), "several --name in one process are for simulating voting runs"),
         (("federation", "--out", tmp_path / "many", "--hospitals-per-process", "2"), "--hospitals-per-process is for voting runs"),
+        (("federation", "--out", tmp_path / "vote", "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "is for Dopamine runs"),
+        (("hospital", *hospital, "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "is for Dopamine runs"),
         (("hospital", "--federation", federation, "--name", "hospital-7"), "is 'hospital-7' a party"),
         (("server", *server, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("server", *server, "--model", "cnn"), "the CNN needs"),

@@ -47,7 +47,7 @@ def _run(
     ports = [str(free_port()) for _ in range(TALLIERS)]
     processes = {
         index: subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "mpc_party.py"), "input.npz", f"out-{index}", str(index),
+            [sys.executable, "-m", "scripts._mpc_party", "input.npz", f"out-{index}", str(index),
              str(folders[index].relative_to(tmp_path)), *ports],
             cwd=tmp_path, env={**child_environment(), "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip

@@ -6,12 +6,17 @@ process of a federation the tests launch with ``CONSILIUM_AUDIT_RECORD=<folder>`
 places where a hospital's secrets take their last plaintext form and appends them, pickled, to
 ``<folder>/<pid>.pickle``:
 
-- ``SecretContext.encrypt_update``: the integer update, and the run's secrets (BFV key, check key);
+- ``SecretContext.encrypt_update``: the integer update, the run's secrets (BFV key, check key), and
+  the hospital's rounded gradient sum before its noise was added (``SkellamMechanism.round_examples``,
+  called just before in the same step);
 - ``seal_ballot`` and the ``share`` it calls: the noisy votes, and the share for each tallier (in the
   order of the talliers' names), in one entry.
 
 Servers and talliers never call either. Talliers' MPC traffic is recorded instead: every byte a
-process receives from its MPyC peers is appended to ``<folder>/<pid>.mpc``. With ``CONSILIUM_AUDIT_ZERO_VOTES=1``
+process receives from its MPyC peers is appended to ``<folder>/<pid>.mpc``, and every value the
+talliers' own code (``tallier/mpc.py``) opens with ``Runtime.output`` is appended, as a list of
+ints, to ``<folder>/<pid>.opened`` (MPyC's comparisons open masked values of their own; those are
+part of the protocol and not recorded). With ``CONSILIUM_AUDIT_ZERO_VOTES=1``
 every hospital votes zero for every class (the noise and everything after it unchanged), so that
 what the talliers open is the noise alone. Otherwise the processes run their own code; each also
 imports TenSEAL and MPyC at start-up and writes these records.
@@ -31,11 +36,13 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
     # MPyC reads its options from sys.argv when first imported: give it the tallier's (crypto.mpc_field).
     _argv, sys.argv = sys.argv, [sys.argv[0], "--no-log"]
     import mpyc.asyncoro
+    import mpyc.runtime
 
     sys.argv = _argv
     import crypto.bfv
     import protocol.ballots
     import protocol.voting_hospital
+    import training.skellam
 
     _path = Path(os.environ["CONSILIUM_AUDIT_RECORD"]) / f"{os.getpid()}.pickle"
 
@@ -43,11 +50,20 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
         with _path.open("ab") as file:
             pickle.dump(entry, file)
 
+    _gradient = []  # this step's rounded gradient sum: a Dopamine hospital takes one step at a time
+    _round_examples = training.skellam.SkellamMechanism.round_examples
+
+    def _recorded_round_examples(self, examples, generator):
+        _gradient[:] = [_round_examples(self, examples, generator)]
+        return _gradient[0]
+
+    training.skellam.SkellamMechanism.round_examples = _recorded_round_examples
+
     _encrypt_update = crypto.bfv.SecretContext.encrypt_update
 
     def _recorded_encrypt_update(self, values, *, round_number, hospital, **options):
-        _record({"kind": "update", "hospital": hospital, "round": round_number,
-                 "values": np.asarray(values, dtype=np.int64), "secrets": self.to_bytes()})  # fmt: skip
+        _record({"kind": "update", "hospital": hospital, "round": round_number, "values": np.asarray(values, dtype=np.int64),
+                 "gradient": np.asarray(_gradient.pop(), dtype=np.int64), "secrets": self.to_bytes()})  # fmt: skip
         return _encrypt_update(self, values, round_number=round_number, hospital=hospital, **options)
 
     crypto.bfv.SecretContext.encrypt_update = _recorded_encrypt_update
@@ -81,6 +97,21 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
         return _data_received(self, data)
 
     mpyc.asyncoro.MessageExchanger.data_received = _recorded_data_received
+
+    _output = mpyc.runtime.Runtime.output
+
+    def _record_opened(done) -> None:
+        if not done.cancelled() and done.exception() is None:
+            with _path.with_suffix(".opened").open("ab") as file:
+                pickle.dump([int(v) for v in np.ravel(np.asarray(done.result(), dtype=object))], file)
+
+    def _recorded_output(self, x, *args, **kwargs):
+        opened = _output(self, x, *args, **kwargs)
+        if Path(sys._getframe(1).f_code.co_filename).parts[-2:] == ("tallier", "mpc.py"):
+            opened.add_done_callback(_record_opened)
+        return opened
+
+    mpyc.runtime.Runtime.output = _recorded_output
 
     if os.environ.get("CONSILIUM_AUDIT_ZERO_VOTES") == "1":
         _noisy_votes = protocol.voting_hospital.noisy_votes

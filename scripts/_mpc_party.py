@@ -1,10 +1,12 @@
-"""One MPC party for the tests: reads its shares from a .npz, runs the round ``rounds`` times in this
-one process, and writes each result.
+"""One tallier's MPC alone, for the tests and ``consilium-bench-tallier``: reads its shares from a .npz,
+runs ``tallier.mpc.run_round`` ``rounds`` times in this one process, and writes each result with the
+seconds it took.
 
-    python tests/mpc_party.py IN.npz OUT_PREFIX INDEX CERTIFICATES PORT [PORT ...]
+    python -m scripts._mpc_party IN.npz OUT_PREFIX INDEX CERTIFICATES PORT [PORT ...]
 """
 
 import sys
+import time
 
 import numpy as np
 
@@ -21,6 +23,7 @@ if __name__ == "__main__":
         reveal, timeout, rounds = str(data["reveal"]), float(data["timeout"]), int(data["rounds"])
     party = MpcParty(index=int(index), addresses=tuple(("127.0.0.1", int(port)) for port in ports), certificates=certificates)
     for round_number in range(1, rounds + 1):
+        started = time.perf_counter()
         try:
             result = run_round(
                 party, round_number, shares, hospitals=hospitals, **settings, field=field, reveal=reveal, timeout_s=timeout
@@ -29,4 +32,7 @@ if __name__ == "__main__":
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
         extra = {} if result.totals is None else {"totals": result.totals}
-        np.savez(f"{target}-{round_number}.npz", labels=result.labels, voters=np.array(result.voters), bytes_sent=result.bytes_sent, **extra)
+        np.savez(
+            f"{target}-{round_number}.npz", labels=result.labels, voters=np.array(result.voters), bytes_sent=result.bytes_sent,
+            seconds=time.perf_counter() - started, **extra,
+        )  # fmt: skip

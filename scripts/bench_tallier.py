@@ -1,0 +1,187 @@
+"""consilium-bench-tallier: what the talliers' secure argmax costs, against opening the noisy histogram.
+
+Each cell runs one round of ``tallier.mpc.run_round`` in J real tallier processes
+(``scripts._mpc_party``), talking MPyC over mutual TLS on this machine, with certificates from a
+freshly provisioned federation. Three hospitals' noisy votes on Q queries of C classes are
+secret-shared to the talliers modulo the field a kNN-DPFL run would use (k = 30, sigma = 15), so
+the comparisons have the bit length a real run has. Two ways to finish a round, side by side:
+
+- ``labels``: the secure argmax; only each query's winning class is opened;
+- ``histogram``: the secure sum alone; the noisy totals are opened (``--reveal histogram``).
+
+Reported per cell: the slowest tallier's wall time for the round (connecting, agreeing on the
+voters, the MPC and shutting down), per query, and the bytes each tallier sent to its peers. The
+grid varies one of Q, C and J at a time around Q = 500, C = 10, J = 3, the issue's target
+(at most 10 ms a query there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from crypto.mpc_field import MpcField
+from crypto.secret_sharing import share
+from protocol.roster import provision
+from scripts._cli import free_port, positive_int, run
+from training.vote_privacy import REVEAL_MODES, VotingSettings
+
+_HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
+_VOTING = VotingSettings(method="knn-dpfl", noise_std=15.0, quorum=len(_HOSPITALS), neighbours=30)
+_BASE = {"queries": 500, "classes": 10, "talliers": 3}
+_TARGET_MS = 10.0
+_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Measurement:
+    queries: int
+    classes: int
+    talliers: int
+    reveal: str
+    bit_length: int
+    seconds: float  # the slowest tallier's round
+    bytes_per_tallier: float  # mean over the talliers, sent to all peers
+
+    @property
+    def ms_per_query(self) -> float:
+        return 1000 * self.seconds / self.queries
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="consilium-bench-tallier",
+        description="Time the talliers' secure argmax (MPyC, real processes over TLS) against opening the noisy "
+        "histogram, for several numbers of queries, classes and talliers; write results.md and results.json.",
+    )
+    parser.add_argument("--queries", type=positive_int, nargs="+", default=[100, 500, 2000], help="Q values (default: 100 500 2000)")
+    parser.add_argument("--classes", type=positive_int, nargs="+", default=[2, 10, 50], help="C values (default: 2 10 50)")
+    parser.add_argument("--talliers", type=positive_int, nargs="+", default=[3, 5, 7], help="J values (default: 3 5 7)")
+    parser.add_argument("--out", type=Path, default=Path("results/bench_tallier"), help="where results.md and results.json go")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    sys.exit(run(lambda: benchmark(args)))
+
+
+def benchmark(args: argparse.Namespace) -> list[Measurement]:
+    cells = _grid(args)
+    measurements = []
+    with tempfile.TemporaryDirectory(prefix="consilium-bench-tallier-") as work, tqdm(total=len(cells), unit="cell") as bar:
+        for index, (queries, classes, talliers, reveal) in enumerate(cells):
+            bar.set_postfix_str(f"Q={queries} C={classes} J={talliers} {reveal}")
+            measurements.append(_measure(Path(work) / str(index), queries, classes, talliers, reveal))
+            bar.update()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(
+        json.dumps({"argv": sys.argv[1:], "measurements": [{**asdict(m), "ms_per_query": m.ms_per_query} for m in measurements]}, indent=1)
+    )
+    (args.out / "results.md").write_text(results_table(measurements))
+    print(f"results: {args.out / 'results.md'}")
+    return measurements
+
+
+def _grid(args: argparse.Namespace) -> list[tuple[int, int, int, str]]:
+    """One of Q, C, J varied at a time around the base cell, each cell in both reveal modes."""
+    points = [(q, _BASE["classes"], _BASE["talliers"]) for q in args.queries]
+    points += [(_BASE["queries"], c, _BASE["talliers"]) for c in args.classes]
+    points += [(_BASE["queries"], _BASE["classes"], j) for j in args.talliers]
+    unique = list(dict.fromkeys(points))
+    return [(q, c, j, reveal) for q, c, j in unique for reveal in REVEAL_MODES]
+
+
+def _measure(work: Path, queries: int, classes: int, talliers: int, reveal: str) -> Measurement:
+    addresses = tuple(f"127.0.0.1:{free_port()}" for _ in range(talliers))
+    roster = provision(work / "federation", hospitals=1, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=addresses)
+    bound = _VOTING.sum_bound(queries=queries, classes=classes, hospitals=len(_HOSPITALS))
+    field = MpcField.for_bound(bound)
+    rng = np.random.default_rng()  # the votes' values do not change the work; the shares' randomness is the OS's
+    shares = {}
+    for hospital in _HOSPITALS:
+        votes = rng.integers(-bound // len(_HOSPITALS), bound // len(_HOSPITALS) + 1, size=queries * classes)
+        for tallier, vector in enumerate(share(votes, talliers, field.modulus)):
+            shares[f"share-{tallier}-{hospital}"] = vector
+    np.savez(
+        work / "input.npz", **shares, hospitals=np.array(_HOSPITALS), queries=queries, classes=classes, quorum=len(_HOSPITALS),
+        bit_length=field.bit_length, modulus=str(field.modulus), reveal=reveal, timeout=_TIMEOUT_S, rounds=1, label_threshold=0,
+    )  # fmt: skip
+    ports = [address.rsplit(":", 1)[1] for address in addresses]
+    environment = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "scripts._mpc_party", "input.npz", f"out-{index}", str(index),
+             str((work / "federation" / name).relative_to(work)), *ports],
+            cwd=work, env={**os.environ, **environment}, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for index, name in enumerate(roster.talliers)
+    ]
+    deadline = time.monotonic() + _TIMEOUT_S + 60
+    failures = []
+    for index, process in enumerate(processes):
+        try:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+        if process.wait() != 0:
+            failures.append(f"tallier {index}: {process.stderr.read().strip().splitlines()[-1:] or 'no output'}")
+    if failures:
+        raise RuntimeError(f"Q={queries} C={classes} J={talliers} {reveal}: " + "; ".join(map(str, failures)))
+    results = [np.load(work / f"out-{index}-1.npz") for index in range(talliers)]
+    return Measurement(
+        queries=queries,
+        classes=classes,
+        talliers=talliers,
+        reveal=reveal,
+        bit_length=field.bit_length,
+        seconds=max(float(r["seconds"]) for r in results),
+        bytes_per_tallier=statistics.fmean(int(r["bytes_sent"]) for r in results),
+    )
+
+
+def results_table(measurements: list[Measurement]) -> str:
+    lines = [
+        "# The talliers' secure argmax against opening the noisy histogram",
+        "",
+        f"Command: `{' '.join(['consilium-bench-tallier', *sys.argv[1:]])}`. Each cell is one round in J real tallier "
+        f"processes (MPyC over mutual TLS, on one machine), three hospitals' votes secret-shared in the field of a "
+        f"kNN-DPFL run (k = {_VOTING.neighbours}, sigma = {_VOTING.noise_std:g}). Time: the slowest tallier's whole round "
+        "(connecting, agreeing on the voters, the MPC, shutting down). Bytes: what one tallier sends to its peers, "
+        "mean over the talliers.",
+        "",
+        "| Q | C | J | field bits | argmax: ms per query | argmax: kB per tallier | histogram: ms per query "
+        "| histogram: kB per tallier | argmax / histogram time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    by_cell = {(m.queries, m.classes, m.talliers, m.reveal): m for m in measurements}
+    for q, c, j in dict.fromkeys((m.queries, m.classes, m.talliers) for m in measurements):
+        labels, histogram = by_cell[(q, c, j, "labels")], by_cell[(q, c, j, "histogram")]
+        lines.append(
+            f"| {q} | {c} | {j} | {labels.bit_length} | {labels.ms_per_query:.2f} | {labels.bytes_per_tallier / 1000:,.0f} "
+            f"| {histogram.ms_per_query:.2f} | {histogram.bytes_per_tallier / 1000:,.0f} | {labels.seconds / histogram.seconds:.1f}x |"
+        )
+    base = by_cell.get((_BASE["queries"], _BASE["classes"], _BASE["talliers"], "labels"))
+    if base is not None:
+        verdict = "met" if base.ms_per_query <= _TARGET_MS else "not met"
+        lines += [
+            "",
+            f"- The secure argmax at most {_TARGET_MS:g} ms per query at Q = {base.queries}, C = {base.classes}, "
+            f"J = {base.talliers}: {base.ms_per_query:.2f} ms, **{verdict}**.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

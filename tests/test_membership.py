@@ -1,0 +1,31 @@
+"""Check slots: the inner products are exact modulo t whatever t's size, and a sum verifies only as itself."""
+
+import numpy as np
+import pytest
+
+from crypto.membership import CheckKey, MembershipError
+
+
+@pytest.mark.parametrize("plain_modulus", [12289, 40353793, 4294957057])  # 14, 26 and 32 bits (one product a block)
+def test_check_slots_are_the_inner_products_and_tags_modulo_t(plain_modulus):
+    key = CheckKey.generate(run_id="0123456789abcdef", plain_modulus=plain_modulus)
+    values = np.random.default_rng().integers(0, plain_modulus, size=5000)
+    slots = key.append(values, round_number=3, hospital="hospital-1")
+    np.testing.assert_array_equal(slots[:5000], values)
+    # The same coefficients and tag, in Python integers: no overflow can hide there.
+    coefficients = key._stream(b"coefficients|3")
+    tags = key._tags(3, "hospital-1")
+    for check, tag in zip(slots[5000:], tags):
+        a = coefficients.integers(0, plain_modulus, size=5000, dtype=np.uint64)
+        assert int(check) == (sum(int(p) * int(q) for p, q in zip(a, values)) + int(tag)) % plain_modulus
+
+
+def test_a_sum_verifies_for_its_contributors_only():
+    key = CheckKey.generate(run_id="0123456789abcdef", plain_modulus=40353793)
+    rng = np.random.default_rng()
+    first, second = rng.integers(-1000, 1000, size=300), rng.integers(-1000, 1000, size=300)
+    total = key.append(first, round_number=1, hospital="a") + key.append(second, round_number=1, hospital="b")
+    np.testing.assert_array_equal(key.verify(total, round_number=1, contributors=["a", "b"]), np.mod(first + second, 40353793))
+    for contributors, round_number in ((["a"], 1), (["a", "b", "c"], 1), (["a", "b"], 2), (["a", "a"], 1)):
+        with pytest.raises(MembershipError):
+            key.verify(total, round_number=round_number, contributors=contributors)
