@@ -18,8 +18,8 @@ never clamped. Two failures would corrupt it silently; both are ruled out here b
    of the sum, by a bound within a few percent of the exact binomial tail; then no coefficient fails, except with
    probability ``2^-40`` a round (union bound), when ``q >= t (K + 2 a_K)``, where ``q`` is the
    ciphertext modulus (the coefficient modulus without SEAL's special prime). The tail is what keeps
-   ``q`` small for many contributors: ``a_K`` is about 280 at ``K = 100`` where the worst case is
-   2,100. If it ever failed, the garbled sum would fail its check slots (``crypto.membership``): the
+   ``q`` small for many contributors: ``a_K`` is 264 to 295 at ``K = 100`` (by the number of coefficients)
+   where the worst case is 2,100. If it ever failed, the garbled sum would fail its check slots (``crypto.membership``): the
    hospitals would refuse it, as any sum that is not one contribution from each listed contributor,
    never decrypt it wrongly.
 

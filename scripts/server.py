@@ -95,7 +95,7 @@ def serve(args: argparse.Namespace) -> None:
         transcript=args.transcript,
         transcript_payloads=args.transcript_payloads,
         max_messages_per_second=args.max_messages_per_second,
-        on_round=lambda record: _print_round(record, server.config),
+        on_round=lambda record: _print_round(record, server.config, insecure=args.insecure_plaintext_benchmark),
         insecure_plaintext_benchmark=args.insecure_plaintext_benchmark,
     )
     if args.resume:
@@ -226,13 +226,17 @@ def _shown(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _print_round(record: dict, config: RunConfig) -> None:
+def _print_round(record: dict, config: RunConfig, *, insecure: bool) -> None:
     prefix = f"round {record['round']:>4}/{config.rounds}"
+    privacy = (
+        "epsilon n/a (insecure plaintext benchmark)"
+        if insecure
+        else f"epsilon {record['epsilon']['server']:.3f} against the server, "
+        f"{record['epsilon']['peer_hospital']:.3f} against a peer (delta {config.delta:g})"
+    )
     if record["status"] == "released":
         print(
-            f"{prefix}  val_acc {record['validation_accuracy']:.3f}  "
-            f"epsilon {record['epsilon']['server']:.3f} against the server, "
-            f"{record['epsilon']['peer_hospital']:.3f} against a peer (delta {config.delta:g})  "
+            f"{prefix}  val_acc {record['validation_accuracy']:.3f}  {privacy}  "
             f"contributors {len(record['contributors'])}/{len(config.hospitals)}",
             flush=True,
         )

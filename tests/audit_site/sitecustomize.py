@@ -63,7 +63,7 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     def _recorded_encrypt_update(self, values, *, round_number, hospital, **options):
         _record({"kind": "update", "hospital": hospital, "round": round_number, "values": np.asarray(values, dtype=np.int64),
-                 "gradient": np.asarray(_gradient.pop(), dtype=np.int64), "secrets": self.to_bytes()})  # fmt: skip
+                 "gradient": np.asarray(_gradient.pop() if _gradient else [], dtype=np.int64), "secrets": self.to_bytes()})  # fmt: skip
         return _encrypt_update(self, values, round_number=round_number, hospital=hospital, **options)
 
     crypto.bfv.SecretContext.encrypt_update = _recorded_encrypt_update
