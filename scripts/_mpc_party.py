@@ -1,17 +1,36 @@
-"""One tallier's MPC alone, for the tests and ``consilium-bench-tallier``: reads its shares from a .npz,
-runs ``tallier.mpc.run_round`` ``rounds`` times in this one process, and writes each result with the
-seconds it took.
+"""One tallier's MPC alone, for the tests and ``consilium-bench-tallier``: reads its shares from a .npz
+(``write_input``), runs ``tallier.mpc.run_round`` ``rounds`` times in this one process, and writes
+each result with the seconds it took.
 
     python -m scripts._mpc_party IN.npz OUT_PREFIX INDEX CERTIFICATES PORT [PORT ...]
 """
 
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from crypto.mpc_field import MpcField
 from tallier.mpc import MpcError, MpcParty, VoterError, run_round
+
+
+def write_input(
+    path: Path, shares: dict[tuple[int, str], np.ndarray], *, hospitals: tuple[str, ...], queries: int, classes: int,
+    quorum: int, field: MpcField, reveal: str, timeout: float, rounds: int, label_threshold: int,
+) -> None:  # fmt: skip
+    """The file every party reads: ``shares[(tallier, hospital)]`` (pairs left out are shares withheld) and the round's settings."""
+    np.savez(
+        path, **{f"share-{tallier}-{hospital}": vector for (tallier, hospital), vector in shares.items()},
+        hospitals=np.array(hospitals), queries=queries, classes=classes, quorum=quorum, bit_length=field.bit_length,
+        modulus=str(field.modulus), reveal=reveal, timeout=timeout, rounds=rounds, label_threshold=label_threshold,
+    )  # fmt: skip
+
+
+def command(source: str, target: str, index: int, certificates: str, ports: list[str]) -> list[str]:
+    """The command line of party ``index``, run with the repository on PYTHONPATH."""
+    return [sys.executable, "-m", "scripts._mpc_party", source, target, str(index), certificates, *ports]
+
 
 if __name__ == "__main__":
     source, target, index, certificates, *ports = sys.argv[1:]

@@ -83,10 +83,7 @@ def summarise(report: dict) -> dict:
     rounds = [r for r in report["rounds"] if r["status"] == "released"][1:]
     if not rounds:
         raise ValueError("no round was released after the first; see the run's logs")
-
-    def median(values: list[float]) -> float:
-        return statistics.median(values)
-
+    median = statistics.median
     hospital_rounds = [h for r in rounds for h in r["hospitals"].values()]
     return {
         "rounds": len(rounds),

@@ -35,6 +35,7 @@ from crypto.mpc_field import MpcField
 from crypto.secret_sharing import share
 from protocol.roster import provision
 from scripts._cli import free_port, positive_int, run
+from scripts._mpc_party import command, write_input
 from training.vote_privacy import REVEAL_MODES, VotingSettings
 
 _HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
@@ -113,19 +114,18 @@ def _measure(work: Path, queries: int, classes: int, talliers: int, reveal: str)
     for hospital in _HOSPITALS:
         votes = rng.integers(-bound // len(_HOSPITALS), bound // len(_HOSPITALS) + 1, size=queries * classes)
         for tallier, vector in enumerate(share(votes, talliers, field.modulus)):
-            shares[f"share-{tallier}-{hospital}"] = vector
-    np.savez(
-        work / "input.npz", **shares, hospitals=np.array(_HOSPITALS), queries=queries, classes=classes, quorum=len(_HOSPITALS),
-        bit_length=field.bit_length, modulus=str(field.modulus), reveal=reveal, timeout=_TIMEOUT_S, rounds=1, label_threshold=0,
-    )  # fmt: skip
+            shares[tallier, hospital] = vector
+    write_input(
+        work / "input.npz", shares, hospitals=_HOSPITALS, queries=queries, classes=classes, quorum=len(_HOSPITALS),
+        field=field, reveal=reveal, timeout=_TIMEOUT_S, rounds=1, label_threshold=0,
+    )
     ports = [address.rsplit(":", 1)[1] for address in addresses]
     environment = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     processes = [
         subprocess.Popen(
-            [sys.executable, "-m", "scripts._mpc_party", "input.npz", f"out-{index}", str(index),
-             str((work / "federation" / name).relative_to(work)), *ports],
+            command("input.npz", f"out-{index}", index, str((work / "federation" / name).relative_to(work)), ports),
             cwd=work, env={**os.environ, **environment}, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        )
         for index, name in enumerate(roster.talliers)
     ]
     deadline = time.monotonic() + _TIMEOUT_S + 60

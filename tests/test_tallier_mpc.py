@@ -9,6 +9,7 @@ import pytest
 from crypto.secret_sharing import share
 from protocol.roster import MPC_CERTIFICATES, provision
 from crypto.mpc_field import MpcField
+from scripts._mpc_party import command, write_input
 from tallier.mpc import MpcParty, run_round
 from tests.conftest import REPO, child_environment, free_port
 
@@ -37,20 +38,18 @@ def _run(
     for name, votes in zip(HOSPITALS, (first, totals - first)):
         for tallier, vector in enumerate(share(votes.reshape(-1), TALLIERS, field.modulus)):
             if (tallier, name) not in withheld:
-                shares[f"share-{tallier}-{name}"] = vector
-    np.savez(
-        tmp_path / "input.npz", **shares, hospitals=np.array(HOSPITALS), queries=queries, classes=classes, quorum=quorum,
-        bit_length=field.bit_length, modulus=str(field.modulus), reveal=reveal, timeout=timeout, rounds=rounds,
-        label_threshold=label_threshold,
-    )  # fmt: skip
+                shares[tallier, name] = vector
+    write_input(
+        tmp_path / "input.npz", shares, hospitals=HOSPITALS, queries=queries, classes=classes, quorum=quorum, field=field,
+        reveal=reveal, timeout=timeout, rounds=rounds, label_threshold=label_threshold,
+    )
     folders = folders or _tallier_folders(tmp_path / "federation")
     ports = [str(free_port()) for _ in range(TALLIERS)]
     processes = {
         index: subprocess.Popen(
-            [sys.executable, "-m", "scripts._mpc_party", "input.npz", f"out-{index}", str(index),
-             str(folders[index].relative_to(tmp_path)), *ports],
+            command("input.npz", f"out-{index}", index, str(folders[index].relative_to(tmp_path)), ports),
             cwd=tmp_path, env={**child_environment(), "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        )
         for index in parties
     }
     codes = {index: process.wait(timeout=rounds * timeout + 60) for index, process in processes.items()}
