@@ -228,13 +228,13 @@ def _shown(value: float | None) -> str:
 
 def _print_round(record: dict, config: RunConfig, *, insecure: bool) -> None:
     prefix = f"round {record['round']:>4}/{config.rounds}"
-    privacy = (
-        "epsilon n/a (insecure plaintext benchmark)"
-        if insecure
-        else f"epsilon {record['epsilon']['server']:.3f} against the server, "
-        f"{record['epsilon']['peer_hospital']:.3f} against a peer (delta {config.delta:g})"
-    )
     if record["status"] == "released":
+        privacy = (
+            "epsilon n/a (insecure plaintext benchmark)"
+            if insecure
+            else f"epsilon {record['epsilon']['server']:.3f} against the server, "
+            f"{record['epsilon']['peer_hospital']:.3f} against a peer (delta {config.delta:g})"
+        )
         print(
             f"{prefix}  val_acc {record['validation_accuracy']:.3f}  {privacy}  "
             f"contributors {len(record['contributors'])}/{len(config.hospitals)}",
