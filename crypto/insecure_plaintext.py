@@ -55,6 +55,8 @@ class InsecurePlaintextSum:
         self.contributions = 0
 
     def add(self, chunks: Sequence[bytes]) -> None:
+        if self.contributions >= self._params.max_contributors:
+            raise BfvError(f"this sum already holds {self.contributions} contributions, the most these parameters allow")
         self._total = (self._total + _words(chunks, self._params)) % self._params.plain_modulus
         self.contributions += 1
 

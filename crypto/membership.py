@@ -6,9 +6,12 @@ vector ``x_k`` of ``d`` integers, all modulo the plaintext modulus ``t``::
 
     c_{k,l} = <a_l, x_k> + tag_{k,l}        l = 1..L
 
-``a_l`` (uniform in ``Z_t^d``) and ``tag_{k,l}`` (uniform in ``Z_t``) come from ChaCha20 keyed with
-``HMAC-SHA256(K, R | r)`` and ``HMAC-SHA256(K, R | r | k)``. A hospital told that a sum ``(y, c)``
-adds the contributions of the set ``S`` accepts it only if, for every ``l``::
+``a_l`` (in ``Z_t^d``) and ``tag_{k,l}`` (in ``Z_t``) are ChaCha20 keystream keyed with
+``HMAC-SHA256(K, R | r | l)`` and ``HMAC-SHA256(K, R | r | k)``, read as 64-bit words each reduced
+modulo ``t``. Each value then has ``floor(2^64 / t)`` or ``ceil(2^64 / t)`` of the ``2^64`` words as
+preimages, so it is drawn with probability at most ``1/t + 2^-64``: "uniform" below means within
+that. A hospital told that a sum ``(y, c)`` adds the contributions of the set ``S`` accepts it only
+if, for every ``l``::
 
     c_l = <a_l, y> + sum_{k in S} tag_{k,l}
 
@@ -22,9 +25,9 @@ fresh contribution of ``S`` and 0 for every other, the check holds with probabil
 those coefficients the check reads ``<a_l, e> = p_l`` for the error ``e = sum_{k in S} x_k - y``,
 and ``a_l`` is uniform and independent of everything the server has seen, so a nonzero ``e``
 passes with probability ``1/t``. Independent ``a_l`` and tags over ``L = ceil(128 / log2 t)`` slots
-give a forgery probability of at most ``t^-L <= 2^-128``. This rules out ``3 Enc(x_2)``, a
-contribution left out or counted twice, a replayed round, a transparent or forged ciphertext, and a
-sum whose data slots were scaled or shifted.
+give a forgery probability of at most ``(1/t + 2^-64)^L <= 2^-128 (1 + 2^-32)^L`` (as ``t < 2^32``),
+below ``2^-127.99``. This rules out ``3 Enc(x_2)``, a contribution left out or counted twice, a
+replayed round, a transparent or forged ciphertext, and a sum whose data slots were scaled or shifted.
 
 **What it does not rule out.** A server can send different valid sums, for different sets ``S``,
 to different hospitals in one round; ``crypto.endorsement`` closes that.
@@ -39,13 +42,13 @@ import secrets
 from typing import Sequence
 
 import numpy as np
-from randomgen import ChaCha
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 __all__ = ["CHECK_KEY_BYTES", "MembershipError", "check_slot_count", "CheckKey"]
 
 CHECK_KEY_BYTES = 32
 SOUNDNESS_BITS = 128
-_ROUNDS = 20
+_NONCE = bytes(16)  # each stream has its own key, used once
 
 
 class MembershipError(ValueError):
@@ -99,20 +102,20 @@ class CheckKey:
         return values
 
     def _inner_products(self, reduced: np.ndarray, round_number: int) -> np.ndarray:
-        generator = self._stream(b"coefficients|%d" % round_number)
         x = reduced.astype(np.uint64)
         # a, x < t: a block of this many products sums below 2^64, so np.dot (which wraps) is exact on it.
         block = (2**64 - 1) // (self._t - 1) ** 2
         products = np.empty(self.slots, dtype=np.int64)
         for l in range(self.slots):
-            a = generator.integers(0, self._t, size=x.size, dtype=np.uint64)
+            a = self._uniform(b"coefficients|%d|%d" % (round_number, l), x.size)
             products[l] = sum(int(np.dot(a[i : i + block], x[i : i + block])) % self._t for i in range(0, x.size, block)) % self._t
         return products
 
     def _tags(self, round_number: int, hospital: str) -> np.ndarray:
-        generator = self._stream(b"tags|%d|" % round_number + hospital.encode())
-        return generator.integers(0, self._t, size=self.slots, dtype=np.int64)
+        return self._uniform(b"tags|%d|" % round_number + hospital.encode(), self.slots).astype(np.int64)
 
-    def _stream(self, label: bytes) -> np.random.Generator:
-        seed = hmac.new(self._key, b"consilium/check-slots/v1|" + self._run_id.encode() + b"|" + label, hashlib.sha256)
-        return np.random.Generator(ChaCha(key=int.from_bytes(seed.digest(), "little"), counter=0, rounds=_ROUNDS))
+    def _uniform(self, label: bytes, size: int) -> np.ndarray:
+        """``size`` values in ``Z_t`` from the keystream of ``label``'s key (see the module docstring)."""
+        key = hmac.new(self._key, b"consilium/check-slots/v2|" + self._run_id.encode() + b"|" + label, hashlib.sha256)
+        keystream = Cipher(algorithms.ChaCha20(key.digest(), _NONCE), mode=None).encryptor().update(bytes(8 * size))
+        return np.frombuffer(keystream, dtype="<u8") % np.uint64(self._t)

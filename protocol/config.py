@@ -21,7 +21,11 @@ from training.dopamine import DopamineSettings
 from training.models import ModelSpec, build_model
 from training.skellam import SkellamMechanism
 
-__all__ = ["ConfigError", "RunConfig", "check_run", "run_fingerprint"]
+__all__ = ["AGGREGATIONS", "INSECURE_PLAINTEXT", "SECURE_AGGREGATION", "ConfigError", "RunConfig", "check_run", "run_fingerprint"]
+
+SECURE_AGGREGATION = "bfv"
+INSECURE_PLAINTEXT = "insecure-plaintext-benchmark"  # crypto.insecure_plaintext: no privacy holds
+AGGREGATIONS = (SECURE_AGGREGATION, INSECURE_PLAINTEXT)
 
 _RUN_ID = re.compile(r"^[0-9a-f]{8,64}$")
 _MESSAGE_SLACK_BYTES = 64 * 1024
@@ -61,9 +65,14 @@ class RunConfig:
     delta: float
     model: ModelSpec
     dopamine: DopamineSettings
+    # Part of the fingerprint, so a hospital and a server in different modes never share a round:
+    # each hospital refuses a run whose mode is not the one its own operator chose.
+    aggregation: str = SECURE_AGGREGATION
 
     def __post_init__(self) -> None:
         check_run(self.run_id, self.hospitals, quorum=self.dopamine.quorum, rounds=self.rounds, delta=self.delta)
+        if self.aggregation not in AGGREGATIONS:
+            raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
 
     @property
     def key_holder(self) -> str:
@@ -110,6 +119,7 @@ class RunConfig:
             "delta": self.delta,
             "model": self.model.to_dict(),
             "dopamine": self.dopamine.to_dict(),
+            "aggregation": self.aggregation,
         }
 
     @classmethod
@@ -123,6 +133,7 @@ class RunConfig:
                 delta=float(values["delta"]),
                 model=ModelSpec.from_dict(values["model"]),
                 dopamine=DopamineSettings.from_dict(values["dopamine"]),
+                aggregation=str(values["aggregation"]),
             )
         except (KeyError, TypeError) as error:
             raise ConfigError(f"malformed run configuration: missing or wrong {error}") from None

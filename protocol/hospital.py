@@ -49,7 +49,7 @@ from crypto.bfv import BfvError, SecretContext
 from crypto.insecure_plaintext import InsecurePlaintextUploads
 from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements, endorse
 from crypto.sealed_box import SealedBoxError, certify_key, open_box, seal, verify_certified_key
-from protocol.config import ConfigError, RunConfig
+from protocol.config import AGGREGATIONS, INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig
 from protocol.messages import (
     TO_HOSPITAL,
     Aggregate,
@@ -157,7 +157,7 @@ class Hospital:
         state_dir: Path,
         timeout_s: float = 180.0,
         send_offset_s: float = DEFAULT_SEND_OFFSET_S,
-        insecure_plaintext_benchmark: bool = False,
+        aggregation: str = SECURE_AGGREGATION,
     ) -> None:
         roster.check_credentials(credentials)
         self._name = credentials.name
@@ -167,7 +167,9 @@ class Hospital:
         self._budget = budget
         self._state_dir = state_dir
         self._send_offset_s = send_offset_s
-        self._insecure_plaintext = insecure_plaintext_benchmark  # crypto.insecure_plaintext: no privacy holds
+        if aggregation not in AGGREGATIONS:
+            raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+        self._aggregation = aggregation  # this hospital's operator's choice; a server cannot change it
         self._ledger: PrivacyLedger | None = None
         # Set by the first Welcome, kept across joins: a hospital takes part in one run.
         self._config: RunConfig | None = None
@@ -207,6 +209,10 @@ class Hospital:
             config = RunConfig.from_dict(welcome.config)
         except ConfigError as error:
             raise ProtocolError(f"the server's run configuration is unusable: {error}") from None
+        if config.aggregation != self._aggregation:
+            raise ProtocolError(
+                f"the server's run uses {config.aggregation!r} aggregation; {self._name} was started for {self._aggregation!r}"
+            )
         run = config.fingerprint(welcome.initial_parameters)
         if self._config is None:
             self._begin(config, run, welcome.initial_parameters)
@@ -221,7 +227,9 @@ class Hospital:
             self._secret = SecretContext.generate(config.bfv_parameters(), run_id=config.run_id)
         if self._secret is None:
             self._secret = self._receive_key()
-        self._uploads = InsecurePlaintextUploads(config.bfv_parameters()) if self._insecure_plaintext else self._secret
+        self._uploads = (
+            InsecurePlaintextUploads(config.bfv_parameters()) if self._aggregation == INSECURE_PLAINTEXT else self._secret
+        )
         self._send(KeyReady())
 
     def _begin(self, config: RunConfig, run: str, initial_parameters: bytes) -> None:
@@ -451,6 +459,7 @@ class Hospital:
         metrics = {
             "hospital": self._name,
             "run_id": config.run_id,
+            "aggregation": config.aggregation,  # with insecure-plaintext-benchmark, no epsilon here holds
             "finish_reason": finish_reason,
             "rejected_messages": self._channel.rejections.total,
             "joins": self._joins,

@@ -37,7 +37,7 @@ from crypto.insecure_plaintext import InsecurePlaintextSum
 from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements
 from protocol.channel import PartyChannels
 from protocol.checkpoint import Checkpoint, CheckpointError
-from protocol.config import ConfigError, RunConfig
+from protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
 from protocol.messages import (
     TO_SERVER,
     Aggregate,
@@ -109,7 +109,6 @@ class Server:
         transcript_payloads: bool = False,
         max_messages_per_second: float = DEFAULT_MAX_MESSAGES_PER_SECOND,
         on_round: Callable[[dict], None] | None = None,
-        insecure_plaintext_benchmark: bool = False,
         _checkpoint: Checkpoint | None = None,
     ) -> None:
         roster.check_credentials(credentials)
@@ -122,7 +121,6 @@ class Server:
         self._out_dir = out_dir
         self._timeouts = timeouts
         self._on_round = on_round or (lambda record: None)
-        self._insecure_plaintext = insecure_plaintext_benchmark  # crypto.insecure_plaintext: no privacy holds
         self._model = build_model(config.model)
         self._momentum = MomentumUpdate(self._model, config.dopamine)
         self._params = config.bfv_parameters()
@@ -384,7 +382,9 @@ class Server:
         self._finish_round(record)
 
     def _collect(self, round_number: int, record: _RoundRecord) -> tuple[CiphertextSum | InsecurePlaintextSum, float]:
-        total = InsecurePlaintextSum(self._params) if self._insecure_plaintext else CiphertextSum(self._public)
+        total = (
+            InsecurePlaintextSum(self._params) if self._config.aggregation == INSECURE_PLAINTEXT else CiphertextSum(self._public)
+        )
         aggregate_seconds = 0.0
         deadline = time.monotonic() + self._timeouts.round_s
         waiting = lambda: not set(self._active) <= set(record.contributors)  # noqa: E731
@@ -585,7 +585,6 @@ class Server:
         return {
             "config": self._config.to_dict(),
             "bfv": self._params.to_dict(),
-            "aggregation": "insecure-plaintext-benchmark" if self._insecure_plaintext else "bfv",
             "mechanism": self._mechanism_report(),
             "parameter_count": self._params.vector_length,
             "finish_reason": finish_reason,

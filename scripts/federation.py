@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from protocol.config import ConfigError
+from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError
 from protocol.messages import ProtocolError
 from protocol.roster import SERVER, provision
 from protocol.hospital import DEFAULT_SEND_OFFSET_S
@@ -218,7 +218,7 @@ def run_federation(args: argparse.Namespace) -> dict:
     plot_report(report, out / "report.png")
     final, wire = report["final"], report["wire"]
     epsilon = final["epsilon"]
-    if report["aggregation"] == "bfv":
+    if report["config"]["aggregation"] == SECURE_AGGREGATION:
         privacy = (
             f"epsilon at delta {final['delta']:g}: {epsilon['server']:.3f} against the server, "
             f"{epsilon['peer_hospital']:.3f} against a fellow hospital, {epsilon['collusion']:.3f} if all the others "
@@ -315,7 +315,6 @@ def build_report(server: dict, hospitals: dict[str, dict], *, wall_seconds: floa
         "config": server["config"],
         "run_fingerprint": server["run_fingerprint"],
         "bfv": server["bfv"],
-        "aggregation": server["aggregation"],
         "mechanism": server["mechanism"],
         "final": {**server["final"], "finish_reason": server["finish_reason"]},
         "wire": {
@@ -362,7 +361,10 @@ def plot_report(report: dict, path: Path) -> None:
     bottom.legend()
     bottom.grid(alpha=0.3)
     config = report["config"]
-    figure.suptitle(f"Dopamine on {config['dataset']}: {len(config['hospitals'])} hospitals, BFV secure aggregation")
+    aggregation = (
+        "secure aggregation OFF: the epsilons do NOT hold" if config["aggregation"] == INSECURE_PLAINTEXT else "BFV secure aggregation"
+    )
+    figure.suptitle(f"Dopamine on {config['dataset']}: {len(config['hospitals'])} hospitals, {aggregation}")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

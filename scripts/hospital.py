@@ -7,7 +7,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from protocol.config import ConfigError
+from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError
 from protocol.hospital import DEFAULT_SEND_OFFSET_S, Hospital, PrivacyBudget
 from protocol.messages import ProtocolError
 from protocol.roster import Credentials, Roster
@@ -123,7 +123,8 @@ def _hospital(args: argparse.Namespace, roster: Roster, name: str, data: Split) 
         timeout_s=args.timeout,
     )
     if args.method == "dopamine":
-        return Hospital(**common, send_offset_s=args.send_offset, insecure_plaintext_benchmark=args.insecure_plaintext_benchmark)
+        aggregation = INSECURE_PLAINTEXT if args.insecure_plaintext_benchmark else SECURE_AGGREGATION
+        return Hospital(**common, send_offset_s=args.send_offset, aggregation=aggregation)
     return VotingHospital(**common, min_quorum=args.min_quorum, allow_histogram=args.allow_histogram)
 
 

@@ -7,7 +7,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from protocol.config import ConfigError, RunConfig
+from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig
 from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
 from protocol.roster import SERVER, Credentials, Roster
 from protocol.server import Server, Timeouts
@@ -95,13 +95,17 @@ def serve(args: argparse.Namespace) -> None:
         transcript=args.transcript,
         transcript_payloads=args.transcript_payloads,
         max_messages_per_second=args.max_messages_per_second,
-        on_round=lambda record: _print_round(record, server.config, insecure=args.insecure_plaintext_benchmark),
-        insecure_plaintext_benchmark=args.insecure_plaintext_benchmark,
+        on_round=lambda record: _print_round(record, server.config),
     )
     if args.resume:
         server = Server.resume(**settings)
         if server.config.dataset != dataset.name:
             raise ConfigError(f"the checkpointed run is on {server.config.dataset}; pass the same --data")
+        if (server.config.aggregation == INSECURE_PLAINTEXT) != args.insecure_plaintext_benchmark:
+            raise ConfigError(
+                f"the checkpointed run uses {server.config.aggregation!r} aggregation; resume it with the same "
+                "--insecure-plaintext-benchmark setting"
+            )
         print(f"server on {roster.server_address}: resuming run {server.config.run_id} from {args.out}", flush=True)
     else:
         server = Server(config=_new_run(args, roster, dataset), **settings)
@@ -132,6 +136,7 @@ def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunC
                 learning_rate=args.lr,
                 momentum=args.momentum,
             ),
+            aggregation=INSECURE_PLAINTEXT if args.insecure_plaintext_benchmark else SECURE_AGGREGATION,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
@@ -226,12 +231,12 @@ def _shown(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _print_round(record: dict, config: RunConfig, *, insecure: bool) -> None:
+def _print_round(record: dict, config: RunConfig) -> None:
     prefix = f"round {record['round']:>4}/{config.rounds}"
     if record["status"] == "released":
         privacy = (
             "epsilon n/a (insecure plaintext benchmark)"
-            if insecure
+            if config.aggregation == INSECURE_PLAINTEXT
             else f"epsilon {record['epsilon']['server']:.3f} against the server, "
             f"{record['epsilon']['peer_hospital']:.3f} against a peer (delta {config.delta:g})"
         )

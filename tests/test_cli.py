@@ -5,7 +5,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import run_launcher
+from protocol.checkpoint import Checkpoint
 from protocol.roster import provision
+from scripts._scripted import small_run_config
+from training.models import build_model, get_flat_parameters
 
 
 @pytest.mark.parametrize("module", ["provision", "server", "hospital", "federation", "bench_crypto", "bench_round", "bench_tallier"])
@@ -23,7 +26,7 @@ def _assert_one_line_error(result, fragment):
 
 def test_user_mistakes_get_one_line(tmp_path):
     federation = tmp_path / "federation"
-    provision(federation, hospitals=2, address="tcp://127.0.0.1:5999")
+    roster = provision(federation, hospitals=2, address="tcp://127.0.0.1:5999")
     hospital = ["--federation", federation, "--name", "hospital-1"]
     server = ["--federation", federation, "--out", tmp_path / "out", "--expected-batch-size", "5"]
     used = tmp_path / "used"
@@ -32,6 +35,10 @@ def test_user_mistakes_get_one_line(tmp_path):
     torn = tmp_path / "torn"
     torn.mkdir()
     (torn / "checkpoint.json").write_text('{"format": "consilium-server-checkpoint", "version": 1, "config"')
+    secure = tmp_path / "secure"  # a checkpointed run with secure aggregation, before its first round
+    config = small_run_config(roster, quorum=2, rounds=3)
+    model = get_flat_parameters(build_model(config.model)).tobytes()
+    Checkpoint(config.to_dict(), model, model, bytes(len(model)), 0, list(config.hospitals), [], {}, []).save(secure)
     cases = [
         (("hospital", *hospital, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("hospital", "--federation", tmp_path / "nowhere", "--name", "hospital-1"), "run consilium-provision first"),
@@ -48,6 +55,10 @@ def test_user_mistakes_get_one_line(tmp_path):
         (("server", "--federation", federation, "--out", used, "--expected-batch-size", "5"), "already holds a run"),
         (("server", "--federation", federation, "--out", used, "--resume"), "holds no checkpoint"),
         (("server", "--federation", federation, "--out", torn, "--resume"), "checkpoint.json is unreadable"),
+        (
+            ("server", "--federation", federation, "--out", secure, "--resume", "--insecure-plaintext-benchmark"),
+            "the checkpointed run uses 'bfv' aggregation",
+        ),
         (("server", "--federation", federation, "--out", tmp_path / "new"), "--expected-batch-size is required"),
         (("federation", "--out", tmp_path / "run", "--data", tmp_path / "missing.npz"), "no dataset file"),
     ]

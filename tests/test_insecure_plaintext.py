@@ -19,6 +19,8 @@ def test_the_plaintext_sum_is_the_sum_modulo_t():
     decoded = uploads.decrypt_sum(total.to_chunks(), round_number=1, contributors=["hospital-0", "hospital-1", "hospital-2"])
     np.testing.assert_array_equal(decoded, np.sum(updates, axis=0))
     assert total.contributions == 3
+    with pytest.raises(BfvError, match="the most these parameters allow"):  # t holds no more than K_max of them
+        total.add(uploads.encrypt_update(updates[0], round_number=1, hospital="hospital-3"))
 
 
 def test_malformed_plaintext_uploads_change_nothing():

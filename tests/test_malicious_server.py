@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 
 from crypto.bfv import aggregate_bytes
+from protocol.config import INSECURE_PLAINTEXT
 from protocol.messages import Aggregate, Endorsement, Endorsements, Finish, Hello, KeyReady, KeyRequest, Released, RoundStart, RunKey
 from scripted import ScriptedServer
 
@@ -141,3 +142,14 @@ def test_hospitals_given_different_settings_get_no_key_through(server):
     server.send(H1, KeyRequest(run_keys={}))
     server.wait_for_log(H1, "to no hospital")
     assert _drain(server) == []  # no key setup
+
+
+def test_a_server_cannot_switch_hospitals_to_plaintext_uploads(server):
+    """A run announced in the benchmark's plaintext mode: hospitals that did not choose it leave before any round."""
+    plaintext = dataclasses.replace(server.config, aggregation=INSECURE_PLAINTEXT)
+    server.receive_from_each(Hello, (H1, H2, H3))
+    for name in (H1, H2, H3):
+        server.send(name, server.welcome(name, plaintext))
+    for name in (H1, H2, H3):
+        assert "uses 'insecure-plaintext-benchmark' aggregation; " f"{name} was started for 'bfv'" in _refusal(server, name)
+    assert _drain(server) == []  # no key, no update

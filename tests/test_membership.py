@@ -13,10 +13,10 @@ def test_check_slots_are_the_inner_products_and_tags_modulo_t(plain_modulus):
     slots = key.append(values, round_number=3, hospital="hospital-1")
     np.testing.assert_array_equal(slots[:5000], values)
     # The same coefficients and tag, in Python integers: no overflow can hide there.
-    coefficients = key._stream(b"coefficients|3")
     tags = key._tags(3, "hospital-1")
-    for check, tag in zip(slots[5000:], tags):
-        a = coefficients.integers(0, plain_modulus, size=5000, dtype=np.uint64)
+    for l, (check, tag) in enumerate(zip(slots[5000:], tags)):
+        a = key._uniform(b"coefficients|3|%d" % l, 5000)
+        assert a.max() < plain_modulus
         assert int(check) == (sum(int(p) * int(q) for p, q in zip(a, values)) + int(tag)) % plain_modulus
 
 
