@@ -48,7 +48,7 @@ __all__ = ["CHECK_KEY_BYTES", "MembershipError", "check_slot_count", "CheckKey"]
 
 CHECK_KEY_BYTES = 32
 SOUNDNESS_BITS = 128
-_NONCE = bytes(16)  # each stream has its own key, used once
+_NONCE = bytes(16)  # each label has its own key, so one nonce serves: every party recomputes the same stream
 
 
 class MembershipError(ValueError):

@@ -29,3 +29,26 @@ def test_a_sum_verifies_for_its_contributors_only():
     for contributors, round_number in ((["a"], 1), (["a", "b", "c"], 1), (["a", "b"], 2), (["a", "a"], 1)):
         with pytest.raises(MembershipError):
             key.verify(total, round_number=round_number, contributors=contributors)
+
+
+def test_the_check_slots_are_pinned_to_their_derivation():
+    """Known answers: a change to the labels, the key derivation or the reduction changes these slots."""
+    import hashlib
+    import hmac
+
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    t, values = 40353793, np.arange(-5, 5)
+    key = CheckKey(bytes(range(32)), run_id="0123456789abcdef", plain_modulus=t)
+    slots = key.append(values, round_number=7, hospital="hospital-2")[10:]
+    assert slots.tolist() == [8683871, 16446018, 32969867, 33349430, 25280868, 4743555]
+
+    def stream(label: bytes, size: int) -> list[int]:  # the module docstring's derivation, spelled out
+        digest = hmac.new(bytes(range(32)), b"consilium/check-slots/v2|0123456789abcdef|" + label, hashlib.sha256).digest()
+        keystream = Cipher(algorithms.ChaCha20(digest, bytes(16)), mode=None).encryptor().update(bytes(8 * size))
+        return [int.from_bytes(keystream[8 * i : 8 * i + 8], "little") % t for i in range(size)]
+
+    a = stream(b"coefficients|7|0", 10)
+    tag = stream(b"tags|7|hospital-2", key.slots)[0]
+    assert int(slots[0]) == (sum(x * int(v) for x, v in zip(a, values)) + tag) % t
+    assert a != stream(b"coefficients|7|1", 10) != stream(b"coefficients|8|0", 10)
