@@ -35,7 +35,8 @@ def test_medmnist_and_keras_npz_files_load(tmp_path):
     np.savez(tmp_path / "keras.npz", x_train=images(20), y_train=np.arange(20) % 10, x_test=images(5), y_test=np.arange(5))
     med = load_dataset(str(tmp_path / "med.npz"))
     keras = load_dataset(str(tmp_path / "keras.npz"))
-    assert med.input_shape == (1, 28, 28) and len(med.validation) == 5
+    assert med.input_shape == (1, 28, 28) and len(med.validation) == 5 and len(med.test) == 5
+    assert keras.test is None  # its test split is the validation split
     assert keras.num_classes == 10 and 0.0 <= keras.train.x.min() and keras.train.x.max() <= 1.0
 
 
@@ -54,7 +55,7 @@ def test_bad_files_get_a_clear_error(tmp_path):
 def test_the_shared_pneumoniamnist_file_loads():
     data = load_dataset(str(SHARED_DATA / "pneumoniamnist.npz"))
     assert data.input_shape == (1, 28, 28) and data.num_classes == 2
-    assert len(data.train) == 3882 and len(data.validation) == 524
+    assert len(data.train) == 3882 and len(data.validation) == 524 and len(data.test) == 624
 
 
 @pytest.mark.parametrize("scheme, options", [("iid", {}), ("label_skew", {"classes_per_part": 6}), ("dirichlet", {"alpha": 0.3})])

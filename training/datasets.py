@@ -5,9 +5,13 @@
   Both are split 80/20 into train and validation, stratified, by ``split_seed``; every party of a
   federation must use the same seed so that the hospitals' data and the server's validation set
   are disjoint.
-- MedMNIST format (``train_images``, ``train_labels``, ``val_images``, ``val_labels``, ...) and
-  Keras MNIST format (``x_train``, ``y_train``, ``x_test``, ``y_test``; the test split serves as
-  validation). Images become float32 in [0, 1], shaped (channels, height, width).
+- MedMNIST format (``train_images``, ``train_labels``, ``val_images``, ``val_labels``, and
+  ``test_images``, ``test_labels`` when present) and Keras MNIST format (``x_train``, ``y_train``,
+  ``x_test``, ``y_test``; the test split serves as validation, so there is no separate test
+  split). Images become float32 in [0, 1], shaped (channels, height, width).
+
+Models are selected on ``validation``; ``test``, where a dataset has one, is for the final report
+only (MedMNIST's protocol).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Dataset:
     train: Split
     validation: Split
     num_classes: int
+    test: Split | None = None  # held out from every choice made during training
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -87,9 +92,12 @@ def _load_npz(path: Path) -> Dataset:
             arrays = {key: archive[key] for key in archive.files}
     except (OSError, ValueError, zipfile.BadZipFile) as error:
         raise DatasetError(f"cannot read {path} as an .npz archive: {error}") from None
+    test = None
     if {"train_images", "train_labels", "val_images", "val_labels"} <= arrays.keys():
         train = _image_split(arrays["train_images"], arrays["train_labels"], path)
         validation = _image_split(arrays["val_images"], arrays["val_labels"], path)
+        if {"test_images", "test_labels"} <= arrays.keys():
+            test = _image_split(arrays["test_images"], arrays["test_labels"], path)
     elif {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
         train = _image_split(arrays["x_train"], arrays["y_train"], path)
         validation = _image_split(arrays["x_test"], arrays["y_test"], path)
@@ -98,8 +106,8 @@ def _load_npz(path: Path) -> Dataset:
             f"{path} is neither MedMNIST format (train_images, train_labels, val_images, val_labels) "
             f"nor Keras MNIST format (x_train, y_train, x_test, y_test); it has {sorted(arrays)}"
         )
-    num_classes = int(max(train.y.max(), validation.y.max())) + 1
-    return Dataset(name=path.stem, train=train, validation=validation, num_classes=num_classes)
+    num_classes = int(max(split.y.max() for split in (train, validation, test) if split is not None)) + 1
+    return Dataset(name=path.stem, train=train, validation=validation, num_classes=num_classes, test=test)
 
 
 def _image_split(images: np.ndarray, labels: np.ndarray, path: Path) -> Split:

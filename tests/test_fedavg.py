@@ -1,0 +1,68 @@
+"""DP-FedAvg's local and server halves do what Eq. (1) and Reddi et al.'s FedAdam say."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from training.datasets import Split
+from training.fedavg import FedAvgError, LocalTraining, ServerOptimizer, clip_update, local_update, split_subclients
+from training.models import ModelSpec, build_model, get_flat_parameters
+from training.secure_random import secure_generator
+
+
+def test_subclients_are_disjoint_non_empty_and_cover_the_records():
+    parts = split_subclients(23, 5, secure_generator())
+    assert sorted(np.concatenate(parts).tolist()) == list(range(23))
+    assert {len(p) for p in parts} == {4, 5}
+
+
+@pytest.mark.parametrize("subclients, message", [(0, "at least one"), (24, "would leave a sub-client empty")])
+def test_impossible_splits_are_refused(subclients, message):
+    with pytest.raises(FedAvgError, match=message):
+        split_subclients(23, subclients, secure_generator())
+
+
+def test_one_full_batch_sgd_epoch_moves_the_model_by_minus_lr_times_the_gradient():
+    model = build_model(ModelSpec("mlp", (4,), 3, (5,)))
+    rng = np.random.default_rng(0)
+    data = Split(rng.normal(size=(8, 4)).astype(np.float32), rng.integers(0, 3, 8))
+    loss = nn.functional.cross_entropy(model(torch.as_tensor(data.x)), torch.as_tensor(data.y))
+    gradient = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(model.parameters()))]).numpy()
+    before = get_flat_parameters(model)
+    update = local_update(model, data, LocalTraining(epochs=1, batch_size=8, learning_rate=0.1), secure_generator())
+    np.testing.assert_allclose(update, -0.1 * gradient, atol=1e-6)
+    np.testing.assert_array_equal(get_flat_parameters(model), before)  # the global model is left alone
+
+
+def test_clipping_bounds_the_norm_and_keeps_the_direction():
+    update = np.array([3.0, 4.0], dtype=np.float32)
+    clipped, norm = clip_update(update, 1.0)
+    assert norm == 5.0 and np.allclose(clipped, [0.6, 0.8])
+    small, _ = clip_update(update, 10.0)
+    np.testing.assert_array_equal(small, update)
+
+
+def test_fedavg_adds_the_scaled_mean_and_fedadam_follows_reddi_et_al():
+    theta, u1, u2 = np.zeros(2), np.array([1.0, -2.0]), np.array([0.5, 0.5])
+    assert np.allclose(ServerOptimizer("fedavg", learning_rate=0.5, dimension=2).step(theta, u1), [0.5, -1.0])
+    adam = ServerOptimizer("fedadam", learning_rate=0.1, dimension=2, beta1=0.9, beta2=0.99, tau=1e-3)
+    m, s, expected = np.zeros(2), np.zeros(2), theta
+    for u in (u1, u2):
+        m, s = 0.9 * m + 0.1 * u, 0.99 * s + 0.01 * u**2
+        expected = expected + 0.1 * m / (np.sqrt(s) + 1e-3)
+        theta = adam.step(theta, u)
+    np.testing.assert_allclose(theta, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: ServerOptimizer("fedprox", learning_rate=1.0, dimension=2), "unknown server optimizer 'fedprox'"),
+        (lambda: LocalTraining(optimizer="lbfgs"), "unknown local optimizer 'lbfgs'"),
+        (lambda: LocalTraining(epochs=0), "epochs >= 1"),
+    ],
+)
+def test_unknown_optimizers_and_bad_settings_are_refused(build, message):
+    with pytest.raises(FedAvgError, match=message):
+        build()

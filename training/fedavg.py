@@ -1,0 +1,120 @@
+"""DP-FedAvg over intermediaries (Jiang et al., Eq. 1), the parts a hospital and the server compute.
+
+Each hospital splits its records into ``v`` disjoint sub-clients ("intermediaries"). In round
+``t`` every sub-client ``i`` trains locally from the global model ``theta_t`` and reports its
+update ``Delta_i = theta_i - theta_t`` clipped to L2 norm ``C``; the federation releases::
+
+    theta_{t+1} = theta_t + ServerOpt( (1/N) (sum_i clip(Delta_i, C) + N(0, z^2 C^2 I)) )
+
+over the ``N`` sub-clients of the round. A sub-client moves the sum by at most ``C``; a hospital,
+whose ``v`` sub-clients all move together, by up to ``v C``: the same release is DP with noise
+multiplier ``z`` for a sub-client and ``z / v`` for a hospital (``training.accounting``).
+
+This module holds the local half (``split_subclients``, ``local_update``, ``clip_update``) and
+the server half (``ServerOptimizer``: FedAvg, and FedAdam of Reddi et al. 2021, Algorithm 2).
+Noise, encoding and accounting are elsewhere, as for Dopamine.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.datasets import Split
+from training.models import get_flat_parameters
+
+__all__ = ["LOCAL_OPTIMIZERS", "SERVER_OPTIMIZERS", "FedAvgError", "LocalTraining", "ServerOptimizer", "clip_update", "local_update", "split_subclients"]
+
+LOCAL_OPTIMIZERS = ("sgd", "adam")
+SERVER_OPTIMIZERS = ("fedavg", "fedadam")
+
+
+class FedAvgError(ValueError):
+    """Settings or a split that DP-FedAvg cannot run with."""
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """How each sub-client trains from the global model before its update is clipped."""
+
+    epochs: int = 1
+    batch_size: int = 32
+    learning_rate: float = 0.05
+    optimizer: str = "sgd"
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in LOCAL_OPTIMIZERS:
+            raise FedAvgError(f"unknown local optimizer {self.optimizer!r}; choose one of {', '.join(LOCAL_OPTIMIZERS)}")
+        if self.epochs < 1 or self.batch_size < 1 or not self.learning_rate > 0:
+            raise FedAvgError(f"local training needs epochs >= 1, batch size >= 1 and a positive learning rate, got {self}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def split_subclients(records: int, subclients: int, generator: np.random.Generator) -> list[np.ndarray]:
+    """``subclients`` disjoint, non-empty sets of record indices covering ``range(records)``, sizes within one."""
+    if subclients < 1:
+        raise FedAvgError(f"a hospital needs at least one sub-client, got v = {subclients}")
+    if subclients > records:
+        raise FedAvgError(f"v = {subclients} sub-clients from {records} records would leave a sub-client empty")
+    return [np.sort(part) for part in np.array_split(generator.permutation(records), subclients)]
+
+
+def local_update(model: nn.Module, data: Split, settings: LocalTraining, generator: np.random.Generator) -> np.ndarray:
+    """``theta_i - theta_t`` (float32) after ``settings.epochs`` of training a copy of ``model`` on ``data``."""
+    local = copy.deepcopy(model)
+    local.train()
+    if settings.optimizer == "sgd":
+        optimizer = torch.optim.SGD(local.parameters(), lr=settings.learning_rate)
+    else:
+        optimizer = torch.optim.Adam(local.parameters(), lr=settings.learning_rate)
+    x, y = torch.as_tensor(data.x), torch.as_tensor(data.y)
+    for _ in range(settings.epochs):
+        order = torch.as_tensor(generator.permutation(len(data)))
+        for batch in order.split(settings.batch_size):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(local(x[batch]), y[batch]).backward()
+            optimizer.step()
+    return get_flat_parameters(local) - get_flat_parameters(model)
+
+
+def clip_update(update: np.ndarray, bound: float) -> tuple[np.ndarray, float]:
+    """``update`` scaled to L2 norm at most ``bound``, and its norm before clipping."""
+    norm = float(np.linalg.norm(np.asarray(update, dtype=np.float64)))
+    scale = min(1.0, bound / norm) if norm > 0 else 1.0
+    return (np.asarray(update, dtype=np.float64) * scale).astype(np.float32), norm
+
+
+class ServerOptimizer:
+    """Applies the released mean update ``u`` to the global parameters, identically at every party.
+
+    - ``fedavg``: ``theta <- theta + eta u`` (``eta = 1`` is plain FedAvg).
+    - ``fedadam``: ``m <- b1 m + (1 - b1) u``, ``s <- b2 s + (1 - b2) u^2``,
+      ``theta <- theta + eta m / (sqrt(s) + tau)``; no bias correction, as in Reddi et al.
+    """
+
+    def __init__(self, name: str, *, learning_rate: float, dimension: int, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> None:
+        if name not in SERVER_OPTIMIZERS:
+            raise FedAvgError(f"unknown server optimizer {name!r}; choose one of {', '.join(SERVER_OPTIMIZERS)}")
+        if not learning_rate > 0:
+            raise FedAvgError(f"the server learning rate must be positive, got {learning_rate}")
+        self.name = name
+        self._eta, self._beta1, self._beta2, self._tau = learning_rate, beta1, beta2, tau
+        self._first = np.zeros(dimension)
+        self._second = np.zeros(dimension)
+
+    def step(self, parameters: np.ndarray, mean_update: np.ndarray) -> np.ndarray:
+        """The new parameters (float32)."""
+        update = np.asarray(mean_update, dtype=np.float64)
+        if update.shape != self._first.shape or np.shape(parameters) != self._first.shape:
+            raise FedAvgError(f"expected vectors of {self._first.size} values, got {np.shape(parameters)} and {update.shape}")
+        if self.name == "fedavg":
+            return (parameters + self._eta * update).astype(np.float32)
+        self._first = self._beta1 * self._first + (1 - self._beta1) * update
+        self._second = self._beta2 * self._second + (1 - self._beta2) * update**2
+        return (parameters + self._eta * self._first / (np.sqrt(self._second) + self._tau)).astype(np.float32)
