@@ -35,6 +35,7 @@ from protocol.voting_config import VotingConfig
 from training.accounting import PrivacyLedger, release_of
 from training.dopamine import DopamineSettings, NoisyGradientStep
 from training.models import ModelSpec, build_model
+from training.per_example import ClippedGradients
 
 pytestmark = [pytest.mark.audit, pytest.mark.slow]
 AUDIT_SITE = Path(__file__).parent / "audit_site"
@@ -424,7 +425,7 @@ def _canary_scores(noise_multiplier: float, trials: int, *, accountant_noise: fl
 
     worlds = {"in": [step(*with_canary), step(*records[1])], "out": [step(*records[0]), step(*records[1])]}
     mechanism = worlds["in"][0].mechanism
-    direction = step(*canary)._clipped_examples(torch.tensor([0]))[0]
+    direction = ClippedGradients(copy.deepcopy(model), *canary, 1.0)(np.array([0]))[0]
     bound = mechanism.sum_bound(contributors=2, expected_batch_size=5.0).levels
     params = select_bfv_parameters(max_contributors=2, vector_length=mechanism.dimension, sum_bound=bound)
     secret = SecretContext.generate(params, run_id="0123456789abcdef")

@@ -36,15 +36,13 @@ least ``K_min`` noise shares, also when the set of contributors changes between 
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import torch
-from opacus import GradSampleModule
-from opacus.validators import ModuleValidator
 from torch import nn
 
+from training.per_example import ClippedGradients
 from training.secure_random import require_cryptographic, secure_generator
 from training.skellam import SkellamMechanism
 
@@ -108,43 +106,19 @@ class NoisyGradientStep:
         settings: DopamineSettings,
         generator: np.random.Generator | None = None,
     ) -> None:
-        errors = ModuleValidator.validate(model, strict=False)
-        if errors:
-            raise ValueError(f"model is not compatible with per-example gradients: {errors[0]}")
         if len(y) == 0:
             raise ValueError("a hospital needs at least one record")
         self._generator = require_cryptographic(secure_generator() if generator is None else generator)
-        # Copies: a caller changing its arrays later must not change what this hospital trains on.
-        self._x = torch.tensor(x)
-        self._y = torch.tensor(y)
         self._settings = settings
-        self._module = GradSampleModule(model, loss_reduction="sum")
-        self._parameters = [p for p in self._module.parameters() if p.requires_grad]
-        self.mechanism = settings.mechanism(sum(p.numel() for p in self._parameters))
+        self._gradients = ClippedGradients(model, x, y, settings.max_grad_norm)
+        self.mechanism = settings.mechanism(self._gradients.dimension)
 
     def __call__(self) -> tuple[np.ndarray, int]:
         """``(s_k, |D_k^t|)``. The batch size stays at the hospital (it is not protected by DP)."""
-        indices = np.flatnonzero(self._generator.random(len(self._y)) < self._settings.sample_rate)
-        examples = self._clipped_examples(torch.as_tensor(indices))
+        indices = np.flatnonzero(self._generator.random(self._gradients.records) < self._settings.sample_rate)
+        examples = self._gradients(indices)
         share = self.mechanism.round_examples(examples, self._generator) + self.mechanism.noise_share(self._generator)
         return share, len(indices)
-
-    def _clipped_examples(self, indices: torch.Tensor) -> np.ndarray:
-        """Each sampled example's gradient, clipped to norm C, as the rows of a (batch, d) array."""
-        if len(indices) == 0:
-            return np.zeros((0, self.mechanism.dimension))
-        self._module.train()
-        self._module.zero_grad(set_to_none=True)  # also drops the previous step's per-example gradients
-        loss = nn.functional.cross_entropy(self._module(self._x[indices]), self._y[indices], reduction="sum")
-        with warnings.catch_warnings():
-            # Opacus's hooks fire on outputs because the inputs need no gradient; that is expected.
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            loss.backward()
-        examples = torch.cat([p.grad_sample.reshape(len(indices), -1) for p in self._parameters], dim=1).double()
-        norms = examples.norm(dim=1, keepdim=True)
-        # Opacus's own clipping factor, C / (norm + 1e-6) capped at 1: the norm stays strictly below C.
-        examples *= (self._settings.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
-        return examples.numpy()
 
 
 def mean_gradient(total: np.ndarray, contributors: int, *, mechanism: SkellamMechanism, settings: DopamineSettings) -> np.ndarray:

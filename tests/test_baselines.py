@@ -1,0 +1,59 @@
+"""The baselines: DP-SGD carries the noise its accountant assumes, and each baseline trains and reports on test."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from training.baselines import BASELINES, BaselineSettings, run_baseline
+from training.datasets import Dataset, Split, load_dataset
+from training.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
+from training.models import ModelSpec, input_statistics
+from training.partition import partition
+
+
+def test_the_chosen_noise_multiplier_spends_the_target_epsilon():
+    sigma = noise_multiplier_for(2.0, 1e-5, sample_rate=0.1, steps=200)
+    assert dp_sgd_epsilon(1e-5, noise_multiplier=sigma, sample_rate=0.1, steps=200) == pytest.approx(2.0, abs=0.05)
+    assert dp_sgd_epsilon(1e-5, noise_multiplier=sigma / 2, sample_rate=0.1, steps=200) > 4.0
+
+
+def test_a_dp_sgd_step_with_zero_gradients_moves_by_the_accounted_noise():
+    """A model whose loss has zero gradient everywhere: each step's move is the noise alone, N(0, (lr sigma C / qn)^2)."""
+    model = nn.Sequential(nn.Linear(1, 2000, bias=False))
+    nn.init.zeros_(model[0].weight)
+    data = Split(np.zeros((50, 1), dtype=np.float32), np.zeros(50, dtype=np.int64))  # x = 0: no gradient
+    step = GaussianDpSgd(model, data, sample_rate=0.2, noise_multiplier=1.5, max_grad_norm=2.0, learning_rate=0.1)
+    step.step()
+    moved = model[0].weight.detach().numpy().reshape(-1)
+    expected_std = 0.1 * 1.5 * 2.0 / (0.2 * 50)
+    assert np.std(moved) == pytest.approx(expected_std, rel=0.06)  # 2000 draws: about 1.6% standard error
+
+
+@pytest.fixture(scope="module")
+def small():
+    digits = load_dataset("digits")
+    half = len(digits.validation) // 2
+    dataset = Dataset(
+        "digits", digits.train, digits.validation.subset(np.arange(half)), 10, test=digits.validation.subset(np.arange(half, len(digits.validation)))
+    )
+    mean, std = input_statistics(dataset.train.x)
+    return dataset, partition(dataset.train.y, 3, seed=0), ModelSpec("mlp", (64,), 10, (16,), mean, std)
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_each_baseline_trains_and_reports_on_the_test_split(small, name):
+    dataset, parts, spec = small
+    torch.manual_seed(0)
+    result = run_baseline(name, dataset, parts, spec, BaselineSettings(rounds=4, epsilon=8.0, sample_rate=0.1, learning_rate=0.5))
+    assert result["method"] == name and 0.0 <= result["test"]["accuracy"] <= 1.0
+    assert result["test"]["accuracy"] > 0.5  # ten classes: chance is 0.1
+    if name.endswith("dp"):
+        assert result["epsilon"] == pytest.approx(8.0, abs=0.1)
+    else:
+        assert result["epsilon"] is None
+
+
+def test_an_unknown_baseline_is_refused(small):
+    with pytest.raises(ValueError, match="unknown baseline 'central-ldp'"):
+        run_baseline("central-ldp", *small, BaselineSettings())

@@ -1,0 +1,126 @@
+"""The baselines a private method is compared with, on the same data, model and budget (one process).
+
+- ``central`` (C): minibatch SGD on the pooled records of every hospital; no privacy.
+- ``central-dp`` (CDP): Gaussian DP-SGD on the pooled records (``training.dp_sgd``), record-level
+  epsilon as a trusted curator would report it.
+- ``fedavg`` (F): FedAvg over the hospitals (``training.fedavg``: local training from the global
+  model, the mean of the updates weighted by records); no privacy.
+- ``fedavg-local-dp`` (FPDP): each hospital runs full-noise DP-SGD on its own records, trusting
+  no one, and the updates are averaged as in FedAvg; each hospital's record-level epsilon is its own.
+
+Every baseline trains ``rounds`` rounds (an epoch of the pooled data, or a FedAvg round of
+``local_epochs``), keeps the parameters of the round with the best validation accuracy, and
+reports accuracy and AUC on the test split (``training.evaluation``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from torch import nn
+
+from training.datasets import Dataset, Split
+from training.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
+from training.evaluation import evaluate
+from training.fedavg import LocalTraining, local_update
+from training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
+from training.secure_random import secure_generator
+
+__all__ = ["BASELINES", "BaselineSettings", "run_baseline"]
+
+BASELINES = ("central", "central-dp", "fedavg", "fedavg-local-dp")
+
+
+@dataclass(frozen=True)
+class BaselineSettings:
+    rounds: int = 20
+    learning_rate: float = 0.05
+    batch_size: int = 32  # central and fedavg; DP-SGD's expected batch is sample_rate times the records
+    local_epochs: int = 1
+    epsilon: float = 3.0  # record-level, for the DP baselines
+    delta: float = 1e-5
+    max_grad_norm: float = 1.0
+    sample_rate: float = 0.05
+    momentum: float = 0.0
+
+
+def run_baseline(name: str, dataset: Dataset, parts: list[np.ndarray], spec: ModelSpec, settings: BaselineSettings) -> dict:
+    """Train baseline ``name`` with the hospitals' records ``parts`` (indices into ``dataset.train``)."""
+    if name not in BASELINES:
+        raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
+    started = time.monotonic()
+    model = build_model(spec)
+    hospitals = [dataset.train.subset(part) for part in parts]
+    pooled = dataset.train.subset(np.concatenate(parts))
+    rounds = {"central": _central, "central-dp": _central_dp, "fedavg": _fedavg, "fedavg-local-dp": _fedavg_local_dp}[name]
+    best, best_accuracy, epsilon = None, -1.0, None
+    for parameters, epsilon in rounds(model, pooled, hospitals, settings):
+        accuracy = evaluate(model, dataset.validation, num_classes=dataset.num_classes)["accuracy"]
+        if accuracy > best_accuracy:
+            best, best_accuracy = parameters, accuracy
+    set_flat_parameters(model, best)
+    test = evaluate(model, dataset.test, num_classes=dataset.num_classes) if dataset.test is not None else None
+    return {
+        "method": name,
+        "validation_accuracy": best_accuracy,
+        "test": test,
+        "epsilon": epsilon,  # record level; None without DP
+        "delta": settings.delta if epsilon is not None else None,
+        "wall_seconds": time.monotonic() - started,
+    }
+
+
+def _central(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings):
+    generator = secure_generator()
+    training = LocalTraining(epochs=1, batch_size=settings.batch_size, learning_rate=settings.learning_rate)
+    for _ in range(settings.rounds):
+        set_flat_parameters(model, get_flat_parameters(model) + local_update(model, pooled, training, generator))
+        yield get_flat_parameters(model), None
+
+
+def _central_dp(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings):
+    steps_per_round = math.ceil(1 / settings.sample_rate)
+    yield from _dp_sgd_rounds(model, pooled, settings, steps_per_round)
+
+
+def _dp_sgd_rounds(model: nn.Module, data: Split, settings: BaselineSettings, steps_per_round: int):
+    steps = settings.rounds * steps_per_round
+    sigma = noise_multiplier_for(settings.epsilon, settings.delta, sample_rate=settings.sample_rate, steps=steps)
+    optimizer = GaussianDpSgd(
+        model, data, sample_rate=settings.sample_rate, noise_multiplier=sigma, max_grad_norm=settings.max_grad_norm,
+        learning_rate=settings.learning_rate, momentum=settings.momentum,
+    )  # fmt: skip
+    for _ in range(settings.rounds):
+        for _ in range(steps_per_round):
+            optimizer.step()
+        yield get_flat_parameters(model), dp_sgd_epsilon(settings.delta, noise_multiplier=sigma, sample_rate=settings.sample_rate, steps=optimizer.steps_taken)
+
+
+def _fedavg(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings):
+    generator = secure_generator()
+    training = LocalTraining(epochs=settings.local_epochs, batch_size=settings.batch_size, learning_rate=settings.learning_rate)
+    weights = np.array([len(h) for h in hospitals], dtype=np.float64) / sum(len(h) for h in hospitals)
+    for _ in range(settings.rounds):
+        updates = [local_update(model, hospital, training, generator) for hospital in hospitals]
+        set_flat_parameters(model, get_flat_parameters(model) + np.tensordot(weights, updates, axes=1))
+        yield get_flat_parameters(model), None
+
+
+def _fedavg_local_dp(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings):
+    """Each hospital keeps a DP-SGD optimizer over its own records for the whole run; its copy starts each round from the global model."""
+    steps_per_round = settings.local_epochs * math.ceil(1 / settings.sample_rate)
+    local_models = [copy.deepcopy(model) for _ in hospitals]
+    runs = [_dp_sgd_rounds(local, hospital, settings, steps_per_round) for local, hospital in zip(local_models, hospitals)]
+    weights = np.array([len(h) for h in hospitals], dtype=np.float64) / sum(len(h) for h in hospitals)
+    for _ in range(settings.rounds):
+        start = get_flat_parameters(model)
+        for local in local_models:
+            set_flat_parameters(local, start)
+        results = [next(run) for run in runs]
+        updates = [parameters - start for parameters, _ in results]
+        set_flat_parameters(model, start + np.tensordot(weights, updates, axes=1))
+        yield get_flat_parameters(model), max(epsilon for _, epsilon in results)

@@ -1,0 +1,77 @@
+"""Gaussian DP-SGD (Abadi et al. 2016) on one dataset: the record-level baselines' optimizer.
+
+Each step samples every record independently with probability ``q`` (Poisson), clips each sampled
+record's gradient to ``C`` (``training.per_example``), adds ``N(0, sigma^2 C^2 I)`` and divides
+by the *expected* batch size ``q n`` (a public constant: the sampled size is not), then takes an
+SGD step with momentum. Sampling and noise draw from ``training.secure_random``.
+
+The accountant is Opacus's PRV (RDP as the option) over ``(sigma, q, steps)``;
+``noise_multiplier_for`` finds the smallest ``sigma`` (to Opacus's tolerance) for a target epsilon.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from opacus.accountants import PRVAccountant, RDPAccountant
+from opacus.accountants.utils import get_noise_multiplier
+from torch import nn
+
+from training.datasets import Split
+from training.per_example import ClippedGradients
+from training.secure_random import require_cryptographic, secure_generator
+
+__all__ = ["GaussianDpSgd", "dp_sgd_epsilon", "noise_multiplier_for"]
+
+
+def noise_multiplier_for(epsilon: float, delta: float, *, sample_rate: float, steps: int, accountant: str = "prv") -> float:
+    """The noise multiplier that spends ``epsilon`` at ``delta`` over ``steps`` steps at rate ``sample_rate``."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Optimal order is the (largest|smallest) alpha")
+        return float(
+            get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate, steps=steps, accountant=accountant)
+        )
+
+
+def dp_sgd_epsilon(delta: float, *, noise_multiplier: float, sample_rate: float, steps: int, accountant: str = "prv") -> float:
+    composed = PRVAccountant() if accountant == "prv" else RDPAccountant()
+    composed.history = [(noise_multiplier, sample_rate, steps)]
+    return float(composed.get_epsilon(delta))
+
+
+class GaussianDpSgd:
+    """DP-SGD steps on ``model`` over ``data``; ``steps_taken`` is what the accountant composes."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data: Split,
+        *,
+        sample_rate: float,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        learning_rate: float,
+        momentum: float = 0.0,
+        generator: np.random.Generator | None = None,
+    ) -> None:
+        if len(data) == 0:
+            raise ValueError("DP-SGD needs at least one record")
+        self._generator = require_cryptographic(secure_generator() if generator is None else generator)
+        self._gradients = ClippedGradients(model, data.x, data.y, max_grad_norm)
+        self._parameters = [p for p in model.parameters() if p.requires_grad]
+        self._optimizer = torch.optim.SGD(self._parameters, lr=learning_rate, momentum=momentum)
+        self._sample_rate = sample_rate
+        self._noise_std = noise_multiplier * max_grad_norm
+        self._divisor = sample_rate * len(data)
+        self.steps_taken = 0
+
+    def step(self) -> None:
+        indices = np.flatnonzero(self._generator.random(self._gradients.records) < self._sample_rate)
+        total = self._gradients(indices).sum(axis=0) + self._generator.normal(0.0, self._noise_std, self._gradients.dimension)
+        gradient = torch.as_tensor(total / self._divisor, dtype=torch.float32)
+        for parameter, values in zip(self._parameters, gradient.split([p.numel() for p in self._parameters])):
+            parameter.grad = values.view_as(parameter).clone()
+        self._optimizer.step()
+        self.steps_taken += 1
