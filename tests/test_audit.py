@@ -502,7 +502,13 @@ def test_the_canary_audit_catches_a_release_without_noise():
     assert not _separation_within(inside, outside, CANARY_NOISE)
 
 
-def test_the_canary_audit_catches_half_the_noise():
-    """Hospitals adding noise of half the accounted standard deviation move the canary's score twice as far."""
-    inside, outside, _ = _canary_scores(CANARY_NOISE / 2, CANARY_TRIALS // 3)
+def test_the_canary_audit_catches_a_third_of_the_noise():
+    """Hospitals adding a third of the accounted standard deviation move the canary's score three times as far.
+
+    Why not half: with ``gamma C`` a little below ``Delta_2`` (the rounding's slack), half the noise
+    moves the score by about 0.95 standard deviations, and at these 500 trials per world the band
+    ``1/sigma + 6`` standard errors reaches 0.92: a coin toss, not a test. A third moves it by about
+    1.45, six standard errors clear of the band. (At the property test's 1500 trials the band is
+    0.74, and half the noise would be caught there.)"""
+    inside, outside, _ = _canary_scores(CANARY_NOISE / 3, CANARY_TRIALS // 3)
     assert not _separation_within(inside, outside, CANARY_NOISE)
