@@ -21,7 +21,7 @@ from training.dopamine import DopamineSettings
 from training.models import ModelSpec, build_model
 from training.skellam import SkellamMechanism
 
-__all__ = ["AGGREGATIONS", "INSECURE_PLAINTEXT", "SECURE_AGGREGATION", "ConfigError", "RunConfig", "check_run", "run_fingerprint"]
+__all__ = ["INSECURE_PLAINTEXT", "SECURE_AGGREGATION", "ConfigError", "RunConfig", "check_aggregation", "check_run", "run_fingerprint"]
 
 SECURE_AGGREGATION = "bfv"
 INSECURE_PLAINTEXT = "insecure-plaintext-benchmark"  # crypto.insecure_plaintext: no privacy holds
@@ -50,6 +50,12 @@ def check_run(run_id: str, hospitals: tuple[str, ...], *, quorum: int, rounds: i
         raise ConfigError(f"delta must be in (0, 1), got {delta}")
 
 
+def check_aggregation(aggregation: str) -> None:
+    """``ConfigError`` unless ``aggregation`` names a mode: secure, or the round benchmark's plaintext one."""
+    if aggregation not in AGGREGATIONS:
+        raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+
+
 def run_fingerprint(label: bytes, settings: dict, payload: bytes) -> str:
     """``run_id:digest`` of every setting and a payload (the initial model, a feature map): what a party took part in."""
     text = json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()
@@ -71,8 +77,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_run(self.run_id, self.hospitals, quorum=self.dopamine.quorum, rounds=self.rounds, delta=self.delta)
-        if self.aggregation not in AGGREGATIONS:
-            raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
+        check_aggregation(self.aggregation)
 
     @property
     def key_holder(self) -> str:

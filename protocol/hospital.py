@@ -49,7 +49,7 @@ from crypto.bfv import BfvError, SecretContext
 from crypto.insecure_plaintext import InsecurePlaintextUploads
 from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements, endorse
 from crypto.sealed_box import SealedBoxError, certify_key, open_box, seal, verify_certified_key
-from protocol.config import AGGREGATIONS, INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig
+from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig, check_aggregation
 from protocol.messages import (
     TO_HOSPITAL,
     Aggregate,
@@ -167,8 +167,7 @@ class Hospital:
         self._budget = budget
         self._state_dir = state_dir
         self._send_offset_s = send_offset_s
-        if aggregation not in AGGREGATIONS:
-            raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+        check_aggregation(aggregation)
         self._aggregation = aggregation  # this hospital's operator's choice; a server cannot change it
         self._ledger: PrivacyLedger | None = None
         # Set by the first Welcome, kept across joins: a hospital takes part in one run.
@@ -248,7 +247,7 @@ class Hospital:
         self._channel.limit = config.message_limit()
         self._config, self._run = config, run
         self._step = NoisyGradientStep(model, self._data.x, self._data.y, config.dopamine)
-        self._momentum = MomentumUpdate(model, config.dopamine)
+        self._momentum = MomentumUpdate(model, learning_rate=config.dopamine.learning_rate, momentum=config.dopamine.momentum)
         self._model = model
 
     def _receive_key(self) -> SecretContext:

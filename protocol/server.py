@@ -122,7 +122,9 @@ class Server:
         self._timeouts = timeouts
         self._on_round = on_round or (lambda record: None)
         self._model = build_model(config.model)
-        self._momentum = MomentumUpdate(self._model, config.dopamine)
+        self._momentum = MomentumUpdate(
+            self._model, learning_rate=config.dopamine.learning_rate, momentum=config.dopamine.momentum
+        )
         self._params = config.bfv_parameters()
         limit = config.message_limit()
         self._mechanism = config.mechanism()

@@ -13,7 +13,7 @@ from crypto.bfv_parameters import ParameterError
 from crypto.sealed_box import SealedBoxError
 from crypto.secret_sharing import ShareError
 from protocol.checkpoint import CheckpointError
-from protocol.config import ConfigError
+from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError
 from protocol.messages import ProtocolError
 from protocol.roster import RosterError
 from protocol.transcript import TranscriptError
@@ -54,6 +54,11 @@ def run(main: Callable[[], None]) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def chosen_aggregation(args: argparse.Namespace) -> str:
+    """The aggregation this process's operator chose: ``--insecure-plaintext-benchmark``, or secure by default."""
+    return INSECURE_PLAINTEXT if args.insecure_plaintext_benchmark else SECURE_AGGREGATION
 
 
 def free_port() -> int:

@@ -7,12 +7,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError
+from protocol.config import ConfigError
 from protocol.hospital import DEFAULT_SEND_OFFSET_S, Hospital, PrivacyBudget
 from protocol.messages import ProtocolError
 from protocol.roster import Credentials, Roster
 from protocol.voting_hospital import VotingHospital
-from scripts._cli import METHODS, USER_ERRORS, configure_logging, non_negative_float, positive_float, positive_int, probability, run
+from scripts._cli import METHODS, USER_ERRORS, chosen_aggregation, configure_logging, non_negative_float, positive_float, positive_int, probability, run
 from training.datasets import Split, load_dataset
 from training.partition import PARTITION_SCHEMES, PartitionError, partition
 
@@ -123,8 +123,7 @@ def _hospital(args: argparse.Namespace, roster: Roster, name: str, data: Split) 
         timeout_s=args.timeout,
     )
     if args.method == "dopamine":
-        aggregation = INSECURE_PLAINTEXT if args.insecure_plaintext_benchmark else SECURE_AGGREGATION
-        return Hospital(**common, send_offset_s=args.send_offset, aggregation=aggregation)
+        return Hospital(**common, send_offset_s=args.send_offset, aggregation=chosen_aggregation(args))
     return VotingHospital(**common, min_quorum=args.min_quorum, allow_histogram=args.allow_histogram)
 
 

@@ -7,13 +7,13 @@ import secrets
 import sys
 from pathlib import Path
 
-from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig
+from protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
 from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
 from protocol.roster import SERVER, Credentials, Roster
 from protocol.server import Server, Timeouts
 from protocol.voting_config import VotingConfig
 from protocol.voting_server import VotingServer
-from scripts._cli import add_run_arguments, configure_logging, positive_float, resolve_run_arguments, run
+from scripts._cli import add_run_arguments, chosen_aggregation, configure_logging, positive_float, resolve_run_arguments, run
 from training.datasets import Dataset, load_dataset
 from training.dopamine import DopamineSettings
 from training.models import ModelSpec, input_statistics
@@ -101,7 +101,7 @@ def serve(args: argparse.Namespace) -> None:
         server = Server.resume(**settings)
         if server.config.dataset != dataset.name:
             raise ConfigError(f"the checkpointed run is on {server.config.dataset}; pass the same --data")
-        if (server.config.aggregation == INSECURE_PLAINTEXT) != args.insecure_plaintext_benchmark:
+        if server.config.aggregation != chosen_aggregation(args):
             raise ConfigError(
                 f"the checkpointed run uses {server.config.aggregation!r} aggregation; resume it with the same "
                 "--insecure-plaintext-benchmark setting"
@@ -136,7 +136,7 @@ def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunC
                 learning_rate=args.lr,
                 momentum=args.momentum,
             ),
-            aggregation=INSECURE_PLAINTEXT if args.insecure_plaintext_benchmark else SECURE_AGGREGATION,
+            aggregation=chosen_aggregation(args),
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None

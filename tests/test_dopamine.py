@@ -81,7 +81,7 @@ def test_momentum_is_applied_to_the_mean_as_in_algorithm_1():
     settings = DopamineSettings(sample_rate=0.5, noise_multiplier=1.0, **SETTINGS)
     model = _model()
     w0 = get_flat_parameters(model)
-    update = MomentumUpdate(model, settings)
+    update = MomentumUpdate(model, learning_rate=settings.learning_rate, momentum=settings.momentum)
     g1, g2 = np.random.default_rng(0).normal(size=(2, w0.size)).astype(np.float32)
     update.apply(g1)
     update.apply(g2)
@@ -96,12 +96,12 @@ def test_momentum_carried_over_continues_the_same_trajectory():
     settings = DopamineSettings(sample_rate=0.5, noise_multiplier=1.0, **SETTINGS)
     g1, g2 = np.random.default_rng(0).normal(size=(2, get_flat_parameters(_model()).size)).astype(np.float32)
     model = _model()
-    update = MomentumUpdate(model, settings)
+    update = MomentumUpdate(model, learning_rate=settings.learning_rate, momentum=settings.momentum)
     assert not update.momentum().any()
     update.apply(g1)
     joined = _model()
     set_flat_parameters(joined, get_flat_parameters(model))
-    carried = MomentumUpdate(joined, settings)
+    carried = MomentumUpdate(joined, learning_rate=settings.learning_rate, momentum=settings.momentum)
     carried.load_momentum(update.momentum())
     update.apply(g2)
     carried.apply(g2)
@@ -186,7 +186,7 @@ def _dopamine(data, initial, hospitals: int) -> float:
         expected_batch_size=SAMPLE_RATE * len(data.train) / hospitals, learning_rate=LR, momentum=MOMENTUM,
     )  # fmt: skip
     steps = [NoisyGradientStep(m, data.train.x[p], data.train.y[p], settings) for m, p in zip(models, parts)]
-    updates = [MomentumUpdate(model, settings) for model in models]
+    updates = [MomentumUpdate(model, learning_rate=settings.learning_rate, momentum=settings.momentum) for model in models]
     for _ in range(STEPS):
         total = sum(step()[0] for step in steps)  # what the hospitals decrypt
         mean = mean_gradient(total, hospitals, mechanism=steps[0].mechanism, settings=settings)

@@ -103,10 +103,9 @@ def _dp_sgd_rounds(model: nn.Module, data: Split, settings: BaselineSettings, st
 def _fedavg(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings):
     generator = secure_generator()
     training = LocalTraining(epochs=settings.local_epochs, batch_size=settings.batch_size, learning_rate=settings.learning_rate)
-    weights = np.array([len(h) for h in hospitals], dtype=np.float64) / sum(len(h) for h in hospitals)
     for _ in range(settings.rounds):
         updates = [local_update(model, hospital, training, generator) for hospital in hospitals]
-        set_flat_parameters(model, get_flat_parameters(model) + np.tensordot(weights, updates, axes=1))
+        set_flat_parameters(model, get_flat_parameters(model) + _weighted_by_records(updates, hospitals))
         yield get_flat_parameters(model), None
 
 
@@ -115,12 +114,17 @@ def _fedavg_local_dp(model: nn.Module, pooled: Split, hospitals: list[Split], se
     steps_per_round = settings.local_epochs * math.ceil(1 / settings.sample_rate)
     local_models = [copy.deepcopy(model) for _ in hospitals]
     runs = [_dp_sgd_rounds(local, hospital, settings, steps_per_round) for local, hospital in zip(local_models, hospitals)]
-    weights = np.array([len(h) for h in hospitals], dtype=np.float64) / sum(len(h) for h in hospitals)
     for _ in range(settings.rounds):
         start = get_flat_parameters(model)
         for local in local_models:
             set_flat_parameters(local, start)
         results = [next(run) for run in runs]
         updates = [parameters - start for parameters, _ in results]
-        set_flat_parameters(model, start + np.tensordot(weights, updates, axes=1))
+        set_flat_parameters(model, start + _weighted_by_records(updates, hospitals))
         yield get_flat_parameters(model), max(epsilon for _, epsilon in results)
+
+
+def _weighted_by_records(updates: list[np.ndarray], hospitals: list[Split]) -> np.ndarray:
+    """FedAvg's mean: each hospital's update weighted by its share of the records."""
+    records = np.array([len(h) for h in hospitals], dtype=np.float64)
+    return np.tensordot(records / records.sum(), updates, axes=1)

@@ -22,11 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from opacus.accountants import PRVAccountant, RDPAccountant
+from training.dp_sgd import gaussian_accountant
 
-__all__ = ["CLIENT_ACCOUNTANTS", "LEVELS", "ClientRelease", "client_epsilons"]
+__all__ = ["LEVELS", "ClientRelease", "client_epsilons"]
 
-CLIENT_ACCOUNTANTS = ("prv", "rdp")
 LEVELS = ("subclient", "hospital")
 
 
@@ -53,14 +52,13 @@ class ClientRelease:
 
 def client_epsilons(releases: Iterable[ClientRelease], delta: float, *, accountant: str = "prv") -> dict[str, float]:
     """Epsilon at ``delta`` after ``releases``, for one sub-client and for one hospital."""
-    if accountant not in CLIENT_ACCOUNTANTS:
-        raise ValueError(f"unknown accountant {accountant!r}; choose one of {', '.join(CLIENT_ACCOUNTANTS)}")
+    gaussian_accountant(accountant)  # an unknown name is refused even with nothing to compose
     releases = list(releases)
     if not releases:
         return {level: 0.0 for level in LEVELS}
     epsilons = {}
     for level in LEVELS:
-        composed = PRVAccountant() if accountant == "prv" else RDPAccountant()
+        composed = gaussian_accountant(accountant)
         for release in releases:
             noise_multiplier, sample_rate = release.at(level)
             composed.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate)

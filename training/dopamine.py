@@ -128,11 +128,15 @@ def mean_gradient(total: np.ndarray, contributors: int, *, mechanism: SkellamMec
 
 
 class MomentumUpdate:
-    """Lines 13-14 on the decrypted mean, identical at every party: ``m <- beta m + g``, ``w <- w - lr m``."""
+    """``m <- beta m + g``, ``w <- w - lr m`` for a flat gradient ``g``.
 
-    def __init__(self, model: nn.Module, settings: DopamineSettings) -> None:
+    Lines 13-14 on the decrypted mean, identical at every party; also the step of the baselines'
+    DP-SGD (``training.dp_sgd``) on its noisy gradient.
+    """
+
+    def __init__(self, model: nn.Module, *, learning_rate: float, momentum: float) -> None:
         self._parameters = list(model.parameters())
-        self._optimizer = torch.optim.SGD(self._parameters, lr=settings.learning_rate, momentum=settings.momentum)
+        self._optimizer = torch.optim.SGD(self._parameters, lr=learning_rate, momentum=momentum)
 
     def apply(self, mean_gradient: np.ndarray) -> None:
         gradient = torch.as_tensor(np.asarray(mean_gradient, dtype=np.float32))

@@ -14,16 +14,25 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 from torch import nn
 
 from training.datasets import Split
+from training.dopamine import MomentumUpdate
 from training.per_example import ClippedGradients
 from training.secure_random import require_cryptographic, secure_generator
 
-__all__ = ["GaussianDpSgd", "dp_sgd_epsilon", "noise_multiplier_for"]
+__all__ = ["GAUSSIAN_ACCOUNTANTS", "GaussianDpSgd", "dp_sgd_epsilon", "gaussian_accountant", "noise_multiplier_for"]
+
+GAUSSIAN_ACCOUNTANTS = ("prv", "rdp")
+
+
+def gaussian_accountant(name: str) -> PRVAccountant | RDPAccountant:
+    """A fresh Opacus accountant for subsampled Gaussian steps: PRV (the default) or RDP."""
+    if name not in GAUSSIAN_ACCOUNTANTS:
+        raise ValueError(f"unknown accountant {name!r}; choose one of {', '.join(GAUSSIAN_ACCOUNTANTS)}")
+    return PRVAccountant() if name == "prv" else RDPAccountant()
 
 
 def noise_multiplier_for(epsilon: float, delta: float, *, sample_rate: float, steps: int, accountant: str = "prv") -> float:
@@ -36,7 +45,7 @@ def noise_multiplier_for(epsilon: float, delta: float, *, sample_rate: float, st
 
 
 def dp_sgd_epsilon(delta: float, *, noise_multiplier: float, sample_rate: float, steps: int, accountant: str = "prv") -> float:
-    composed = PRVAccountant() if accountant == "prv" else RDPAccountant()
+    composed = gaussian_accountant(accountant)
     composed.history = [(noise_multiplier, sample_rate, steps)]
     return float(composed.get_epsilon(delta))
 
@@ -60,8 +69,7 @@ class GaussianDpSgd:
             raise ValueError("DP-SGD needs at least one record")
         self._generator = require_cryptographic(secure_generator() if generator is None else generator)
         self._gradients = ClippedGradients(model, data.x, data.y, max_grad_norm)
-        self._parameters = [p for p in model.parameters() if p.requires_grad]
-        self._optimizer = torch.optim.SGD(self._parameters, lr=learning_rate, momentum=momentum)
+        self._update = MomentumUpdate(model, learning_rate=learning_rate, momentum=momentum)
         self._sample_rate = sample_rate
         self._noise_std = noise_multiplier * max_grad_norm
         self._divisor = sample_rate * len(data)
@@ -70,8 +78,5 @@ class GaussianDpSgd:
     def step(self) -> None:
         indices = np.flatnonzero(self._generator.random(self._gradients.records) < self._sample_rate)
         total = self._gradients(indices).sum(axis=0) + self._generator.normal(0.0, self._noise_std, self._gradients.dimension)
-        gradient = torch.as_tensor(total / self._divisor, dtype=torch.float32)
-        for parameter, values in zip(self._parameters, gradient.split([p.numel() for p in self._parameters])):
-            parameter.grad = values.view_as(parameter).clone()
-        self._optimizer.step()
+        self._update.apply(total / self._divisor)
         self.steps_taken += 1
