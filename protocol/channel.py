@@ -15,6 +15,7 @@ import logging
 import time
 from typing import TypeVar
 
+from protocol.config import MAX_MESSAGE_BYTES  # until the run's settings, and so its largest message, are known
 from protocol.messages import Finish, Message, MessageError, ProtocolError, decode, encode
 from protocol.rejections import RejectionLog
 from protocol.transcript import Transcript
@@ -24,7 +25,6 @@ from protocol.transport import ClientTransport, ServerTransport
 __all__ = ["PartyChannels", "ServerChannel"]
 
 M = TypeVar("M", bound=Message)
-_FIRST_LIMIT_BYTES = 64 * 1024 * 1024  # until the run's settings, and so its largest message, are known
 
 
 class ServerChannel:
@@ -57,8 +57,8 @@ class ServerChannel:
         transcript: Transcript | None = None,
     ) -> "ServerChannel":
         """A channel to the roster's server, authenticated with ``credentials``."""
-        transport = ClientTransport(roster.server_address, roster.server.curve_public, credentials.curve, _FIRST_LIMIT_BYTES)
-        return cls(transport, accept=accept, limit=_FIRST_LIMIT_BYTES, timeout_s=timeout_s, log=log, transcript=transcript)
+        transport = ClientTransport(roster.server_address, roster.server.curve_public, credentials.curve, MAX_MESSAGE_BYTES)
+        return cls(transport, accept=accept, limit=MAX_MESSAGE_BYTES, timeout_s=timeout_s, log=log, transcript=transcript)
 
     def send(self, message: Message) -> None:
         self.transport.send(encode(message))

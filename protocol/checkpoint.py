@@ -23,8 +23,8 @@ from pathlib import Path
 __all__ = ["CHECKPOINT_FILE", "Checkpoint", "CheckpointError"]
 
 CHECKPOINT_FILE = "checkpoint.json"
-_FORMAT = {"format": "consilium-server-checkpoint", "version": 1}
-_ARRAYS = ("initial_parameters", "parameters", "momentum")
+_FORMAT = {"format": "consilium-server-checkpoint", "version": 2}
+_ARRAYS = ("initial_parameters", "parameters", "optimizer_state")
 
 
 class CheckpointError(RuntimeError):
@@ -36,7 +36,7 @@ class Checkpoint:
     config: dict  # protocol.config.RunConfig.to_dict, with the hospitals that joined
     initial_parameters: bytes  # float32: with the config, the run's fingerprint
     parameters: bytes  # float32: the model after the last round the server saw through
-    momentum: bytes  # float32: its momentum buffer
+    optimizer_state: bytes  # float32: its update rule's state (training.update_rules)
     rounds_started: int  # the next round is this plus one, whatever happened to this one
     active: list[str]  # hospitals taking part when the checkpoint was written
     rounds: list[dict]  # the report's round records

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from dataclasses import dataclass
 
 from crypto.bfv import aggregate_bytes
 from crypto.bfv_parameters import BfvParameters, ParameterError, select_bfv_parameters
-from training.dopamine import DopamineSettings
+from training.methods import TrainingSettings, settings_from_dict
 from training.models import ModelSpec, build_model
 from training.skellam import SkellamMechanism
 
@@ -29,6 +28,7 @@ AGGREGATIONS = (SECURE_AGGREGATION, INSECURE_PLAINTEXT)
 
 _RUN_ID = re.compile(r"^[0-9a-f]{8,64}$")
 _MESSAGE_SLACK_BYTES = 64 * 1024
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # what a hospital accepts before it knows the run, and so ever
 _SEALED_KEY_SLACK_BYTES = 4096  # SEAL's header and zstd framing, the check key, the box
 
 
@@ -70,13 +70,13 @@ class RunConfig:
     rounds: int
     delta: float
     model: ModelSpec
-    dopamine: DopamineSettings
+    training: TrainingSettings  # the method and its settings (training.methods)
     # Part of the fingerprint, so a hospital and a server in different modes never share a round:
     # each hospital refuses a run whose mode is not the one its own operator chose.
     aggregation: str = SECURE_AGGREGATION
 
     def __post_init__(self) -> None:
-        check_run(self.run_id, self.hospitals, quorum=self.dopamine.quorum, rounds=self.rounds, delta=self.delta)
+        check_run(self.run_id, self.hospitals, quorum=self.training.quorum, rounds=self.rounds, delta=self.delta)
         check_aggregation(self.aggregation)
 
     @property
@@ -88,10 +88,10 @@ class RunConfig:
         return sum(p.numel() for p in build_model(self.model).parameters())
 
     def mechanism(self) -> SkellamMechanism:
-        return self.dopamine.mechanism(self.parameter_count)
+        return self.training.mechanism(self.parameter_count)
 
     def bfv_parameters(self) -> BfvParameters:
-        bound = self.mechanism().sum_bound(contributors=len(self.hospitals), expected_batch_size=self.dopamine.expected_batch_size)
+        bound = self.mechanism().sum_bound(contributors=len(self.hospitals), expected_batch_size=self.training.rows_per_share)
         try:
             return select_bfv_parameters(
                 max_contributors=len(self.hospitals), vector_length=self.parameter_count, sum_bound=bound.levels
@@ -100,12 +100,19 @@ class RunConfig:
             raise ConfigError(str(error)) from None
 
     def message_limit(self) -> int:
-        """The largest message this run needs: an encrypted sum, the sealed keys, or the mean gradient."""
+        """The largest message this run needs: an encrypted sum, the sealed keys, or a Welcome.
+
+        A Welcome carries the initial and the current parameters and the update rule's state (at
+        most two vectors, FedAdam's): four float32 vectors. The released mean is one."""
         params = self.bfv_parameters()
         ciphertexts = params.chunk_count * aggregate_bytes(params)
         # A sealed secret key: N coefficients of 8 bytes for each prime of the key level.
         sealed_keys = len(self.hospitals) * (len(params.coeff_mod_bit_sizes) * params.poly_modulus_degree * 8 + _SEALED_KEY_SLACK_BYTES)
-        return max(ciphertexts, sealed_keys, 4 * params.vector_length) + _MESSAGE_SLACK_BYTES
+        welcome = 4 * 4 * params.vector_length + len(json.dumps(self.to_dict()))  # msgpack is no longer than JSON here
+        limit = max(ciphertexts, sealed_keys, welcome) + _MESSAGE_SLACK_BYTES
+        if limit > MAX_MESSAGE_BYTES:
+            raise ConfigError(f"this run's largest message would take {limit:,} bytes, over the {MAX_MESSAGE_BYTES:,} a party accepts")
+        return limit
 
     def fingerprint(self, initial_parameters: bytes) -> str:
         """What a hospital took part in: the run id and a digest of every setting and the initial model.
@@ -123,7 +130,7 @@ class RunConfig:
             "rounds": self.rounds,
             "delta": self.delta,
             "model": self.model.to_dict(),
-            "dopamine": self.dopamine.to_dict(),
+            "training": self.training.to_dict(),
             "aggregation": self.aggregation,
         }
 
@@ -137,13 +144,11 @@ class RunConfig:
                 rounds=int(values["rounds"]),
                 delta=float(values["delta"]),
                 model=ModelSpec.from_dict(values["model"]),
-                dopamine=DopamineSettings.from_dict(values["dopamine"]),
+                training=settings_from_dict(values["training"]),
                 aggregation=str(values["aggregation"]),
             )
         except (KeyError, TypeError) as error:
             raise ConfigError(f"malformed run configuration: missing or wrong {error}") from None
-        except ValueError as error:
+        except (ValueError, OverflowError) as error:
             raise ConfigError(f"malformed run configuration: {error}") from None
-        if not all(math.isfinite(v) for v in config.dopamine.to_dict().values()):
-            raise ConfigError("malformed run configuration: Dopamine settings must be finite")
         return config

@@ -1,11 +1,12 @@
 """A hospital: trains on its own data, encrypts what it sends, and keeps its own privacy ledger.
 
-Per round it computes ``g_k`` (``training.dopamine``), encrypts it under the federation's shared
+Per round it computes its noisy integer share with the run's method (``training.methods``:
+Dopamine's DP-SGD step, or DP-FedAvg's sub-client updates), encrypts it under the federation's shared
 BFV key and sends the ciphertexts to the server. It accepts only a sum of at least the quorum whose
 check slots prove it is one fresh contribution from each contributor the server names
 (``crypto.membership``), endorses at most one such aggregate per round, and uses the sum only once
 every contributor has endorsed that same aggregate (``crypto.endorsement``), so that its update is
-released at most once. It then applies the mean with momentum like every other party and tells
+released at most once. It then applies the mean with the method's update rule like every other party and tells
 the server what it decrypted (the first contributor also sends the mean itself: the DP-protected
 release).
 
@@ -21,7 +22,7 @@ less by repeating a run id or a round.
 **Joining again.** A hospital takes part in one run. If its connection to the server is made
 again (the server restarted, say), what was in flight is dropped and it says Hello again; a
 restarted hospital process does the same. It accepts a Welcome only to the run it began (the same
-fingerprint), takes the model and momentum the server has now, and takes part only in rounds after
+fingerprint), takes the model and update rule's state the server has now, and takes part only in rounds after
 the last one its ledger charged, so a restart on either side never releases an update twice or
 resets epsilon. The BFV key lives in memory only: a hospital that lost it gets it sealed again by
 any hospital of the run that holds it, exactly as at the start.
@@ -79,9 +80,12 @@ from protocol.messages import (
 from protocol.channel import ServerChannel
 from protocol.roster import Credentials, Roster
 from protocol.transport import Reconnected
-from training.accounting import LEDGER_FILE, PrivacyLedger, Release, release_of
+from training.accounting import LEDGER_FILE, PrivacyLedger, Release
 from training.datasets import Split
-from training.dopamine import MomentumUpdate, NoisyGradientStep, mean_gradient
+from training.dopamine import NoisyGradientStep
+from training.dp_fedavg import SubclientStep
+from training.methods import METHODS, ledger_release
+from training.update_rules import UpdateRule
 from training.models import build_model, set_flat_parameters
 
 __all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital", "PrivacyBudget", "run_key_context", "sealed_key_context"]
@@ -157,6 +161,7 @@ class Hospital:
         state_dir: Path,
         timeout_s: float = 180.0,
         send_offset_s: float = DEFAULT_SEND_OFFSET_S,
+        method: str,
         aggregation: str = SECURE_AGGREGATION,
     ) -> None:
         roster.check_credentials(credentials)
@@ -168,14 +173,17 @@ class Hospital:
         self._state_dir = state_dir
         self._send_offset_s = send_offset_s
         check_aggregation(aggregation)
-        self._aggregation = aggregation  # this hospital's operator's choice; a server cannot change it
+        if method not in METHODS:
+            raise ConfigError(f"a hospital of the secure round trains with one of {', '.join(METHODS)}, not {method!r}")
+        # This hospital's operator's choices; a server cannot change them.
+        self._method, self._aggregation = method, aggregation
         self._ledger: PrivacyLedger | None = None
         # Set by the first Welcome, kept across joins: a hospital takes part in one run.
         self._config: RunConfig | None = None
         self._run = ""  # RunConfig.fingerprint
         self._model: nn.Module | None = None
-        self._step: NoisyGradientStep | None = None
-        self._momentum: MomentumUpdate | None = None
+        self._step: NoisyGradientStep | SubclientStep | None = None
+        self._update_rule: UpdateRule | None = None
         self._secret: SecretContext | None = None
         self._uploads: SecretContext | InsecurePlaintextUploads | None = None  # the secret, unless benchmarking
         self._last_round = 0  # the last round this hospital was charged for: it takes part only in later ones
@@ -208,6 +216,8 @@ class Hospital:
             config = RunConfig.from_dict(welcome.config)
         except ConfigError as error:
             raise ProtocolError(f"the server's run configuration is unusable: {error}") from None
+        if config.training.METHOD != self._method:
+            raise ProtocolError(f"the server's run trains with {config.training.METHOD!r}; {self._name} was started for {self._method!r}")
         if config.aggregation != self._aggregation:
             raise ProtocolError(
                 f"the server's run uses {config.aggregation!r} aggregation; {self._name} was started for {self._aggregation!r}"
@@ -219,7 +229,10 @@ class Hospital:
             raise ProtocolError(f"the server welcomed {self._name} to run {run}, not to the run it takes part in ({self._run})")
         self._joins += 1
         set_flat_parameters(self._model, _float32s(welcome.parameters, self._step.mechanism.dimension, "the model"))
-        self._momentum.load_momentum(_float32s(welcome.momentum, self._step.mechanism.dimension, "the momentum"))
+        try:
+            self._update_rule.load_state(_float32s(welcome.optimizer_state, self._update_rule.state().size, "the optimizer state"))
+        except ValueError as error:
+            raise ProtocolError(f"the server's optimizer state is unusable: {error}") from None
         if self._secret is None and welcome.generate_key:
             if self._name != config.key_holder:
                 raise ProtocolError(f"the server asks {self._name} to create the run's key; only {config.key_holder} does")
@@ -246,8 +259,11 @@ class Hospital:
             self._continue_metrics(config.run_id)
         self._channel.limit = config.message_limit()
         self._config, self._run = config, run
-        self._step = NoisyGradientStep(model, self._data.x, self._data.y, config.dopamine)
-        self._momentum = MomentumUpdate(model, learning_rate=config.dopamine.learning_rate, momentum=config.dopamine.momentum)
+        try:
+            self._step = config.training.local_step(model, self._data)
+        except ValueError as error:  # e.g. more sub-clients than this hospital has records
+            raise ProtocolError(f"{self._name} cannot train in this run: {error}") from None
+        self._update_rule = config.training.update_rule(model)
         self._model = model
 
     def _receive_key(self) -> SecretContext:
@@ -328,8 +344,8 @@ class Hospital:
                     raise ProtocolError(f"the server started round {message.round} again after round {self._last_round}")
                 self._last_round = message.round
                 # What every update is charged: the least noise its sum can carry, a quorum's.
-                dopamine = self._config.dopamine
-                least_noise = release_of(self._step.mechanism, sample_rate=dopamine.sample_rate, contributors=dopamine.quorum)
+                training = self._config.training
+                least_noise = ledger_release(training, self._step.mechanism, training.quorum)
                 refusal = self._budget.refusal(self._ledger, least_noise, message.round)
                 if refusal:
                     log.warning("%s withdraws: %s", self._name, refusal)
@@ -391,7 +407,7 @@ class Hospital:
             or not set(contributors) <= set(self._config.hospitals)
         ):
             raise ProtocolError(f"round {message.round}: the contributor list {contributors} is inconsistent")
-        if len(contributors) < self._config.dopamine.quorum:
+        if len(contributors) < self._config.training.quorum:
             raise ProtocolError(f"round {message.round}: {len(contributors)} contributors, fewer than the quorum")
         pending.bytes_received_aggregate = self._channel.transport.bytes_received - pending.bytes_received_before
         started = time.perf_counter()
@@ -399,7 +415,7 @@ class Hospital:
             total = self._uploads.decrypt_sum(message.chunks, round_number=message.round, contributors=contributors)
         except BfvError as error:
             raise ProtocolError(f"round {message.round}: refusing the server's sum: {error}") from None
-        pending.mean = mean_gradient(total, len(contributors), mechanism=self._step.mechanism, settings=self._config.dopamine)
+        pending.mean = self._config.training.direction(total, len(contributors), self._step.mechanism)
         pending.seconds["decrypt"] = time.perf_counter() - started
         pending.endorsed = message.contributors
         pending.statement = aggregate_statement(
@@ -415,7 +431,7 @@ class Hospital:
             check_endorsements(pending.statement, message.signatures, signers)
         except EndorsementError as error:
             raise ProtocolError(f"round {message.round}: refusing to release the sum: {error}") from None
-        self._momentum.apply(pending.mean)
+        self._update_rule.apply(pending.mean)
         payload = pending.mean.tobytes()
         self._released = Released(round=message.round, digest=release_digest(message.round, payload), mean_gradient=payload)
         releaser = contributors[0] == self._name

@@ -119,7 +119,7 @@ class Welcome(Message):
     config: dict
     initial_parameters: bytes  # float32, little-endian; with the config, names the run (RunConfig.fingerprint)
     parameters: bytes  # the model now: float32, the initial parameters until a round is released
-    momentum: bytes  # the momentum buffer now: float32
+    optimizer_state: bytes  # the update rule's state now (training.update_rules): float32
     generate_key: bool  # the key holder creates the run's key (the first join only); others ask for it sealed
 
 
@@ -282,7 +282,7 @@ _BY_TYPE = {cls.TYPE: cls for cls in TO_SERVER | TO_HOSPITAL | TO_VOTING_SERVER 
 
 
 def float32_values(payload: bytes, count: int, what: str) -> np.ndarray:
-    """A float32 field (parameters, momentum, a mean gradient) as ``count`` finite values, or MessageError."""
+    """A float32 field (parameters, an optimizer state, a mean gradient) as ``count`` finite values, or MessageError."""
     values = np.frombuffer(payload, dtype="<f4") if len(payload) % 4 == 0 else np.empty(0, dtype="<f4")
     if values.size != count or not np.all(np.isfinite(values)):
         raise MessageError(f"{what} is not {count} finite float32 values")

@@ -14,7 +14,7 @@ hospital that misses a deadline is dropped from the run.
 
 Hospitals of the run may join again (``_admit``): one that says Hello after the run began, because
 it restarted or its connection was made again, leaves the round under way and is welcomed before
-the next one to the model and momentum as they are then. The server checkpoints what it needs to
+the next one to the model and its update rule's state as they are then. The server checkpoints what it needs to
 resume after a crash (``protocol.checkpoint``); ``Server.resume`` goes on from it, and the
 hospitals, which notice the new connection, join again by themselves.
 """
@@ -66,9 +66,9 @@ from protocol.messages import (
 from protocol.roster import Credentials, Roster
 from protocol.transcript import Transcript
 from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
-from training.accounting import ACCOUNTANT, LEDGER_FILE, PrivacyLedger, release_of
+from training.accounting import ACCOUNTANT, LEDGER_FILE, PrivacyLedger
 from training.datasets import Split
-from training.dopamine import MomentumUpdate
+from training.methods import ledger_release
 from training.models import accuracy, build_model, get_flat_parameters, set_flat_parameters
 
 __all__ = ["Server", "Timeouts"]
@@ -89,7 +89,8 @@ class _RoundRecord:
     status: str  # "released" or "aborted"
     contributors: list[str]
     validation_accuracy: float | None = None
-    epsilon: dict[str, float] = field(default_factory=dict)  # by view, see training.accounting
+    epsilon: dict[str, float] = field(default_factory=dict)  # by view, see training.accounting, at the ledger's level
+    epsilon_levels: dict[str, dict[str, float]] = field(default_factory=dict)  # level -> view -> epsilon
     seconds: dict[str, float] = field(default_factory=dict)
     update_bytes: dict[str, int] = field(default_factory=dict)
     reason: str = ""
@@ -122,13 +123,12 @@ class Server:
         self._timeouts = timeouts
         self._on_round = on_round or (lambda record: None)
         self._model = build_model(config.model)
-        self._momentum = MomentumUpdate(
-            self._model, learning_rate=config.dopamine.learning_rate, momentum=config.dopamine.momentum
-        )
+        self._update_rule = config.training.update_rule(self._model)
         self._params = config.bfv_parameters()
         limit = config.message_limit()
         self._mechanism = config.mechanism()
-        self._ledger = PrivacyLedger(ledger_path)
+        self._ledger = PrivacyLedger(ledger_path)  # charged at the method's first level, as the hospitals' are
+        self._levels = {level: PrivacyLedger() for level in config.training.LEVELS[1:]}  # reported only, rebuilt on resume
         self._public: PublicContext | None = None
         self._run = ""  # RunConfig.fingerprint of what every hospital is welcomed with, once known
         self._active: list[str] = []  # hold the key and take part in rounds
@@ -171,7 +171,7 @@ class Server:
         try:
             self._initial_parameters = float32_values(checkpoint.initial_parameters, self._params.vector_length, "its initial model")
             set_flat_parameters(self._model, float32_values(checkpoint.parameters, self._params.vector_length, "its model"))
-            self._momentum.load_momentum(float32_values(checkpoint.momentum, self._params.vector_length, "its momentum"))
+            self._update_rule.load_state(float32_values(checkpoint.optimizer_state, self._update_rule.state().size, "its optimizer state"))
             self._rounds = [_RoundRecord(**record) for record in checkpoint.rounds]
             if not all(type(r.round) is int for r in self._rounds):
                 raise ValueError("round numbers must be integers")
@@ -181,6 +181,11 @@ class Server:
             raise CheckpointError(f"the checkpoint in {self._out_dir} is unusable: {error}") from None
         self._run = self._config.fingerprint(checkpoint.initial_parameters)
         charged_up_to = self._ledger.begin_run(self._config.run_id, self._run)
+        for ledger in self._levels.values():
+            ledger.begin_run(self._config.run_id, self._run)
+        for record in self._rounds:
+            if record.status == "released":
+                self._record_other_levels(record)
         self._public = PublicContext(self._params)
         # Never a round number used before, even if the checkpoint on disk were older than the ledger.
         self._rounds_started = max(checkpoint.rounds_started, charged_up_to)
@@ -209,7 +214,7 @@ class Server:
             started = time.perf_counter()
             self._admit()
             self._phase_seconds["key_ceremony"] = time.perf_counter() - started
-            quorum = self._config.dopamine.quorum
+            quorum = self._config.training.quorum
             for round_number in range(self._rounds_started + 1, self._config.rounds + 1):
                 if self._joining:
                     self._admit()
@@ -241,16 +246,17 @@ class Server:
         """The hospitals that say Hello in time make up the run; its settings and fingerprint follow."""
         self._await_hellos(set(self._config.hospitals), time.monotonic() + self._timeouts.join_s)
         joined = set(self._joining)
-        if len(joined) < self._config.dopamine.quorum:
+        if len(joined) < self._config.training.quorum:
             raise ProtocolError(
                 f"only {len(joined)} of {len(self._config.hospitals)} hospitals joined within {self._timeouts.join_s:g} s; "
-                f"the quorum is {self._config.dopamine.quorum}"
+                f"the quorum is {self._config.training.quorum}"
             )
         self._config = dataclasses.replace(self._config, hospitals=tuple(h for h in self._config.hospitals if h in joined))
         self._params = self._config.bfv_parameters()
         self._public = PublicContext(self._params)
         self._run = self._config.fingerprint(self._initial_parameters.tobytes())
-        self._ledger.begin_run(self._config.run_id, self._run)
+        for ledger in (self._ledger, *self._levels.values()):
+            ledger.begin_run(self._config.run_id, self._run)
 
     def _await_hellos(self, expected: set[str], deadline: float) -> None:
         while not expected <= set(self._joining):
@@ -281,7 +287,7 @@ class Server:
             config=self._config.to_dict(),
             initial_parameters=self._initial_parameters.tobytes(),
             parameters=get_flat_parameters(self._model).tobytes(),
-            momentum=self._momentum.momentum().tobytes(),
+            optimizer_state=self._update_rule.state().tobytes(),
         )
         key_exists = bool(self._active) or self._resumed_from is not None or self._rounds_started > 0
         for name in newcomers:
@@ -354,7 +360,7 @@ class Server:
         total, aggregate_seconds = self._collect(round_number, record)
         record.seconds["collect"] = time.perf_counter() - started
         record.seconds["aggregate"] = aggregate_seconds
-        quorum = self._config.dopamine.quorum
+        quorum = self._config.training.quorum
         if len(record.contributors) < quorum:
             self._abort(record, f"{len(record.contributors)} contributions, fewer than the quorum of {quorum}")
             return
@@ -368,7 +374,7 @@ class Server:
             self._abort(record, f"{len(signatures)} of {len(record.contributors)} contributors endorsed the aggregate")
             return
         # Charged before the endorsements leave: from then on the contributors may decrypt and use the sum.
-        release = release_of(self._mechanism, sample_rate=self._config.dopamine.sample_rate, contributors=len(record.contributors))
+        release = ledger_release(self._config.training, self._mechanism, len(record.contributors))
         self._ledger.record(release, run_id=self._config.run_id, round_number=round_number)
         for name in record.contributors:
             self._parties.send(name, Endorsements(round=round_number, signatures=signatures))
@@ -376,12 +382,27 @@ class Server:
         record.seconds["release"] = time.perf_counter() - started
 
         started = time.perf_counter()
-        self._momentum.apply(mean_gradient)
+        self._update_rule.apply(mean_gradient)
         record.validation_accuracy = accuracy(self._model, self._validation.x, self._validation.y)
         record.seconds["evaluate"] = time.perf_counter() - started
         record.status = "released"
+        self._record_other_levels(record)
         record.epsilon = self._ledger.epsilons(self._config.delta)
+        record.epsilon_levels = self._epsilon_levels()
         self._finish_round(record)
+
+    def _record_other_levels(self, record: _RoundRecord) -> None:
+        releases = self._config.training.levels(self._mechanism, len(record.contributors))
+        for level, ledger in self._levels.items():
+            ledger.record(releases[level], run_id=self._config.run_id, round_number=record.round)
+
+    def _epsilon_levels(self) -> dict[str, dict[str, float]]:
+        """Epsilon by view at every level the method protects (the first is the ledger's)."""
+        first, *others = self._config.training.LEVELS
+        return {
+            first: self._ledger.epsilons(self._config.delta),
+            **{level: self._levels[level].epsilons(self._config.delta) for level in others},
+        }
 
     def _collect(self, round_number: int, record: _RoundRecord) -> tuple[CiphertextSum | InsecurePlaintextSum, float]:
         total = (
@@ -574,7 +595,7 @@ class Server:
             config=self._config.to_dict(),
             initial_parameters=self._initial_parameters.tobytes(),
             parameters=get_flat_parameters(self._model).tobytes(),
-            momentum=self._momentum.momentum().tobytes(),
+            optimizer_state=self._update_rule.state().tobytes(),
             rounds_started=self._rounds_started,
             active=self._active + self._joining,  # whom a resumed server waits for
             rounds=[dataclasses.asdict(r) for r in self._rounds],
@@ -596,6 +617,7 @@ class Server:
                 "rounds_released": len(released),
                 "validation_accuracy": released[-1].validation_accuracy if released else None,
                 "epsilon": self._ledger.epsilons(self._config.delta),
+                "epsilon_levels": self._epsilon_levels(),
                 "delta": self._config.delta,
                 "accountant": ACCOUNTANT,
             },
@@ -611,7 +633,7 @@ class Server:
 
     def _mechanism_report(self) -> dict:
         bound = self._mechanism.sum_bound(
-            contributors=len(self._config.hospitals), expected_batch_size=self._config.dopamine.expected_batch_size
+            contributors=len(self._config.hospitals), expected_batch_size=self._config.training.rows_per_share
         )
         return {
             "name": "distributed Skellam, per-example conditional randomized rounding (training.skellam)",

@@ -22,6 +22,9 @@ from tallier.mpc import MpcError
 from training.accounting import LedgerError
 from training.datasets import DatasetError
 from training.partition import PartitionError
+from training.fedavg import LOCAL_OPTIMIZERS, FedAvgError
+from training.dp_fedavg import SERVER_OPTIMIZERS
+from training.methods import METHODS as TRAINING_METHODS
 from training.vote_privacy import REVEAL_MODES, VOTING_METHODS
 
 USER_ERRORS = (
@@ -29,6 +32,7 @@ USER_ERRORS = (
     CheckpointError,
     ConfigError,
     DatasetError,
+    FedAvgError,
     LedgerError,
     MpcError,
     ParameterError,
@@ -137,19 +141,27 @@ def widths(text: str) -> tuple[int, ...]:
     return values
 
 
-METHODS = ("dopamine", *VOTING_METHODS)
+METHODS = (*TRAINING_METHODS, *VOTING_METHODS)
 
 # The run's settings, shared by consilium-server and consilium-federation (which passes them on to
 # the server it launches): (flag, type, default, help). A default of None depends on the method
 # (``METHOD_DEFAULTS``).
 RUN_FLAGS = (
     ("--method", str, "dopamine", f"how the hospitals learn together: {', '.join(METHODS)}"),
-    ("--rounds", positive_int, None, "rounds: DP-SGD steps for Dopamine (default 100), query batches for voting (default 2)"),
-    ("--sample-rate", rate, 0.1, "q: probability that a record is in a round's batch (Poisson sampling)"),
-    ("--noise-multiplier", non_negative_float, 2.3, "sigma: noise of a quorum's sum, in units of its sensitivity"),
-    ("--max-grad-norm", positive_float, 1.0, "C: per-example gradient clipping norm"),
-    ("--lr", positive_float, 0.05, "learning rate"),
-    ("--momentum", below_one, 0.9, "momentum, applied to the decrypted mean gradient"),
+    ("--rounds", positive_int, None, "rounds: DP-SGD steps for Dopamine (default 100), FedAvg rounds for dp-fedavg (default 10), query batches for voting (default 2)"),
+    ("--sample-rate", rate, 0.1, "Dopamine: q, probability that a record is in a round's batch (Poisson sampling)"),
+    ("--noise-multiplier", non_negative_float, None, "sigma (Dopamine, default 2.3) or z (dp-fedavg, default 6): noise of a quorum's sum, in units of the sensitivity of one record or one sub-client"),
+    ("--max-grad-norm", positive_float, 1.0, "Dopamine: C, per-example gradient clipping norm"),
+    ("--lr", positive_float, 0.05, "Dopamine: learning rate"),
+    ("--momentum", below_one, 0.9, "Dopamine: momentum, applied to the decrypted mean gradient"),
+    ("--subclients", positive_int, 2, "dp-fedavg: v, sub-clients (intermediaries) per hospital"),
+    ("--max-update-norm", positive_float, 0.5, "dp-fedavg: C, clipping norm of each sub-client's update"),
+    ("--local-epochs", positive_int, 1, "dp-fedavg: epochs each sub-client trains per round"),
+    ("--local-batch-size", positive_int, 16, "dp-fedavg: sub-clients' batch size"),
+    ("--local-lr", positive_float, 0.1, "dp-fedavg: sub-clients' learning rate"),
+    ("--local-optimizer", str, "sgd", f"dp-fedavg: sub-clients' optimizer, {' or '.join(LOCAL_OPTIMIZERS)}"),
+    ("--server-optimizer", str, "fedavg", f"dp-fedavg: how every party applies the mean update, {' or '.join(SERVER_OPTIMIZERS)}"),
+    ("--server-lr", positive_float, None, "dp-fedavg: server learning rate (default: 1 for fedavg, 0.03 for fedadam)"),
     ("--delta", probability, 1e-5, "delta at which epsilon is reported"),
     ("--model", str, "mlp", "model architecture: mlp or cnn (for images)"),
     ("--hidden", widths, (48,), "MLP hidden widths, comma-separated (empty for a linear model)"),
@@ -170,17 +182,35 @@ RUN_FLAGS = (
 # (the voting paper's 100): with 3, noise that leaves the labels useful (sigma 1: about 84% right)
 # gives epsilon in the hundreds, so its default budget binds nothing, and the launchers say so.
 METHOD_DEFAULTS = {
-    "dopamine": {"rounds": 100, "epsilon_budget": 3.0},
+    "dopamine": {"rounds": 100, "noise_multiplier": 2.3, "epsilon_budget": 3.0},
+    "dp-fedavg": {"rounds": 10, "noise_multiplier": 6.0, "epsilon_budget": 10.0},
     "ae-dpfl": {"rounds": 2, "vote_noise": 1.0, "neighbours": 1, "epsilon_budget": 2000.0},
     "knn-dpfl": {"rounds": 2, "vote_noise": 15.0, "neighbours": 30, "epsilon_budget": 10.0},
 }
 
 
+# Flags that only one method reads: given for another, they are refused, not ignored.
+METHOD_FLAGS = {
+    "dopamine": ("sample_rate", "max_grad_norm", "lr", "momentum"),
+    "dp-fedavg": (
+        "subclients", "max_update_norm", "local_epochs", "local_batch_size", "local_lr", "local_optimizer",
+        "server_optimizer", "server_lr",
+    ),
+}  # fmt: skip
+_SERVER_LEARNING_RATES = {"fedavg": 1.0, "fedadam": 0.03}
+
+
+def _destination(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training (the server announces these to the hospitals)")
+    method_specific = {name for names in METHOD_FLAGS.values() for name in names}
     for flag, kind, default, help_text in RUN_FLAGS:
         shown = "" if default is None else f" (default: {_show(default)})"
-        group.add_argument(flag, type=kind, default=default, help=help_text + shown)
+        parser_default = None if _destination(flag) in method_specific else default  # filled in once the method is known
+        group.add_argument(flag, type=kind, default=parser_default, help=help_text + shown)
     group.add_argument("--quorum", type=positive_int, help="K_min: contributions a round needs (default: all hospitals)")
 
 
@@ -190,6 +220,17 @@ def resolve_run_arguments(args: argparse.Namespace) -> None:
         raise ConfigError(f"unknown method {args.method!r}; choose from {', '.join(METHODS)}")
     if args.reveal not in REVEAL_MODES:
         raise ConfigError(f"unknown reveal mode {args.reveal!r}; choose from {', '.join(REVEAL_MODES)}")
+    for method, names in METHOD_FLAGS.items():
+        given = [name for name in names if method != args.method and getattr(args, name, None) is not None]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise ConfigError(f"{flags} {'is' if len(given) == 1 else 'are'} for {method} runs, not {args.method}")
+    defaults = {_destination(flag): default for flag, _, default, _ in RUN_FLAGS if default is not None}
+    for name in METHOD_FLAGS.get(args.method, ()):
+        if getattr(args, name, None) is None and name in defaults:
+            setattr(args, name, defaults[name])
+    if args.method == "dp-fedavg" and args.server_lr is None:
+        args.server_lr = _SERVER_LEARNING_RATES.get(args.server_optimizer, 1.0)  # an unknown optimizer is refused later
     for name, value in METHOD_DEFAULTS[args.method].items():
         if hasattr(args, name) and getattr(args, name) is None:
             setattr(args, name, value)
@@ -199,7 +240,7 @@ def run_argv(args: argparse.Namespace) -> list[str]:
     """The flags of ``add_run_arguments`` as parsed, to pass on to consilium-server."""
     argv = []
     for flag, _, _, _ in RUN_FLAGS:
-        value = getattr(args, flag[2:].replace("-", "_"))
+        value = getattr(args, _destination(flag))
         if value is not None:
             argv += [flag, _show(value)]
     if args.quorum is not None:

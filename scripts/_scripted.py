@@ -58,7 +58,7 @@ def small_run_config(roster: Roster, *, quorum: int, rounds: int, run_id: str | 
         rounds=rounds,
         delta=1e-5,
         model=ModelSpec("mlp", (30,), 2, (4,)),
-        dopamine=DopamineSettings(
+        training=DopamineSettings(
             sample_rate=0.2, noise_multiplier=1.0, max_grad_norm=1.0, quorum=quorum,
             expected_batch_size=10, learning_rate=0.05, momentum=0.9,
         ),
@@ -198,7 +198,7 @@ class ScriptedServer:
             config=config.to_dict(),
             initial_parameters=self.initial,
             parameters=self.initial,
-            momentum=bytes(len(self.initial)),
+            optimizer_state=bytes(len(self.initial)),
             generate_key=name == config.key_holder,
         )
 

@@ -28,7 +28,7 @@ import numpy as np
 from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError
 from protocol.messages import ProtocolError
 from protocol.roster import SERVER, provision
-from protocol.hospital import DEFAULT_SEND_OFFSET_S
+from protocol.hospital import DEFAULT_SEND_OFFSET_S, PrivacyBudget
 from scripts._cli import (
     add_run_arguments,
     free_port,
@@ -39,7 +39,11 @@ from scripts._cli import (
     run,
     run_argv,
 )
-from training.datasets import load_dataset
+from scripts.server import build_run_config
+from training.accounting import PrivacyLedger
+from training.datasets import Dataset, load_dataset
+from training.dp_fedavg import DpFedAvgSettings
+from training.methods import ledger_release
 from training.partition import PARTITION_SCHEMES, partition
 from training.vote_privacy import VOTING_METHODS
 
@@ -74,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--classes-per-part", type=positive_int, help="label_skew: classes each hospital sees")
     parser.add_argument("--alpha", type=positive_float, default=0.5, help="dirichlet concentration (default: 0.5)")
     parser.add_argument(
-        "--epsilon-budget", type=positive_float, help="each hospital's budget (default: 3; AE-DPFL 2000, kNN-DPFL 10)"
+        "--epsilon-budget", type=positive_float, help="each hospital's budget (default: 3; dp-fedavg 10, AE-DPFL 2000, kNN-DPFL 10)"
     )
     parser.add_argument("--round-timeout", type=positive_float, default=60.0, help="seconds a round waits for updates")
     parser.add_argument(
@@ -92,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--insecure-plaintext-benchmark",
         action="store_true",
-        help="Dopamine: NO secure aggregation, updates travel and are summed in the clear and no privacy claim holds. "
+        help="Dopamine and dp-fedavg: NO secure aggregation, updates travel and are summed in the clear and no privacy claim holds. "
         "Only for consilium-bench-round's comparison",
     )
     add_run_arguments(parser)
@@ -108,24 +112,29 @@ def run_federation(args: argparse.Namespace) -> dict:
     resolve_run_arguments(args)
     voting = args.method in VOTING_METHODS
     if args.hospitals_per_process > 1 and not voting:
-        raise ConfigError("--hospitals-per-process is for voting runs; a Dopamine hospital needs its own process")
+        raise ConfigError("--hospitals-per-process is for voting runs; a hospital of the secure round needs its own process")
     if args.insecure_plaintext_benchmark and voting:
-        raise ConfigError("--insecure-plaintext-benchmark is for Dopamine runs")
+        raise ConfigError("--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting")
     if args.data is None:  # votes need classes to vote on and a public pool to label: the ten digits
         args.data = "digits" if voting else "breast_cancer"
     out = args.out or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     federation, logs = out / "federation", out / "logs"
     if federation.exists():
         raise ProtocolError(f"{out} already holds a federation; choose another --out")
+    data = load_dataset(args.data, split_seed=args.seed)
+    parts = partition(  # each hospital partitions alike; a partition that cannot be made fails here, before any process starts
+        data.train.y, args.hospitals, args.partition, seed=args.seed, classes_per_part=args.classes_per_part, alpha=args.alpha
+    )
+    proposed_batch_size = args.method == "dopamine" and args.expected_batch_size is None
+    if proposed_batch_size:
+        args.expected_batch_size = round(args.sample_rate * len(data.train) / args.hospitals, 1)
+    if not voting:
+        _check_training(args, data, [len(part) for part in parts])
     logs.mkdir(parents=True, exist_ok=True)
     address = f"tcp://127.0.0.1:{free_port()}"
     mpc_addresses = tuple(f"127.0.0.1:{free_port()}" for _ in range(args.talliers)) if voting else ()
     roster = provision(federation, hospitals=args.hospitals, address=address, mpc_addresses=mpc_addresses)
 
-    data = load_dataset(args.data, split_seed=args.seed)
-    partition(  # each hospital partitions alike; a partition that cannot be made fails here, before any process starts
-        data.train.y, args.hospitals, args.partition, seed=args.seed, classes_per_part=args.classes_per_part, alpha=args.alpha
-    )
     print(
         f"federation: server + {args.hospitals} hospitals on {address}, {data.name} ({args.partition}, "
         f"{len(data.train)} training records), outputs in {out}",
@@ -133,11 +142,9 @@ def run_federation(args: argparse.Namespace) -> dict:
     )
     if args.insecure_plaintext_benchmark:
         print("WARNING: secure aggregation is OFF (--insecure-plaintext-benchmark): the epsilons below do not hold", flush=True)
-    expected_batch_size = args.expected_batch_size
-    if expected_batch_size is None and not voting:
-        expected_batch_size = round(args.sample_rate * len(data.train) / args.hospitals, 1)
+    if proposed_batch_size:
         print(
-            f"B = {expected_batch_size:g}, proposed as q x {len(data.train)} (the data set's public training size) / "
+            f"B = {args.expected_batch_size:g}, proposed as q x {len(data.train)} (the data set's public training size) / "
             f"{args.hospitals} hospitals; a consortium states its own with --expected-batch-size",
             flush=True,
         )
@@ -150,7 +157,7 @@ def run_federation(args: argparse.Namespace) -> dict:
         "--transcript", str(out / SERVER / "transcript.msgpack"),
         "--round-timeout", str(args.round_timeout),
         *(["--transcript-payloads"] if args.transcript_payloads else []),
-        *([] if voting else ["--expected-batch-size", repr(expected_batch_size)]),
+        *(["--expected-batch-size", repr(args.expected_batch_size)] if args.method == "dopamine" else []),
         *(["--insecure-plaintext-benchmark"] if args.insecure_plaintext_benchmark else []),
     ]  # fmt: skip
     started = time.monotonic()
@@ -219,10 +226,13 @@ def run_federation(args: argparse.Namespace) -> dict:
     final, wire = report["final"], report["wire"]
     epsilon = final["epsilon"]
     if report["config"]["aggregation"] == SECURE_AGGREGATION:
+        (level, _), *others = final["epsilon_levels"].items()
         privacy = (
-            f"epsilon at delta {final['delta']:g}: {epsilon['server']:.3f} against the server, "
+            f"epsilon per {level} at delta {final['delta']:g}: {epsilon['server']:.3f} against the server, "
             f"{epsilon['peer_hospital']:.3f} against a fellow hospital, {epsilon['collusion']:.3f} if all the others "
-            f"collude; encrypted update"
+            f"collude; "
+            + "".join(f"per {name}: {e['server']:.3f}, {e['peer_hospital']:.3f}, {e['collusion']:.3f}; " for name, e in others)
+            + "encrypted update"
         )
     else:
         privacy = "NO privacy guarantee (--insecure-plaintext-benchmark); plaintext update"
@@ -233,6 +243,20 @@ def run_federation(args: argparse.Namespace) -> dict:
     )
     print(f"report: {out / 'report.json'}, plot: {out / 'report.png'}", flush=True)
     return report
+
+
+def _check_training(args: argparse.Namespace, data: Dataset, part_sizes: list[int]) -> None:
+    """What would stop the run at its first round, said before any process starts (``ConfigError``)."""
+    config = build_run_config(args, tuple(f"hospital-{k}" for k in range(1, args.hospitals + 1)), data)
+    if isinstance(config.training, DpFedAvgSettings) and config.training.subclients > min(part_sizes):
+        raise ConfigError(
+            f"v = {config.training.subclients} sub-clients per hospital, but the smallest hospital has "
+            f"{min(part_sizes)} records: a sub-client would be empty"
+        )
+    budget = PrivacyBudget(epsilon=args.epsilon_budget, delta=args.delta)
+    refusal = budget.refusal(PrivacyLedger(), ledger_release(config.training, config.mechanism(), config.training.quorum), 1)
+    if refusal:
+        raise ConfigError(f"{refusal}: the first round alone exceeds --epsilon-budget (raise the noise or the budget)")
 
 
 def _vote_report(out: Path, *, wall_seconds: float) -> dict:
@@ -356,7 +380,8 @@ def plot_report(report: dict, path: Path) -> None:
     views = (("server", "against the server", "-"), ("peer_hospital", "against a fellow hospital", "--"), ("collusion", "if all the others collude", ":"))
     for view, label, style in views:
         bottom.plot(rounds, [r["epsilon"][view] for r in released], label=label, linestyle=style)
-    bottom.set_ylabel(f"epsilon (delta {report['final']['delta']:g})")
+    level = next(iter(report["final"]["epsilon_levels"]))
+    bottom.set_ylabel(f"epsilon per {level} (delta {report['final']['delta']:g})")
     bottom.set_xlabel("round")
     bottom.legend()
     bottom.grid(alpha=0.3)
@@ -364,7 +389,7 @@ def plot_report(report: dict, path: Path) -> None:
     aggregation = (
         "secure aggregation OFF: the epsilons do NOT hold" if config["aggregation"] == INSECURE_PLAINTEXT else "BFV secure aggregation"
     )
-    figure.suptitle(f"Dopamine on {config['dataset']}: {len(config['hospitals'])} hospitals, {aggregation}")
+    figure.suptitle(f"{config['training']['method']} on {config['dataset']}: {len(config['hospitals'])} hospitals, {aggregation}")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

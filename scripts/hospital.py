@@ -15,6 +15,7 @@ from protocol.voting_hospital import VotingHospital
 from scripts._cli import METHODS, USER_ERRORS, chosen_aggregation, configure_logging, non_negative_float, positive_float, positive_int, probability, run
 from training.datasets import Split, load_dataset
 from training.partition import PARTITION_SCHEMES, PartitionError, partition
+from training.vote_privacy import VOTING_METHODS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--insecure-plaintext-benchmark",
         action="store_true",
-        help="Dopamine: send updates UNENCRYPTED; the server sees each one and no privacy claim holds. Only for "
+        help="Dopamine and dp-fedavg: send updates UNENCRYPTED; the server sees each one and no privacy claim holds. Only for "
         "consilium-bench-round's comparison with secure aggregation",
     )
     voting = parser.add_argument_group("voting (AE-DPFL, kNN-DPFL)")
@@ -78,12 +79,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def take_part(args: argparse.Namespace) -> None:
-    if len(args.name) > 1 and (args.method == "dopamine" or args.state):
+    if len(args.name) > 1 and (args.method not in VOTING_METHODS or args.state):
         raise ConfigError("several --name in one process are for simulating voting runs, without --state")
     if len(set(args.name)) != len(args.name) or len(set(args.part or ())) != len(args.part or ()):
         raise ConfigError("each --name and each --part may be given once")
-    if args.insecure_plaintext_benchmark and args.method != "dopamine":
-        raise ConfigError("--insecure-plaintext-benchmark is for Dopamine runs")
+    if args.insecure_plaintext_benchmark and args.method in VOTING_METHODS:
+        raise ConfigError("--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting")
     roster = Roster.load(args.federation)
     data = load_dataset(args.data, split_seed=args.data_seed).train
     shares = [data] * len(args.name)
@@ -122,8 +123,8 @@ def _hospital(args: argparse.Namespace, roster: Roster, name: str, data: Split) 
         state_dir=args.state or args.federation / name,
         timeout_s=args.timeout,
     )
-    if args.method == "dopamine":
-        return Hospital(**common, send_offset_s=args.send_offset, aggregation=chosen_aggregation(args))
+    if args.method not in VOTING_METHODS:
+        return Hospital(**common, send_offset_s=args.send_offset, method=args.method, aggregation=chosen_aggregation(args))
     return VotingHospital(**common, min_quorum=args.min_quorum, allow_histogram=args.allow_histogram)
 
 

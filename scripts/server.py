@@ -16,6 +16,8 @@ from protocol.voting_server import VotingServer
 from scripts._cli import add_run_arguments, chosen_aggregation, configure_logging, positive_float, resolve_run_arguments, run
 from training.datasets import Dataset, load_dataset
 from training.dopamine import DopamineSettings
+from training.dp_fedavg import DpFedAvgSettings
+from training.methods import TrainingSettings
 from training.models import ModelSpec, input_statistics
 from training.vote_privacy import VOTING_METHODS, VotingSettings
 from training.voting import PcaFeatures, split_public_pool
@@ -25,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="consilium-server",
         description="Run the server: it sums the hospitals' encrypted updates and evaluates the released model "
-        "(Dopamine), or has the hospitals label its public records by private vote and trains a student on them.",
+        "(Dopamine, DP-FedAvg), or has the hospitals label its public records by private vote and trains a student on them.",
     )
     parser.add_argument("--federation", type=Path, required=True, help="federation directory (consilium-provision)")
     parser.add_argument("--out", type=Path, required=True, help="directory for the report, ledger and final model")
@@ -62,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--insecure-plaintext-benchmark",
         action="store_true",
-        help="Dopamine: sum UNENCRYPTED updates; no privacy claim holds. Only for consilium-bench-round's comparison "
+        help="Dopamine and dp-fedavg: sum UNENCRYPTED updates; no privacy claim holds. Only for consilium-bench-round's comparison "
         "with secure aggregation (the hospitals must say the same)",
     )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
@@ -83,7 +85,7 @@ def serve(args: argparse.Namespace) -> None:
     timeouts = Timeouts(join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout)
     if args.method in VOTING_METHODS:
         if args.insecure_plaintext_benchmark:
-            raise ConfigError("--insecure-plaintext-benchmark is for Dopamine runs")
+            raise ConfigError("--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting")
         _serve_vote(args, roster, credentials, dataset, timeouts)
         return
     settings = dict(
@@ -114,32 +116,27 @@ def serve(args: argparse.Namespace) -> None:
     print(f"finished ({report['finish_reason']}): {final['rounds_released']} rounds released, report in {args.out}", flush=True)
 
 
-def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunConfig:
-    if args.expected_batch_size is None:
-        raise ConfigError("--expected-batch-size is required for a new run")
+def build_run_config(args: argparse.Namespace, hospitals: tuple[str, ...], dataset: Dataset) -> RunConfig:
+    """A new run's configuration from the run flags (``scripts._cli.RUN_FLAGS``), or ``ConfigError``."""
     mean, std = input_statistics(dataset.validation.x)
-    hospitals = tuple(roster.hospitals)
     try:
-        config = RunConfig(
+        return RunConfig(
             run_id=secrets.token_hex(8),
             dataset=dataset.name,
             hospitals=hospitals,
             rounds=args.rounds,
             delta=args.delta,
             model=ModelSpec(args.model, dataset.input_shape, dataset.num_classes, args.hidden, mean, std),
-            dopamine=DopamineSettings(
-                sample_rate=args.sample_rate,
-                noise_multiplier=args.noise_multiplier,
-                max_grad_norm=args.max_grad_norm,
-                quorum=args.quorum or len(hospitals),
-                expected_batch_size=args.expected_batch_size,
-                learning_rate=args.lr,
-                momentum=args.momentum,
-            ),
+            training=_training_settings(args, quorum=args.quorum or len(hospitals)),
             aggregation=chosen_aggregation(args),
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
+
+
+def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunConfig:
+    hospitals = tuple(roster.hospitals)
+    config = build_run_config(args, hospitals, dataset)
     params = config.bfv_parameters()
     encoding = (
         f"in the clear modulo t={params.plain_modulus} (--insecure-plaintext-benchmark: NO secure aggregation)"
@@ -153,6 +150,35 @@ def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunC
         flush=True,
     )
     return config
+
+
+def _training_settings(args: argparse.Namespace, *, quorum: int) -> TrainingSettings:
+    if args.method == DpFedAvgSettings.METHOD:
+        if args.expected_batch_size is not None:
+            raise ConfigError("--expected-batch-size is for dopamine runs, not dp-fedavg")
+        return DpFedAvgSettings(
+            noise_multiplier=args.noise_multiplier,
+            max_update_norm=args.max_update_norm,
+            quorum=quorum,
+            subclients=args.subclients,
+            local_epochs=args.local_epochs,
+            local_batch_size=args.local_batch_size,
+            local_learning_rate=args.local_lr,
+            local_optimizer=args.local_optimizer,
+            server_optimizer=args.server_optimizer,
+            server_learning_rate=args.server_lr,
+        )
+    if args.expected_batch_size is None:
+        raise ConfigError("--expected-batch-size is required for a new Dopamine run")
+    return DopamineSettings(
+        sample_rate=args.sample_rate,
+        noise_multiplier=args.noise_multiplier,
+        max_grad_norm=args.max_grad_norm,
+        quorum=quorum,
+        expected_batch_size=args.expected_batch_size,
+        learning_rate=args.lr,
+        momentum=args.momentum,
+    )
 
 
 def _serve_vote(args: argparse.Namespace, roster: Roster, credentials: Credentials, dataset: Dataset, timeouts: Timeouts) -> None:

@@ -34,6 +34,7 @@ from protocol.transcript import read_transcript
 from protocol.voting_config import VotingConfig
 from training.accounting import PrivacyLedger, release_of
 from training.dopamine import DopamineSettings, NoisyGradientStep
+from training.methods import ledger_release
 from training.models import ModelSpec, build_model
 from training.per_example import ClippedGradients
 
@@ -41,6 +42,7 @@ pytestmark = [pytest.mark.audit, pytest.mark.slow]
 AUDIT_SITE = Path(__file__).parent / "audit_site"
 DOPAMINE_ROUNDS = 4
 DOPAMINE = ("--expected-batch-size", "15", "--noise-multiplier", "1.0", "--epsilon-budget", "100")
+DP_FEDAVG = ("--method", "dp-fedavg", "--subclients", "2", "--noise-multiplier", "1.0", "--server-optimizer", "fedadam", "--epsilon-budget", "1000")
 VOTING = ("--method", "knn-dpfl", "--rounds", "2", "--feature-dimensions", "10", "--student-epochs", "5", "--round-timeout", "60")
 # Six-sigma bands: a correct run fails one of these checks with probability below 1e-8.
 SIGMAS = 6.0
@@ -84,6 +86,11 @@ def dopamine(tmp_path_factory):
     return _audited_run(
         tmp_path_factory, "dopamine", "--rounds", str(DOPAMINE_ROUNDS), "--round-timeout", "30", "--transcript-payloads", *DOPAMINE
     )
+
+
+@pytest.fixture(scope="module")
+def dp_fedavg(tmp_path_factory):
+    return _audited_run(tmp_path_factory, "dp-fedavg", "--rounds", str(DOPAMINE_ROUNDS), "--round-timeout", "30", "--transcript-payloads", *DP_FEDAVG)
 
 
 @pytest.fixture(scope="module")
@@ -223,37 +230,62 @@ def test_the_server_holds_ciphertexts_of_the_updates_that_only_the_run_key_opens
         assert len(zstandard.ZstdCompressor(level=19).compress(blob)) > 0.97 * len(blob)
 
 
-def test_the_released_noise_has_the_variance_the_accountant_assumes(dopamine):
-    """Each released mean is ``(sum of the gradients + Sk(K_c mu)) / (gamma B K_c)``.
+@pytest.mark.parametrize("method", ["dopamine", "dp_fedavg"])
+def test_the_released_noise_has_the_variance_the_accountant_assumes(method, request):
+    """Each released vector is ``c (sum of the rounded rows + Sk(K_c mu))``, with the method's public
+    ``c``: ``1 / (gamma B K_c)`` for Dopamine's gradients, ``-1 / (gamma v K_c)`` for DP-FedAvg's
+    sub-client updates.
 
     Read back to integers from what the server received, it equals the sum of the hospitals' recorded
-    shares; less their recorded gradients, what is left has the variance ``2 K_c mu`` that the
-    server's ledger charged for."""
-    out, report, config, received, updates = _dopamine_parts(dopamine)
+    shares; less their recorded rows, what is left has the variance ``2 K_c mu`` that the server's
+    ledger charged for."""
+    out, report, config, received, updates = _dopamine_parts(request.getfixturevalue(method))
     mechanism = config.mechanism()
     releases = [m for _, m, _ in received if isinstance(m, Released) and m.mean_gradient]
     assert len(releases) == DOPAMINE_ROUNDS
     totals = []
     for release in releases:
         contributors = report["rounds"][release.round - 1]["hospitals"]
-        scale = mechanism.scale * config.dopamine.expected_batch_size * len(contributors)
-        total = np.rint(np.frombuffer(release.mean_gradient, dtype="<f4") * scale).astype(np.int64)
+        c = config.training.direction(np.ones(1), len(contributors), mechanism).astype(np.float64)[0]
+        total = np.rint(np.frombuffer(release.mean_gradient, dtype="<f4") / c).astype(np.int64)
         np.testing.assert_array_equal(total, sum(u["values"] for u in updates if u["round"] == release.round))
-        gradients = sum(u["gradient"] for u in updates if u["round"] == release.round)
-        assert np.count_nonzero(gradients) > 0.5 * gradients.size  # records were sampled: a gradient to hide
-        totals.append(total - gradients)
+        rows = sum(u["gradient"] for u in updates if u["round"] == release.round)
+        assert np.count_nonzero(rows) > 0.5 * rows.size  # something to hide
+        totals.append(total - rows)
     # The server's ledger charged exactly these rounds of this mechanism: the mu checked below.
     charged = PrivacyLedger()
     charged.begin_run(config.run_id, report["run_fingerprint"])
     for release in releases:
-        charged.record(release_of(mechanism, sample_rate=config.dopamine.sample_rate, contributors=len(config.hospitals)),
-                       run_id=config.run_id, round_number=release.round)  # fmt: skip
+        charged.record(ledger_release(config.training, mechanism, len(config.hospitals)), run_id=config.run_id, round_number=release.round)
     server_ledger = PrivacyLedger(out / "server" / "privacy_ledger.jsonl")
     assert server_ledger.epsilon(config.delta) == pytest.approx(charged.epsilon(config.delta))
     assert _variance_in_band(np.concatenate(totals), 2 * mechanism.mu(len(config.hospitals)))
     for hospital in config.hospitals:  # and each hospital added its own share, not another's
         shares = np.concatenate([u["values"] - u["gradient"] for u in updates if u["hospital"] == hospital])
         assert _variance_in_band(shares, 2 * mechanism.share_mu), hospital
+
+
+def test_dp_fedavg_reports_every_level_and_each_hospital_is_charged_at_the_hospital_level(dp_fedavg):
+    """A hospital's v sub-clients move the sum together: its ledger, which its budget binds on, is
+    charged at max(v, 2) times a sub-client's sensitivity (2: one record's), and the report gives every level."""
+    out, report, _, _ = dp_fedavg
+    config = RunConfig.from_dict(report["config"])
+    final = report["final"]
+    assert final["rounds_released"] == DOPAMINE_ROUNDS
+    levels = final["epsilon_levels"]
+    assert list(levels) == ["hospital", "record", "subclient"] and levels["hospital"] == final["epsilon"]
+    releases = config.training.levels(config.mechanism(), len(config.hospitals))
+    for level, release in releases.items():
+        expected = PrivacyLedger()
+        expected.begin_run(config.run_id, report["run_fingerprint"])
+        for number in range(1, DOPAMINE_ROUNDS + 1):
+            expected.record(release, run_id=config.run_id, round_number=number)
+        assert levels[level] == pytest.approx(expected.epsilons(config.delta))
+    # v = 2: a hospital's two sub-clients move the sum as far as one record can
+    assert all(0 < levels["subclient"][view] < levels["record"][view] == levels["hospital"][view] for view in levels["hospital"])
+    for hospital in config.hospitals:
+        ledger = PrivacyLedger(out / "federation" / hospital / "privacy_ledger.jsonl")
+        assert ledger.epsilons(config.delta) == pytest.approx(levels["hospital"])
 
 
 def test_ciphertext_sizes_do_not_depend_on_the_plaintext():

@@ -45,8 +45,8 @@ def test_user_mistakes_get_one_line(tmp_path):
         (("hospital", *hospital, "--parts", "2", "--part", "3"), "give one --part between 1 and --parts (2) for each --name"),
         (("hospital", *hospital, "--name", "hospital-2"), "several --name in one process are for simulating voting runs"),
         (("federation", "--out", tmp_path / "many", "--hospitals-per-process", "2"), "--hospitals-per-process is for voting runs"),
-        (("federation", "--out", tmp_path / "vote", "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "is for Dopamine runs"),
-        (("hospital", *hospital, "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "is for Dopamine runs"),
+        (("federation", "--out", tmp_path / "vote", "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "not for voting"),
+        (("hospital", *hospital, "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "not for voting"),
         (("hospital", "--federation", federation, "--name", "hospital-7"), "is 'hospital-7' a party"),
         (("server", *server, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("server", *server, "--model", "cnn"), "the CNN needs"),
@@ -61,6 +61,17 @@ def test_user_mistakes_get_one_line(tmp_path):
         ),
         (("server", "--federation", federation, "--out", tmp_path / "new"), "--expected-batch-size is required"),
         (("federation", "--out", tmp_path / "run", "--data", tmp_path / "missing.npz"), "no dataset file"),
+        (("federation", "--out", tmp_path / "fedsgd", "--method", "fedsgd"), "unknown method 'fedsgd'"),
+        (("federation", "--out", tmp_path / "v", "--method", "dp-fedavg", "--subclients", "200"), "a sub-client would be empty"),
+        (("federation", "--out", tmp_path / "opt", "--method", "dp-fedavg", "--server-optimizer", "fedprox"), "unknown server optimizer 'fedprox'"),
+        (("federation", "--out", tmp_path / "local", "--method", "dp-fedavg", "--local-optimizer", "lbfgs"), "unknown local optimizer 'lbfgs'"),
+        (
+            ("federation", "--out", tmp_path / "budget", "--method", "dp-fedavg", "--noise-multiplier", "0.5", "--epsilon-budget", "1"),
+            "the first round alone exceeds --epsilon-budget",
+        ),
+        (("federation", "--out", tmp_path / "dopamine-budget", "--noise-multiplier", "0.3"), "the first round alone exceeds"),
+        (("federation", "--out", tmp_path / "cross", "--method", "dp-fedavg", "--lr", "0.1"), "--lr is for dopamine runs, not dp-fedavg"),
+        (("server", *server, "--method", "dp-fedavg"), "--expected-batch-size is for dopamine runs"),
     ]
     # Each launcher takes seconds to import torch and Opacus; the cases are independent.
     with ThreadPoolExecutor(max_workers=4) as pool:

@@ -8,7 +8,8 @@ from randomgen import ChaCha
 from scipy.stats import skellam
 
 from training.datasets import load_dataset
-from training.dopamine import DopamineSettings, MomentumUpdate, NoisyGradientStep, mean_gradient
+from training.dopamine import DopamineSettings, NoisyGradientStep, mean_gradient
+from training.update_rules import MomentumUpdate
 from training.models import ModelSpec, build_model, get_flat_parameters, input_statistics, set_flat_parameters
 from training.secure_random import secure_generator
 from training.skellam import SkellamMechanism
@@ -97,18 +98,18 @@ def test_momentum_carried_over_continues_the_same_trajectory():
     g1, g2 = np.random.default_rng(0).normal(size=(2, get_flat_parameters(_model()).size)).astype(np.float32)
     model = _model()
     update = MomentumUpdate(model, learning_rate=settings.learning_rate, momentum=settings.momentum)
-    assert not update.momentum().any()
+    assert not update.state().any()
     update.apply(g1)
     joined = _model()
     set_flat_parameters(joined, get_flat_parameters(model))
     carried = MomentumUpdate(joined, learning_rate=settings.learning_rate, momentum=settings.momentum)
-    carried.load_momentum(update.momentum())
+    carried.load_state(update.state())
     update.apply(g2)
     carried.apply(g2)
     assert np.array_equal(get_flat_parameters(joined), get_flat_parameters(model))
-    assert np.allclose(update.momentum(), 0.9 * g1 + g2)
+    assert np.allclose(update.state(), 0.9 * g1 + g2)
     with pytest.raises(ValueError, match="expected a momentum of"):
-        carried.load_momentum(g1[:-1])
+        carried.load_state(g1[:-1])
 
 
 @pytest.mark.parametrize(

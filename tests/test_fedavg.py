@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from training.datasets import Split
-from training.fedavg import FedAvgError, LocalTraining, ServerOptimizer, clip_update, local_update, split_subclients
+from training.fedavg import FedAvgError, LocalTraining, clip_update, local_update, split_subclients
 from training.models import ModelSpec, build_model, get_flat_parameters
 from training.secure_random import secure_generator
 
@@ -43,22 +43,9 @@ def test_clipping_bounds_the_norm_and_keeps_the_direction():
     np.testing.assert_array_equal(small, update)
 
 
-def test_fedavg_adds_the_scaled_mean_and_fedadam_follows_reddi_et_al():
-    theta, u1, u2 = np.zeros(2), np.array([1.0, -2.0]), np.array([0.5, 0.5])
-    assert np.allclose(ServerOptimizer("fedavg", learning_rate=0.5, dimension=2).step(theta, u1), [0.5, -1.0])
-    adam = ServerOptimizer("fedadam", learning_rate=0.1, dimension=2, beta1=0.9, beta2=0.99, tau=1e-3)
-    m, s, expected = np.zeros(2), np.zeros(2), theta
-    for u in (u1, u2):
-        m, s = 0.9 * m + 0.1 * u, 0.99 * s + 0.01 * u**2
-        expected = expected + 0.1 * m / (np.sqrt(s) + 1e-3)
-        theta = adam.step(theta, u)
-    np.testing.assert_allclose(theta, expected, rtol=1e-6)
-
-
 @pytest.mark.parametrize(
     "build, message",
     [
-        (lambda: ServerOptimizer("fedprox", learning_rate=1.0, dimension=2), "unknown server optimizer 'fedprox'"),
         (lambda: LocalTraining(optimizer="lbfgs"), "unknown local optimizer 'lbfgs'"),
         (lambda: LocalTraining(epochs=0), "epochs >= 1"),
     ],

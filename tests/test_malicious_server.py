@@ -13,6 +13,7 @@ from crypto.bfv import aggregate_bytes
 from protocol.config import INSECURE_PLAINTEXT
 from protocol.messages import Aggregate, Endorsement, Endorsements, Finish, Hello, KeyReady, KeyRequest, Released, RoundStart, RunKey
 from scripted import ScriptedServer
+from training.dp_fedavg import DpFedAvgSettings
 
 pytestmark = pytest.mark.slow
 
@@ -129,7 +130,7 @@ def test_a_replayed_round_and_a_reused_run_id_are_refused(tmp_path):
 def test_hospitals_given_different_settings_get_no_key_through(server):
     """Less noise for hospitals 2 and 3 than for hospital-1: the key holder seals no key to them (nor to nobody)."""
     config = server.config
-    less_noise = dataclasses.replace(config, dopamine=dataclasses.replace(config.dopamine, noise_multiplier=0.3))
+    less_noise = dataclasses.replace(config, training=dataclasses.replace(config.training, noise_multiplier=0.3))
     assert _ring(less_noise) == _ring(config)  # the same ciphertexts and keys: nothing else would tell them apart
     server.receive_from_each(Hello, (H1, H2, H3))
     server.send(H1, server.welcome(H1))
@@ -144,12 +145,26 @@ def test_hospitals_given_different_settings_get_no_key_through(server):
     assert _drain(server) == []  # no key setup
 
 
-def test_a_server_cannot_switch_hospitals_to_plaintext_uploads(server):
-    """A run announced in the benchmark's plaintext mode: hospitals that did not choose it leave before any round."""
-    plaintext = dataclasses.replace(server.config, aggregation=INSECURE_PLAINTEXT)
+DP_FEDAVG = DpFedAvgSettings(
+    noise_multiplier=1.0, max_update_norm=0.5, quorum=2, subclients=1, local_epochs=1, local_batch_size=16,
+    local_learning_rate=0.1, local_optimizer="sgd", server_optimizer="fedavg", server_learning_rate=1.0,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change, refusal",
+    [
+        ({"aggregation": INSECURE_PLAINTEXT}, "uses 'insecure-plaintext-benchmark' aggregation; {name} was started for 'bfv'"),
+        ({"training": DP_FEDAVG}, "trains with 'dp-fedavg'; {name} was started for 'dopamine'"),
+    ],
+)
+def test_a_server_cannot_switch_hospitals_to_plaintext_uploads_or_another_method(server, change, refusal):
+    """A run announced in the benchmark's plaintext mode, or with another method than its operators chose
+    (whose ledger entries would mean something else): hospitals leave before any round."""
+    switched = dataclasses.replace(server.config, **change)
     server.receive_from_each(Hello, (H1, H2, H3))
     for name in (H1, H2, H3):
-        server.send(name, server.welcome(name, plaintext))
+        server.send(name, server.welcome(name, switched))
     for name in (H1, H2, H3):
-        assert "uses 'insecure-plaintext-benchmark' aggregation; " f"{name} was started for 'bfv'" in _refusal(server, name)
+        assert refusal.format(name=name) in _refusal(server, name)
     assert _drain(server) == []  # no key, no update

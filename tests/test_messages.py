@@ -48,7 +48,7 @@ SAMPLES = [
     Released(round=3, digest=b"d" * 32, mean_gradient=b""),
     Welcome(
         config={"run_id": "abc", "nested": {"x": [1, 2.5]}}, initial_parameters=b"\x00" * 8,
-        parameters=b"\x01" * 8, momentum=b"\x02" * 8, generate_key=True,
+        parameters=b"\x01" * 8, optimizer_state=b"\x02" * 8, generate_key=True,
     ),  # fmt: skip
     KeyRequest(run_keys={"hospital-2": b"k" * 96}),
     RunKey(certified_key=b"k" * 96),
@@ -125,7 +125,7 @@ def test_malformed_messages_are_rejected_with_a_reason(raw, reason):
 
 @pytest.mark.parametrize("flag", [1, 0, "true", None])
 def test_a_boolean_is_only_a_boolean(flag):
-    welcome = dict(config={}, initial_parameters=b"", parameters=b"", momentum=b"", generate_key=flag)
+    welcome = dict(config={}, initial_parameters=b"", parameters=b"", optimizer_state=b"", generate_key=flag)
     with pytest.raises(MessageError, match="must be a boolean"):
         decode(_raw(v=1, type="welcome", **welcome), accept=TO_HOSPITAL, max_bytes=LIMIT)
 

@@ -142,13 +142,19 @@ def _rdp(release: "Release | _GaussianRelease", view: str) -> np.ndarray:
     return curve
 
 
-def release_of(mechanism: SkellamMechanism, *, sample_rate: float, contributors: int) -> Release:
-    """The release of a sum of ``contributors`` shares, for each view."""
+def release_of(mechanism: SkellamMechanism, *, sample_rate: float, contributors: int, group_size: int = 1) -> Release:
+    """The release of a sum of ``contributors`` shares, for each view.
+
+    ``group_size`` rows of a share moving together (a hospital's ``v`` sub-clients in DP-FedAvg) move
+    it by up to ``group_size`` times each sensitivity (the triangle inequality, in L2 and in L1).
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be at least 1, got {group_size}")
     known = {"server": 0, "peer_hospital": min(1, contributors - 1), "collusion": contributors - 1}
     return Release(
         sample_rate=sample_rate,
-        l2_sensitivity=mechanism.l2_sensitivity,
-        l1_sensitivity=mechanism.l1_sensitivity,
+        l2_sensitivity=group_size * mechanism.l2_sensitivity,
+        l1_sensitivity=group_size * mechanism.l1_sensitivity,
         mu=tuple((view, mechanism.mu(contributors, known[view])) for view in VIEWS),
     )
 

@@ -27,7 +27,7 @@ Three departures from the paper, all to keep that guarantee true:
 Sampling, rounding and noise draw from a ChaCha20 generator keyed by the OS
 (``training.secure_random``); Opacus computes per-example gradients and nothing else.
 
-Momentum (lines 13-14) is applied to the decrypted mean by every party alike,
+Momentum (lines 13-14, ``training.update_rules``) is applied to the decrypted mean by every party alike,
 ``m <- beta m + mean_k g_k``, ``w <- w - lr m``. When every hospital contributes every round this
 equals the mean of the hospitals' local momentum buffers (the paper's Appendix C, Eq. 5); keeping
 the momentum of the mean instead means a hospital's ``g_k`` only ever leaves it inside a sum of at
@@ -36,21 +36,28 @@ least ``K_min`` noise shares, also when the set of contributors changes between 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import numpy as np
-import torch
 from torch import nn
 
+from training.accounting import Release, release_of
+from training.datasets import Split
 from training.per_example import ClippedGradients
 from training.secure_random import require_cryptographic, secure_generator
 from training.skellam import SkellamMechanism
+from training.typed_fields import from_typed_dict
+from training.update_rules import MAX_LEARNING_RATE, MomentumUpdate
 
-__all__ = ["DopamineSettings", "MomentumUpdate", "NoisyGradientStep", "mean_gradient"]
+__all__ = ["DopamineSettings", "NoisyGradientStep", "mean_gradient"]
 
 
 @dataclass(frozen=True)
 class DopamineSettings:
+    METHOD: ClassVar[str] = "dopamine"
+    LEVELS: ClassVar[tuple[str, ...]] = ("record",)
+
     sample_rate: float  # q
     noise_multiplier: float  # sigma: noise of a quorum's sum, in units of the sensitivity
     max_grad_norm: float  # C
@@ -70,10 +77,15 @@ class DopamineSettings:
             raise ValueError(f"quorum must be at least 1, got {self.quorum}")
         if not self.expected_batch_size > 0:
             raise ValueError(f"expected_batch_size must be positive, got {self.expected_batch_size}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
+        if not 0 < self.learning_rate <= MAX_LEARNING_RATE:
+            raise ValueError(f"learning_rate must be in (0, {MAX_LEARNING_RATE:g}], got {self.learning_rate}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+
+    @property
+    def rows_per_share(self) -> float:
+        """Rounded rows in one hospital's share, on average: its expected batch size ``B``."""
+        return self.expected_batch_size
 
     def mechanism(self, dimension: int) -> SkellamMechanism:
         """The integer mechanism for a model of ``dimension`` parameters."""
@@ -81,18 +93,25 @@ class DopamineSettings:
             dimension=dimension, max_grad_norm=self.max_grad_norm, noise_multiplier=self.noise_multiplier, quorum=self.quorum
         )
 
+    def local_step(self, model: nn.Module, data: Split, generator: np.random.Generator | None = None) -> "NoisyGradientStep":
+        return NoisyGradientStep(model, data.x, data.y, self, generator)
+
+    def levels(self, mechanism: SkellamMechanism, contributors: int) -> dict[str, Release]:
+        """One round's release for a record (``training.accounting``)."""
+        return {"record": release_of(mechanism, sample_rate=self.sample_rate, contributors=contributors)}
+
+    def direction(self, total: np.ndarray, contributors: int, mechanism: SkellamMechanism) -> np.ndarray:
+        return mean_gradient(total, contributors, mechanism=mechanism, settings=self)
+
+    def update_rule(self, model: nn.Module) -> MomentumUpdate:
+        return MomentumUpdate(model, learning_rate=self.learning_rate, momentum=self.momentum)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"method": self.METHOD, **asdict(self)}
 
     @classmethod
     def from_dict(cls, values: dict) -> "DopamineSettings":
-        names = {f.name for f in fields(cls)}
-        if set(values) != names:
-            raise ValueError(f"Dopamine settings need exactly {sorted(names)}, got {sorted(values)}")
-        try:
-            return cls(**{name: float(values[name]) if name != "quorum" else int(values[name]) for name in names})
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"malformed Dopamine settings: {error}") from None
+        return from_typed_dict(cls, values, "Dopamine settings", extra={"method": cls.METHOD})
 
 
 class NoisyGradientStep:
@@ -125,40 +144,3 @@ def mean_gradient(total: np.ndarray, contributors: int, *, mechanism: SkellamMec
     """The mean gradient a decrypted sum of ``contributors`` shares stands for: ``sum / (gamma B K_c)``."""
     scale = mechanism.scale * settings.expected_batch_size * contributors
     return (np.asarray(total, dtype=np.float64) / scale).astype("<f4")
-
-
-class MomentumUpdate:
-    """``m <- beta m + g``, ``w <- w - lr m`` for a flat gradient ``g``.
-
-    Lines 13-14 on the decrypted mean, identical at every party; also the step of the baselines'
-    DP-SGD (``training.dp_sgd``) on its noisy gradient.
-    """
-
-    def __init__(self, model: nn.Module, *, learning_rate: float, momentum: float) -> None:
-        self._parameters = list(model.parameters())
-        self._optimizer = torch.optim.SGD(self._parameters, lr=learning_rate, momentum=momentum)
-
-    def apply(self, mean_gradient: np.ndarray) -> None:
-        gradient = torch.as_tensor(np.asarray(mean_gradient, dtype=np.float32))
-        expected = sum(p.numel() for p in self._parameters)
-        if gradient.shape != (expected,):
-            raise ValueError(f"expected a gradient of {expected} values, got shape {tuple(gradient.shape)}")
-        for parameter, values in zip(self._parameters, gradient.split([p.numel() for p in self._parameters])):
-            parameter.grad = values.view_as(parameter).clone()
-        self._optimizer.step()
-
-    def momentum(self) -> np.ndarray:
-        """``m`` as float32, zeros before the first step (where SGD's lazily created buffer starts)."""
-        buffers = [self._optimizer.state.get(p, {}).get("momentum_buffer") for p in self._parameters]
-        return np.concatenate(
-            [(torch.zeros_like(p) if b is None else b).detach().reshape(-1).numpy() for p, b in zip(self._parameters, buffers)]
-        ).astype("<f4")
-
-    def load_momentum(self, values: np.ndarray) -> None:
-        """Continue from ``m = values``, e.g. a checkpoint's; the next step is ``m <- beta m + g``."""
-        values = torch.as_tensor(np.asarray(values, dtype=np.float32))
-        sizes = [p.numel() for p in self._parameters]
-        if values.shape != (sum(sizes),):
-            raise ValueError(f"expected a momentum of {sum(sizes)} values, got shape {tuple(values.shape)}")
-        for parameter, part in zip(self._parameters, values.split(sizes)):
-            self._optimizer.state[parameter]["momentum_buffer"] = part.view_as(parameter).clone()

@@ -19,7 +19,7 @@ from opacus.accountants.utils import get_noise_multiplier
 from torch import nn
 
 from training.datasets import Split
-from training.dopamine import MomentumUpdate
+from training.update_rules import MomentumUpdate
 from training.per_example import ClippedGradients
 from training.secure_random import require_cryptographic, secure_generator
 

@@ -10,9 +10,9 @@ over the ``N`` sub-clients of the round. A sub-client moves the sum by at most `
 whose ``v`` sub-clients all move together, by up to ``v C``: the same release is DP with noise
 multiplier ``z`` for a sub-client and ``z / v`` for a hospital (``training.accounting``).
 
-This module holds the local half (``split_subclients``, ``local_update``, ``clip_update``) and
-the server half (``ServerOptimizer``: FedAvg, and FedAdam of Reddi et al. 2021, Algorithm 2).
-Noise, encoding and accounting are elsewhere, as for Dopamine.
+This module holds the local half (``split_subclients``, ``local_update``, ``clip_update``), which
+the baselines share. The secure round's share, noise and accounting are ``training.dp_fedavg``; the
+server optimizers (FedAvg, and FedAdam of Reddi et al. 2021) are ``training.update_rules``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from torch import nn
 from training.datasets import Split
 from training.models import get_flat_parameters
 
-__all__ = ["LOCAL_OPTIMIZERS", "SERVER_OPTIMIZERS", "FedAvgError", "LocalTraining", "ServerOptimizer", "clip_update", "local_update", "split_subclients"]
+__all__ = ["LOCAL_OPTIMIZERS", "FedAvgError", "LocalTraining", "clip_update", "local_update", "split_subclients"]
 
 LOCAL_OPTIMIZERS = ("sgd", "adam")
-SERVER_OPTIMIZERS = ("fedavg", "fedadam")
 
 
 class FedAvgError(ValueError):
@@ -88,33 +87,3 @@ def clip_update(update: np.ndarray, bound: float) -> tuple[np.ndarray, float]:
     norm = float(np.linalg.norm(np.asarray(update, dtype=np.float64)))
     scale = min(1.0, bound / norm) if norm > 0 else 1.0
     return (np.asarray(update, dtype=np.float64) * scale).astype(np.float32), norm
-
-
-class ServerOptimizer:
-    """Applies the released mean update ``u`` to the global parameters, identically at every party.
-
-    - ``fedavg``: ``theta <- theta + eta u`` (``eta = 1`` is plain FedAvg).
-    - ``fedadam``: ``m <- b1 m + (1 - b1) u``, ``s <- b2 s + (1 - b2) u^2``,
-      ``theta <- theta + eta m / (sqrt(s) + tau)``; no bias correction, as in Reddi et al.
-    """
-
-    def __init__(self, name: str, *, learning_rate: float, dimension: int, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> None:
-        if name not in SERVER_OPTIMIZERS:
-            raise FedAvgError(f"unknown server optimizer {name!r}; choose one of {', '.join(SERVER_OPTIMIZERS)}")
-        if not learning_rate > 0:
-            raise FedAvgError(f"the server learning rate must be positive, got {learning_rate}")
-        self.name = name
-        self._eta, self._beta1, self._beta2, self._tau = learning_rate, beta1, beta2, tau
-        self._first = np.zeros(dimension)
-        self._second = np.zeros(dimension)
-
-    def step(self, parameters: np.ndarray, mean_update: np.ndarray) -> np.ndarray:
-        """The new parameters (float32)."""
-        update = np.asarray(mean_update, dtype=np.float64)
-        if update.shape != self._first.shape or np.shape(parameters) != self._first.shape:
-            raise FedAvgError(f"expected vectors of {self._first.size} values, got {np.shape(parameters)} and {update.shape}")
-        if self.name == "fedavg":
-            return (parameters + self._eta * update).astype(np.float32)
-        self._first = self._beta1 * self._first + (1 - self._beta1) * update
-        self._second = self._beta2 * self._second + (1 - self._beta2) * update**2
-        return (parameters + self._eta * self._first / (np.sqrt(self._second) + self._tau)).astype(np.float32)

@@ -1,0 +1,150 @@
+"""DP-FedAvg's secure-round share, its two privacy levels, and the server optimizers every party applies."""
+
+import numpy as np
+import pytest
+
+from training.accounting import PrivacyLedger
+from training.datasets import Split
+from training.dp_fedavg import DpFedAvgSettings, SubclientStep
+from training.fedavg import FedAvgError, clip_update, local_update
+from training.methods import ledger_release, settings_from_dict
+from training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
+from training.secure_random import secure_generator
+from training.update_rules import FedAdamUpdate
+
+SETTINGS = dict(
+    noise_multiplier=1.0, max_update_norm=0.5, quorum=3, subclients=2, local_epochs=1, local_batch_size=8,
+    local_learning_rate=0.5, local_optimizer="sgd", server_optimizer="fedavg", server_learning_rate=1.0,
+)  # fmt: skip
+
+
+def _settings(**changes) -> DpFedAvgSettings:
+    return DpFedAvgSettings(**{**SETTINGS, **changes})
+
+
+def _data(records: int = 40) -> Split:
+    rng = np.random.default_rng(0)
+    return Split(rng.normal(size=(records, 4)).astype(np.float32), rng.integers(0, 2, records))
+
+
+def _model():
+    return build_model(ModelSpec("mlp", (4,), 2, (6,)))
+
+
+def _epsilon(release, rounds: int) -> float:
+    ledger = PrivacyLedger()
+    ledger.begin_run("0123abcd", "fingerprint")
+    for number in range(1, rounds + 1):
+        ledger.record(release, run_id="0123abcd", round_number=number)
+    return ledger.epsilon(1e-5)
+
+
+@pytest.mark.parametrize("dimension", [100, 100_000])
+@pytest.mark.parametrize("z, v", [(4.0, 2), (3.0, 3)])
+def test_hospital_level_epsilon_is_the_subclient_epsilon_at_z_over_v(dimension, z, v):
+    """A hospital's v sub-clients move the sum by v times the sensitivity: for the Skellam as for the
+    Gaussian, the privacy of noise multiplier z / v (to the Skellam's rounding terms)."""
+    split = _settings(noise_multiplier=z, subclients=v)
+    hospital = split.levels(split.mechanism(dimension), 3)["hospital"]
+    unsplit = _settings(noise_multiplier=z / v, subclients=1)
+    subclient_at_z_over_v = unsplit.levels(unsplit.mechanism(dimension), 3)["subclient"]
+    for rounds in (1, 30):
+        assert _epsilon(hospital, rounds) == pytest.approx(_epsilon(subclient_at_z_over_v, rounds), rel=1e-4)
+    assert _epsilon(split.levels(split.mechanism(dimension), 3)["subclient"], 30) < _epsilon(hospital, 30) / 2
+
+
+@pytest.mark.parametrize("v, group", [(1, 2), (2, 2), (3, 3)])
+def test_a_hospital_s_ledger_is_charged_for_its_sub_clients_and_for_any_one_record(v, group):
+    """A hospital's v sub-clients move together; one record moves its sub-client's update from r to
+    r', by up to twice the sensitivity: the ledger's charge covers both."""
+    settings = _settings(subclients=v)
+    mechanism = settings.mechanism(62)
+    levels = settings.levels(mechanism, 3)
+    charged = ledger_release(settings, mechanism, 3)
+    assert charged == levels["hospital"]
+    assert charged.l2_sensitivity == pytest.approx(group * mechanism.l2_sensitivity)
+    assert charged.l1_sensitivity == pytest.approx(group * mechanism.l1_sensitivity)
+    assert levels["record"].l2_sensitivity == pytest.approx(2 * mechanism.l2_sensitivity)
+    assert levels["subclient"].l2_sensitivity == pytest.approx(mechanism.l2_sensitivity)
+
+
+def test_a_noiseless_share_is_the_sum_of_the_clipped_sub_client_updates():
+    model, data = _model(), _data()
+    before = get_flat_parameters(model)
+    # One sub-client, one full batch: its update is -lr times the gradient on all records, clipped.
+    whole = _settings(noise_multiplier=0.0, subclients=1, local_batch_size=len(data))
+    expected, _ = clip_update(local_update(model, data, whole.local_training, secure_generator()), whole.max_update_norm)
+    step = SubclientStep(model, data, whole, secure_generator())
+    share, rows = step()
+    assert rows == 1
+    assert np.abs(share / step.mechanism.scale - expected).max() <= 1 / step.mechanism.scale  # randomized rounding
+    # Four sub-clients: four clipped updates, at most Delta_2 each once rounded.
+    step = SubclientStep(model, data, _settings(noise_multiplier=0.0, subclients=4), secure_generator())
+    share, rows = step()
+    assert rows == 4 and np.linalg.norm(share) <= 4 * step.mechanism.l2_sensitivity
+    np.testing.assert_array_equal(get_flat_parameters(model), before)  # the global model is left alone
+
+
+def test_the_decrypted_sum_is_read_as_minus_the_mean_update():
+    settings = _settings(subclients=2)
+    mechanism = settings.mechanism(3)
+    total = np.array([10.0, -4.0, 0.0]) * mechanism.scale * 2 * 3
+    np.testing.assert_allclose(settings.direction(total, 3, mechanism), [-10.0, 4.0, 0.0], rtol=1e-6)
+
+
+def test_fedavg_adds_the_scaled_mean_update():
+    model = _model()
+    start = get_flat_parameters(model)
+    update = np.linspace(-1, 1, start.size).astype(np.float32)
+    _settings(server_learning_rate=0.5).update_rule(model).apply(-update)
+    np.testing.assert_allclose(get_flat_parameters(model), start + 0.5 * update, atol=1e-6)
+
+
+def test_fedadam_follows_reddi_et_al_and_carries_its_state_exactly():
+    model, joined = _model(), _model()
+    theta = get_flat_parameters(model).astype(np.float64)
+    rule = FedAdamUpdate(model, learning_rate=0.1, beta1=0.9, beta2=0.99, tau=1e-3)
+    rng = np.random.default_rng(1)
+    u1, u2, u3 = (rng.normal(size=theta.size) for _ in range(3))
+    m, s = np.zeros_like(theta), np.zeros_like(theta)
+    for u in (u1, u2):
+        m, s = 0.9 * m + 0.1 * u, 0.99 * s + 0.01 * u**2
+        theta = theta + 0.1 * m / (np.sqrt(s) + 1e-3)
+        rule.apply(-u)
+    np.testing.assert_allclose(get_flat_parameters(model), theta, rtol=1e-4, atol=1e-5)
+    # A party that joins now takes the model and the state, and moves exactly as the others do.
+    set_flat_parameters(joined, get_flat_parameters(model))
+    carried = FedAdamUpdate(joined, learning_rate=0.1, beta1=0.9, beta2=0.99, tau=1e-3)
+    carried.load_state(rule.state())
+    rule.apply(-u3)
+    carried.apply(-u3)
+    np.testing.assert_array_equal(get_flat_parameters(joined), get_flat_parameters(model))
+    with pytest.raises(ValueError, match="FedAdam's moments"):
+        carried.load_state(rule.state()[:-1])
+    with pytest.raises(ValueError, match="second moment must be non-negative"):
+        carried.load_state(-rule.state())
+
+
+def test_settings_survive_the_run_configuration_and_nonsense_is_refused():
+    settings = _settings(server_optimizer="fedadam")
+    assert settings_from_dict(settings.to_dict()) == settings
+    with pytest.raises(ValueError, match="unknown training method 'fedsgd'"):
+        settings_from_dict({**settings.to_dict(), "method": "fedsgd"})
+    with pytest.raises(ValueError, match="exactly"):
+        settings_from_dict({k: v for k, v in settings.to_dict().items() if k != "subclients"})
+    for name, value in (("subclients", True), ("quorum", 2.9), ("local_epochs", float("inf")), ("server_optimizer", 1)):
+        with pytest.raises(ValueError, match=f"{name} must be"):
+            settings_from_dict({**settings.to_dict(), name: value})
+    with pytest.raises(FedAvgError, match="limited to 100 epochs"):
+        _settings(local_epochs=10**12)
+    with pytest.raises(FedAvgError, match="server learning rate must be in"):
+        _settings(server_learning_rate=1e39)
+    with pytest.raises(FedAvgError, match="unknown server optimizer 'fedprox'"):
+        _settings(server_optimizer="fedprox")
+    with pytest.raises(FedAvgError, match="unknown local optimizer 'lbfgs'"):
+        _settings(local_optimizer="lbfgs")
+
+
+def test_more_sub_clients_than_records_is_refused_before_training():
+    with pytest.raises(FedAvgError, match="v = 41 sub-clients from 40 records would leave a sub-client empty"):
+        SubclientStep(_model(), _data(40), _settings(subclients=41))
