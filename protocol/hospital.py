@@ -27,6 +27,10 @@ the last one its ledger charged, so a restart on either side never releases an u
 resets epsilon. The BFV key lives in memory only: a hospital that lost it gets it sealed again by
 any hospital of the run that holds it, exactly as at the start.
 
+It takes part only in a run of the method and aggregation mode its own operator chose: a server
+cannot switch it to plaintext uploads, or to another method, whose ledger entries would mean
+something else.
+
 Its update leaves a fixed ``send_offset_s`` after RoundStart, whatever the computation took:
 local compute time grows with the Poisson batch size, which DP does not protect, and the server
 sees when each update arrives.

@@ -636,7 +636,7 @@ class Server:
             contributors=len(self._config.hospitals), expected_batch_size=self._config.training.rows_per_share
         )
         return {
-            "name": "distributed Skellam, per-example conditional randomized rounding (training.skellam)",
+            "name": "distributed Skellam, conditional randomized rounding of each row: an example gradient or a sub-client update (training.skellam)",
             **dataclasses.asdict(self._mechanism),
             "sum_bound": bound.levels,
             "wrap_probability_per_round": bound.wrap_probability,

@@ -3,7 +3,7 @@
 Provisions a federation directory, launches the server and each hospital as separate processes
 talking over CurveZMQ on localhost, prints a line per round, and writes into ``--out``:
 
-- ``report.json``: configuration, BFV parameters, per-round metrics, final epsilon for each view
+- ``report.json``: configuration, BFV parameters, per-round metrics, final epsilon for each view and level
   (``training.accounting``) and delta, wire bytes per hospital per round (and their ratio to the float32 update), time per phase;
 - ``report.png``: validation accuracy and epsilon per round;
 - ``federation/`` (identities, each hospital's privacy ledger and metrics), ``server/`` (the server's
