@@ -135,12 +135,10 @@ class SubclientStep:
     """One hospital's integer share ``s_k`` of a DP-FedAvg round, for the model's current weights."""
 
     def __init__(self, model: nn.Module, data: Split, settings: DpFedAvgSettings, generator: np.random.Generator | None = None) -> None:
-        if settings.subclients > len(data):
-            raise FedAvgError(
-                f"v = {settings.subclients} sub-clients from {len(data)} records would leave a sub-client empty"
-            )
         self._generator = require_cryptographic(secure_generator() if generator is None else generator)
+        split_subclients(len(data), settings.subclients, self._generator)  # an impossible split is refused before any round
         self._model, self._data, self._settings = model, data, settings
+        self._local = settings.local_training
         self.mechanism = settings.mechanism(sum(p.numel() for p in model.parameters()))
 
     def __call__(self) -> tuple[np.ndarray, int]:
@@ -148,11 +146,9 @@ class SubclientStep:
         parts = split_subclients(len(self._data), self._settings.subclients, self._generator)
         updates = np.stack(
             [
-                clip_update(local_update(self._model, self._data.subset(part), self._settings.local_training, self._generator),
-                            self._settings.max_update_norm)[0]
+                clip_update(local_update(self._model, self._data.subset(part), self._local, self._generator), self._settings.max_update_norm)[0]
                 for part in parts
             ]
-        )  # fmt: skip
+        )
         share = self.mechanism.round_examples(updates, self._generator) + self.mechanism.noise_share(self._generator)
         return share, len(parts)
-
