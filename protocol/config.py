@@ -91,10 +91,11 @@ class RunConfig:
         return self.training.mechanism(self.parameter_count)
 
     def bfv_parameters(self) -> BfvParameters:
-        bound = self.mechanism().sum_bound(contributors=len(self.hospitals), expected_batch_size=self.training.rows_per_share)
+        mechanism = self.mechanism()
+        bound = mechanism.sum_bound(contributors=len(self.hospitals), expected_batch_size=self.training.rows_per_share)
         try:
             return select_bfv_parameters(
-                max_contributors=len(self.hospitals), vector_length=self.parameter_count, sum_bound=bound.levels
+                max_contributors=len(self.hospitals), vector_length=mechanism.dimension, sum_bound=bound.levels
             )
         except ParameterError as error:
             raise ConfigError(str(error)) from None

@@ -88,8 +88,7 @@ from training.accounting import LEDGER_FILE, PrivacyLedger, Release
 from training.datasets import Split
 from training.dopamine import NoisyGradientStep
 from training.dp_fedavg import SubclientStep
-from training.methods import METHODS, ledger_release
-from training.update_rules import UpdateRule
+from training.methods import METHODS, SharedState, TrainingSettings, ledger_release
 from training.models import build_model, set_flat_parameters
 
 __all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital", "PrivacyBudget", "run_key_context", "sealed_key_context"]
@@ -134,7 +133,8 @@ class _Contribution:
     # Set once this hospital has endorsed an aggregate of the round: it endorses no other.
     endorsed: tuple[str, ...] | None = None  # that aggregate's contributors
     statement: bytes = b""
-    mean: np.ndarray | None = None
+    mean: np.ndarray | None = None  # the released vector: the mean's direction, then the method's statistics
+    settings: TrainingSettings | None = None  # the round's (training.methods.SharedState)
 
 
 def _float32s(payload: bytes, count: int, what: str) -> np.ndarray:
@@ -187,7 +187,7 @@ class Hospital:
         self._run = ""  # RunConfig.fingerprint
         self._model: nn.Module | None = None
         self._step: NoisyGradientStep | SubclientStep | None = None
-        self._update_rule: UpdateRule | None = None
+        self._shared: SharedState | None = None
         self._secret: SecretContext | None = None
         self._uploads: SecretContext | InsecurePlaintextUploads | None = None  # the secret, unless benchmarking
         self._last_round = 0  # the last round this hospital was charged for: it takes part only in later ones
@@ -232,9 +232,9 @@ class Hospital:
         elif run != self._run:
             raise ProtocolError(f"the server welcomed {self._name} to run {run}, not to the run it takes part in ({self._run})")
         self._joins += 1
-        set_flat_parameters(self._model, _float32s(welcome.parameters, self._step.mechanism.dimension, "the model"))
+        set_flat_parameters(self._model, _float32s(welcome.parameters, config.parameter_count, "the model"))
         try:
-            self._update_rule.load_state(_float32s(welcome.optimizer_state, self._update_rule.state().size, "the optimizer state"))
+            self._shared.load_state(_float32s(welcome.optimizer_state, self._shared.state().size, "the optimizer state"))
         except ValueError as error:
             raise ProtocolError(f"the server's optimizer state is unusable: {error}") from None
         if self._secret is None and welcome.generate_key:
@@ -255,7 +255,7 @@ class Hospital:
         if strangers:  # e.g. the server naming itself a hospital, to hold the key
             raise ProtocolError(f"the run names {sorted(strangers)} as hospitals; the roster does not")
         model = build_model(config.model)
-        set_flat_parameters(model, _float32s(initial_parameters, config.bfv_parameters().vector_length, "the initial parameters"))
+        set_flat_parameters(model, _float32s(initial_parameters, config.parameter_count, "the initial parameters"))
         self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE)
         self._last_round = self._ledger.begin_run(config.run_id, run)
         if self._last_round:
@@ -263,12 +263,15 @@ class Hospital:
             self._continue_metrics(config.run_id)
         self._channel.limit = config.message_limit()
         self._config, self._run = config, run
+        self._model = model
+        self._step = self._local_step(config.training)
+        self._shared = SharedState(config.training, model)
+
+    def _local_step(self, training: TrainingSettings) -> NoisyGradientStep | SubclientStep:
         try:
-            self._step = config.training.local_step(model, self._data)
+            return training.local_step(self._model, self._data)
         except ValueError as error:  # e.g. more sub-clients than this hospital has records
             raise ProtocolError(f"{self._name} cannot train in this run: {error}") from None
-        self._update_rule = config.training.update_rule(model)
-        self._model = model
 
     def _receive_key(self) -> SecretContext:
         """The run's BFV key, sealed by a hospital that holds it to a box key made for this run alone."""
@@ -347,15 +350,15 @@ class Hospital:
                 if message.round <= self._last_round:
                     raise ProtocolError(f"the server started round {message.round} again after round {self._last_round}")
                 self._last_round = message.round
-                # What every update is charged: the least noise its sum can carry, a quorum's.
-                training = self._config.training
-                least_noise = ledger_release(training, self._step.mechanism, training.quorum)
+                # What every update is charged: the least noise its sum can carry, a quorum's, at this round's settings.
+                training = self._shared.settings
+                least_noise = ledger_release(training, self._shared.mechanism, training.quorum)
                 refusal = self._budget.refusal(self._ledger, least_noise, message.round)
                 if refusal:
                     log.warning("%s withdraws: %s", self._name, refusal)
                     self._send(Withdraw(round=message.round, reason=refusal))
                     return refusal
-                pending = self._contribute(least_noise, message.round, send_at=received + self._send_offset_s)
+                pending = self._contribute(training, least_noise, message.round, send_at=received + self._send_offset_s)
             elif pending is None or message.round != pending.round:
                 self._channel.rejections.reject("the server", message.TYPE, f"no update of ours is pending for round {message.round}")
             elif isinstance(message, RoundAbort):
@@ -371,11 +374,14 @@ class Hospital:
                 self._release(message, pending)
                 pending = None
 
-    def _contribute(self, charge: Release, round_number: int, *, send_at: float) -> "_Contribution":
+    def _contribute(self, training: TrainingSettings, charge: Release, round_number: int, *, send_at: float) -> "_Contribution":
         # Durable before the update leaves: a crash can only over-count.
         self._ledger.record(charge, run_id=self._config.run_id, round_number=round_number)
+        if self._step.settings != training:  # adaptive v moved on
+            self._step = self._local_step(training)
         contribution = _Contribution(
             round=round_number,
+            settings=training,
             bytes_sent_before=self._channel.transport.bytes_sent,
             bytes_received_before=self._channel.transport.bytes_received,
         )
@@ -419,12 +425,13 @@ class Hospital:
             total = self._uploads.decrypt_sum(message.chunks, round_number=message.round, contributors=contributors)
         except BfvError as error:
             raise ProtocolError(f"round {message.round}: refusing the server's sum: {error}") from None
-        pending.mean = self._config.training.direction(total, len(contributors), self._step.mechanism)
+        pending.mean = pending.settings.read_sum(total, len(contributors), self._shared.mechanism)
         pending.seconds["decrypt"] = time.perf_counter() - started
         pending.endorsed = message.contributors
         pending.statement = aggregate_statement(
-            run=self._run, round_number=message.round, contributors=message.contributors, chunks=message.chunks
-        )
+            run=self._run, round_number=message.round, contributors=message.contributors, chunks=message.chunks,
+            round_state=pending.settings.round_state(),
+        )  # fmt: skip
         self._send(Endorsement(round=message.round, signature=endorse(pending.statement, self._credentials.identity.signing)))
 
     def _release(self, message: Endorsements, pending: "_Contribution") -> None:
@@ -435,7 +442,7 @@ class Hospital:
             check_endorsements(pending.statement, message.signatures, signers)
         except EndorsementError as error:
             raise ProtocolError(f"round {message.round}: refusing to release the sum: {error}") from None
-        self._update_rule.apply(pending.mean)
+        self._shared.apply(pending.mean, len(contributors))
         payload = pending.mean.tobytes()
         self._released = Released(round=message.round, digest=release_digest(message.round, payload), mean_gradient=payload)
         releaser = contributors[0] == self._name
@@ -444,6 +451,7 @@ class Hospital:
             {
                 "round": message.round,
                 "contributors": len(contributors),
+                "round_state": pending.settings.round_state(),
                 "overran_send_offset": pending.overran_send_offset,
                 "seconds": pending.seconds,
                 "update_bytes": pending.update_bytes,

@@ -68,7 +68,7 @@ from protocol.transcript import Transcript
 from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
 from training.accounting import ACCOUNTANT, LEDGER_FILE, PrivacyLedger
 from training.datasets import Split
-from training.methods import ledger_release
+from training.methods import SharedState, ledger_release
 from training.models import accuracy, build_model, get_flat_parameters, set_flat_parameters
 
 __all__ = ["Server", "Timeouts"]
@@ -94,6 +94,7 @@ class _RoundRecord:
     seconds: dict[str, float] = field(default_factory=dict)
     update_bytes: dict[str, int] = field(default_factory=dict)
     reason: str = ""
+    round_state: dict[str, int] = field(default_factory=dict)  # the method's, this round (adaptive v)
 
 
 class Server:
@@ -123,10 +124,11 @@ class Server:
         self._timeouts = timeouts
         self._on_round = on_round or (lambda record: None)
         self._model = build_model(config.model)
-        self._update_rule = config.training.update_rule(self._model)
+        self._shared = SharedState(config.training, self._model)
         self._params = config.bfv_parameters()
         limit = config.message_limit()
-        self._mechanism = config.mechanism()
+        self._mechanism = self._shared.mechanism
+        self._parameter_count = config.parameter_count
         self._ledger = PrivacyLedger(ledger_path)  # charged at the method's first level, as the hospitals' are
         self._levels = {level: PrivacyLedger() for level in config.training.LEVELS[1:]}  # reported only, rebuilt on resume
         self._public: PublicContext | None = None
@@ -169,9 +171,9 @@ class Server:
 
     def _restore(self, checkpoint: Checkpoint) -> None:
         try:
-            self._initial_parameters = float32_values(checkpoint.initial_parameters, self._params.vector_length, "its initial model")
-            set_flat_parameters(self._model, float32_values(checkpoint.parameters, self._params.vector_length, "its model"))
-            self._update_rule.load_state(float32_values(checkpoint.optimizer_state, self._update_rule.state().size, "its optimizer state"))
+            self._initial_parameters = float32_values(checkpoint.initial_parameters, self._parameter_count, "its initial model")
+            set_flat_parameters(self._model, float32_values(checkpoint.parameters, self._parameter_count, "its model"))
+            self._shared.load_state(float32_values(checkpoint.optimizer_state, self._shared.state().size, "its optimizer state"))
             self._rounds = [_RoundRecord(**record) for record in checkpoint.rounds]
             if not all(type(r.round) is int for r in self._rounds):
                 raise ValueError("round numbers must be integers")
@@ -287,7 +289,7 @@ class Server:
             config=self._config.to_dict(),
             initial_parameters=self._initial_parameters.tobytes(),
             parameters=get_flat_parameters(self._model).tobytes(),
-            optimizer_state=self._update_rule.state().tobytes(),
+            optimizer_state=self._shared.state().tobytes(),
         )
         key_exists = bool(self._active) or self._resumed_from is not None or self._rounds_started > 0
         for name in newcomers:
@@ -351,7 +353,8 @@ class Server:
         return ready
 
     def _run_round(self, round_number: int) -> None:
-        record = _RoundRecord(round=round_number, status="aborted", contributors=[])
+        training = self._shared.settings
+        record = _RoundRecord(round=round_number, status="aborted", contributors=[], round_state=training.round_state())
         self._rounds_started = round_number
         self._save_checkpoint()  # before RoundStart leaves: a resumed server never starts this round again
         started = time.perf_counter()
@@ -369,12 +372,12 @@ class Server:
         aggregate = Aggregate(round=round_number, contributors=tuple(record.contributors), chunks=tuple(total.to_chunks()))
         for name in record.contributors:
             self._parties.send(name, aggregate)
-        signatures = self._collect_endorsements(aggregate)
+        signatures = self._collect_endorsements(aggregate, record.round_state)
         if set(signatures) != set(record.contributors):
             self._abort(record, f"{len(signatures)} of {len(record.contributors)} contributors endorsed the aggregate")
             return
         # Charged before the endorsements leave: from then on the contributors may decrypt and use the sum.
-        release = ledger_release(self._config.training, self._mechanism, len(record.contributors))
+        release = ledger_release(training, self._mechanism, len(record.contributors))
         self._ledger.record(release, run_id=self._config.run_id, round_number=round_number)
         for name in record.contributors:
             self._parties.send(name, Endorsements(round=round_number, signatures=signatures))
@@ -382,7 +385,7 @@ class Server:
         record.seconds["release"] = time.perf_counter() - started
 
         started = time.perf_counter()
-        self._update_rule.apply(mean_gradient)
+        self._shared.apply(mean_gradient, len(record.contributors))
         record.validation_accuracy = accuracy(self._model, self._validation.x, self._validation.y)
         record.seconds["evaluate"] = time.perf_counter() - started
         record.status = "released"
@@ -448,12 +451,13 @@ class Server:
         log.warning("round %d aborted: %s; its sum is never decrypted", record.round, reason)
         self._finish_round(record)
 
-    def _collect_endorsements(self, aggregate: Aggregate) -> dict[str, bytes]:
+    def _collect_endorsements(self, aggregate: Aggregate, round_state: dict[str, int]) -> dict[str, bytes]:
         """Each contributor's signature on the aggregate (crypto.endorsement), checked as it arrives."""
         contributors = set(aggregate.contributors)
         statement = aggregate_statement(
-            run=self._run, round_number=aggregate.round, contributors=aggregate.contributors, chunks=aggregate.chunks
-        )
+            run=self._run, round_number=aggregate.round, contributors=aggregate.contributors, chunks=aggregate.chunks,
+            round_state=round_state,
+        )  # fmt: skip
         signatures: dict[str, bytes] = {}
         deadline = time.monotonic() + self._timeouts.round_s
         complete = lambda: contributors <= set(self._active)  # noqa: E731 (one joining again will never endorse)
@@ -538,7 +542,7 @@ class Server:
     def _mean_gradient_in(self, sender: str, message: Released) -> np.ndarray | None:
         """The mean gradient a release carries, or None (rejected) if it is not the model's size or not finite."""
         try:
-            return float32_values(message.mean_gradient, self._params.vector_length, "the mean gradient")
+            return float32_values(message.mean_gradient, self._mechanism.dimension, "the mean gradient")
         except MessageError as error:
             self._parties.reject(sender, message, str(error))
             return None
@@ -595,7 +599,7 @@ class Server:
             config=self._config.to_dict(),
             initial_parameters=self._initial_parameters.tobytes(),
             parameters=get_flat_parameters(self._model).tobytes(),
-            optimizer_state=self._update_rule.state().tobytes(),
+            optimizer_state=self._shared.state().tobytes(),
             rounds_started=self._rounds_started,
             active=self._active + self._joining,  # whom a resumed server waits for
             rounds=[dataclasses.asdict(r) for r in self._rounds],
@@ -609,7 +613,7 @@ class Server:
             "config": self._config.to_dict(),
             "bfv": self._params.to_dict(),
             "mechanism": self._mechanism_report(),
-            "parameter_count": self._params.vector_length,
+            "parameter_count": self._parameter_count,
             "finish_reason": finish_reason,
             "run_fingerprint": self._run,
             "rounds": [dataclasses.asdict(r) for r in self._rounds],

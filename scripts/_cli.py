@@ -154,7 +154,8 @@ RUN_FLAGS = (
     ("--max-grad-norm", positive_float, 1.0, "Dopamine: C, per-example gradient clipping norm"),
     ("--lr", positive_float, 0.05, "Dopamine: learning rate"),
     ("--momentum", below_one, 0.9, "Dopamine: momentum, applied to the decrypted mean gradient"),
-    ("--subclients", positive_int, 2, "dp-fedavg: v, sub-clients (intermediaries) per hospital"),
+    ("--subclients", positive_int, 2, "dp-fedavg: v, sub-clients (intermediaries) per hospital (the first round's, with --adaptive-subclients)"),
+    ("--adaptive-subclients", positive_int, None, "dp-fedavg: re-estimate v each round from the release (Jiang et al., Sec. 2.2), up to this many; without it v is fixed"),
     ("--max-update-norm", positive_float, 0.5, "dp-fedavg: C, clipping norm of each sub-client's update"),
     ("--local-epochs", positive_int, 1, "dp-fedavg: epochs each sub-client trains per round"),
     ("--local-batch-size", positive_int, 16, "dp-fedavg: sub-clients' batch size"),
@@ -193,7 +194,7 @@ METHOD_DEFAULTS = {
 METHOD_FLAGS = {
     "dopamine": ("sample_rate", "max_grad_norm", "lr", "momentum"),
     "dp-fedavg": (
-        "subclients", "max_update_norm", "local_epochs", "local_batch_size", "local_lr", "local_optimizer",
+        "subclients", "adaptive_subclients", "max_update_norm", "local_epochs", "local_batch_size", "local_lr", "local_optimizer",
         "server_optimizer", "server_lr",
     ),
 }  # fmt: skip

@@ -135,8 +135,9 @@ class ScriptedHospital:
 
     def statement(self, aggregate: Aggregate) -> bytes:
         return aggregate_statement(
-            run=self.run, round_number=aggregate.round, contributors=aggregate.contributors, chunks=aggregate.chunks
-        )
+            run=self.run, round_number=aggregate.round, contributors=aggregate.contributors, chunks=aggregate.chunks,
+            round_state=self.config.training.round_state(),  # a scripted hospital's run keeps its first round's settings
+        )  # fmt: skip
 
     def signature(self, aggregate: Aggregate) -> bytes:
         return endorse(self.statement(aggregate), self.credentials.identity.signing)

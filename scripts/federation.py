@@ -248,9 +248,10 @@ def run_federation(args: argparse.Namespace) -> dict:
 def _check_training(args: argparse.Namespace, data: Dataset, part_sizes: list[int]) -> None:
     """What would stop the run at its first round, said before any process starts (``ConfigError``)."""
     config = build_run_config(args, tuple(f"hospital-{k}" for k in range(1, args.hospitals + 1)), data)
-    if isinstance(config.training, DpFedAvgSettings) and config.training.subclients > min(part_sizes):
+    if isinstance(config.training, DpFedAvgSettings) and config.training.max_subclients > min(part_sizes):
         raise ConfigError(
-            f"v = {config.training.subclients} sub-clients per hospital, but the smallest hospital has "
+            f"{'up to ' if config.training.subclient_rule == 'adaptive' else ''}v = {config.training.max_subclients} "
+            f"sub-clients per hospital, but the smallest hospital has "
             f"{min(part_sizes)} records: a sub-client would be empty"
         )
     budget = PrivacyBudget(epsilon=args.epsilon_budget, delta=args.delta)

@@ -161,6 +161,8 @@ def _training_settings(args: argparse.Namespace, *, quorum: int) -> TrainingSett
             max_update_norm=args.max_update_norm,
             quorum=quorum,
             subclients=args.subclients,
+            subclient_rule="fixed" if args.adaptive_subclients is None else "adaptive",
+            max_subclients=args.subclients if args.adaptive_subclients is None else args.adaptive_subclients,
             local_epochs=args.local_epochs,
             local_batch_size=args.local_batch_size,
             local_learning_rate=args.local_lr,
@@ -266,9 +268,10 @@ def _print_round(record: dict, config: RunConfig) -> None:
             else f"epsilon {record['epsilon']['server']:.3f} against the server, "
             f"{record['epsilon']['peer_hospital']:.3f} against a peer (delta {config.delta:g})"
         )
+        state = "".join(f"  {name} {value}" for name, value in record["round_state"].items())  # e.g. adaptive v
         print(
             f"{prefix}  val_acc {record['validation_accuracy']:.3f}  {privacy}  "
-            f"contributors {len(record['contributors'])}/{len(config.hospitals)}",
+            f"contributors {len(record['contributors'])}/{len(config.hospitals)}{state}",
             flush=True,
         )
     else:

@@ -34,6 +34,7 @@ from protocol.transcript import read_transcript
 from protocol.voting_config import VotingConfig
 from training.accounting import PrivacyLedger, release_of
 from training.dopamine import DopamineSettings, NoisyGradientStep
+from training.intermediaries import expected_noise_norm, next_subclient_count
 from training.methods import ledger_release
 from training.models import ModelSpec, build_model
 from training.per_example import ClippedGradients
@@ -42,7 +43,13 @@ pytestmark = [pytest.mark.audit, pytest.mark.slow]
 AUDIT_SITE = Path(__file__).parent / "audit_site"
 DOPAMINE_ROUNDS = 4
 DOPAMINE = ("--expected-batch-size", "15", "--noise-multiplier", "1.0", "--epsilon-budget", "100")
-DP_FEDAVG = ("--method", "dp-fedavg", "--subclients", "2", "--noise-multiplier", "1.0", "--server-optimizer", "fedadam", "--epsilon-budget", "1000")
+# Adaptive v, at a noise where it moves within its bounds rather than sitting at one of them. From
+# v = 1 it stays put only if the noisy norm sum S comes out 3.6 standard deviations above the most
+# it can be, in each of the first three rounds (odds below 1e-10).
+DP_FEDAVG = (
+    "--method", "dp-fedavg", "--subclients", "1", "--adaptive-subclients", "8", "--noise-multiplier", "1.0",
+    "--server-optimizer", "fedadam", "--epsilon-budget", "1000",
+)  # fmt: skip
 VOTING = ("--method", "knn-dpfl", "--rounds", "2", "--feature-dimensions", "10", "--student-epochs", "5", "--round-timeout", "60")
 # Six-sigma bands: a correct run fails one of these checks with probability below 1e-8.
 SIGMAS = 6.0
@@ -244,9 +251,11 @@ def test_the_released_noise_has_the_variance_the_accountant_assumes(method, requ
     releases = [m for _, m, _ in received if isinstance(m, Released) and m.mean_gradient]
     assert len(releases) == DOPAMINE_ROUNDS
     totals = []
+    rounds = {r["round"]: r for r in report["rounds"]}
     for release in releases:
-        contributors = report["rounds"][release.round - 1]["hospitals"]
-        c = config.training.direction(np.ones(1), len(contributors), mechanism).astype(np.float64)[0]
+        contributors = rounds[release.round]["contributors"]
+        training = config.training.with_round_state(rounds[release.round]["round_state"])
+        c = training.read_sum(np.ones(mechanism.dimension), len(contributors), mechanism).astype(np.float64)
         total = np.rint(np.frombuffer(release.mean_gradient, dtype="<f4") / c).astype(np.int64)
         np.testing.assert_array_equal(total, sum(u["values"] for u in updates if u["round"] == release.round))
         rows = sum(u["gradient"] for u in updates if u["round"] == release.round)
@@ -267,25 +276,56 @@ def test_the_released_noise_has_the_variance_the_accountant_assumes(method, requ
 
 def test_dp_fedavg_reports_every_level_and_each_hospital_is_charged_at_the_hospital_level(dp_fedavg):
     """A hospital's v sub-clients move the sum together: its ledger, which its budget binds on, is
-    charged at max(v, 2) times a sub-client's sensitivity (2: one record's), and the report gives every level."""
+    charged every round at max(v, 2) times a sub-client's sensitivity (2: one record's), with v at
+    the most adaptive v allows whatever v the round ran with, and the report gives every level."""
     out, report, _, _ = dp_fedavg
     config = RunConfig.from_dict(report["config"])
     final = report["final"]
     assert final["rounds_released"] == DOPAMINE_ROUNDS
     levels = final["epsilon_levels"]
     assert list(levels) == ["hospital", "record", "subclient"] and levels["hospital"] == final["epsilon"]
-    releases = config.training.levels(config.mechanism(), len(config.hospitals))
-    for level, release in releases.items():
-        expected = PrivacyLedger()
-        expected.begin_run(config.run_id, report["run_fingerprint"])
-        for number in range(1, DOPAMINE_ROUNDS + 1):
-            expected.record(release, run_id=config.run_id, round_number=number)
-        assert levels[level] == pytest.approx(expected.epsilons(config.delta))
-    # v = 2: a hospital's two sub-clients move the sum as far as one record can
-    assert all(0 < levels["subclient"][view] < levels["record"][view] == levels["hospital"][view] for view in levels["hospital"])
+    expected = {level: PrivacyLedger() for level in levels}
+    for ledger in expected.values():
+        ledger.begin_run(config.run_id, report["run_fingerprint"])
+    for record in report["rounds"]:
+        for level, release in config.training.levels(config.mechanism(), len(record["contributors"])).items():
+            expected[level].record(release, run_id=config.run_id, round_number=record["round"])
+    assert config.training.levels(config.mechanism(), 3)["hospital"].l2_sensitivity == pytest.approx(8 * config.mechanism().l2_sensitivity)
+    for level, ledger in expected.items():
+        assert levels[level] == pytest.approx(ledger.epsilons(config.delta))
+    assert all(0 < levels["subclient"][view] < levels["record"][view] < levels["hospital"][view] for view in levels["hospital"])
     for hospital in config.hospitals:
         ledger = PrivacyLedger(out / "federation" / hospital / "privacy_ledger.jsonl")
         assert ledger.epsilons(config.delta) == pytest.approx(levels["hospital"])
+
+
+def test_adaptive_v_is_computed_from_the_server_s_transcript_alone(dp_fedavg):
+    """Jiang et al.'s ``v <- v sqrt(N E||zeta_v|| / S)``, rounded into ``[1, max]``, recomputed by an
+    auditor from what the server received (each round's released vector and its uploads) and the
+    public configuration, gives the number of sub-clients every hospital actually trained each round.
+    ``zeta_v`` is the noise on the mean of the ``v K_c`` sub-client updates."""
+    out, report, config, received, updates = _dopamine_parts(dp_fedavg)
+    mechanism = config.mechanism()
+    dimension = config.parameter_count
+    releases = {m.round: m for _, m, _ in received if isinstance(m, Released) and m.mean_gradient}
+    uploads = {}
+    for sender, message, _ in received:
+        if isinstance(message, Update):
+            uploads.setdefault(message.round, set()).add(sender)
+    v, computed = config.training.subclients, {}
+    for round_number in sorted(releases):
+        computed[round_number] = v
+        norm_sum = float(np.frombuffer(releases[round_number].mean_gradient, dtype="<f4")[dimension])
+        contributors = len(uploads[round_number])
+        sigma = np.sqrt(2 * contributors * mechanism.share_mu) / mechanism.scale / (v * contributors)
+        v = next_subclient_count(
+            v, hospitals=contributors, noise_norm=expected_noise_norm(sigma, dimension),
+            update_norm_sum=norm_sum, most=config.training.max_subclients,
+        )  # fmt: skip
+    assert len(computed) == DOPAMINE_ROUNDS and len(set(computed.values())) > 1  # v moved: the check has teeth
+    trained = {(u["hospital"], u["round"]): u["rows"] for u in updates}
+    assert trained == {(h, r): computed[r] for h in config.hospitals for r in computed}
+    assert {r["round"]: r["round_state"]["subclients"] for r in report["rounds"]} == computed
 
 
 def test_ciphertext_sizes_do_not_depend_on_the_plaintext():

@@ -63,6 +63,12 @@ def test_user_mistakes_get_one_line(tmp_path):
         (("federation", "--out", tmp_path / "run", "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("federation", "--out", tmp_path / "fedsgd", "--method", "fedsgd"), "unknown method 'fedsgd'"),
         (("federation", "--out", tmp_path / "v", "--method", "dp-fedavg", "--subclients", "200"), "a sub-client would be empty"),
+        (("federation", "--out", tmp_path / "most-v", "--method", "dp-fedavg", "--adaptive-subclients", "500"), "up to v = 500 sub-clients"),
+        (
+            ("federation", "--out", tmp_path / "first-v", "--method", "dp-fedavg", "--subclients", "3", "--adaptive-subclients", "2"),
+            "v = 3 sub-clients is more than the most v may reach, 2",
+        ),
+        (("federation", "--out", tmp_path / "adaptive", "--adaptive-subclients", "4"), "--adaptive-subclients is for dp-fedavg runs"),
         (("federation", "--out", tmp_path / "opt", "--method", "dp-fedavg", "--server-optimizer", "fedprox"), "unknown server optimizer 'fedprox'"),
         (("federation", "--out", tmp_path / "local", "--method", "dp-fedavg", "--local-optimizer", "lbfgs"), "unknown local optimizer 'lbfgs'"),
         (

@@ -5,9 +5,10 @@ import pytest
 
 from training.accounting import PrivacyLedger
 from training.datasets import Split
-from training.dp_fedavg import DpFedAvgSettings, SubclientStep
+from training.dp_fedavg import NORM_SLOT_WEIGHT, DpFedAvgSettings, SubclientStep
 from training.fedavg import FedAvgError, clip_update, local_update
-from training.methods import ledger_release, settings_from_dict
+from training.intermediaries import expected_noise_norm, next_subclient_count
+from training.methods import SharedState, ledger_release, settings_from_dict
 from training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
 from training.secure_random import secure_generator
 from training.update_rules import FedAdamUpdate
@@ -19,7 +20,10 @@ SETTINGS = dict(
 
 
 def _settings(**changes) -> DpFedAvgSettings:
-    return DpFedAvgSettings(**{**SETTINGS, **changes})
+    """The settings with ``changes``; v fixed unless the changes make it adaptive."""
+    values = {**SETTINGS, "subclient_rule": "fixed", **changes}
+    values.setdefault("max_subclients", values["subclients"])
+    return DpFedAvgSettings(**values)
 
 
 def _data(records: int = 40) -> Split:
@@ -89,7 +93,7 @@ def test_the_decrypted_sum_is_read_as_minus_the_mean_update():
     settings = _settings(subclients=2)
     mechanism = settings.mechanism(3)
     total = np.array([10.0, -4.0, 0.0]) * mechanism.scale * 2 * 3
-    np.testing.assert_allclose(settings.direction(total, 3, mechanism), [-10.0, 4.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(settings.read_sum(total, 3, mechanism), [-10.0, 4.0, 0.0], rtol=1e-6)
 
 
 def test_fedavg_adds_the_scaled_mean_update():
@@ -148,3 +152,84 @@ def test_settings_survive_the_run_configuration_and_nonsense_is_refused():
 def test_more_sub_clients_than_records_is_refused_before_training():
     with pytest.raises(FedAvgError, match="v = 41 sub-clients from 40 records would leave a sub-client empty"):
         SubclientStep(_model(), _data(40), _settings(subclients=41))
+
+
+def _adaptive(**changes) -> DpFedAvgSettings:
+    return _settings(subclient_rule="adaptive", max_subclients=6, **changes)
+
+
+def test_with_adaptive_v_each_row_carries_its_weighted_norm_within_the_calibrated_sensitivity():
+    model, data = _model(), _data()
+    bound = 0.01  # below every sub-client update's norm here: each is clipped, and the norms sum to 4 C
+    settings = _adaptive(noise_multiplier=0.0, subclients=4, max_update_norm=bound)
+    step = SubclientStep(model, data, settings, secure_generator())
+    dimension = get_flat_parameters(model).size
+    assert step.mechanism == _settings(noise_multiplier=0.0, max_update_norm=bound * np.hypot(1, NORM_SLOT_WEIGHT)).mechanism(dimension + 1)
+    share, rows = step()
+    assert rows == 4
+    released = settings.read_sum(share, 1, step.mechanism)
+    rounding = 4 / step.mechanism.scale  # at most one level per row and coordinate
+    assert released[-1] == pytest.approx(4 * bound, abs=rounding / NORM_SLOT_WEIGHT)
+    assert np.linalg.norm(released[:-1]) <= bound + rounding * np.sqrt(dimension) / 4  # the mean of four clipped updates
+
+
+def test_adaptive_v_is_re_estimated_from_the_released_norm_sum_and_public_values_alone():
+    settings = _adaptive(noise_multiplier=2.0, subclients=2)
+    model = _model()
+    shared = SharedState(settings, model)
+    mechanism = shared.mechanism
+    dimension = mechanism.dimension - 1
+    sigma = np.sqrt(2 * 3 * mechanism.share_mu) / mechanism.scale / (2 * 3)  # on the mean of v K_c = 6 updates
+    for norm_sum, expected in ((1e6, 1), (-1.0, 6)):
+        shared = SharedState(settings, model)
+        released = np.concatenate([np.zeros(dimension), [norm_sum]]).astype("<f4")
+        shared.apply(released, 3)
+        assert shared.settings.subclients == expected
+    norm_sum = 1.5
+    want = next_subclient_count(2, hospitals=3, noise_norm=expected_noise_norm(sigma, dimension), update_norm_sum=norm_sum, most=6)
+    shared = SharedState(settings, model)
+    shared.apply(np.concatenate([np.zeros(dimension), [norm_sum]]).astype("<f4"), 3)
+    assert shared.settings == settings.after_release(np.array([norm_sum]), 3, mechanism)
+    assert shared.settings.subclients == want and 1 < want < 6  # a value the bounds do not decide
+    # The round state travels with the update rule's (a Welcome, a checkpoint) ...
+    joined = SharedState(settings, _model())
+    joined.load_state(shared.state())
+    assert joined.settings == shared.settings and shared.state()[-1] == want
+    # ... and what cannot be v is refused, leaving the state as it was.
+    for bad in (0.0, 7.0, 2.5, np.nan, np.inf):
+        state = shared.state()
+        state[-1] = bad
+        with pytest.raises(ValueError, match="not a whole number of sub-clients"):
+            joined.load_state(state)
+        assert joined.settings == shared.settings
+    with pytest.raises(ValueError):
+        joined.load_state(shared.state()[:-1])
+
+
+def test_fixed_v_never_changes_and_has_no_round_state():
+    settings = _settings(subclients=3)
+    shared = SharedState(settings, _model())
+    shared.apply(np.zeros(shared.mechanism.dimension, dtype="<f4"), 3)
+    assert shared.settings == settings and settings.round_state() == {} and settings.statistic_slots == 0
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(subclients=3, max_subclients=2), "more than the most v may reach, 2"),
+        (dict(subclients=2, max_subclients=4), "with fixed v, max_subclients must be v = 2"),
+        (dict(subclient_rule="random"), "unknown sub-client rule 'random'"),
+    ],
+)
+def test_impossible_sub_client_rules_are_refused(changes, message):
+    with pytest.raises(FedAvgError, match=message):
+        _settings(**changes)
+
+
+def test_with_adaptive_v_every_round_is_charged_at_the_most_sub_clients_v_may_reach():
+    """v follows the released data; a charge that did too would need a privacy filter. The charge is fixed instead."""
+    adaptive = _adaptive(subclients=2)
+    mechanism = adaptive.mechanism(62)
+    for v in (1, 2, 6):
+        charged = ledger_release(adaptive.with_round_state({"subclients": v}), mechanism, 3)
+        assert charged.l2_sensitivity == pytest.approx(6 * mechanism.l2_sensitivity)

@@ -5,14 +5,16 @@ from crypto.endorsement import EndorsementError, aggregate_statement, check_endo
 
 KEYS = {name: Ed25519PrivateKey.generate() for name in ("hospital-1", "hospital-2", "hospital-3")}
 PUBLIC = {name: key.public_key() for name, key in KEYS.items()}
-BASE = dict(run="0123abcd:00ff", round_number=4, contributors=("hospital-1", "hospital-2"), chunks=(b"c0", b"c1"))
+BASE = dict(
+    run="0123abcd:00ff", round_number=4, contributors=("hospital-1", "hospital-2"), chunks=(b"c0", b"c1"), round_state={}
+)
 
 
 def _signed(statement, names):
     return {name: endorse(statement, KEYS[name]) for name in names}
 
 
-def test_a_statement_binds_the_run_the_round_the_list_and_every_byte_of_the_aggregate():
+def test_a_statement_binds_the_run_the_round_the_list_every_byte_of_the_aggregate_and_the_round_state():
     variants = [
         dict(run="0123abcd:00fe"),
         dict(round_number=5),
@@ -21,6 +23,8 @@ def test_a_statement_binds_the_run_the_round_the_list_and_every_byte_of_the_aggr
         dict(chunks=(b"c0", b"c2")),
         dict(chunks=(b"c0c", b"1")),  # the same bytes split differently
         dict(contributors=("hospital-1hospital-2",)),
+        dict(round_state={"subclients": 3}),  # contributors that trained with different v
+        dict(round_state={"subclients": 4}),
     ]
     statements = {aggregate_statement(**{**BASE, **change}) for change in variants}
     assert len(statements) == len(variants) and aggregate_statement(**BASE) not in statements

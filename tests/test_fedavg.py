@@ -11,10 +11,19 @@ from training.models import ModelSpec, build_model, get_flat_parameters
 from training.secure_random import secure_generator
 
 
-def test_subclients_are_disjoint_non_empty_and_cover_the_records():
-    parts = split_subclients(23, 5, secure_generator())
-    assert sorted(np.concatenate(parts).tolist()) == list(range(23))
-    assert {len(p) for p in parts} == {4, 5}
+def test_subclients_are_disjoint_cover_the_records_and_each_record_joins_one_independently():
+    """Each record's sub-client is uniform and independent of the others' (what keeps one record's
+    cost one sub-client's). Three records in two sub-clients: two given records share one half the
+    time (a balanced 2 + 1 split: a third of the time), and a sub-client is sometimes empty."""
+    generator, draws = secure_generator(), 2000
+    together = empty = 0
+    for _ in range(draws):
+        parts = split_subclients(3, 2, generator)
+        assert sorted(np.concatenate(parts).tolist()) == [0, 1, 2]
+        together += any({0, 1} <= set(part.tolist()) for part in parts)
+        empty += any(len(part) == 0 for part in parts)
+    assert abs(together - draws / 2) <= 6 * np.sqrt(draws / 4)
+    assert abs(empty - draws / 4) <= 6 * np.sqrt(draws * 3 / 16)
 
 
 @pytest.mark.parametrize("subclients, message", [(0, "at least one"), (24, "would leave a sub-client empty")])

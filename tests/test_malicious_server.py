@@ -146,8 +146,8 @@ def test_hospitals_given_different_settings_get_no_key_through(server):
 
 
 DP_FEDAVG = DpFedAvgSettings(
-    noise_multiplier=1.0, max_update_norm=0.5, quorum=2, subclients=1, local_epochs=1, local_batch_size=16,
-    local_learning_rate=0.1, local_optimizer="sgd", server_optimizer="fedavg", server_learning_rate=1.0,
+    noise_multiplier=1.0, max_update_norm=0.5, quorum=2, subclients=1, subclient_rule="fixed", max_subclients=1,
+    local_epochs=1, local_batch_size=16, local_learning_rate=0.1, local_optimizer="sgd", server_optimizer="fedavg", server_learning_rate=1.0,
 )  # fmt: skip
 
 

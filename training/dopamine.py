@@ -100,8 +100,21 @@ class DopamineSettings:
         """One round's release for a record (``training.accounting``)."""
         return {"record": release_of(mechanism, sample_rate=self.sample_rate, contributors=contributors)}
 
-    def direction(self, total: np.ndarray, contributors: int, mechanism: SkellamMechanism) -> np.ndarray:
+    def read_sum(self, total: np.ndarray, contributors: int, mechanism: SkellamMechanism) -> np.ndarray:
+        """The released vector a decrypted sum stands for: the mean gradient."""
         return mean_gradient(total, contributors, mechanism=mechanism, settings=self)
+
+    def after_release(self, statistics: np.ndarray, contributors: int, mechanism: SkellamMechanism) -> "DopamineSettings":
+        """Every round has the same settings."""
+        return self
+
+    def round_state(self) -> dict[str, int]:
+        return {}
+
+    def with_round_state(self, state: dict[str, float]) -> "DopamineSettings":
+        if state:
+            raise ValueError(f"Dopamine has no round state, got {sorted(state)}")
+        return self
 
     def update_rule(self, model: nn.Module) -> MomentumUpdate:
         return MomentumUpdate(model, learning_rate=self.learning_rate, momentum=self.momentum)
@@ -128,13 +141,13 @@ class NoisyGradientStep:
         if len(y) == 0:
             raise ValueError("a hospital needs at least one record")
         self._generator = require_cryptographic(secure_generator() if generator is None else generator)
-        self._settings = settings
+        self.settings = settings
         self._gradients = ClippedGradients(model, x, y, settings.max_grad_norm)
         self.mechanism = settings.mechanism(self._gradients.dimension)
 
     def __call__(self) -> tuple[np.ndarray, int]:
         """``(s_k, |D_k^t|)``. The batch size stays at the hospital (it is not protected by DP)."""
-        indices = np.flatnonzero(self._generator.random(self._gradients.records) < self._settings.sample_rate)
+        indices = np.flatnonzero(self._generator.random(self._gradients.records) < self.settings.sample_rate)
         examples = self._gradients(indices)
         share = self.mechanism.round_examples(examples, self._generator) + self.mechanism.noise_share(self._generator)
         return share, len(indices)

@@ -23,18 +23,47 @@ that can move together, each by up to ``Delta_2`` (``Delta_1`` in L1):
   are drawn afresh each round, so this is a per-round figure, not a lasting unit's;
 - ``record`` (group 2): one record added or removed leaves its sub-client in the sum but changes
   its update from ``r`` to ``r'``, both within ``Delta_2``: twice a sub-client's sensitivity;
-- ``hospital`` (group ``max(v, 2)``): a hospital's ``v`` sub-clients move together, by up to
-  ``v Delta_2``; for ``v = 1`` its records' ``2 Delta_2`` is the larger, so the hospital level
-  covers every record too. For ``v >= 2`` it is the privacy of noise multiplier ``z / v`` (exactly
-  for the Gaussian; for the Skellam to within its rounding terms).
+- ``hospital`` (group ``max(v, 2)``, with ``v = max_subclients`` when v is adaptive): a
+  hospital's ``v`` sub-clients move together, by up to ``v Delta_2``; for ``v = 1`` its records'
+  ``2 Delta_2`` is the larger, so the hospital level covers every record too. For ``v >= 2`` it is
+  the privacy of noise multiplier ``z / v`` (exactly for the Gaussian; for the Skellam to within
+  its rounding terms).
+
+The record level holds because ``split_subclients`` draws each record's sub-client independently:
+with or without the record, the others fall the same way.
 
 Hospitals' ledgers are charged at the hospital level, so their budgets bind on what a consortium
 member actually is, and every ledger entry, of either method, is also a valid record-level charge.
+
+**Adaptive v** (``subclient_rule="adaptive"``, Sec. 2.2; ``training.intermediaries``). Each row
+then carries one more coordinate, its own norm weighted by ``alpha`` (``NORM_SLOT_WEIGHT``)::
+
+    row_i = (clip(Delta_i, C), alpha ||clip(Delta_i, C)||),    ||row_i|| <= C sqrt(1 + alpha^2)
+
+so the mechanism is calibrated to that norm and the slot's sum is released with the update, under
+the same noise and the same accounting (the update's noise grows by ``sqrt(1 + alpha^2)``, 3% at
+``alpha = 1/4``). The released vector is the mean update's direction followed by
+``S = slot / (gamma alpha)``, a noisy estimate of ``sum_i ||clip(Delta_i)||`` (the paper's
+``sum_i ||Delta_i||``, of clipped updates: an unclipped norm has no bound to noise it by). From it
+and from public values alone (the contributors ``K_c`` and the noise's expected norm, which the
+mechanism fixes) every party computes the next round's ``v`` alike
+(``DpFedAvgSettings.after_release``), and every contributor's endorsement of the round's aggregate
+names the ``v`` it trained with (``crypto.endorsement``), so parties that disagree on ``v`` are
+caught before a sum is used. ``v`` stays within ``[1, max_subclients]`` and the plain modulus is
+sized for ``max_subclients`` rows.
+
+Ledgers charge every round at ``v = max_subclients``, not at the round's ``v``. ``v`` follows
+the released data, and the sum of per-round costs that were themselves chosen from earlier
+outputs is a guarantee only under a privacy filter (Feldman and Zrnic 2021), which the ledger is
+not. A data-independent charge needs no such argument. At the hospital level an adaptive run
+therefore costs what a run at fixed ``v = max_subclients`` does: what adaptive ``v`` may buy is
+utility, not privacy.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -43,14 +72,19 @@ from torch import nn
 from training.accounting import Release, release_of
 from training.datasets import Split
 from training.fedavg import FedAvgError, LocalTraining, clip_update, local_update, split_subclients
+from training.intermediaries import expected_noise_norm, next_subclient_count
 from training.secure_random import require_cryptographic, secure_generator
 from training.skellam import SkellamMechanism
 from training.typed_fields import from_typed_dict
 from training.update_rules import MAX_LEARNING_RATE, FedAdamUpdate, MomentumUpdate, UpdateRule
 
-__all__ = ["SERVER_OPTIMIZERS", "DpFedAvgSettings", "SubclientStep"]
+__all__ = ["NORM_SLOT_WEIGHT", "SERVER_OPTIMIZERS", "SUBCLIENT_RULES", "DpFedAvgSettings", "SubclientStep"]
 
 SERVER_OPTIMIZERS = ("fedavg", "fedadam")
+SUBCLIENT_RULES = ("fixed", "adaptive")
+# alpha: the slot's noise, in units of sum_i ||clip(Delta_i)||, is 1/alpha times the update's. v
+# follows the square root of that estimate, so a rough one serves; the update pays sqrt(1 + alpha^2).
+NORM_SLOT_WEIGHT = 0.25
 _MAX_LOCAL_EPOCHS = 100  # settings come from the server: a bound on the work they ask of a hospital
 
 
@@ -62,7 +96,9 @@ class DpFedAvgSettings:
     noise_multiplier: float  # z: noise of a quorum's sum, in units of one sub-client's sensitivity
     max_update_norm: float  # C
     quorum: int  # K_min
-    subclients: int  # v: sub-clients per hospital, the same at every hospital
+    subclients: int  # v: sub-clients per hospital this round, the same at every hospital
+    subclient_rule: str  # "fixed", or "adaptive": v re-estimated from each release
+    max_subclients: int  # v never exceeds it (the plain modulus is sized for it); equal to v when fixed
     local_epochs: int
     local_batch_size: int
     local_learning_rate: float
@@ -77,6 +113,12 @@ class DpFedAvgSettings:
             raise FedAvgError(f"max_update_norm must be positive, got {self.max_update_norm}")
         if self.quorum < 1 or self.subclients < 1:
             raise FedAvgError(f"quorum and subclients must be at least 1, got {self.quorum} and {self.subclients}")
+        if self.subclient_rule not in SUBCLIENT_RULES:
+            raise FedAvgError(f"unknown sub-client rule {self.subclient_rule!r}; choose one of {', '.join(SUBCLIENT_RULES)}")
+        if self.subclients > self.max_subclients:
+            raise FedAvgError(f"v = {self.subclients} sub-clients is more than the most v may reach, {self.max_subclients}")
+        if self.subclient_rule == "fixed" and self.subclients != self.max_subclients:
+            raise FedAvgError(f"with fixed v, max_subclients must be v = {self.subclients}, got {self.max_subclients}")
         if self.server_optimizer not in SERVER_OPTIMIZERS:
             raise FedAvgError(f"unknown server optimizer {self.server_optimizer!r}; choose one of {', '.join(SERVER_OPTIMIZERS)}")
         if not 0 < self.server_learning_rate <= MAX_LEARNING_RATE:
@@ -97,12 +139,21 @@ class DpFedAvgSettings:
 
     @property
     def rows_per_share(self) -> float:
-        """Rounded rows in one hospital's share: its ``v`` sub-client updates."""
-        return float(self.subclients)
+        """Rounded rows in one hospital's share, at most: its ``max_subclients`` sub-client updates."""
+        return float(self.max_subclients)
+
+    @property
+    def statistic_slots(self) -> int:
+        """Coordinates after the update in each share and release: the norm slot when v is adaptive."""
+        return 1 if self.subclient_rule == "adaptive" else 0
 
     def mechanism(self, dimension: int) -> SkellamMechanism:
+        """The mechanism on rows of ``dimension`` update coordinates, and the norm slot when v is adaptive."""
         return SkellamMechanism.calibrate(
-            dimension=dimension, max_grad_norm=self.max_update_norm, noise_multiplier=self.noise_multiplier, quorum=self.quorum
+            dimension=dimension + self.statistic_slots,
+            max_grad_norm=self.max_update_norm * math.sqrt(1 + self.statistic_slots * NORM_SLOT_WEIGHT**2),
+            noise_multiplier=self.noise_multiplier,
+            quorum=self.quorum,
         )
 
     def local_step(self, model: nn.Module, data: Split, generator: np.random.Generator | None = None) -> "SubclientStep":
@@ -110,13 +161,49 @@ class DpFedAvgSettings:
 
     def levels(self, mechanism: SkellamMechanism, contributors: int) -> dict[str, Release]:
         """One round's release at each level (see the module's docstring for the group sizes)."""
-        groups = {"hospital": max(self.subclients, 2), "record": 2, "subclient": 1}
+        groups = {"hospital": max(self.max_subclients, 2), "record": 2, "subclient": 1}
         return {level: release_of(mechanism, sample_rate=1.0, contributors=contributors, group_size=groups[level]) for level in self.LEVELS}
 
-    def direction(self, total: np.ndarray, contributors: int, mechanism: SkellamMechanism) -> np.ndarray:
-        """``g = -u``, ``u = sum / (gamma v K_c)``: the descent direction a decrypted sum stands for."""
-        scale = mechanism.scale * self.subclients * contributors
-        return (-np.asarray(total, dtype=np.float64) / scale).astype("<f4")
+    def read_sum(self, total: np.ndarray, contributors: int, mechanism: SkellamMechanism) -> np.ndarray:
+        """The released vector a decrypted sum stands for: ``g = -sum / (gamma v K_c)``, then ``S`` if v is adaptive."""
+        total = np.asarray(total, dtype=np.float64)
+        dimension = mechanism.dimension - self.statistic_slots
+        direction = -total[:dimension] / (mechanism.scale * self.subclients * contributors)
+        norm_sum = total[dimension:] / (mechanism.scale * NORM_SLOT_WEIGHT)
+        return np.concatenate([direction, norm_sum]).astype("<f4")
+
+    def after_release(self, statistics: np.ndarray, contributors: int, mechanism: SkellamMechanism) -> "DpFedAvgSettings":
+        """The next round's settings: ``v`` re-estimated from the released ``S`` and public values when adaptive.
+
+        ``zeta`` is the noise on the mean update, as in the paper (``sigma = z C / N`` for ``N``
+        clients, here ``v K_c`` sub-clients), taken at its expectation: the sum's noise is
+        ``Sk(K_c mu)`` per coordinate, of standard deviation ``sqrt(2 K_c mu) / gamma``."""
+        if self.subclient_rule == "fixed":
+            return self
+        sigma = math.sqrt(2 * mechanism.mu(contributors)) / (mechanism.scale * self.subclients * contributors)
+        noise_norm = expected_noise_norm(sigma, mechanism.dimension - self.statistic_slots)
+        (norm_sum,) = np.asarray(statistics, dtype=np.float64)
+        return replace(
+            self,
+            subclients=next_subclient_count(
+                self.subclients, hospitals=contributors, noise_norm=noise_norm, update_norm_sum=norm_sum, most=self.max_subclients
+            ),
+        )
+
+    def round_state(self) -> dict[str, int]:
+        """What changes between rounds and every party must hold alike: ``v``, when adaptive."""
+        return {"subclients": self.subclients} if self.subclient_rule == "adaptive" else {}
+
+    def with_round_state(self, state: dict[str, float]) -> "DpFedAvgSettings":
+        """These settings at a ``round_state`` read back from a Welcome or a checkpoint; ``ValueError`` if it cannot be."""
+        if set(state) != set(self.round_state()):
+            raise ValueError(f"the round state must hold {sorted(self.round_state())}, got {sorted(state)}")
+        if not state:
+            return self
+        v = state["subclients"]
+        if not (float(v).is_integer() and 1 <= v <= self.max_subclients):
+            raise ValueError(f"v = {v} is not a whole number of sub-clients within [1, {self.max_subclients}]")
+        return replace(self, subclients=int(v))
 
     def update_rule(self, model: nn.Module) -> UpdateRule:
         if self.server_optimizer == "fedadam":
@@ -136,19 +223,18 @@ class SubclientStep:
 
     def __init__(self, model: nn.Module, data: Split, settings: DpFedAvgSettings, generator: np.random.Generator | None = None) -> None:
         self._generator = require_cryptographic(secure_generator() if generator is None else generator)
-        split_subclients(len(data), settings.subclients, self._generator)  # an impossible split is refused before any round
-        self._model, self._data, self._settings = model, data, settings
+        split_subclients(len(data), settings.max_subclients, self._generator)  # an impossible split is refused before any round
+        self._model, self._data, self.settings = model, data, settings
         self._local = settings.local_training
         self.mechanism = settings.mechanism(sum(p.numel() for p in model.parameters()))
 
     def __call__(self) -> tuple[np.ndarray, int]:
         """``(s_k, v)``: the share, and how many sub-client updates it sums."""
-        parts = split_subclients(len(self._data), self._settings.subclients, self._generator)
-        updates = np.stack(
-            [
-                clip_update(local_update(self._model, self._data.subset(part), self._local, self._generator), self._settings.max_update_norm)[0]
-                for part in parts
-            ]
-        )
-        share = self.mechanism.round_examples(updates, self._generator) + self.mechanism.noise_share(self._generator)
-        return share, len(parts)
+        bound = self.settings.max_update_norm
+        rows = []
+        for part in split_subclients(len(self._data), self.settings.subclients, self._generator):
+            clipped, norm = clip_update(local_update(self._model, self._data.subset(part), self._local, self._generator), bound)
+            slot = [NORM_SLOT_WEIGHT * min(norm, bound)] * self.settings.statistic_slots
+            rows.append(np.concatenate([clipped, np.asarray(slot, dtype=np.float32)]))
+        share = self.mechanism.round_examples(np.stack(rows), self._generator) + self.mechanism.noise_share(self._generator)
+        return share, len(rows)

@@ -56,12 +56,19 @@ class LocalTraining:
 
 
 def split_subclients(records: int, subclients: int, generator: np.random.Generator) -> list[np.ndarray]:
-    """``subclients`` disjoint, non-empty sets of record indices covering ``range(records)``, sizes within one."""
+    """``subclients`` disjoint sets of record indices covering ``range(records)``, each record in one drawn uniformly.
+
+    Each record's sub-client is drawn independently of the others', so with or without a record the
+    others' split has the same law: adding or removing one record changes only the sub-client it
+    joins. A balanced split would not (a part that must keep its size takes a record from another,
+    and two sub-clients change). A sub-client may come out empty; its update is then zero.
+    """
     if subclients < 1:
         raise FedAvgError(f"a hospital needs at least one sub-client, got v = {subclients}")
     if subclients > records:
         raise FedAvgError(f"v = {subclients} sub-clients from {records} records would leave a sub-client empty")
-    return [np.sort(part) for part in np.array_split(generator.permutation(records), subclients)]
+    joins = generator.integers(0, subclients, records)
+    return [np.flatnonzero(joins == part) for part in range(subclients)]
 
 
 def local_update(model: nn.Module, data: Split, settings: LocalTraining, generator: np.random.Generator) -> np.ndarray:

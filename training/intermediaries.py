@@ -4,19 +4,22 @@ Eq. (2) measures a round by its noise level and its diversity::
 
     xi = ||zeta|| / ||sum_i clip(Delta_i)||,      phi = sum_i ||Delta_i|| / ||sum_i clip(Delta_i)||
 
-and Eq. (3) says how they move with the split: ``xi_v = xi / v`` and ``phi_v = v phi``. The paper
-chooses ``v = sqrt(N xi / phi)`` for ``N`` hospitals (the ratio ``xi_v / phi_v`` then lies at
-``1/N``), re-estimated each round from the last. Measured at the current split ``v``, Eq. (3)
-gives ``xi / phi = v^2 xi_v / phi_v``, so::
+where ``zeta ~ N(0, sigma^2 I)`` is the noise's effect on the averaged model, ``sigma = z C / N``
+for ``N`` clients (Eq. 1). Eq. (3) says how they move with the split: ``xi_v = xi / v`` and
+``phi_v = v phi``. The paper chooses ``v = sqrt(N xi / phi)`` for ``N`` hospitals (the ratio
+``xi_v / phi_v`` then lies at ``1/N``), re-estimated each round from the last. Measured at the
+current split ``v``, Eq. (3) gives ``xi / phi = v^2 xi_v / phi_v``, so::
 
-    v_next = v sqrt(N xi_v / phi_v) = v sqrt(N ||zeta|| / sum_i ||Delta_i||)
+    v_next = v sqrt(N xi_v / phi_v) = v sqrt(N ||zeta_v|| / sum_i ||Delta_i||)
 
-The norm of the clipped sum cancels. What is left is all the server may use:
+with ``zeta_v`` the noise on the mean of the ``N v`` sub-clients' updates. The norm of the clipped
+sum cancels. What is left is all the server may use:
 
-- ``||zeta||``, the aggregate noise's norm, is not observed but its expectation is public:
+- ``||zeta_v||`` is not observed but its expectation is public:
   ``E||zeta|| = sigma sqrt(2) Gamma((d+1)/2) / Gamma(d/2)`` for ``N(0, sigma^2 I_d)``;
 - ``sum_i ||Delta_i||`` comes from a securely summed and noised slot beside the update (so it is
-  part of the accounted release), and is an estimate: it may even come out negative.
+  part of the accounted release; ``training.dp_fedavg``). It sums clipped norms, which have a
+  bound to noise them by, and it is an estimate: it may even come out negative.
 """
 
 from __future__ import annotations

@@ -5,23 +5,33 @@ A method's settings are a frozen dataclass that the server announces in the run 
 the same things, so the protocol needs nothing else of a method:
 
 - ``quorum``: contributions a round needs before its sum may be decrypted;
-- ``mechanism(d)``: the Skellam mechanism of one hospital's share (``training.skellam``), and
-  ``rows_per_share``, the mean number of rounded rows in a share (it sizes the plain modulus);
-- ``local_step(model, data)``: a hospital's step, returning ``(share, rows)``;
+- ``mechanism(d)``: the Skellam mechanism of one hospital's share for a model of ``d`` parameters
+  (``training.skellam``; its dimension may exceed ``d`` by the method's statistics), and
+  ``rows_per_share``, the most rounded rows a share holds on average (it sizes the plain modulus);
+- ``local_step(model, data)``: a hospital's step, returning ``(share, rows)``; it keeps the
+  ``settings`` it was made with;
 - ``levels(mechanism, contributors)``: one round's release at each level the method protects
   (``LEVELS``; a hospital's ledger is charged at the first);
-- ``direction(total, contributors, mechanism)``: the vector a decrypted sum stands for, and
-  ``update_rule(model)``, which every party applies to it (``training.update_rules``).
+- ``read_sum(total, contributors, mechanism)``: the released vector a decrypted sum stands for, the
+  model's descent direction and then the method's statistics; ``update_rule(model)``, which every
+  party applies to the direction (``training.update_rules``); and ``after_release``, the next
+  round's settings, computed from the statistics and public values alone;
+- ``round_state()`` and ``with_round_state``: what ``after_release`` changes, as numbers.
+
+``SharedState`` holds what every party keeps alike from round to round.
 """
 
 from __future__ import annotations
+
+import numpy as np
+from torch import nn
 
 from training.accounting import Release
 from training.dopamine import DopamineSettings
 from training.dp_fedavg import DpFedAvgSettings
 from training.skellam import SkellamMechanism
 
-__all__ = ["METHODS", "TrainingSettings", "ledger_release", "settings_from_dict"]
+__all__ = ["METHODS", "SharedState", "TrainingSettings", "ledger_release", "settings_from_dict"]
 
 TrainingSettings = DopamineSettings | DpFedAvgSettings
 METHODS: dict[str, type[DopamineSettings] | type[DpFedAvgSettings]] = {
@@ -40,3 +50,41 @@ def settings_from_dict(values: dict) -> TrainingSettings:
 def ledger_release(settings: TrainingSettings, mechanism: SkellamMechanism, contributors: int) -> Release:
     """What one round of ``contributors`` shares costs in a ledger: its release at the method's first level."""
     return settings.levels(mechanism, contributors)[settings.LEVELS[0]]
+
+
+class SharedState:
+    """What the server and every hospital hold alike and move on with each release.
+
+    That is the model under its update rule, and ``settings``, the coming round's: the run's
+    settings at the method's round state. ``state()`` is all of it but the model, as float32 (the
+    rule's state, then the round state's values): what a Welcome and the server's checkpoint carry.
+    Round states are small whole numbers, exact in float32, and never change the mechanism (or the
+    plain modulus), which is the run's.
+    """
+
+    def __init__(self, settings: TrainingSettings, model: nn.Module) -> None:
+        self._run_settings = settings
+        self.settings = settings
+        self._dimension = sum(p.numel() for p in model.parameters())
+        self.mechanism = settings.mechanism(self._dimension)
+        self._rule = settings.update_rule(model)
+
+    def apply(self, released: np.ndarray, contributors: int) -> None:
+        """Move the model by the released direction, and on to the next round's settings."""
+        released = np.asarray(released, dtype="<f4")
+        if released.shape != (self.mechanism.dimension,):
+            raise ValueError(f"expected a released vector of {self.mechanism.dimension} values, got shape {released.shape}")
+        self._rule.apply(released[: self._dimension])
+        self.settings = self.settings.after_release(released[self._dimension :], contributors, self.mechanism)
+
+    def state(self) -> np.ndarray:
+        return np.concatenate([self._rule.state(), np.array(list(self.settings.round_state().values()), dtype="<f4")]).astype("<f4")
+
+    def load_state(self, values: np.ndarray) -> None:
+        """Continue from ``state()``'s values, e.g. a Welcome's; ``ValueError`` if they cannot be."""
+        values = np.asarray(values, dtype="<f4")
+        names = list(self._run_settings.round_state())
+        rule_size = values.size - len(names)
+        settings = self._run_settings.with_round_state(dict(zip(names, values[rule_size:].tolist())))
+        self._rule.load_state(values[:rule_size])
+        self.settings = settings
