@@ -477,7 +477,9 @@ class Server:
             try:
                 check_endorsements(statement, {sender: message.signature}, {sender: self._roster.party(sender).identity.signing})
             except EndorsementError as error:
-                self._parties.reject(sender, message, str(error))
+                # An honest contributor that signs another statement holds another aggregate or round state.
+                shown = f" (the server's round state: {round_state})" if round_state else ""
+                self._parties.reject(sender, message, f"{error}{shown}")
                 continue
             signatures[sender] = message.signature
         for name in contributors - set(signatures):

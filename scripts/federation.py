@@ -252,7 +252,7 @@ def _check_training(args: argparse.Namespace, data: Dataset, part_sizes: list[in
         raise ConfigError(
             f"{'up to ' if config.training.subclient_rule == 'adaptive' else ''}v = {config.training.max_subclients} "
             f"sub-clients per hospital, but the smallest hospital has "
-            f"{min(part_sizes)} records: a sub-client would be empty"
+            f"{min(part_sizes)} records: more sub-clients than records"
         )
     budget = PrivacyBudget(epsilon=args.epsilon_budget, delta=args.delta)
     refusal = budget.refusal(PrivacyLedger(), ledger_release(config.training, config.mechanism(), config.training.quorum), 1)

@@ -62,7 +62,7 @@ def test_user_mistakes_get_one_line(tmp_path):
         (("server", "--federation", federation, "--out", tmp_path / "new"), "--expected-batch-size is required"),
         (("federation", "--out", tmp_path / "run", "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("federation", "--out", tmp_path / "fedsgd", "--method", "fedsgd"), "unknown method 'fedsgd'"),
-        (("federation", "--out", tmp_path / "v", "--method", "dp-fedavg", "--subclients", "200"), "a sub-client would be empty"),
+        (("federation", "--out", tmp_path / "v", "--method", "dp-fedavg", "--subclients", "200"), "more sub-clients than records"),
         (("federation", "--out", tmp_path / "most-v", "--method", "dp-fedavg", "--adaptive-subclients", "500"), "up to v = 500 sub-clients"),
         (
             ("federation", "--out", tmp_path / "first-v", "--method", "dp-fedavg", "--subclients", "3", "--adaptive-subclients", "2"),

@@ -150,7 +150,7 @@ def test_settings_survive_the_run_configuration_and_nonsense_is_refused():
 
 
 def test_more_sub_clients_than_records_is_refused_before_training():
-    with pytest.raises(FedAvgError, match="v = 41 sub-clients from 40 records would leave a sub-client empty"):
+    with pytest.raises(FedAvgError, match="v = 41 sub-clients from 40 records: more sub-clients than records"):
         SubclientStep(_model(), _data(40), _settings(subclients=41))
 
 
@@ -233,3 +233,13 @@ def test_with_adaptive_v_every_round_is_charged_at_the_most_sub_clients_v_may_re
     for v in (1, 2, 6):
         charged = ledger_release(adaptive.with_round_state({"subclients": v}), mechanism, 3)
         assert charged.l2_sensitivity == pytest.approx(6 * mechanism.l2_sensitivity)
+
+
+def test_an_empty_sub_client_sends_a_zero_update():
+    """With as many sub-clients as records, some come out empty (independent draws): their rows are zero, never NaN."""
+    data = _data(5)
+    assert not np.any(local_update(_model(), data.subset(np.array([], dtype=int)), _settings().local_training, secure_generator()))
+    step = SubclientStep(_model(), data, _settings(noise_multiplier=0.0, subclients=5, subclient_rule="adaptive"), secure_generator())
+    for _ in range(20):  # an empty sub-client in most of them: P(none) = 5!/5^5, under 4%
+        share, rows = step()
+        assert rows == 5 and np.all(np.isfinite(share))

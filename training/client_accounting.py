@@ -14,7 +14,8 @@ The paper's public code reports the first alone, whatever ``v``; a hospital is w
 member actually is, so both are reported and a hospital's budget binds on the second.
 
 Opacus's PRV accountant (Gopi et al. 2021) composes the rounds, each with its own ``v``; its RDP
-accountant is the option for a looser but simpler bound.
+accountant is the option for a looser but simpler bound. Each round's ``v`` must be fixed before
+the run: where it adapts to released data, pass the most it may reach (``training.dp_fedavg``).
 """
 
 from __future__ import annotations

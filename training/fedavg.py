@@ -66,13 +66,15 @@ def split_subclients(records: int, subclients: int, generator: np.random.Generat
     if subclients < 1:
         raise FedAvgError(f"a hospital needs at least one sub-client, got v = {subclients}")
     if subclients > records:
-        raise FedAvgError(f"v = {subclients} sub-clients from {records} records would leave a sub-client empty")
+        raise FedAvgError(f"v = {subclients} sub-clients from {records} records: more sub-clients than records")
     joins = generator.integers(0, subclients, records)
     return [np.flatnonzero(joins == part) for part in range(subclients)]
 
 
 def local_update(model: nn.Module, data: Split, settings: LocalTraining, generator: np.random.Generator) -> np.ndarray:
-    """``theta_i - theta_t`` (float32) after ``settings.epochs`` of training a copy of ``model`` on ``data``."""
+    """``theta_i - theta_t`` (float32) after ``settings.epochs`` of training a copy of ``model`` on ``data``; zero for no data."""
+    if len(data) == 0:  # an empty sub-client (training.fedavg.split_subclients): not even a step on an empty batch
+        return np.zeros(sum(p.numel() for p in model.parameters()), dtype=np.float32)
     local = copy.deepcopy(model)
     local.train()
     if settings.optimizer == "sgd":
