@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from crypto.bfv import aggregate_bytes
 from crypto.bfv_parameters import BfvParameters, ParameterError, select_bfv_parameters
 from training.methods import TrainingSettings, settings_from_dict
-from training.models import ModelSpec, build_model
+from training.models import ModelSpec, build_model, parameter_count
 from training.skellam import SkellamMechanism
 
 __all__ = ["INSECURE_PLAINTEXT", "SECURE_AGGREGATION", "ConfigError", "RunConfig", "check_aggregation", "check_run", "run_fingerprint"]
@@ -85,7 +85,7 @@ class RunConfig:
 
     @property
     def parameter_count(self) -> int:
-        return sum(p.numel() for p in build_model(self.model).parameters())
+        return parameter_count(build_model(self.model))
 
     def mechanism(self) -> SkellamMechanism:
         return self.training.mechanism(self.parameter_count)

@@ -89,7 +89,7 @@ from training.datasets import Split
 from training.dopamine import NoisyGradientStep
 from training.dp_fedavg import SubclientStep
 from training.methods import METHODS, SharedState, TrainingSettings, ledger_release
-from training.models import build_model, set_flat_parameters
+from training.models import build_model, parameter_count, set_flat_parameters
 
 __all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital", "PrivacyBudget", "run_key_context", "sealed_key_context"]
 
@@ -232,7 +232,7 @@ class Hospital:
         elif run != self._run:
             raise ProtocolError(f"the server welcomed {self._name} to run {run}, not to the run it takes part in ({self._run})")
         self._joins += 1
-        set_flat_parameters(self._model, _float32s(welcome.parameters, config.parameter_count, "the model"))
+        set_flat_parameters(self._model, _float32s(welcome.parameters, self._shared.parameter_count, "the model"))
         try:
             self._shared.load_state(_float32s(welcome.optimizer_state, self._shared.state().size, "the optimizer state"))
         except ValueError as error:
@@ -255,7 +255,7 @@ class Hospital:
         if strangers:  # e.g. the server naming itself a hospital, to hold the key
             raise ProtocolError(f"the run names {sorted(strangers)} as hospitals; the roster does not")
         model = build_model(config.model)
-        set_flat_parameters(model, _float32s(initial_parameters, config.parameter_count, "the initial parameters"))
+        set_flat_parameters(model, _float32s(initial_parameters, parameter_count(model), "the initial parameters"))
         self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE)
         self._last_round = self._ledger.begin_run(config.run_id, run)
         if self._last_round:

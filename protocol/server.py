@@ -128,7 +128,7 @@ class Server:
         self._params = config.bfv_parameters()
         limit = config.message_limit()
         self._mechanism = self._shared.mechanism
-        self._parameter_count = config.parameter_count
+        self._parameter_count = self._shared.parameter_count
         self._ledger = PrivacyLedger(ledger_path)  # charged at the method's first level, as the hospitals' are
         self._levels = {level: PrivacyLedger() for level in config.training.LEVELS[1:]}  # reported only, rebuilt on resume
         self._public: PublicContext | None = None

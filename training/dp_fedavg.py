@@ -73,6 +73,7 @@ from training.accounting import Release, release_of
 from training.datasets import Split
 from training.fedavg import FedAvgError, LocalTraining, clip_update, local_update, split_subclients
 from training.intermediaries import expected_noise_norm, next_subclient_count
+from training.models import parameter_count
 from training.secure_random import require_cryptographic, secure_generator
 from training.skellam import SkellamMechanism
 from training.typed_fields import from_typed_dict
@@ -226,7 +227,7 @@ class SubclientStep:
         split_subclients(len(data), settings.max_subclients, self._generator)  # an impossible split is refused before any round
         self._model, self._data, self.settings = model, data, settings
         self._local = settings.local_training
-        self.mechanism = settings.mechanism(sum(p.numel() for p in model.parameters()))
+        self.mechanism = settings.mechanism(parameter_count(model))
 
     def __call__(self) -> tuple[np.ndarray, int]:
         """``(s_k, v)``: the share, and how many sub-client updates it sums."""

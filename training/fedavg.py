@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from training.datasets import Split
-from training.models import get_flat_parameters
+from training.models import get_flat_parameters, parameter_count
 
 __all__ = ["LOCAL_OPTIMIZERS", "FedAvgError", "LocalTraining", "clip_update", "local_update", "split_subclients"]
 
@@ -74,7 +74,7 @@ def split_subclients(records: int, subclients: int, generator: np.random.Generat
 def local_update(model: nn.Module, data: Split, settings: LocalTraining, generator: np.random.Generator) -> np.ndarray:
     """``theta_i - theta_t`` (float32) after ``settings.epochs`` of training a copy of ``model`` on ``data``; zero for no data."""
     if len(data) == 0:  # an empty sub-client (training.fedavg.split_subclients): not even a step on an empty batch
-        return np.zeros(sum(p.numel() for p in model.parameters()), dtype=np.float32)
+        return np.zeros(parameter_count(model), dtype=np.float32)
     local = copy.deepcopy(model)
     local.train()
     if settings.optimizer == "sgd":

@@ -29,6 +29,7 @@ from torch import nn
 from training.accounting import Release
 from training.dopamine import DopamineSettings
 from training.dp_fedavg import DpFedAvgSettings
+from training.models import parameter_count
 from training.skellam import SkellamMechanism
 
 __all__ = ["METHODS", "SharedState", "TrainingSettings", "ledger_release", "settings_from_dict"]
@@ -65,8 +66,8 @@ class SharedState:
     def __init__(self, settings: TrainingSettings, model: nn.Module) -> None:
         self._run_settings = settings
         self.settings = settings
-        self._dimension = sum(p.numel() for p in model.parameters())
-        self.mechanism = settings.mechanism(self._dimension)
+        self.parameter_count = parameter_count(model)
+        self.mechanism = settings.mechanism(self.parameter_count)
         self._rule = settings.update_rule(model)
 
     def apply(self, released: np.ndarray, contributors: int) -> None:
@@ -74,8 +75,8 @@ class SharedState:
         released = np.asarray(released, dtype="<f4")
         if released.shape != (self.mechanism.dimension,):
             raise ValueError(f"expected a released vector of {self.mechanism.dimension} values, got shape {released.shape}")
-        self._rule.apply(released[: self._dimension])
-        self.settings = self.settings.after_release(released[self._dimension :], contributors, self.mechanism)
+        self._rule.apply(released[: self.parameter_count])
+        self.settings = self.settings.after_release(released[self.parameter_count :], contributors, self.mechanism)
 
     def state(self) -> np.ndarray:
         return np.concatenate([self._rule.state(), np.array(list(self.settings.round_state().values()), dtype="<f4")]).astype("<f4")

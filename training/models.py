@@ -109,6 +109,10 @@ def build_model(spec: ModelSpec) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
 def get_flat_parameters(model: nn.Module) -> np.ndarray:
     return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().astype(np.float32)
 
