@@ -44,17 +44,18 @@ class EndorsementError(ValueError):
 
 
 def aggregate_statement(
-    *, run: str, round_number: int, contributors: Sequence[str], chunks: Sequence[bytes], round_state: Mapping[str, int]
+    *, run: str, round_number: int, contributors: Sequence[str], chunks: Sequence[bytes], round_state: Mapping[str, float]
 ) -> bytes:
     """The 32 bytes a contributor signs for one aggregate: unambiguous, as every part is length-prefixed.
 
     ``round_state`` is what the contributor's share was made with beyond the run's settings (the
-    number of sub-clients when it adapts): contributors that disagree on it sign different statements."""
+    number of sub-clients and the clipping bound, where they adapt), each value as an IEEE double,
+    exact for whole numbers and float32 values: contributors that disagree on it sign different statements."""
     statement = hashlib.sha256()
     parts = [_LABEL, run.encode(), b"%d" % round_number, b"%d" % len(contributors)]
     parts += [name.encode() for name in contributors]
     parts += [b"%d" % len(chunks)] + [hashlib.sha256(chunk).digest() for chunk in chunks]
-    parts += [b"%d" % len(round_state)] + [b"%s=%d" % (name.encode(), value) for name, value in sorted(round_state.items())]
+    parts += [b"%d" % len(round_state)] + [name.encode() + b"=" + struct.pack(">d", value) for name, value in sorted(round_state.items())]
     for part in parts:
         statement.update(struct.pack(">Q", len(part)) + part)
     return statement.digest()

@@ -425,7 +425,7 @@ class Hospital:
             total = self._uploads.decrypt_sum(message.chunks, round_number=message.round, contributors=contributors)
         except BfvError as error:
             raise ProtocolError(f"round {message.round}: refusing the server's sum: {error}") from None
-        pending.mean = pending.settings.read_sum(total, len(contributors), self._shared.mechanism)
+        pending.mean = pending.settings.read_sum(total, len(contributors), self._shared.parameter_count)
         pending.seconds["decrypt"] = time.perf_counter() - started
         pending.endorsed = message.contributors
         pending.statement = aggregate_statement(

@@ -69,11 +69,13 @@ from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
 from training.accounting import ACCOUNTANT, LEDGER_FILE, PrivacyLedger
 from training.datasets import Split
 from training.methods import SharedState, ledger_release
-from training.models import accuracy, build_model, get_flat_parameters, set_flat_parameters
+from training.evaluation import evaluate
+from training.models import build_model, get_flat_parameters, set_flat_parameters
 
 __all__ = ["Server", "Timeouts"]
 
 log = logging.getLogger("consilium.server")
+SELECTED_MODEL_FILE = "selected_model.pt"  # the parameters of the round selected on validation
 _MAX_JOINS_AGAIN = 3  # per hospital and run: a join mid-round costs every contributor a round's charge
 
 @dataclass(frozen=True)
@@ -89,12 +91,14 @@ class _RoundRecord:
     status: str  # "released" or "aborted"
     contributors: list[str]
     validation_accuracy: float | None = None
+    validation_auc: float | None = None
+    test: dict[str, float | None] | None = None  # accuracy and AUC on the test split, if the data have one
     epsilon: dict[str, float] = field(default_factory=dict)  # by view, see training.accounting, at the ledger's level
     epsilon_levels: dict[str, dict[str, float]] = field(default_factory=dict)  # level -> view -> epsilon
     seconds: dict[str, float] = field(default_factory=dict)
     update_bytes: dict[str, int] = field(default_factory=dict)
     reason: str = ""
-    round_state: dict[str, int] = field(default_factory=dict)  # the method's, this round (adaptive v)
+    round_state: dict[str, float] = field(default_factory=dict)  # the method's, this round (adaptive v and C)
 
 
 class Server:
@@ -106,6 +110,7 @@ class Server:
         credentials: Credentials,
         validation: Split,
         out_dir: Path,
+        test: Split | None = None,
         timeouts: Timeouts = Timeouts(),
         transcript: Path | None = None,
         transcript_payloads: bool = False,
@@ -120,6 +125,7 @@ class Server:
         self._config = config
         self._roster = roster
         self._validation = validation
+        self._test = test
         self._out_dir = out_dir
         self._timeouts = timeouts
         self._on_round = on_round or (lambda record: None)
@@ -386,13 +392,26 @@ class Server:
 
         started = time.perf_counter()
         self._shared.apply(mean_gradient, len(record.contributors))
-        record.validation_accuracy = accuracy(self._model, self._validation.x, self._validation.y)
+        scores = evaluate(self._model, self._validation, num_classes=self._config.model.num_classes)
+        record.validation_accuracy, record.validation_auc = scores["accuracy"], scores["auc"]
+        if _selected_on_validation([*self._released(), record]) is record:
+            self._keep_selected(record)
         record.seconds["evaluate"] = time.perf_counter() - started
         record.status = "released"
         self._record_other_levels(record)
         record.epsilon = self._ledger.epsilons(self._config.delta)
         record.epsilon_levels = self._epsilon_levels()
         self._finish_round(record)
+
+    def _released(self) -> list[_RoundRecord]:
+        return [r for r in self._rounds if r.status == "released"]
+
+    def _keep_selected(self, record: _RoundRecord) -> None:
+        """The new best round on validation: its model is the one a user keeps, and the only one scored on test."""
+        if self._test is not None:
+            record.test = evaluate(self._model, self._test, num_classes=self._config.model.num_classes)
+        self._out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(self._model.state_dict(), self._out_dir / SELECTED_MODEL_FILE)
 
     def _record_other_levels(self, record: _RoundRecord) -> None:
         releases = self._config.training.levels(self._mechanism, len(record.contributors))
@@ -451,7 +470,7 @@ class Server:
         log.warning("round %d aborted: %s; its sum is never decrypted", record.round, reason)
         self._finish_round(record)
 
-    def _collect_endorsements(self, aggregate: Aggregate, round_state: dict[str, int]) -> dict[str, bytes]:
+    def _collect_endorsements(self, aggregate: Aggregate, round_state: dict[str, float]) -> dict[str, bytes]:
         """Each contributor's signature on the aggregate (crypto.endorsement), checked as it arrives."""
         contributors = set(aggregate.contributors)
         statement = aggregate_statement(
@@ -610,7 +629,8 @@ class Server:
         ).save(self._out_dir)
 
     def _report(self, finish_reason: str) -> dict:
-        released = [r for r in self._rounds if r.status == "released"]
+        released = self._released()
+        selected = _selected_on_validation(released)
         return {
             "config": self._config.to_dict(),
             "bfv": self._params.to_dict(),
@@ -622,6 +642,9 @@ class Server:
             "final": {
                 "rounds_released": len(released),
                 "validation_accuracy": released[-1].validation_accuracy if released else None,
+                "selected": None if selected is None else {
+                    "round": selected.round, "validation_accuracy": selected.validation_accuracy, "test": selected.test, "model": SELECTED_MODEL_FILE,
+                },  # fmt: skip
                 "epsilon": self._ledger.epsilons(self._config.delta),
                 "epsilon_levels": self._epsilon_levels(),
                 "delta": self._config.delta,
@@ -652,3 +675,11 @@ class Server:
         self._out_dir.mkdir(parents=True, exist_ok=True)
         (self._out_dir / "server_report.json").write_text(json.dumps(report, indent=1))
         torch.save(self._model.state_dict(), self._out_dir / "model.pt")
+
+
+def _selected_on_validation(released: list[_RoundRecord]) -> _RoundRecord | None:
+    """The round a user would keep, chosen on validation accuracy alone (the earliest of ties).
+
+    Only such a round is scored on test: the last round's test scores, or the best on test, would flatter the method.
+    """
+    return max(released, key=lambda r: (r.validation_accuracy, -r.round), default=None)

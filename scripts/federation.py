@@ -30,20 +30,23 @@ from protocol.messages import ProtocolError
 from protocol.roster import SERVER, provision
 from protocol.hospital import DEFAULT_SEND_OFFSET_S, PrivacyBudget
 from scripts._cli import (
+    FEDERATION_METHODS,
     add_run_arguments,
     free_port,
     non_negative_float,
     positive_float,
     positive_int,
+    resolve_data_defaults,
     resolve_run_arguments,
     run,
     run_argv,
 )
-from scripts.server import build_run_config
+from scripts.server import build_run_config, model_spec
+from training.baselines import BASELINES, DP_BASELINES, BaselineSettings, run_baseline
 from training.accounting import PrivacyLedger
 from training.datasets import Dataset, load_dataset
 from training.dp_fedavg import DpFedAvgSettings
-from training.methods import ledger_release
+from training.methods import METHODS as TRAINING_METHODS, ledger_release
 from training.partition import PARTITION_SCHEMES, partition
 from training.vote_privacy import VOTING_METHODS
 
@@ -59,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Run a local federation: a server and K hospitals as separate processes, Dopamine DP-SGD with "
             "BFV secure aggregation. With no arguments: 3 hospitals on the built-in breast cancer data. "
-            "With --method ae-dpfl or knn-dpfl: private voting on the built-in digits, with 3 tallier processes."
+            "With --method ae-dpfl or knn-dpfl: private voting on the built-in digits, with 3 tallier processes. "
+            "With a baseline (central, central-dp, fedavg, fedavg-local-dp): the same data, partition and model, in this process."
         ),
     )
     parser.add_argument("--out", type=Path, help="output directory (default: runs/<date-time>)")
@@ -78,7 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--classes-per-part", type=positive_int, help="label_skew: classes each hospital sees")
     parser.add_argument("--alpha", type=positive_float, default=0.5, help="dirichlet concentration (default: 0.5)")
     parser.add_argument(
-        "--epsilon-budget", type=positive_float, help="each hospital's budget (default: 3; dp-fedavg 10, AE-DPFL 2000, kNN-DPFL 10)"
+        "--epsilon-budget",
+        type=positive_float,
+        help="each hospital's budget (default: 3; dp-fedavg 10, AE-DPFL 2000, kNN-DPFL 10); for central-dp and fedavg-local-dp, "
+        "the epsilon per record they spend (default: 3)",
     )
     parser.add_argument("--round-timeout", type=positive_float, default=60.0, help="seconds a round waits for updates")
     parser.add_argument(
@@ -109,25 +116,26 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_federation(args: argparse.Namespace) -> dict:
-    resolve_run_arguments(args)
+    resolve_run_arguments(args, FEDERATION_METHODS)
     voting = args.method in VOTING_METHODS
     if args.hospitals_per_process > 1 and not voting:
         raise ConfigError("--hospitals-per-process is for voting runs; a hospital of the secure round needs its own process")
-    if args.insecure_plaintext_benchmark and voting:
-        raise ConfigError("--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting")
+    if args.insecure_plaintext_benchmark and args.method not in TRAINING_METHODS:
+        raise ConfigError(f"--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for {args.method}")
     if args.data is None:  # votes need classes to vote on and a public pool to label: the ten digits
         args.data = "digits" if voting else "breast_cancer"
     out = args.out or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     federation, logs = out / "federation", out / "logs"
-    if federation.exists():
-        raise ProtocolError(f"{out} already holds a federation; choose another --out")
+    if federation.exists() or (out / "report.json").exists():
+        raise ProtocolError(f"{out} already holds a run; choose another --out")
     data = load_dataset(args.data, split_seed=args.seed)
+    resolve_data_defaults(args, data.input_shape)
     parts = partition(  # each hospital partitions alike; a partition that cannot be made fails here, before any process starts
         data.train.y, args.hospitals, args.partition, seed=args.seed, classes_per_part=args.classes_per_part, alpha=args.alpha
     )
-    proposed_batch_size = args.method == "dopamine" and args.expected_batch_size is None
-    if proposed_batch_size:
-        args.expected_batch_size = round(args.sample_rate * len(data.train) / args.hospitals, 1)
+    if args.method in BASELINES:
+        return _run_baseline(args, data, parts, out)
+    proposed_batch_size = _propose_batch_size(args, data)
     if not voting:
         _check_training(args, data, [len(part) for part in parts])
     logs.mkdir(parents=True, exist_ok=True)
@@ -237,12 +245,92 @@ def run_federation(args: argparse.Namespace) -> dict:
     else:
         privacy = "NO privacy guarantee (--insecure-plaintext-benchmark); plaintext update"
     print(
-        f"done in {report['wall_seconds']:.0f} s: validation accuracy {_fraction(final['validation_accuracy'])}; {privacy} "
+        f"done in {report['wall_seconds']:.0f} s: {_scores(final)}; {privacy} "
         f"{wire['update_bytes_per_round']:.0f} bytes = {wire['update_ratio_to_float32']:.2f}x float32",
         flush=True,
     )
     print(f"report: {out / 'report.json'}, plot: {out / 'report.png'}", flush=True)
     return report
+
+
+def planned_epsilons(argv: list[str]) -> dict[str, float]:
+    """Epsilon by view, at the method's first level, that a hospital's ledger will hold once every round
+    of the secure-round run of ``argv`` is released: each charged at the quorum, as hospitals charge
+    it (the server charges at the contributors, never fewer); computed before the run."""
+    args = build_parser().parse_args(argv)
+    resolve_run_arguments(args)
+    if args.method not in TRAINING_METHODS:
+        raise ConfigError(f"{args.method} does not run over the secure round: it has no ledger to plan")
+    data = load_dataset(args.data, split_seed=args.seed)
+    resolve_data_defaults(args, data.input_shape)
+    _propose_batch_size(args, data)
+    config = build_run_config(args, tuple(f"hospital-{k}" for k in range(1, args.hospitals + 1)), data)
+    ledger = PrivacyLedger()
+    ledger.begin_run(config.run_id, "planned")
+    release = ledger_release(config.training, config.mechanism(), config.training.quorum)
+    for number in range(1, args.rounds + 1):
+        ledger.record(release, run_id=config.run_id, round_number=number)
+    return ledger.epsilons(args.delta)
+
+
+def _propose_batch_size(args: argparse.Namespace, data: Dataset) -> bool:
+    """Dopamine's B where the consortium states none: q times the data set's public size over K. Whether it did."""
+    if args.method != "dopamine" or args.expected_batch_size is not None:
+        return False
+    args.expected_batch_size = round(args.sample_rate * len(data.train) / args.hospitals, 1)
+    return True
+
+
+def _run_baseline(args: argparse.Namespace, data: Dataset, parts: list[np.ndarray], out: Path) -> dict:
+    """A baseline, in this process, on the same data, partition and model as a federation (``training.baselines``)."""
+    if args.method not in DP_BASELINES and args.epsilon_budget is not None:
+        raise ConfigError(f"--epsilon-budget is the target of the DP baselines ({', '.join(DP_BASELINES)}); {args.method} spends none")
+    for flag in ("quorum", "expected_batch_size"):
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')} is for the secure round; the baseline {args.method} runs in one process")
+    fields = {
+        "rounds": args.rounds,
+        "learning_rate": args.lr if args.method in DP_BASELINES else args.local_lr,
+        "batch_size": args.local_batch_size,
+        "local_epochs": args.local_epochs,
+        "epsilon": args.epsilon_budget,
+        "delta": args.delta,
+        "max_grad_norm": args.max_grad_norm,
+        "sample_rate": args.sample_rate,
+        "momentum": args.momentum,
+        "accountant": args.accountant,
+    }
+    try:
+        spec = model_spec(args, data, data.validation)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    print(f"{args.method}: {args.hospitals} hospitals' records of {data.name} ({args.partition}) in this process, outputs in {out}", flush=True)
+    try:
+        result = run_baseline(args.method, data, parts, spec, BaselineSettings(**{k: v for k, v in fields.items() if v is not None}))
+    except ValueError as error:  # e.g. Opacus: a budget no noise multiplier can meet
+        raise ConfigError(f"{args.method}: {error}") from None
+    report = {
+        "config": {"dataset": data.name, "hospitals": args.hospitals, "partition": args.partition, "seed": args.seed, "model": spec.to_dict()},
+        **result,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    final = report["final"]
+    privacy = "no privacy" if final["epsilon"] is None else f"epsilon per record {final['epsilon']:.3f} at delta {final['delta']:g}"
+    print(f"done in {report['wall_seconds']:.0f} s: {_scores(final)}; {privacy}", flush=True)
+    print(f"report: {out / 'report.json'}", flush=True)
+    return report
+
+
+def _scores(final: dict) -> str:
+    """The round selected on validation accuracy and, where the data have a test split, its test scores."""
+    selected = final["selected"]
+    if selected is None:
+        return "no round released"
+    shown = f"validation accuracy {_fraction(selected['validation_accuracy'])} (round {selected['round']}, the best)"
+    if selected["test"] is not None:
+        shown += f", its test accuracy {_fraction(selected['test']['accuracy'])} and AUC {_fraction(selected['test']['auc'])}"
+    return shown
 
 
 def _check_training(args: argparse.Namespace, data: Dataset, part_sizes: list[int]) -> None:

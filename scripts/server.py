@@ -13,8 +13,16 @@ from protocol.roster import SERVER, Credentials, Roster
 from protocol.server import Server, Timeouts
 from protocol.voting_config import VotingConfig
 from protocol.voting_server import VotingServer
-from scripts._cli import add_run_arguments, chosen_aggregation, configure_logging, positive_float, resolve_run_arguments, run
-from training.datasets import Dataset, load_dataset
+from scripts._cli import (
+    add_run_arguments,
+    chosen_aggregation,
+    configure_logging,
+    positive_float,
+    resolve_data_defaults,
+    resolve_run_arguments,
+    run,
+)
+from training.datasets import Dataset, Split, load_dataset
 from training.dopamine import DopamineSettings
 from training.dp_fedavg import DpFedAvgSettings
 from training.methods import TrainingSettings
@@ -82,6 +90,7 @@ def serve(args: argparse.Namespace) -> None:
     roster = Roster.load(args.federation)
     credentials = Credentials.load(args.federation, SERVER)
     dataset = load_dataset(args.data, split_seed=args.data_seed)
+    resolve_data_defaults(args, dataset.input_shape)
     timeouts = Timeouts(join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout)
     if args.method in VOTING_METHODS:
         if args.insecure_plaintext_benchmark:
@@ -92,6 +101,7 @@ def serve(args: argparse.Namespace) -> None:
         roster=roster,
         credentials=credentials,
         validation=dataset.validation,
+        test=dataset.test,
         out_dir=args.out,
         timeouts=timeouts,
         transcript=args.transcript,
@@ -118,7 +128,6 @@ def serve(args: argparse.Namespace) -> None:
 
 def build_run_config(args: argparse.Namespace, hospitals: tuple[str, ...], dataset: Dataset) -> RunConfig:
     """A new run's configuration from the run flags (``scripts._cli.RUN_FLAGS``), or ``ConfigError``."""
-    mean, std = input_statistics(dataset.validation.x)
     try:
         return RunConfig(
             run_id=secrets.token_hex(8),
@@ -126,12 +135,18 @@ def build_run_config(args: argparse.Namespace, hospitals: tuple[str, ...], datas
             hospitals=hospitals,
             rounds=args.rounds,
             delta=args.delta,
-            model=ModelSpec(args.model, dataset.input_shape, dataset.num_classes, args.hidden, mean, std),
+            model=model_spec(args, dataset, dataset.validation),
             training=_training_settings(args, quorum=args.quorum or len(hospitals)),
             aggregation=chosen_aggregation(args),
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
+
+
+def model_spec(args: argparse.Namespace, dataset: Dataset, public: Split) -> ModelSpec:
+    """The model of ``--model`` and ``--hidden``, standardising inputs with statistics of ``public`` records (``ValueError``)."""
+    mean, std = input_statistics(public.x)
+    return ModelSpec(args.model, dataset.input_shape, dataset.num_classes, args.hidden, mean, std)
 
 
 def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunConfig:
@@ -152,10 +167,19 @@ def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunC
     return config
 
 
+def _clip_rule(args: argparse.Namespace) -> dict:
+    """``DpFedAvgSettings``' adaptive clipping fields as given, its defaults for the rest."""
+    if args.clip_quantile is None:
+        return {}
+    return {"clip_rule": "adaptive", "target_quantile": args.clip_quantile, **({"clip_learning_rate": args.clip_lr} if args.clip_lr else {})}
+
+
 def _training_settings(args: argparse.Namespace, *, quorum: int) -> TrainingSettings:
     if args.method == DpFedAvgSettings.METHOD:
         if args.expected_batch_size is not None:
             raise ConfigError("--expected-batch-size is for dopamine runs, not dp-fedavg")
+        if args.clip_lr is not None and args.clip_quantile is None:
+            raise ConfigError("--clip-lr is the step of adaptive clipping: give --clip-quantile too")
         return DpFedAvgSettings(
             noise_multiplier=args.noise_multiplier,
             max_update_norm=args.max_update_norm,
@@ -169,6 +193,7 @@ def _training_settings(args: argparse.Namespace, *, quorum: int) -> TrainingSett
             local_optimizer=args.local_optimizer,
             server_optimizer=args.server_optimizer,
             server_learning_rate=args.server_lr,
+            **_clip_rule(args),
         )
     if args.expected_batch_size is None:
         raise ConfigError("--expected-batch-size is required for a new Dopamine run")
@@ -187,7 +212,6 @@ def _serve_vote(args: argparse.Namespace, roster: Roster, credentials: Credentia
     if args.resume:
         raise ConfigError("a voting run cannot be resumed yet; start a new one")
     public_pool, test = split_public_pool(dataset.validation, args.public_fraction, seed=args.data_seed)
-    mean, std = input_statistics(public_pool.x)
     try:
         config = VotingConfig(
             run_id=secrets.token_hex(8),
@@ -202,7 +226,7 @@ def _serve_vote(args: argparse.Namespace, roster: Roster, credentials: Credentia
             ),
             reveal=args.reveal,
             label_threshold=args.label_threshold,
-            model=ModelSpec(args.model, dataset.input_shape, dataset.num_classes, args.hidden, mean, std),
+            model=model_spec(args, dataset, public_pool),
             teacher_epochs=args.teacher_epochs,
             teacher_confidence=args.teacher_confidence,
             feature_dimensions=args.feature_dimensions,
@@ -268,7 +292,7 @@ def _print_round(record: dict, config: RunConfig) -> None:
             else f"epsilon {record['epsilon']['server']:.3f} against the server, "
             f"{record['epsilon']['peer_hospital']:.3f} against a peer (delta {config.delta:g})"
         )
-        state = "".join(f"  {name} {value}" for name, value in record["round_state"].items())  # e.g. adaptive v
+        state = "".join(f"  {name} {value:.4g}" for name, value in record["round_state"].items())  # adaptive v and C
         print(
             f"{prefix}  val_acc {record['validation_accuracy']:.3f}  {privacy}  "
             f"contributors {len(record['contributors'])}/{len(config.hospitals)}{state}",

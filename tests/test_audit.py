@@ -47,7 +47,7 @@ DOPAMINE = ("--expected-batch-size", "15", "--noise-multiplier", "1.0", "--epsil
 # v = 1 it stays put only if the noisy norm sum S comes out 3.6 standard deviations above the most
 # it can be, in each of the first three rounds (odds below 1e-10).
 DP_FEDAVG = (
-    "--method", "dp-fedavg", "--subclients", "1", "--adaptive-subclients", "8", "--noise-multiplier", "1.0",
+    "--method", "dp-fedavg", "--subclients", "1", "--adaptive-subclients", "8", "--clip-quantile", "0.5", "--noise-multiplier", "1.0",
     "--server-optimizer", "fedadam", "--epsilon-budget", "1000",
 )  # fmt: skip
 VOTING = ("--method", "knn-dpfl", "--rounds", "2", "--feature-dimensions", "10", "--student-epochs", "5", "--round-timeout", "60")
@@ -239,9 +239,9 @@ def test_the_server_holds_ciphertexts_of_the_updates_that_only_the_run_key_opens
 
 @pytest.mark.parametrize("method", ["dopamine", "dp_fedavg"])
 def test_the_released_noise_has_the_variance_the_accountant_assumes(method, request):
-    """Each released vector is ``c (sum of the rounded rows + Sk(K_c mu))``, with the method's public
-    ``c``: ``1 / (gamma B K_c)`` for Dopamine's gradients, ``-1 / (gamma v K_c)`` for DP-FedAvg's
-    sub-client updates.
+    """Each released vector is ``c (sum of the rounded rows + Sk(K_c mu)) + offset``, with the method's
+    public ``c``: ``1 / (gamma B K_c)`` for Dopamine's gradients, ``-1 / (gamma v K_c)`` for DP-FedAvg's
+    sub-client updates (and its own for each statistic slot, with adaptive clipping's count offset).
 
     Read back to integers from what the server received, it equals the sum of the hospitals' recorded
     shares; less their recorded rows, what is left has the variance ``2 K_c mu`` that the server's
@@ -255,8 +255,9 @@ def test_the_released_noise_has_the_variance_the_accountant_assumes(method, requ
     for release in releases:
         contributors = rounds[release.round]["contributors"]
         training = config.training.with_round_state(rounds[release.round]["round_state"])
-        c = training.read_sum(np.ones(mechanism.dimension), len(contributors), mechanism).astype(np.float64)
-        total = np.rint(np.frombuffer(release.mean_gradient, dtype="<f4") / c).astype(np.int64)
+        offset = training.read_sum(np.zeros(mechanism.dimension), len(contributors), config.parameter_count).astype(np.float64)
+        c = training.read_sum(np.ones(mechanism.dimension), len(contributors), config.parameter_count) - offset
+        total = np.rint((np.frombuffer(release.mean_gradient, dtype="<f4") - offset) / c).astype(np.int64)
         np.testing.assert_array_equal(total, sum(u["values"] for u in updates if u["round"] == release.round))
         rows = sum(u["gradient"] for u in updates if u["round"] == release.round)
         assert np.count_nonzero(rows) > 0.5 * rows.size  # something to hide
@@ -299,33 +300,40 @@ def test_dp_fedavg_reports_every_level_and_each_hospital_is_charged_at_the_hospi
         assert ledger.epsilons(config.delta) == pytest.approx(levels["hospital"])
 
 
-def test_adaptive_v_is_computed_from_the_server_s_transcript_alone(dp_fedavg):
-    """Jiang et al.'s ``v <- v sqrt(N E||zeta_v|| / S)``, rounded into ``[1, max]``, recomputed by an
-    auditor from what the server received (each round's released vector and its uploads) and the
-    public configuration, gives the number of sub-clients every hospital actually trained each round.
-    ``zeta_v`` is the noise on the mean of the ``v K_c`` sub-client updates."""
+def test_adaptive_v_and_c_are_computed_from_the_server_s_transcript_alone(dp_fedavg):
+    """An auditor recomputes each round's v and C from what the server received (each round's released
+    vector and the senders of its uploads) and the public configuration alone, and gets what every
+    hospital actually trained with: the number of sub-clients and the scale they were rounded at.
+
+    - v: Jiang et al.'s ``v <- v sqrt(N E||zeta_v|| / S)``, rounded into ``[1, max]``, with
+      ``zeta_v`` the noise on the mean of the ``v K_c`` sub-client updates;
+    - C: Andrew et al.'s ``C <- C exp(-eta (B / (v K_c) - q))``, from the released count ``B`` of
+      sub-clients within C, in float32."""
     out, report, config, received, updates = _dopamine_parts(dp_fedavg)
-    mechanism = config.mechanism()
     dimension = config.parameter_count
     releases = {m.round: m for _, m, _ in received if isinstance(m, Released) and m.mean_gradient}
     uploads = {}
     for sender, message, _ in received:
         if isinstance(message, Update):
             uploads.setdefault(message.round, set()).add(sender)
-    v, computed = config.training.subclients, {}
+    v, bound, computed = config.training.subclients, config.training.max_update_norm, {}
     for round_number in sorted(releases):
-        computed[round_number] = v
-        norm_sum = float(np.frombuffer(releases[round_number].mean_gradient, dtype="<f4")[dimension])
+        computed[round_number] = {"subclients": v, "max_update_norm": bound}
+        mechanism = config.training.with_round_state(computed[round_number]).mechanism(dimension)
+        norm_sum, within = np.frombuffer(releases[round_number].mean_gradient, dtype="<f4")[dimension:].astype(np.float64)
         contributors = len(uploads[round_number])
         sigma = np.sqrt(2 * contributors * mechanism.share_mu) / mechanism.scale / (v * contributors)
+        bound = float(np.float32(bound * np.exp(-config.training.clip_learning_rate * (within / (v * contributors) - 0.5))))
         v = next_subclient_count(
             v, hospitals=contributors, noise_norm=expected_noise_norm(sigma, dimension),
             update_norm_sum=norm_sum, most=config.training.max_subclients,
         )  # fmt: skip
-    assert len(computed) == DOPAMINE_ROUNDS and len(set(computed.values())) > 1  # v moved: the check has teeth
-    trained = {(u["hospital"], u["round"]): u["rows"] for u in updates}
-    assert trained == {(h, r): computed[r] for h in config.hospitals for r in computed}
-    assert {r["round"]: r["round_state"]["subclients"] for r in report["rounds"]} == computed
+    assert len(computed) == DOPAMINE_ROUNDS
+    assert len({c["subclients"] for c in computed.values()}) > 1 and len({c["max_update_norm"] for c in computed.values()}) > 1  # teeth
+    trained = {(u["hospital"], u["round"]): (u["rows"], u["scale"]) for u in updates}
+    scales = {r: config.training.with_round_state(c).mechanism(dimension).scale for r, c in computed.items()}
+    assert trained == {(h, r): (c["subclients"], scales[r]) for h in config.hospitals for r, c in computed.items()}
+    assert {r["round"]: r["round_state"] for r in report["rounds"]} == computed
 
 
 def test_ciphertext_sizes_do_not_depend_on_the_plaintext():

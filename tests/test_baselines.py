@@ -46,12 +46,15 @@ def test_each_baseline_trains_and_reports_on_the_test_split(small, name):
     dataset, parts, spec = small
     torch.manual_seed(0)
     result = run_baseline(name, dataset, parts, spec, BaselineSettings(rounds=4, epsilon=8.0, sample_rate=0.1, learning_rate=0.5))
-    assert result["method"] == name and 0.0 <= result["test"]["accuracy"] <= 1.0
-    assert result["test"]["accuracy"] > 0.5  # ten classes: chance is 0.1
+    final, selected = result["final"], result["final"]["selected"]
+    assert result["method"] == name and selected["test"]["accuracy"] > 0.5  # ten classes: chance is 0.1
+    assert [r["round"] for r in result["rounds"]] == [1, 2, 3, 4]
+    best = max(r["validation_accuracy"] for r in result["rounds"])
+    assert selected["validation_accuracy"] == best == result["rounds"][selected["round"] - 1]["validation_accuracy"]
     if name.endswith("dp"):
-        assert result["epsilon"] == pytest.approx(8.0, abs=0.1)
+        assert final["epsilon"] == pytest.approx(8.0, abs=0.1)
     else:
-        assert result["epsilon"] is None
+        assert final["epsilon"] is None
 
 
 def test_an_unknown_baseline_is_refused(small):

@@ -7,11 +7,13 @@ import pytest
 from conftest import run_launcher
 from protocol.checkpoint import Checkpoint
 from protocol.roster import provision
+from scripts import federation
+from scripts._cli import FEDERATION_METHODS, resolve_data_defaults, resolve_run_arguments
 from scripts._scripted import small_run_config
 from training.models import build_model, get_flat_parameters
 
 
-@pytest.mark.parametrize("module", ["provision", "server", "hospital", "federation", "bench_crypto", "bench_round", "bench_tallier"])
+@pytest.mark.parametrize("module", ["provision", "server", "hospital", "federation", "compare", "bench_crypto", "bench_round", "bench_tallier"])
 def test_every_launcher_has_help(module):
     result = run_launcher(module, "--help")
     assert result.returncode == 0 and "usage:" in result.stdout
@@ -45,7 +47,7 @@ def test_user_mistakes_get_one_line(tmp_path):
         (("hospital", *hospital, "--parts", "2", "--part", "3"), "give one --part between 1 and --parts (2) for each --name"),
         (("hospital", *hospital, "--name", "hospital-2"), "several --name in one process are for simulating voting runs"),
         (("federation", "--out", tmp_path / "many", "--hospitals-per-process", "2"), "--hospitals-per-process is for voting runs"),
-        (("federation", "--out", tmp_path / "vote", "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "not for voting"),
+        (("federation", "--out", tmp_path / "vote", "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "not for knn-dpfl"),
         (("hospital", *hospital, "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "not for voting"),
         (("hospital", "--federation", federation, "--name", "hospital-7"), "is 'hospital-7' a party"),
         (("server", *server, "--data", tmp_path / "missing.npz"), "no dataset file"),
@@ -76,7 +78,13 @@ def test_user_mistakes_get_one_line(tmp_path):
             "the first round alone exceeds --epsilon-budget",
         ),
         (("federation", "--out", tmp_path / "dopamine-budget", "--noise-multiplier", "0.3"), "the first round alone exceeds"),
-        (("federation", "--out", tmp_path / "cross", "--method", "dp-fedavg", "--lr", "0.1"), "--lr is for dopamine runs, not dp-fedavg"),
+        (("federation", "--out", tmp_path / "cross", "--method", "dp-fedavg", "--lr", "0.1"), "--lr is for dopamine, central-dp, fedavg-local-dp runs, not dp-fedavg"),
+        (("federation", "--out", tmp_path / "c", "--method", "central", "--noise-multiplier", "3"), "--noise-multiplier is for dopamine, dp-fedavg runs, not central"),
+        (("federation", "--out", tmp_path / "f", "--method", "fedavg", "--epsilon-budget", "3"), "fedavg spends none"),
+        (("federation", "--out", tmp_path / "cdp", "--method", "central-dp", "--insecure-plaintext-benchmark"), "not for central-dp"),
+        (("federation", "--out", tmp_path / "q", "--method", "central", "--quorum", "2"), "--quorum is for the secure round"),
+        (("federation", "--out", tmp_path / "clip", "--method", "dp-fedavg", "--clip-lr", "0.1"), "give --clip-quantile too"),
+        (("federation", "--out", tmp_path / "clip-d", "--clip-quantile", "0.5"), "--clip-quantile is for dp-fedavg runs, not dopamine"),
         (("server", *server, "--method", "dp-fedavg"), "--expected-batch-size is for dopamine runs"),
     ]
     # Each launcher takes seconds to import torch and Opacus; the cases are independent.
@@ -89,3 +97,20 @@ def test_user_mistakes_get_one_line(tmp_path):
 def test_bad_numbers_are_refused_by_the_parser():
     result = run_launcher("federation", "--sample-rate", "1.5")
     assert result.returncode == 2 and "must be in (0, 1]" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, input_shape, model, learning_rate",
+    [
+        ((), (1, 28, 28), "cnn", 0.5),
+        ((), (30,), "mlp", 0.05),
+        (("--method", "central-dp"), (1, 28, 28), "cnn", 0.5),
+        (("--lr", "0.2", "--model", "mlp"), (1, 28, 28), "mlp", 0.2),
+        (("--method", "dp-fedavg"), (1, 28, 28), "cnn", None),  # dp-fedavg reads --local-lr, never --lr
+    ],
+)
+def test_images_default_to_the_cnn_and_a_larger_dp_sgd_step(argv, input_shape, model, learning_rate):
+    args = federation.build_parser().parse_args(list(argv))
+    resolve_run_arguments(args, FEDERATION_METHODS)
+    resolve_data_defaults(args, input_shape)
+    assert (args.model, args.lr) == (model, learning_rate)

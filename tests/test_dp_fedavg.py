@@ -5,7 +5,7 @@ import pytest
 
 from training.accounting import PrivacyLedger
 from training.datasets import Split
-from training.dp_fedavg import NORM_SLOT_WEIGHT, DpFedAvgSettings, SubclientStep
+from training.dp_fedavg import COUNT_SLOT_WEIGHT, NORM_SLOT_WEIGHT, DpFedAvgSettings, SubclientStep
 from training.fedavg import FedAvgError, clip_update, local_update
 from training.intermediaries import expected_noise_norm, next_subclient_count
 from training.methods import SharedState, ledger_release, settings_from_dict
@@ -93,7 +93,7 @@ def test_the_decrypted_sum_is_read_as_minus_the_mean_update():
     settings = _settings(subclients=2)
     mechanism = settings.mechanism(3)
     total = np.array([10.0, -4.0, 0.0]) * mechanism.scale * 2 * 3
-    np.testing.assert_allclose(settings.read_sum(total, 3, mechanism), [-10.0, 4.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(settings.read_sum(total, 3, 3), [-10.0, 4.0, 0.0], rtol=1e-6)
 
 
 def test_fedavg_adds_the_scaled_mean_update():
@@ -167,7 +167,7 @@ def test_with_adaptive_v_each_row_carries_its_weighted_norm_within_the_calibrate
     assert step.mechanism == _settings(noise_multiplier=0.0, max_update_norm=bound * np.hypot(1, NORM_SLOT_WEIGHT)).mechanism(dimension + 1)
     share, rows = step()
     assert rows == 4
-    released = settings.read_sum(share, 1, step.mechanism)
+    released = settings.read_sum(share, 1, dimension)
     rounding = 4 / step.mechanism.scale  # at most one level per row and coordinate
     assert released[-1] == pytest.approx(4 * bound, abs=rounding / NORM_SLOT_WEIGHT)
     assert np.linalg.norm(released[:-1]) <= bound + rounding * np.sqrt(dimension) / 4  # the mean of four clipped updates
@@ -189,7 +189,7 @@ def test_adaptive_v_is_re_estimated_from_the_released_norm_sum_and_public_values
     want = next_subclient_count(2, hospitals=3, noise_norm=expected_noise_norm(sigma, dimension), update_norm_sum=norm_sum, most=6)
     shared = SharedState(settings, model)
     shared.apply(np.concatenate([np.zeros(dimension), [norm_sum]]).astype("<f4"), 3)
-    assert shared.settings == settings.after_release(np.array([norm_sum]), 3, mechanism)
+    assert shared.settings == settings.after_release(np.array([norm_sum]), 3, dimension)
     assert shared.settings.subclients == want and 1 < want < 6  # a value the bounds do not decide
     # The round state travels with the update rule's (a Welcome, a checkpoint) ...
     joined = SharedState(settings, _model())
@@ -243,3 +243,86 @@ def test_an_empty_sub_client_sends_a_zero_update():
     for _ in range(20):  # an empty sub-client in most of them: P(none) = 5!/5^5, under 4%
         share, rows = step()
         assert rows == 5 and np.all(np.isfinite(share))
+
+
+def _adaptive_clip(**changes) -> DpFedAvgSettings:
+    return _settings(clip_rule="adaptive", target_quantile=0.5, clip_learning_rate=0.2, **changes)
+
+
+def test_with_adaptive_clipping_each_row_says_whether_its_update_was_within_c_and_the_count_is_released():
+    model, data = _model(), _data()
+    dimension = get_flat_parameters(model).size
+    for bound, within in ((1e-3, 0), (1e3, 4)):  # below every update's norm, then above
+        settings = _adaptive_clip(noise_multiplier=0.0, subclients=4, max_update_norm=bound)
+        step = SubclientStep(model, data, settings, secure_generator())
+        # calibrated to the rows' bound, C sqrt(1 + beta^2 / 4): only the scale follows C
+        bound = settings.max_update_norm  # in float32, as round state travels
+        assert step.mechanism == _settings(noise_multiplier=0.0, max_update_norm=bound * np.hypot(1, COUNT_SLOT_WEIGHT / 2)).mechanism(dimension + 1)
+        share, rows = step()
+        released = settings.read_sum(share, 1, dimension)
+        assert rows == 4 and released[-1] == pytest.approx(within, abs=4 * 4 / (step.mechanism.scale * COUNT_SLOT_WEIGHT * bound))
+
+
+def test_adaptive_clipping_takes_the_geometric_step_toward_the_target_quantile_from_the_release_alone():
+    settings = _adaptive_clip(noise_multiplier=2.0, subclients=2, max_update_norm=0.5)
+    model = _model()
+    dimension = get_flat_parameters(model).size
+    for within, expected in ((6.0, 0.5 * np.exp(-0.2 * 0.5)), (0.0, 0.5 * np.exp(0.2 * 0.5)), (3.0, 0.5)):  # of v K_c = 6
+        shared = SharedState(settings, model)
+        shared.apply(np.concatenate([np.zeros(dimension), [within]]).astype("<f4"), 3)
+        assert shared.settings.max_update_norm == np.float32(expected)
+        assert shared.settings.round_state() == {"max_update_norm": float(np.float32(expected))}
+        joined = SharedState(settings, _model())  # C travels exactly, as float32, in a Welcome or a checkpoint
+        joined.load_state(shared.state())
+        assert joined.settings == shared.settings
+    for bad in (0.0, -1.0, np.nan, np.inf, 1e9):
+        state = shared.state()
+        state[-1] = bad
+        with pytest.raises(ValueError, match="is not a clipping bound"):
+            joined.load_state(state)
+        assert joined.settings == shared.settings
+
+
+def test_adaptive_clipping_changes_neither_the_charge_nor_the_noise_in_levels():
+    """Rows are calibrated to C_t: a round's C changes the scale gamma only, so every round is charged alike."""
+    settings = _adaptive_clip(subclients=2, subclient_rule="adaptive", max_subclients=4)
+    first = settings.mechanism(62)
+    for bound in (1e-3, 0.5, 40.0):
+        moved = settings.with_round_state({"subclients": 2, "max_update_norm": bound})
+        mechanism = moved.mechanism(62)
+        assert mechanism.scale * moved.max_update_norm == pytest.approx(first.scale * settings.max_update_norm)
+        assert (mechanism.l2_sensitivity, mechanism.l1_sensitivity, mechanism.share_mu) == (first.l2_sensitivity, first.l1_sensitivity, first.share_mu)
+        assert ledger_release(moved, mechanism, 3) == ledger_release(settings, first, 3)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(clip_rule="median"), "unknown clipping rule 'median'"),
+        (dict(clip_rule="adaptive", target_quantile=1.0), "target quantile in \\(0, 1\\)"),
+        (dict(clip_rule="adaptive", clip_learning_rate=0.0), "learning rate in \\(0, 10\\]"),
+    ],
+)
+def test_impossible_clipping_rules_are_refused(changes, message):
+    with pytest.raises(FedAvgError, match=message):
+        _settings(**changes)
+
+
+def test_at_v_1_one_record_moves_a_hospital_s_share_by_up_to_twice_a_sub_client_s_sensitivity():
+    """The record level's group of 2: a record added to a hospital of one sub-client leaves that
+    sub-client in the sum but can turn its clipped update around, from r to about -r, so the share
+    moves by nearly 2 Delta_2 (more than one sub-client's Delta_2, never more than twice it)."""
+    x = np.full((1, 4), 3.0, dtype=np.float32)
+    without = Split(x, np.array([0]))
+    with_record = Split(np.concatenate([x, 4 * x]), np.array([0, 1]))  # its gradient outweighs and opposes the first's
+    settings = _settings(noise_multiplier=0.0, subclients=1, max_update_norm=0.01, local_batch_size=2)
+    moves = []
+    for _ in range(5):
+        shares = []
+        for data in (without, with_record):
+            model = build_model(ModelSpec("mlp", (4,), 2, ()))  # linear, from zero: the same start for both
+            set_flat_parameters(model, np.zeros(get_flat_parameters(model).size, dtype=np.float32))
+            step = SubclientStep(model, data, settings, secure_generator())
+            shares.append(step()[0])
+        moves.append(np.linalg.norm(shares[0] - shares[1]) / step.mechanism.l2_sensitivity)
+    assert all(1.5 < move <= 2.0 for move in moves), moves

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -25,6 +26,9 @@ def test_a_statement_binds_the_run_the_round_the_list_every_byte_of_the_aggregat
         dict(contributors=("hospital-1hospital-2",)),
         dict(round_state={"subclients": 3}),  # contributors that trained with different v
         dict(round_state={"subclients": 4}),
+        dict(round_state={"subclients": 4, "max_update_norm": 0.5}),  # ... or a different clipping bound
+        dict(round_state={"subclients": 4, "max_update_norm": float(np.nextafter(np.float32(0.5), np.float32(1)))}),
+        dict(round_state={"subclients": 4, "max_update_norm": 0.25}),
     ]
     statements = {aggregate_statement(**{**BASE, **change}) for change in variants}
     assert len(statements) == len(variants) and aggregate_statement(**BASE) not in statements

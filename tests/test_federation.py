@@ -144,10 +144,15 @@ def test_a_key_the_server_makes_for_itself_opens_nothing_it_received(run):
         own.decrypt_sum(as_sum, round_number=1, contributors=["hospital-1"])
 
 
-def test_the_saved_model_is_the_one_whose_accuracy_was_reported(run):
+def test_the_saved_models_are_the_ones_whose_accuracy_was_reported(run):
     out, _ = run
     report = json.loads((out / "report.json").read_text())
     model = build_model(ModelSpec.from_dict(report["config"]["model"]))
     model.load_state_dict(torch.load(out / "server" / "model.pt"))
     validation = load_dataset("breast_cancer").validation
     assert accuracy(model, validation.x, validation.y) == pytest.approx(report["final"]["validation_accuracy"])
+    # and the round selected on validation: its model is saved beside, scored as reported
+    selected = report["final"]["selected"]
+    assert selected["validation_accuracy"] == max(r["validation_accuracy"] for r in report["rounds"] if r["status"] == "released")
+    model.load_state_dict(torch.load(out / "server" / selected["model"]))
+    assert accuracy(model, validation.x, validation.y) == pytest.approx(selected["validation_accuracy"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 from torch import nn
@@ -30,9 +30,10 @@ from training.fedavg import LocalTraining, local_update
 from training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
 from training.secure_random import secure_generator
 
-__all__ = ["BASELINES", "BaselineSettings", "run_baseline"]
+__all__ = ["BASELINES", "DP_BASELINES", "BaselineSettings", "run_baseline"]
 
 BASELINES = ("central", "central-dp", "fedavg", "fedavg-local-dp")
+DP_BASELINES = ("central-dp", "fedavg-local-dp")
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,16 @@ class BaselineSettings:
     max_grad_norm: float = 1.0
     sample_rate: float = 0.05
     momentum: float = 0.0
+    accountant: str = "prv"  # Opacus's, for the DP baselines: "prv", or "rdp" to compare with an RDP-accounted method
 
 
 def run_baseline(name: str, dataset: Dataset, parts: list[np.ndarray], spec: ModelSpec, settings: BaselineSettings) -> dict:
-    """Train baseline ``name`` with the hospitals' records ``parts`` (indices into ``dataset.train``)."""
+    """Train baseline ``name`` with the hospitals' records ``parts`` (indices into ``dataset.train``).
+
+    The report has a record per round (validation accuracy, epsilon so far) and ``final``: the
+    round selected on validation accuracy (the earliest of ties), its test scores, and the epsilon
+    of the whole run, which every round was trained under.
+    """
     if name not in BASELINES:
         raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
     started = time.monotonic()
@@ -57,19 +64,27 @@ def run_baseline(name: str, dataset: Dataset, parts: list[np.ndarray], spec: Mod
     hospitals = [dataset.train.subset(part) for part in parts]
     pooled = dataset.train.subset(np.concatenate(parts))
     rounds = {"central": _central, "central-dp": _central_dp, "fedavg": _fedavg, "fedavg-local-dp": _fedavg_local_dp}[name]
-    best, best_accuracy, epsilon = None, -1.0, None
-    for parameters, epsilon in rounds(model, pooled, hospitals, settings):
-        accuracy = evaluate(model, dataset.validation, num_classes=dataset.num_classes)["accuracy"]
-        if accuracy > best_accuracy:
-            best, best_accuracy = parameters, accuracy
-    set_flat_parameters(model, best)
-    test = evaluate(model, dataset.test, num_classes=dataset.num_classes) if dataset.test is not None else None
+    records, best, epsilon = [], None, None
+    for number, (parameters, epsilon) in enumerate(rounds(model, pooled, hospitals, settings), start=1):
+        validation = evaluate(model, dataset.validation, num_classes=dataset.num_classes)
+        records.append({"round": number, "validation_accuracy": validation["accuracy"], "validation_auc": validation["auc"], "epsilon": epsilon})
+        if best is None or validation["accuracy"] > records[best[0] - 1]["validation_accuracy"]:
+            best = (number, parameters)
+    set_flat_parameters(model, best[1])
     return {
         "method": name,
-        "validation_accuracy": best_accuracy,
-        "test": test,
-        "epsilon": epsilon,  # record level; None without DP
-        "delta": settings.delta if epsilon is not None else None,
+        "settings": asdict(settings),
+        "rounds": records,
+        "final": {
+            "selected": {
+                "round": best[0],
+                "validation_accuracy": records[best[0] - 1]["validation_accuracy"],
+                "test": evaluate(model, dataset.test, num_classes=dataset.num_classes) if dataset.test is not None else None,
+            },
+            "epsilon": epsilon,  # per record, of the released model; None without DP
+            "delta": settings.delta if epsilon is not None else None,
+            "accountant": f"Gaussian {settings.accountant.upper()} (Opacus)" if epsilon is not None else None,
+        },
         "wall_seconds": time.monotonic() - started,
     }
 
@@ -89,7 +104,7 @@ def _central_dp(model: nn.Module, pooled: Split, hospitals: list[Split], setting
 
 def _dp_sgd_rounds(model: nn.Module, data: Split, settings: BaselineSettings, steps_per_round: int):
     steps = settings.rounds * steps_per_round
-    sigma = noise_multiplier_for(settings.epsilon, settings.delta, sample_rate=settings.sample_rate, steps=steps)
+    sigma = noise_multiplier_for(settings.epsilon, settings.delta, sample_rate=settings.sample_rate, steps=steps, accountant=settings.accountant)
     optimizer = GaussianDpSgd(
         model, data, sample_rate=settings.sample_rate, noise_multiplier=sigma, max_grad_norm=settings.max_grad_norm,
         learning_rate=settings.learning_rate, momentum=settings.momentum,
@@ -97,7 +112,8 @@ def _dp_sgd_rounds(model: nn.Module, data: Split, settings: BaselineSettings, st
     for _ in range(settings.rounds):
         for _ in range(steps_per_round):
             optimizer.step()
-        yield get_flat_parameters(model), dp_sgd_epsilon(settings.delta, noise_multiplier=sigma, sample_rate=settings.sample_rate, steps=optimizer.steps_taken)
+        spent = dp_sgd_epsilon(settings.delta, noise_multiplier=sigma, sample_rate=settings.sample_rate, steps=optimizer.steps_taken, accountant=settings.accountant)
+        yield get_flat_parameters(model), spent
 
 
 def _fedavg(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings):

@@ -100,15 +100,15 @@ class DopamineSettings:
         """One round's release for a record (``training.accounting``)."""
         return {"record": release_of(mechanism, sample_rate=self.sample_rate, contributors=contributors)}
 
-    def read_sum(self, total: np.ndarray, contributors: int, mechanism: SkellamMechanism) -> np.ndarray:
+    def read_sum(self, total: np.ndarray, contributors: int, parameter_count: int) -> np.ndarray:
         """The released vector a decrypted sum stands for: the mean gradient."""
-        return mean_gradient(total, contributors, mechanism=mechanism, settings=self)
+        return mean_gradient(total, contributors, mechanism=self.mechanism(parameter_count), settings=self)
 
-    def after_release(self, statistics: np.ndarray, contributors: int, mechanism: SkellamMechanism) -> "DopamineSettings":
+    def after_release(self, statistics: np.ndarray, contributors: int, parameter_count: int) -> "DopamineSettings":
         """Every round has the same settings."""
         return self
 
-    def round_state(self) -> dict[str, int]:
+    def round_state(self) -> dict[str, float]:
         return {}
 
     def with_round_state(self, state: dict[str, float]) -> "DopamineSettings":

@@ -52,6 +52,26 @@ names the ``v`` it trained with (``crypto.endorsement``), so parties that disagr
 caught before a sum is used. ``v`` stays within ``[1, max_subclients]`` and the plain modulus is
 sized for ``max_subclients`` rows.
 
+**Adaptive clipping** (``clip_rule="adaptive"``; Andrew et al. 2021, "Differentially private
+learning with adaptive clipping"). ``C`` then follows the ``target_quantile`` of the sub-clients'
+update norms. Each row carries one more coordinate, whether its update was within this round's
+``C_t``, centred and weighted by ``beta`` (``COUNT_SLOT_WEIGHT``)::
+
+    b_i = 1[||Delta_i|| <= C_t],    slot_i = beta C_t (b_i - 1/2),    |slot_i| = beta C_t / 2
+
+so the rows' bound becomes ``C_t sqrt(1 + beta^2 / 4)`` (with the norm slot's ``alpha^2`` inside
+too when ``v`` adapts), and the slot is released, noised and accounted with the update. Every party
+reads the noisy count ``B = slot / (gamma beta C_t) + v K_c / 2`` and moves alike to::
+
+    C_{t+1} = C_t exp(-eta_C (B / (v K_c) - target_quantile))
+
+(the paper's geometric update, ``eta_C = clip_learning_rate``), rounded to float32 so that it
+travels exactly in a Welcome or a checkpoint. The count's noise has standard deviation
+``1.01 z sqrt(1 + ...) / beta`` sub-clients, about ``1.15 z`` at ``beta = 1``. Every rounded row is
+calibrated to ``C_t`` times that bound, so ``C_t`` changes only the scale ``gamma``: the
+sensitivities and the noise in integer levels, which the ledgers and the plain modulus see, are
+every round's, and changing ``C`` costs no privacy beyond the count's share of the release.
+
 Ledgers charge every round at ``v = max_subclients``, not at the round's ``v``. ``v`` follows
 the released data, and the sum of per-round costs that were themselves chosen from earlier
 outputs is a guarantee only under a privacy filter (Feldman and Zrnic 2021), which the ledger is
@@ -79,13 +99,19 @@ from training.skellam import SkellamMechanism
 from training.typed_fields import from_typed_dict
 from training.update_rules import MAX_LEARNING_RATE, FedAdamUpdate, MomentumUpdate, UpdateRule
 
-__all__ = ["NORM_SLOT_WEIGHT", "SERVER_OPTIMIZERS", "SUBCLIENT_RULES", "DpFedAvgSettings", "SubclientStep"]
+__all__ = ["CLIP_RULES", "COUNT_SLOT_WEIGHT", "NORM_SLOT_WEIGHT", "SERVER_OPTIMIZERS", "SUBCLIENT_RULES", "DpFedAvgSettings", "SubclientStep"]
 
 SERVER_OPTIMIZERS = ("fedavg", "fedadam")
 SUBCLIENT_RULES = ("fixed", "adaptive")
+CLIP_RULES = ("fixed", "adaptive")
 # alpha: the slot's noise, in units of sum_i ||clip(Delta_i)||, is 1/alpha times the update's. v
 # follows the square root of that estimate, so a rough one serves; the update pays sqrt(1 + alpha^2).
 NORM_SLOT_WEIGHT = 0.25
+# beta: the count's noise is about z / beta sub-clients; the update pays sqrt(1 + beta^2 / 4), 12% at 1.
+COUNT_SLOT_WEIGHT = 1.0
+_MAX_CLIP_LEARNING_RATE = 10.0
+# Adaptive C stays within these, exactly representable in float32, so that it stays a number.
+_LEAST_CLIP, _MOST_CLIP = 1e-6, 1e6
 _MAX_LOCAL_EPOCHS = 100  # settings come from the server: a bound on the work they ask of a hospital
 
 
@@ -95,7 +121,7 @@ class DpFedAvgSettings:
     LEVELS: ClassVar[tuple[str, ...]] = ("hospital", "record", "subclient")  # the first is the one ledgers charge
 
     noise_multiplier: float  # z: noise of a quorum's sum, in units of one sub-client's sensitivity
-    max_update_norm: float  # C
+    max_update_norm: float  # C: this round's, when adaptive
     quorum: int  # K_min
     subclients: int  # v: sub-clients per hospital this round, the same at every hospital
     subclient_rule: str  # "fixed", or "adaptive": v re-estimated from each release
@@ -106,12 +132,22 @@ class DpFedAvgSettings:
     local_optimizer: str
     server_optimizer: str
     server_learning_rate: float
+    clip_rule: str = "fixed"  # or "adaptive": C moves toward target_quantile of the update norms
+    target_quantile: float = 0.5
+    clip_learning_rate: float = 0.2  # eta_C
 
     def __post_init__(self) -> None:
         if not self.noise_multiplier >= 0:
             raise FedAvgError(f"noise_multiplier must be non-negative, got {self.noise_multiplier}")
-        if not self.max_update_norm > 0:
-            raise FedAvgError(f"max_update_norm must be positive, got {self.max_update_norm}")
+        if not (self.max_update_norm > 0 and math.isfinite(self.max_update_norm)):
+            raise FedAvgError(f"max_update_norm must be positive and finite, got {self.max_update_norm}")
+        if self.clip_rule not in CLIP_RULES:
+            raise FedAvgError(f"unknown clipping rule {self.clip_rule!r}; choose one of {', '.join(CLIP_RULES)}")
+        if not (0 < self.target_quantile < 1 and 0 < self.clip_learning_rate <= _MAX_CLIP_LEARNING_RATE):
+            raise FedAvgError(
+                f"adaptive clipping needs a target quantile in (0, 1) and a learning rate in (0, {_MAX_CLIP_LEARNING_RATE:g}], "
+                f"got {self.target_quantile} and {self.clip_learning_rate}"
+            )
         if self.quorum < 1 or self.subclients < 1:
             raise FedAvgError(f"quorum and subclients must be at least 1, got {self.quorum} and {self.subclients}")
         if self.subclient_rule not in SUBCLIENT_RULES:
@@ -130,6 +166,8 @@ class DpFedAvgSettings:
                 f"got {self.local_epochs} and {self.local_learning_rate}"
             )
         self.local_training  # checks the rest of the local settings
+        if self._adapts_clip:  # C is round state from now on, which travels as float32
+            object.__setattr__(self, "max_update_norm", float(np.float32(self.max_update_norm)))
 
     @property
     def local_training(self) -> LocalTraining:
@@ -144,15 +182,24 @@ class DpFedAvgSettings:
         return float(self.max_subclients)
 
     @property
+    def _adapts_v(self) -> bool:
+        return self.subclient_rule == "adaptive"
+
+    @property
+    def _adapts_clip(self) -> bool:
+        return self.clip_rule == "adaptive"
+
+    @property
     def statistic_slots(self) -> int:
-        """Coordinates after the update in each share and release: the norm slot when v is adaptive."""
-        return 1 if self.subclient_rule == "adaptive" else 0
+        """Coordinates after the update in each share and release: the norm slot (adaptive v), then the count slot (adaptive C)."""
+        return int(self._adapts_v) + int(self._adapts_clip)
 
     def mechanism(self, dimension: int) -> SkellamMechanism:
-        """The mechanism on rows of ``dimension`` update coordinates, and the norm slot when v is adaptive."""
+        """The mechanism on rows of ``dimension`` update coordinates and the statistic slots, at this round's ``C``."""
+        squared_norm_bound = 1 + self._adapts_v * NORM_SLOT_WEIGHT**2 + self._adapts_clip * (COUNT_SLOT_WEIGHT / 2) ** 2
         return SkellamMechanism.calibrate(
             dimension=dimension + self.statistic_slots,
-            max_grad_norm=self.max_update_norm * math.sqrt(1 + self.statistic_slots * NORM_SLOT_WEIGHT**2),
+            max_grad_norm=self.max_update_norm * math.sqrt(squared_norm_bound),
             noise_multiplier=self.noise_multiplier,
             quorum=self.quorum,
         )
@@ -165,46 +212,61 @@ class DpFedAvgSettings:
         groups = {"hospital": max(self.max_subclients, 2), "record": 2, "subclient": 1}
         return {level: release_of(mechanism, sample_rate=1.0, contributors=contributors, group_size=groups[level]) for level in self.LEVELS}
 
-    def read_sum(self, total: np.ndarray, contributors: int, mechanism: SkellamMechanism) -> np.ndarray:
-        """The released vector a decrypted sum stands for: ``g = -sum / (gamma v K_c)``, then ``S`` if v is adaptive."""
+    def read_sum(self, total: np.ndarray, contributors: int, parameter_count: int) -> np.ndarray:
+        """The released vector a decrypted sum stands for: ``g = -sum / (gamma v K_c)``, then ``S`` (adaptive v), then ``B`` (adaptive C)."""
         total = np.asarray(total, dtype=np.float64)
-        dimension = mechanism.dimension - self.statistic_slots
-        direction = -total[:dimension] / (mechanism.scale * self.subclients * contributors)
-        norm_sum = total[dimension:] / (mechanism.scale * NORM_SLOT_WEIGHT)
-        return np.concatenate([direction, norm_sum]).astype("<f4")
+        scale = self.mechanism(parameter_count).scale
+        released = [-total[:parameter_count] / (scale * self.subclients * contributors)]
+        slots = iter(total[parameter_count:])
+        if self._adapts_v:
+            released.append([next(slots) / (scale * NORM_SLOT_WEIGHT)])
+        if self._adapts_clip:
+            released.append([next(slots) / (scale * COUNT_SLOT_WEIGHT * self.max_update_norm) + self.subclients * contributors / 2])
+        return np.concatenate(released).astype("<f4")
 
-    def after_release(self, statistics: np.ndarray, contributors: int, mechanism: SkellamMechanism) -> "DpFedAvgSettings":
-        """The next round's settings: ``v`` re-estimated from the released ``S`` and public values when adaptive.
+    def after_release(self, statistics: np.ndarray, contributors: int, parameter_count: int) -> "DpFedAvgSettings":
+        """The next round's settings, from the released statistics and public values alone.
 
-        ``zeta`` is the noise on the mean update, as in the paper (``sigma = z C / N`` for ``N``
-        clients, here ``v K_c`` sub-clients), taken at its expectation: the sum's noise is
-        ``Sk(K_c mu)`` per coordinate, of standard deviation ``sqrt(2 K_c mu) / gamma``."""
-        if self.subclient_rule == "fixed":
-            return self
-        sigma = math.sqrt(2 * mechanism.mu(contributors)) / (mechanism.scale * self.subclients * contributors)
-        noise_norm = expected_noise_norm(sigma, mechanism.dimension - self.statistic_slots)
-        (norm_sum,) = np.asarray(statistics, dtype=np.float64)
-        return replace(
-            self,
-            subclients=next_subclient_count(
-                self.subclients, hospitals=contributors, noise_norm=noise_norm, update_norm_sum=norm_sum, most=self.max_subclients
-            ),
-        )
+        Adaptive v: ``zeta`` is the noise on the mean update, as in the paper (``sigma = z C / N``
+        for ``N`` clients, here ``v K_c`` sub-clients), taken at its expectation: the sum's noise is
+        ``Sk(K_c mu)`` per coordinate, of standard deviation ``sqrt(2 K_c mu) / gamma``.
+        Adaptive C: the geometric step toward the target quantile (module docstring)."""
+        statistics = iter(np.asarray(statistics, dtype=np.float64))
+        changes = {}
+        if self._adapts_v:
+            mechanism = self.mechanism(parameter_count)
+            sigma = math.sqrt(2 * mechanism.mu(contributors)) / (mechanism.scale * self.subclients * contributors)
+            changes["subclients"] = next_subclient_count(
+                self.subclients, hospitals=contributors, noise_norm=expected_noise_norm(sigma, parameter_count),
+                update_norm_sum=next(statistics), most=self.max_subclients,
+            )  # fmt: skip
+        if self._adapts_clip:
+            within = next(statistics) / (self.subclients * contributors)
+            moved = self.max_update_norm * math.exp(-self.clip_learning_rate * (within - self.target_quantile))
+            changes["max_update_norm"] = float(np.float32(min(max(moved, _LEAST_CLIP), _MOST_CLIP)))
+        return replace(self, **changes)
 
-    def round_state(self) -> dict[str, int]:
-        """What changes between rounds and every party must hold alike: ``v``, when adaptive."""
-        return {"subclients": self.subclients} if self.subclient_rule == "adaptive" else {}
+    def round_state(self) -> dict[str, float]:
+        """What changes between rounds and every party must hold alike: ``v`` and ``C``, where they adapt."""
+        state = {"subclients": self.subclients} if self._adapts_v else {}
+        return {**state, "max_update_norm": self.max_update_norm} if self._adapts_clip else state
 
     def with_round_state(self, state: dict[str, float]) -> "DpFedAvgSettings":
         """These settings at a ``round_state`` read back from a Welcome or a checkpoint; ``ValueError`` if it cannot be."""
         if set(state) != set(self.round_state()):
             raise ValueError(f"the round state must hold {sorted(self.round_state())}, got {sorted(state)}")
-        if not state:
-            return self
-        v = state["subclients"]
-        if not (float(v).is_integer() and 1 <= v <= self.max_subclients):
-            raise ValueError(f"v = {v} is not a whole number of sub-clients within [1, {self.max_subclients}]")
-        return replace(self, subclients=int(v))
+        changes = {}
+        if "subclients" in state:
+            v = state["subclients"]
+            if not (float(v).is_integer() and 1 <= v <= self.max_subclients):
+                raise ValueError(f"v = {v} is not a whole number of sub-clients within [1, {self.max_subclients}]")
+            changes["subclients"] = int(v)
+        if "max_update_norm" in state:
+            bound = state["max_update_norm"]
+            if not _LEAST_CLIP <= bound <= _MOST_CLIP:  # NaN too
+                raise ValueError(f"C = {bound} is not a clipping bound within [{_LEAST_CLIP:g}, {_MOST_CLIP:g}]")
+            changes["max_update_norm"] = float(np.float32(bound))
+        return replace(self, **changes)
 
     def update_rule(self, model: nn.Module) -> UpdateRule:
         if self.server_optimizer == "fedadam":
@@ -231,11 +293,12 @@ class SubclientStep:
 
     def __call__(self) -> tuple[np.ndarray, int]:
         """``(s_k, v)``: the share, and how many sub-client updates it sums."""
-        bound = self.settings.max_update_norm
+        settings, bound = self.settings, self.settings.max_update_norm
         rows = []
-        for part in split_subclients(len(self._data), self.settings.subclients, self._generator):
+        for part in split_subclients(len(self._data), settings.subclients, self._generator):
             clipped, norm = clip_update(local_update(self._model, self._data.subset(part), self._local, self._generator), bound)
-            slot = [NORM_SLOT_WEIGHT * min(norm, bound)] * self.settings.statistic_slots
-            rows.append(np.concatenate([clipped, np.asarray(slot, dtype=np.float32)]))
+            slots = [NORM_SLOT_WEIGHT * min(norm, bound)] if settings._adapts_v else []
+            slots += [COUNT_SLOT_WEIGHT * bound * (float(norm <= bound) - 0.5)] if settings._adapts_clip else []
+            rows.append(np.concatenate([clipped, np.asarray(slots, dtype=np.float32)]))
         share = self.mechanism.round_examples(np.stack(rows), self._generator) + self.mechanism.noise_share(self._generator)
         return share, len(rows)

@@ -12,7 +12,7 @@ the same things, so the protocol needs nothing else of a method:
   ``settings`` it was made with;
 - ``levels(mechanism, contributors)``: one round's release at each level the method protects
   (``LEVELS``; a hospital's ledger is charged at the first);
-- ``read_sum(total, contributors, mechanism)``: the released vector a decrypted sum stands for, the
+- ``read_sum(total, contributors, parameter_count)``: the released vector a decrypted sum stands for, the
   model's descent direction and then the method's statistics; ``update_rule(model)``, which every
   party applies to the direction (``training.update_rules``); and ``after_release``, the next
   round's settings, computed from the statistics and public values alone;
@@ -59,8 +59,11 @@ class SharedState:
     That is the model under its update rule, and ``settings``, the coming round's: the run's
     settings at the method's round state. ``state()`` is all of it but the model, as float32 (the
     rule's state, then the round state's values): what a Welcome and the server's checkpoint carry.
-    Round states are small whole numbers, exact in float32, and never change the mechanism (or the
-    plain modulus), which is the run's.
+    Round states are float32 values (small whole numbers, or a clipping bound rounded to float32),
+    so they travel exactly. They may change the mechanism's scale (``gamma``, with ``C``) but never
+    its sensitivities or noise in integer levels, nor the plain modulus: ``mechanism`` is the run's
+    for those, which is what ledgers and message sizes use; ``read_sum`` takes each round's from its
+    own settings.
     """
 
     def __init__(self, settings: TrainingSettings, model: nn.Module) -> None:
@@ -76,7 +79,7 @@ class SharedState:
         if released.shape != (self.mechanism.dimension,):
             raise ValueError(f"expected a released vector of {self.mechanism.dimension} values, got shape {released.shape}")
         self._rule.apply(released[: self.parameter_count])
-        self.settings = self.settings.after_release(released[self.parameter_count :], contributors, self.mechanism)
+        self.settings = self.settings.after_release(released[self.parameter_count :], contributors, self.parameter_count)
 
     def state(self) -> np.ndarray:
         return np.concatenate([self._rule.state(), np.array(list(self.settings.round_state().values()), dtype="<f4")]).astype("<f4")

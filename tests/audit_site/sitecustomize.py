@@ -8,8 +8,8 @@ places where a hospital's secrets take their last plaintext form and appends the
 
 - ``SecretContext.encrypt_update``: the integer update, the run's secrets (BFV key, check key), and
   the hospital's rounded gradient sum before its noise was added, with the number of rows it sums
-  (``SkellamMechanism.round_examples``, called just before in the same step: examples for Dopamine,
-  sub-clients for DP-FedAvg);
+  and the scale they were rounded at (``SkellamMechanism.round_examples``, called just before in the
+  same step: examples for Dopamine, sub-clients for DP-FedAvg);
 - ``seal_ballot`` and the ``share`` it calls: the noisy votes, and the share for each tallier (in the
   order of the talliers' names), in one entry.
 
@@ -56,7 +56,7 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     def _recorded_round_examples(self, examples, generator):
         rounded = _round_examples(self, examples, generator)
-        _gradient[:] = [(rounded, len(np.asarray(examples).reshape(-1, self.dimension)))]
+        _gradient[:] = [(rounded, len(np.asarray(examples).reshape(-1, self.dimension)), self.scale)]
         return rounded
 
     training.skellam.SkellamMechanism.round_examples = _recorded_round_examples
@@ -64,9 +64,9 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
     _encrypt_update = crypto.bfv.SecretContext.encrypt_update
 
     def _recorded_encrypt_update(self, values, *, round_number, hospital, **options):
-        gradient, rows = _gradient.pop() if _gradient else ([], 0)
+        gradient, rows, scale = _gradient.pop() if _gradient else ([], 0, None)
         _record({"kind": "update", "hospital": hospital, "round": round_number, "values": np.asarray(values, dtype=np.int64),
-                 "gradient": np.asarray(gradient, dtype=np.int64), "rows": rows, "secrets": self.to_bytes()})  # fmt: skip
+                 "gradient": np.asarray(gradient, dtype=np.int64), "rows": rows, "scale": scale, "secrets": self.to_bytes()})  # fmt: skip
         return _encrypt_update(self, values, round_number=round_number, hospital=hospital, **options)
 
     crypto.bfv.SecretContext.encrypt_update = _recorded_encrypt_update

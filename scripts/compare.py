@@ -1,0 +1,328 @@
+"""consilium-compare: every method and baseline on one dataset, with the same model, partition and budgets.
+
+For each seed (the partition, and the initial model; for built-in data the split too), through
+``consilium-federation``:
+
+- **record level**, for each ``--epsilons`` target: Dopamine as a real federation over ``--rounds``
+  steps at rate q, with the least sigma whose epsilon against the server, as its ledgers account it
+  (Skellam RDP, ``training.accounting``), stays within the target. Then ``central-dp`` (CDP) and
+  ``fedavg-local-dp`` (FPDP) with the same steps at the same q, learning rate and momentum, given the
+  epsilon that Dopamine spent and Opacus's RDP accountant: the same accountant family, so about the
+  same noise. (Opacus's PRV would give them less noise for the same epsilon, which would measure
+  the accountants rather than the methods.) CDP's curator sees every record: its epsilon covers
+  the released model only;
+- **hospital level**, for each ``--hospital-epsilons`` target: dp-fedavg with v = 1 (no
+  intermediaries), fixed v = ``--subclients``, and adaptive v up to it (charged at that most), each
+  with the least z whose hospital-level epsilon against the server stays within the target. Equal
+  hospital-level epsilon is the comparison that says whether intermediaries help;
+- ``central`` (C) and ``fedavg`` (F), without privacy.
+
+Every run keeps the round with the best validation accuracy and is scored on the test split, which
+the data must have. The table gives test accuracy and AUC as mean and standard deviation over the
+seeds, the epsilon each run spent, by view and level, with its accountant, and wall time; the plot
+gives test accuracy against epsilon, a panel per level. Writes into ``--out``: ``comparison.json``
+(every run, rewritten after each), ``comparison.md``, ``comparison.png``, and each run's own
+report under ``runs/``. Run again with the same ``--out`` and arguments, it reuses the runs already
+done (a run is redone if its arguments changed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+from protocol.config import ConfigError
+from scripts import federation
+from scripts._cli import positive_int, probability, rate, run
+from training.datasets import load_dataset
+
+_NO_BUDGET = "1e9"  # the comparison fixes each run's noise and rounds; a hospital's budget must not stop it early
+_COMPLETED = "completed all rounds"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="consilium-compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="a dataset with a test split: a MedMNIST-format .npz")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--hospitals", type=positive_int, default=6, help="K (default: 6)")
+    parser.add_argument("--seeds", type=positive_int, default=3, help="repetitions, seeds 0 .. n-1 (default: 3)")
+    parser.add_argument("--epsilons", type=_numbers, default=(1.0, 4.0), help="record-level targets (default: 1,4)")
+    parser.add_argument("--hospital-epsilons", type=_numbers, default=(30.0,), help="hospital-level targets for dp-fedavg (default: 30)")
+    parser.add_argument("--delta", type=probability, default=1e-5, help="delta of every epsilon (default: 1e-5)")
+    parser.add_argument("--rounds", type=positive_int, default=200, help="Dopamine's steps, and the DP baselines' (default: 200)")
+    parser.add_argument("--sample-rate", type=rate, default=0.1, help="q of Dopamine and the DP baselines (default: 0.1)")
+    parser.add_argument("--fedavg-rounds", type=positive_int, default=20, help="rounds of dp-fedavg and F, epochs of C (default: 20)")
+    parser.add_argument("--subclients", type=positive_int, default=4, help="dp-fedavg's fixed v, and the most adaptive v may reach (default: 4)")
+    parser.add_argument("--model", help="model architecture (default: the data's, as consilium-federation chooses it)")
+    parser.add_argument("--hidden", help="MLP hidden widths, comma-separated")
+    parser.add_argument(
+        "--methods",
+        type=lambda text: tuple(text.split(",")),
+        help="only these, comma-separated: dopamine, central-dp, fedavg-local-dp, dp-fedavg-v1, dp-fedavg-vV, dp-fedavg-adaptive-vV "
+        "(V: --subclients), central, fedavg (default: all)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    sys.exit(run(lambda: compare(args)))
+
+
+def compare(args: argparse.Namespace) -> dict:
+    known = _methods(args)
+    unknown = sorted(set(args.methods or ()) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown methods {', '.join(unknown)}; choose from {', '.join(known)}")
+    if load_dataset(args.data).test is None:
+        raise ConfigError(f"{args.data} has no test split to score on (a MedMNIST-format .npz has one)")
+    plan = _plan(args, wanted=set(args.methods or known))
+    result = {"data": args.data, "hospitals": args.hospitals, "seeds": args.seeds, "delta": args.delta, "runs": []}
+    for number, planned in enumerate(plan, start=1):
+        out = args.out / "runs" / planned["name"]
+        argv = [*_common(args), "--seed", str(planned["seed"]), *planned["argv"], *_matched(planned, result["runs"]), "--out", str(out)]
+        result["runs"].append({**planned, "argv": argv, **_summary(_report(argv, out))})
+        entry = result["runs"][-1]
+        print(f"[{number}/{len(plan)}] {planned['name']}: {_row_scores(entry)} ({entry['wall_seconds']:.0f} s)", flush=True)
+        (args.out / "comparison.json").write_text(json.dumps(result, indent=1))
+    (args.out / "comparison.md").write_text(table(result))
+    plot(result, args.out / "comparison.png")
+    print(f"table: {args.out / 'comparison.md'}, plot: {args.out / 'comparison.png'}", flush=True)
+    return result
+
+
+def _report(argv: list[str], out: Path) -> dict:
+    """The report of the run of ``argv``: the one in ``out`` if it was made with the same arguments, else a new one."""
+    made_with = out / "argv.json"
+    if made_with.exists() and json.loads(made_with.read_text()) == argv and (out / "report.json").exists():
+        return json.loads((out / "report.json").read_text())
+    if out.exists():  # an unfinished or different run: start it again
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    with (out / "output.log").open("w") as log, contextlib.redirect_stdout(log):
+        report = federation.run_federation(federation.build_parser().parse_args(argv))
+    made_with.write_text(json.dumps(argv))
+    return report
+
+
+def _methods(args: argparse.Namespace) -> tuple[str, ...]:
+    v = args.subclients
+    return ("dopamine", "central-dp", "fedavg-local-dp", "dp-fedavg-v1", f"dp-fedavg-v{v}", f"dp-fedavg-adaptive-v{v}", "central", "fedavg")
+
+
+def _plan(args: argparse.Namespace, wanted: set[str]) -> list[dict]:
+    """The runs of the ``wanted`` methods, in order: a DP baseline after the Dopamine run whose epsilon it is matched to."""
+    steps_per_epoch = math.ceil(1 / args.sample_rate)
+    dp_baselines = [name for name in ("central-dp", "fedavg-local-dp") if name in wanted]
+    if dp_baselines and args.rounds % steps_per_epoch:
+        raise ConfigError(f"--rounds must be a multiple of 1/q = {steps_per_epoch}: the DP baselines take the same steps in whole epochs")
+    dp_sgd = ["--sample-rate", str(args.sample_rate), "--momentum", "0.9"]
+    noise: dict[tuple, list[str]] = {}
+
+    def calibrated(argv: list[str], target: float) -> list[str]:
+        key = (*argv, target)  # the noise depends on the method, its settings and K, not on the seed
+        if key not in noise:
+            noise[key] = ["--noise-multiplier", repr(_least_noise([*_common(args), *argv], target))]
+        return noise[key]
+
+    plan = []
+    for seed in range(args.seeds):
+        for target in args.epsilons:
+            dopamine = f"dopamine-eps{target:g}-seed{seed}"
+            if "dopamine" in wanted:
+                argv = ["--method", "dopamine", "--rounds", str(args.rounds), "--epsilon-budget", _NO_BUDGET, *dp_sgd]
+                plan.append(_run("dopamine", dopamine, seed, "record", target, [*argv, *calibrated(argv, target)]))
+            for baseline in dp_baselines:
+                argv = ["--method", baseline, "--rounds", str(args.rounds // steps_per_epoch), "--accountant", "rdp", *dp_sgd]
+                plan.append(_run(baseline, f"{baseline}-eps{target:g}-seed{seed}", seed, "record", target, argv, matched_to=dopamine))
+        for target in args.hospital_epsilons:
+            variants = {
+                "dp-fedavg-v1": ["--subclients", "1"],
+                f"dp-fedavg-v{args.subclients}": ["--subclients", str(args.subclients)],
+                f"dp-fedavg-adaptive-v{args.subclients}": ["--subclients", "1", "--adaptive-subclients", str(args.subclients)],
+            }
+            for method, split in variants.items():
+                if method in wanted:
+                    argv = ["--method", "dp-fedavg", "--rounds", str(args.fedavg_rounds), "--epsilon-budget", _NO_BUDGET, *split]
+                    plan.append(_run(method, f"{method}-eps{target:g}-seed{seed}", seed, "hospital", target, [*argv, *calibrated(argv, target)]))
+        for baseline in [name for name in ("central", "fedavg") if name in wanted]:
+            plan.append(_run(baseline, f"{baseline}-seed{seed}", seed, "none", None, ["--method", baseline, "--rounds", str(args.fedavg_rounds)]))
+    return plan
+
+
+def _common(args: argparse.Namespace) -> list[str]:
+    common = ["--data", args.data, "--hospitals", str(args.hospitals), "--delta", repr(args.delta)]
+    common += ["--model", args.model] if args.model else []
+    return common + (["--hidden", args.hidden] if args.hidden else [])
+
+
+def _least_noise(argv: list[str], target: float) -> float:
+    """The least noise multiplier (to 0.1%) at which the run of ``argv`` spends at most ``target`` against the server."""
+
+    def spent(noise: float) -> float:
+        return federation.planned_epsilons([*argv, "--noise-multiplier", repr(noise)])["server"]
+
+    low, high = 0.01, 1.0
+    while spent(high) > target:
+        low, high = high, 2 * high
+        if high > 1e4:
+            raise ConfigError(f"no noise multiplier up to 1e4 keeps {' '.join(argv)} within epsilon {target:g}")
+    while high / low > 1.001:
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if spent(middle) > target else (low, middle)
+    return high
+
+
+def _run(method: str, name: str, seed: int, level: str, target: float | None, argv: list[str], matched_to: str | None = None) -> dict:
+    return {"method": method, "name": name, "seed": seed, "level": level, "target_epsilon": target, "argv": argv, "matched_to": matched_to}
+
+
+def _matched(planned: dict, done: list[dict]) -> list[str]:
+    """A DP baseline's budget: the epsilon its Dopamine run spent against the server (its target without one)."""
+    if planned["matched_to"] is None:
+        return []
+    dopamine = next((r for r in done if r["name"] == planned["matched_to"]), None)
+    return ["--epsilon-budget", repr(dopamine["epsilon"]["server"] if dopamine else planned["target_epsilon"])]
+
+
+def _summary(report: dict) -> dict:
+    """What the table needs of one run's report (``consilium-federation``'s, or a baseline's)."""
+    final = report["final"]
+    selected = final["selected"] or {}
+    test = selected.get("test") or {}
+    epsilon, record_level = final.get("epsilon"), None
+    if isinstance(epsilon, (int, float)):  # a DP baseline's, of its released model
+        curator = report["method"] == "central-dp"  # who holds every record: no epsilon against it
+        epsilon = {"server": None if curator else epsilon, "peer_hospital": epsilon}
+    elif epsilon is not None and "hospital" in final["epsilon_levels"]:  # dp-fedavg: per hospital, and per record
+        record_level = final["epsilon_levels"]["record"]["server"]
+    return {
+        "test_accuracy": test.get("accuracy"),
+        "test_auc": test.get("auc"),
+        "selected_round": selected.get("round"),
+        "complete": final.get("finish_reason", _COMPLETED) == _COMPLETED,
+        "epsilon": epsilon,  # by view, at the run's first level: per record, or per hospital for dp-fedavg
+        "record_epsilon": record_level,
+        "accountant": _accountant(final.get("accountant")),
+        "wall_seconds": report["wall_seconds"],
+    }
+
+
+def _accountant(name: str | None) -> str | None:
+    return "Skellam RDP" if name and "Skellam" in name else name
+
+
+def table(result: dict) -> str:
+    """A markdown table: one row per method and target, mean and standard deviation over the seeds."""
+    rows = {}
+    for entry in result["runs"]:
+        rows.setdefault((entry["method"], entry["level"], entry["target_epsilon"]), []).append(entry)
+    lines = [
+        f"{result['hospitals']} hospitals on {Path(result['data']).name}, {len({e['seed'] for e in result['runs']})} seeds, "
+        f"delta {result['delta']:g}. Test scores of the round selected on validation accuracy, mean ± standard deviation over "
+        "seeds. Epsilon at the row's level (per record, or per hospital for dp-fedavg); against the server, central-dp's "
+        "curator sees every record. Wall time on a shared 2-core machine: a federation's parties are separate processes "
+        "of one thread each, a baseline is one process.",
+        "",
+        "| method | level | target ε | ε against the server | ε against a fellow hospital | ε per record (dp-fedavg) | accountant | test accuracy | test AUC | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (method, level, target), entries in rows.items():
+        epsilons = [e["epsilon"] for e in entries if e["epsilon"] is not None]
+        against_server = "curator: none" if method == "central-dp" else _spread([e["server"] for e in epsilons], 2)
+        incomplete = sum(not e["complete"] for e in entries)
+        lines.append(
+            f"| {method}{f' ({incomplete} runs stopped early)' if incomplete else ''} | {level} | {'—' if target is None else f'{target:g}'} | "
+            f"{against_server} | {_spread([e['peer_hospital'] for e in epsilons], 2)} | {_spread([e['record_epsilon'] for e in entries], 2)} | "
+            f"{entries[0]['accountant'] or '—'} | {_spread([e['test_accuracy'] for e in entries], 3)} | "
+            f"{_spread([e['test_auc'] for e in entries], 3)} | {_spread([e['wall_seconds'] for e in entries], 0)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = {"record": "epsilon per record (against a fellow hospital)", "hospital": "epsilon per hospital (against a fellow hospital)"}
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    without_privacy = {}
+    for entry in result["runs"]:
+        if entry["level"] == "none" and entry["test_accuracy"] is not None:
+            without_privacy.setdefault(entry["method"], []).append(entry["test_accuracy"])
+    for axis, (level, label) in zip(axes, levels.items()):
+        xs = []
+        for index, method in enumerate(dict.fromkeys(e["method"] for e in result["runs"] if e["level"] == level)):
+            by_target = {}
+            for entry in result["runs"]:
+                if entry["method"] == method and entry["test_accuracy"] is not None:
+                    by_target.setdefault(entry["target_epsilon"], []).append(entry)
+            # x: what every method reports, the fellow hospital's view (central-dp has no other)
+            points = sorted(
+                (statistics.mean(e["epsilon"]["peer_hospital"] for e in group), statistics.mean(e["test_accuracy"] for e in group),
+                 _std([e["test_accuracy"] for e in group]))
+                for group in by_target.values()
+            )  # fmt: skip
+            dodge = 1 + 0.04 * index  # methods at one epsilon side by side, not on top of each other
+            xs += [x * dodge for x, _, _ in points]
+            axis.errorbar([x * dodge for x, _, _ in points], [y for _, y, _ in points], yerr=[s for _, _, s in points], marker="o",
+                          capsize=3, label=method)  # fmt: skip
+        for method, accuracy in without_privacy.items():
+            axis.axhline(statistics.mean(accuracy), linestyle=":", color="grey" if method == "central" else "black", label=f"{method} (no privacy)")
+        axis.set_xscale("log")
+        if xs:
+            axis.set_xlim(min(xs) / 1.3, max(xs) * 1.3)
+        axis.set_xlabel(label)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    axes[0].set_ylabel("test accuracy")
+    figure.suptitle(
+        f"{Path(result['data']).name}, {result['hospitals']} hospitals, delta {result['delta']:g}: mean and standard deviation over seeds "
+        "(methods at one epsilon drawn a little apart)"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _row_scores(entry: dict) -> str:
+    epsilon = "no privacy" if entry["epsilon"] is None else f"epsilon {entry['epsilon']['peer_hospital']:.2f} per {entry['level']} against a fellow hospital"
+    stopped = "" if entry["complete"] else " (stopped early)"
+    return f"test accuracy {_shown(entry['test_accuracy'], 3)}, AUC {_shown(entry['test_auc'], 3)}, {epsilon}{stopped}"
+
+
+def _spread(values: list, digits: int) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "—"
+    return f"{statistics.mean(values):.{digits}f} ± {_std(values):.{digits}f}" if len(values) > 1 else f"{values[0]:.{digits}f}"
+
+
+def _std(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _shown(value: float | None, digits: int) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _numbers(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(dict.fromkeys(float(part) for part in text.split(",")))  # each target once, in order
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not all(v > 0 and math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"epsilons must be positive, got {text!r}")
+    return values
+
+
+if __name__ == "__main__":
+    main()
