@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import pickle
 from pathlib import Path
@@ -308,7 +309,7 @@ def test_adaptive_v_and_c_are_computed_from_the_server_s_transcript_alone(dp_fed
     - v: Jiang et al.'s ``v <- v sqrt(N E||zeta_v|| / S)``, rounded into ``[1, max]``, with
       ``zeta_v`` the noise on the mean of the ``v K_c`` sub-client updates;
     - C: Andrew et al.'s ``C <- C exp(-eta (B / (v K_c) - q))``, from the released count ``B`` of
-      sub-clients within C, in float32."""
+      sub-clients within C (the fraction kept within [0, 1]), in float32."""
     out, report, config, received, updates = _dopamine_parts(dp_fedavg)
     dimension = config.parameter_count
     releases = {m.round: m for _, m, _ in received if isinstance(m, Released) and m.mean_gradient}
@@ -323,7 +324,8 @@ def test_adaptive_v_and_c_are_computed_from_the_server_s_transcript_alone(dp_fed
         norm_sum, within = np.frombuffer(releases[round_number].mean_gradient, dtype="<f4")[dimension:].astype(np.float64)
         contributors = len(uploads[round_number])
         sigma = np.sqrt(2 * contributors * mechanism.share_mu) / mechanism.scale / (v * contributors)
-        bound = float(np.float32(bound * np.exp(-config.training.clip_learning_rate * (within / (v * contributors) - 0.5))))
+        fraction = min(max(within / (v * contributors), 0.0), 1.0)
+        bound = float(np.float32(bound * math.exp(-config.training.clip_learning_rate * (fraction - config.training.target_quantile))))
         v = next_subclient_count(
             v, hospitals=contributors, noise_norm=expected_noise_norm(sigma, dimension),
             update_norm_sum=norm_sum, most=config.training.max_subclients,

@@ -10,6 +10,8 @@ from protocol.roster import provision
 from scripts import federation
 from scripts._cli import FEDERATION_METHODS, resolve_data_defaults, resolve_run_arguments
 from scripts._scripted import small_run_config
+from scripts.server import build_run_config
+from training.datasets import load_dataset
 from training.models import build_model, get_flat_parameters
 
 
@@ -114,3 +116,13 @@ def test_images_default_to_the_cnn_and_a_larger_dp_sgd_step(argv, input_shape, m
     resolve_run_arguments(args, FEDERATION_METHODS)
     resolve_data_defaults(args, input_shape)
     assert (args.model, args.lr) == (model, learning_rate)
+
+
+def test_adaptive_clipping_flags_reach_the_run_s_settings():
+    args = federation.build_parser().parse_args(["--method", "dp-fedavg", "--clip-quantile", "0.7", "--clip-lr", "0.3"])
+    resolve_run_arguments(args, FEDERATION_METHODS)
+    data = load_dataset("breast_cancer")
+    resolve_data_defaults(args, data.input_shape)
+    training = build_run_config(args, ("hospital-1", "hospital-2"), data).training
+    assert (training.clip_rule, training.target_quantile, training.clip_learning_rate) == ("adaptive", 0.7, 0.3)
+    assert training.round_state() == {"max_update_norm": 0.5}  # --max-update-norm's default, the first round's C

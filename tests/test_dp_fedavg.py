@@ -246,7 +246,7 @@ def test_an_empty_sub_client_sends_a_zero_update():
 
 
 def _adaptive_clip(**changes) -> DpFedAvgSettings:
-    return _settings(clip_rule="adaptive", target_quantile=0.5, clip_learning_rate=0.2, **changes)
+    return _settings(**{"clip_rule": "adaptive", "target_quantile": 0.5, "clip_learning_rate": 0.2, **changes})
 
 
 def test_with_adaptive_clipping_each_row_says_whether_its_update_was_within_c_and_the_count_is_released():
@@ -326,3 +326,22 @@ def test_at_v_1_one_record_moves_a_hospital_s_share_by_up_to_twice_a_sub_client_
             shares.append(step()[0])
         moves.append(np.linalg.norm(shares[0] - shares[1]) / step.mechanism.l2_sensitivity)
     assert all(1.5 < move <= 2.0 for move in moves), moves
+
+
+def test_adaptive_c_stays_a_bound_its_own_loader_accepts_whatever_the_count():
+    """At either clamp, and with a count that noise or a hostile contributor's slot made absurd, the next C
+    is a finite float32 bound that a Welcome or checkpoint carries back; each step stays the honest worst case."""
+    model = _model()
+    dimension = get_flat_parameters(model).size
+    for start, count in ((2.0**-20, 6.0), (2.0**20, 0.0), (0.5, 1e30), (0.5, -1e30), (0.5, np.nan)):
+        settings = _adaptive_clip(noise_multiplier=2.0, subclients=2, max_update_norm=start, clip_learning_rate=10.0)
+        shared = SharedState(settings, model)
+        shared.apply(np.concatenate([np.zeros(dimension), [count]]).astype("<f4"), 3)
+        bound = shared.settings.max_update_norm
+        assert 2.0**-20 <= bound <= 2.0**20 and 0.999 * np.exp(-5.0) <= bound / start <= 1.001 * np.exp(5.0), (start, count, bound)
+        joined = SharedState(settings, _model())
+        joined.load_state(shared.state())
+        assert joined.settings == shared.settings
+    for start in (2e6, 4e-7, 1e39, 1e-50):  # a first C outside what travels is refused where the run is configured
+        with pytest.raises(FedAvgError, match="is not a clipping bound"):
+            _adaptive_clip(max_update_norm=start)

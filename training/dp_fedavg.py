@@ -66,8 +66,12 @@ reads the noisy count ``B = slot / (gamma beta C_t) + v K_c / 2`` and moves alik
     C_{t+1} = C_t exp(-eta_C (B / (v K_c) - target_quantile))
 
 (the paper's geometric update, ``eta_C = clip_learning_rate``), rounded to float32 so that it
-travels exactly in a Welcome or a checkpoint. The count's noise has standard deviation
-``1.01 z sqrt(1 + ...) / beta`` sub-clients, about ``1.15 z`` at ``beta = 1``. Every rounded row is
+travels exactly in a Welcome or a checkpoint, within ``[2^-20, 2^20]``; the fraction ``B / (v K_c)``
+is first kept within ``[0, 1]``, post-processing that bounds what noise or a hostile contributor's
+slot can do to one step. The count's noise has standard deviation
+``1.01 z sqrt(1 + ...) sqrt(K_c / K_min) / beta`` sub-clients: ``1.13 z`` at ``beta = 1`` (``1.16 z``
+when v adapts too) for a full quorum. An empty sub-client (``v`` near a hospital's record count)
+counts as within ``C``. Every rounded row is
 calibrated to ``C_t`` times that bound, so ``C_t`` changes only the scale ``gamma``: the
 sensitivities and the noise in integer levels, which the ledgers and the plain modulus see, are
 every round's, and changing ``C`` costs no privacy beyond the count's share of the release.
@@ -110,8 +114,8 @@ NORM_SLOT_WEIGHT = 0.25
 # beta: the count's noise is about z / beta sub-clients; the update pays sqrt(1 + beta^2 / 4), 12% at 1.
 COUNT_SLOT_WEIGHT = 1.0
 _MAX_CLIP_LEARNING_RATE = 10.0
-# Adaptive C stays within these, exactly representable in float32, so that it stays a number.
-_LEAST_CLIP, _MOST_CLIP = 1e-6, 1e6
+# Adaptive C stays within these powers of two, exact in float32 (as C travels), so that it stays a number.
+_LEAST_CLIP, _MOST_CLIP = 2.0**-20, 2.0**20
 _MAX_LOCAL_EPOCHS = 100  # settings come from the server: a bound on the work they ask of a hospital
 
 
@@ -167,7 +171,7 @@ class DpFedAvgSettings:
             )
         self.local_training  # checks the rest of the local settings
         if self._adapts_clip:  # C is round state from now on, which travels as float32
-            object.__setattr__(self, "max_update_norm", float(np.float32(self.max_update_norm)))
+            object.__setattr__(self, "max_update_norm", _clipping_bound(self.max_update_norm, FedAvgError))
 
     @property
     def local_training(self) -> LocalTraining:
@@ -241,9 +245,12 @@ class DpFedAvgSettings:
                 update_norm_sum=next(statistics), most=self.max_subclients,
             )  # fmt: skip
         if self._adapts_clip:
+            # A fraction, whatever the noise (or a hostile contributor's slot) made of the count: post-processing
+            # that bounds each round's step to the honest worst case, exp(eta max(q, 1 - q)).
             within = next(statistics) / (self.subclients * contributors)
+            within = self.target_quantile if math.isnan(within) else min(max(within, 0.0), 1.0)
             moved = self.max_update_norm * math.exp(-self.clip_learning_rate * (within - self.target_quantile))
-            changes["max_update_norm"] = float(np.float32(min(max(moved, _LEAST_CLIP), _MOST_CLIP)))
+            changes["max_update_norm"] = min(max(float(np.float32(moved)), _LEAST_CLIP), _MOST_CLIP)
         return replace(self, **changes)
 
     def round_state(self) -> dict[str, float]:
@@ -262,10 +269,7 @@ class DpFedAvgSettings:
                 raise ValueError(f"v = {v} is not a whole number of sub-clients within [1, {self.max_subclients}]")
             changes["subclients"] = int(v)
         if "max_update_norm" in state:
-            bound = state["max_update_norm"]
-            if not _LEAST_CLIP <= bound <= _MOST_CLIP:  # NaN too
-                raise ValueError(f"C = {bound} is not a clipping bound within [{_LEAST_CLIP:g}, {_MOST_CLIP:g}]")
-            changes["max_update_norm"] = float(np.float32(bound))
+            changes["max_update_norm"] = _clipping_bound(state["max_update_norm"], ValueError)
         return replace(self, **changes)
 
     def update_rule(self, model: nn.Module) -> UpdateRule:
@@ -279,6 +283,14 @@ class DpFedAvgSettings:
     @classmethod
     def from_dict(cls, values: dict) -> "DpFedAvgSettings":
         return from_typed_dict(cls, values, "DP-FedAvg settings", extra={"method": cls.METHOD})
+
+
+def _clipping_bound(value: float, error: type[Exception]) -> float:
+    """An adaptive C as it travels, in float32, or ``error`` if it is outside ``[2^-20, 2^20]`` (NaN too)."""
+    bound = float(np.float32(value)) if _LEAST_CLIP / 2 <= value <= 2 * _MOST_CLIP else math.nan  # NaN fails below
+    if not _LEAST_CLIP <= bound <= _MOST_CLIP:
+        raise error(f"C = {value} is not a clipping bound within [2^-20, 2^20] (adaptive clipping)")
+    return bound
 
 
 class SubclientStep:
