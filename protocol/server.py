@@ -169,11 +169,12 @@ class Server:
     def resume(cls, *, out_dir: Path, **settings) -> "Server":
         """The server of the run checkpointed in ``out_dir``, to go on where it stopped (``protocol.checkpoint``)."""
         checkpoint = Checkpoint.load(out_dir)
-        try:
-            config = RunConfig.from_dict(checkpoint.config)
-        except ConfigError as error:
-            raise CheckpointError(f"the checkpoint in {out_dir} holds an unusable configuration: {error}") from None
-        return cls(config=config, out_dir=out_dir, _checkpoint=checkpoint, **settings)
+        return cls(config=_checkpointed_config(checkpoint, out_dir), out_dir=out_dir, _checkpoint=checkpoint, **settings)
+
+    @staticmethod
+    def checkpointed_config(out_dir: Path) -> RunConfig:
+        """The configuration of the run checkpointed in ``out_dir``, read without touching anything (``CheckpointError``)."""
+        return _checkpointed_config(Checkpoint.load(out_dir), out_dir)
 
     def _restore(self, checkpoint: Checkpoint) -> None:
         try:
@@ -675,6 +676,13 @@ class Server:
         self._out_dir.mkdir(parents=True, exist_ok=True)
         (self._out_dir / "server_report.json").write_text(json.dumps(report, indent=1))
         torch.save(self._model.state_dict(), self._out_dir / "model.pt")
+
+
+def _checkpointed_config(checkpoint: Checkpoint, out_dir: Path) -> RunConfig:
+    try:
+        return RunConfig.from_dict(checkpoint.config)
+    except ConfigError as error:
+        raise CheckpointError(f"the checkpoint in {out_dir} holds an unusable configuration: {error}") from None
 
 
 def _selected_on_validation(released: list[_RoundRecord]) -> _RoundRecord | None:

@@ -110,14 +110,15 @@ def serve(args: argparse.Namespace) -> None:
         on_round=lambda record: _print_round(record, server.config),
     )
     if args.resume:
-        server = Server.resume(**settings)
-        if server.config.dataset != dataset.name:
-            raise ConfigError(f"the checkpointed run is on {server.config.dataset}; pass the same --data")
-        if server.config.aggregation != chosen_aggregation(args):
+        checkpointed = Server.checkpointed_config(args.out)  # checked before the server binds its socket or begins its ledger
+        if checkpointed.dataset != dataset.name:
+            raise ConfigError(f"the checkpointed run is on {checkpointed.dataset}; pass the same --data")
+        if checkpointed.aggregation != chosen_aggregation(args):
             raise ConfigError(
-                f"the checkpointed run uses {server.config.aggregation!r} aggregation; resume it with the same "
+                f"the checkpointed run uses {checkpointed.aggregation!r} aggregation; resume it with the same "
                 "--insecure-plaintext-benchmark setting"
             )
+        server = Server.resume(**settings)
         print(f"server on {roster.server_address}: resuming run {server.config.run_id} from {args.out}", flush=True)
     else:
         server = Server(config=_new_run(args, roster, dataset), **settings)

@@ -94,6 +94,7 @@ def test_user_mistakes_get_one_line(tmp_path):
         results = list(pool.map(lambda case: run_launcher(*case[0]), cases))
     for result, (_, fragment) in zip(results, cases):
         _assert_one_line_error(result, fragment)
+    assert sorted(p.name for p in secure.iterdir()) == ["checkpoint.json"]  # a refused resume began no ledger
 
 
 def test_bad_numbers_are_refused_by_the_parser():
