@@ -192,9 +192,8 @@ class Server:
         charged_up_to = self._ledger.begin_run(self._config.run_id, self._run)
         for ledger in self._levels.values():
             ledger.begin_run(self._config.run_id, self._run)
-        for record in self._rounds:
-            if record.status == "released":
-                self._record_other_levels(record)
+        for record in self._released():
+            self._record_other_levels(record)
         self._public = PublicContext(self._params)
         # Never a round number used before, even if the checkpoint on disk were older than the ledger.
         self._rounds_started = max(checkpoint.rounds_started, charged_up_to)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError
+from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig
 from protocol.messages import ProtocolError
 from protocol.roster import SERVER, provision
 from protocol.hospital import DEFAULT_SEND_OFFSET_S, PrivacyBudget
@@ -264,7 +264,7 @@ def planned_epsilons(argv: list[str]) -> dict[str, float]:
     data = load_dataset(args.data, split_seed=args.seed)
     resolve_data_defaults(args, data.input_shape)
     _propose_batch_size(args, data)
-    config = build_run_config(args, tuple(f"hospital-{k}" for k in range(1, args.hospitals + 1)), data)
+    config = _local_run_config(args, data)
     ledger = PrivacyLedger()
     ledger.begin_run(config.run_id, "planned")
     release = ledger_release(config.training, config.mechanism(), config.training.quorum)
@@ -333,9 +333,14 @@ def _scores(final: dict) -> str:
     return shown
 
 
+def _local_run_config(args: argparse.Namespace, data: Dataset) -> RunConfig:
+    """The configuration the server of this local federation will announce (its run id aside)."""
+    return build_run_config(args, tuple(f"hospital-{k}" for k in range(1, args.hospitals + 1)), data)
+
+
 def _check_training(args: argparse.Namespace, data: Dataset, part_sizes: list[int]) -> None:
     """What would stop the run at its first round, said before any process starts (``ConfigError``)."""
-    config = build_run_config(args, tuple(f"hospital-{k}" for k in range(1, args.hospitals + 1)), data)
+    config = _local_run_config(args, data)
     if isinstance(config.training, DpFedAvgSettings) and config.training.max_subclients > min(part_sizes):
         raise ConfigError(
             f"{'up to ' if config.training.subclient_rule == 'adaptive' else ''}v = {config.training.max_subclients} "

@@ -25,7 +25,9 @@ __all__ = [
     "build_model",
     "get_flat_parameters",
     "input_statistics",
+    "parameter_count",
     "set_flat_parameters",
+    "takes_images",
 ]
 
 ARCHITECTURES = ("mlp", "cnn")
@@ -53,8 +55,7 @@ class ModelSpec:
 
     @property
     def takes_images(self) -> bool:
-        """Whether the inputs are (channels, height, width) images."""
-        return len(self.input_shape) == 3
+        return takes_images(self.input_shape)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,6 +73,11 @@ class ModelSpec:
             )
         except (KeyError, TypeError) as error:
             raise ValueError(f"malformed model spec: {error}") from None
+
+
+def takes_images(input_shape: tuple[int, ...]) -> bool:
+    """Whether inputs of this shape are (channels, height, width) images."""
+    return len(input_shape) == 3
 
 
 def input_statistics(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
