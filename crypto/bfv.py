@@ -274,17 +274,19 @@ def _packed_bytes(coefficients: int, params: BfvParameters) -> int:
 def _pack(coefficients: bytes, params: BfvParameters) -> bytes:
     """Little-endian 64-bit words to ``bits`` bits each, back to back (``N`` is a multiple of 8: no padding)."""
     bits = _coefficient_bits(params)
-    words = np.frombuffer(coefficients, dtype="<u8")
-    planes = np.unpackbits(words.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")[:, :bits]
+    low_bytes = np.frombuffer(coefficients, dtype=np.uint8).reshape(-1, 8)[:, : -(-bits // 8)]
+    planes = np.unpackbits(low_bytes, axis=1, bitorder="little")[:, :bits]
     return np.packbits(planes.reshape(-1), bitorder="little").tobytes()
 
 
 def _unpack(packed: bytes, coefficients: int, params: BfvParameters) -> bytes:
     bits = _coefficient_bits(params)
     stream = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), bitorder="little")
-    planes = np.zeros((coefficients, 64), dtype=np.uint8)
+    planes = np.zeros((coefficients, 8 * -(-bits // 8)), dtype=np.uint8)
     planes[:, :bits] = stream[: coefficients * bits].reshape(coefficients, bits)
-    return np.packbits(planes, axis=1, bitorder="little").tobytes()
+    words = np.zeros((coefficients, 8), dtype=np.uint8)
+    words[:, : planes.shape[1] // 8] = np.packbits(planes, axis=1, bitorder="little")
+    return words.tobytes()
 
 
 def _balanced(values: np.ndarray, modulus: int) -> np.ndarray:

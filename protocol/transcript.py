@@ -4,8 +4,8 @@ It lets an auditor check what the server saw rather than trust what it claims to
 default each record keeps the message's size and SHA-256 digest, which a hospital can match
 against its own log of what it sent, but not the message: a transcript of ciphertexts and sealed
 boxes would, together with any one hospital's key leaked later, open every update. ``payloads=True``
-keeps the messages themselves (the tests use it to show that no secret key ever reaches the server);
-guard such a file like the hospitals' keys. Records are msgpack maps
+keeps the messages themselves (the tests use it to show that no secret key ever reaches the server),
+and ``read_messages`` decodes them; guard such a file like the hospitals' keys. Records are msgpack maps
 ``{"time", "sender", "bytes", "sha256"[, "payload"]}`` appended one after another, in a file only
 its owner can read. A resumed server appends to its transcript; a last record cut short when the
 server was killed is dropped first, so that the records after it stay readable. Anything else
@@ -22,7 +22,9 @@ from typing import BinaryIO, Iterator
 
 import msgpack
 
-__all__ = ["Transcript", "TranscriptError", "read_transcript"]
+from protocol.messages import Message, MessageError, decode
+
+__all__ = ["Transcript", "TranscriptError", "read_messages", "read_transcript"]
 
 
 class Transcript:
@@ -51,6 +53,23 @@ class Transcript:
 def read_transcript(path: Path) -> Iterator[dict]:
     with path.open("rb") as handle:
         yield from msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
+
+
+def read_messages(path: Path, *, accept: frozenset[type]) -> Iterator[tuple[str, Message | None, bytes]]:
+    """``(sender, message, payload)`` of every record that kept its payload, decoded as one of ``accept``.
+
+    ``message`` is None for a payload that is no such message: the party refused it when it came (a
+    party records a message before it decodes it), but its bytes still reached the party. A record
+    without its payload (kept by digest alone, or too large to keep) is left out.
+    """
+    for record in read_transcript(path):
+        if "payload" in record:
+            payload = record["payload"]
+            try:
+                message = decode(payload, accept=accept, max_bytes=len(payload))
+            except MessageError:
+                message = None
+            yield record["sender"], message, payload
 
 
 class TranscriptError(RuntimeError):

@@ -30,8 +30,8 @@ from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext
 from crypto.bfv_parameters import select_bfv_parameters
 from crypto.membership import CHECK_KEY_BYTES, CheckKey
 from protocol.config import RunConfig
-from protocol.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Released, Update, decode
-from protocol.transcript import read_transcript
+from protocol.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Released, Update
+from protocol.transcript import read_messages
 from protocol.voting_config import VotingConfig
 from training.accounting import PrivacyLedger, release_of
 from training.dopamine import DopamineSettings, NoisyGradientStep
@@ -111,11 +111,6 @@ def zero_votes(tmp_path_factory):
     return _audited_run(tmp_path_factory, "zero-votes", *VOTING, "--reveal", "histogram", zero_votes=True)
 
 
-def _received(path: Path, accept) -> list[tuple[str, object, bytes]]:
-    """(sender, message, raw bytes) of every message a transcript kept."""
-    return [(r["sender"], decode(r["payload"], accept=accept, max_bytes=1 << 26), r["payload"]) for r in read_transcript(path)]
-
-
 # -- what a leak looks like ---------------------------------------------------------------------------------
 
 
@@ -123,9 +118,13 @@ def _encodings(values: np.ndarray, modulus: int) -> dict[str, bytes]:
     """The forms a leaked integer vector would most likely take on the wire."""
     v = np.asarray(values, dtype=np.int64)
     reduced = np.mod(v, modulus)
+    fits_int16 = v.size and np.abs(v).max() < 2**15
     return {
         "int64": v.astype("<i8").tobytes(),
         "int32": v.astype("<i4").tobytes(),
+        **({"int16": v.astype("<i2").tobytes()} if fits_int16 else {}),
+        "int64, big-endian": v.astype(">i8").tobytes(),
+        "int32, big-endian": v.astype(">i4").tobytes(),
         "float32": v.astype("<f4").tobytes(),
         "float64": v.astype("<f8").tobytes(),
         "msgpack": msgpack.packb(v.tolist()),
@@ -134,23 +133,30 @@ def _encodings(values: np.ndarray, modulus: int) -> dict[str, bytes]:
     }
 
 
-def _leaks(received: list[bytes], secrets: dict[str, bytes], *, width: int = 32) -> list[str]:
-    """The secrets of which ``2 * width`` contiguous bytes appear in any received byte string.
+_SHORTEST_WINDOW = 8
 
-    Such a copy holds one of the secret's ``width``-byte windows that start at a multiple of
-    ``width``; windows of fewer than 4 distinct bytes (a run of zeros, say) are too common to count."""
-    owner = {}
+
+def _leaks(received: list[bytes], secrets: dict[str, bytes], *, width: int = 32) -> list[str]:
+    """The secrets of which ``2 w`` contiguous bytes appear in any received byte string.
+
+    ``w`` is ``width``, or half the secret when it is shorter, but at least 8 bytes; a secret of fewer
+    than 8 is searched whole. A copy of ``2 w`` bytes holds one of the secret's ``w``-byte windows
+    that start at a multiple of ``w``; windows of fewer than 4 distinct bytes (a run of zeros, say)
+    are too common to count, so a secret made only of such windows is never found."""
+    owners: dict[int, dict[bytes, str]] = {}
     for name, data in secrets.items():
-        for start in range(0, len(data) - width + 1, width):
-            window = data[start : start + width]
+        w = min(len(data), max(_SHORTEST_WINDOW, min(width, len(data) // 2)))
+        for start in range(0, len(data) - w + 1, w):
+            window = data[start : start + w]
             if len(set(window)) >= 4:
-                owner.setdefault(window, name)
+                owners.setdefault(w, {}).setdefault(window, name)
     found = set()
     for blob in received:
-        for start in range(len(blob) - width + 1):
-            name = owner.get(blob[start : start + width])
-            if name is not None:
-                found.add(name)
+        for w, owner in owners.items():
+            for start in range(len(blob) - w + 1):
+                name = owner.get(blob[start : start + w])
+                if name is not None:
+                    found.add(name)
     return sorted(found)
 
 
@@ -192,7 +198,7 @@ def _variance_in_band(samples: np.ndarray, variance: float) -> bool:
 def _dopamine_parts(run):
     out, report, secrets, _ = run
     config = RunConfig.from_dict(report["config"])
-    received = _received(out / "server" / "transcript.msgpack", TO_SERVER)
+    received = list(read_messages(out / "server" / "transcript.msgpack", accept=TO_SERVER))
     updates = [s for s in secrets if s["kind"] == "update"]
     return out, report, config, received, updates
 
@@ -381,11 +387,11 @@ def test_no_vote_share_or_total_reaches_the_server_or_a_tallier(voting):
               for r in (1, 2) for form, data in _encodings(_noisy_totals(ballots, r, report["config"]["hospitals"]), modulus).items()}  # fmt: skip
     shares = {f"{b['hospital']} round {b['round']} share for {t}": s.astype("<u8").tobytes()
               for b in ballots for t, s in zip(b["talliers"], b["shares"])}  # fmt: skip
-    server = [raw for _, _, raw in _received(out / "server" / "transcript.msgpack", TO_VOTING_SERVER)]
-    assert _leaks(server, votes | totals | shares) == []
+    server = [raw for _, _, raw in read_messages(out / "server" / "transcript.msgpack", accept=TO_VOTING_SERVER)]
+    assert server and _leaks(server, votes | totals | shares) == []
     for tallier in report["config"]["talliers"]:
-        relayed = [raw for _, _, raw in _received(out / tallier / "transcript.msgpack", TO_TALLIER)]
-        assert _leaks(relayed, votes | totals | shares) == []  # its own shares come sealed, as boxes
+        relayed = [raw for _, _, raw in read_messages(out / tallier / "transcript.msgpack", accept=TO_TALLIER)]
+        assert relayed and _leaks(relayed, votes | totals | shares) == []  # its own shares come sealed, as boxes
     mpc = [tallier["received"] for tallier in talliers]
     assert len(mpc) == len(report["config"]["talliers"]) and all(mpc)
     assert _leaks(mpc, votes | totals) == []  # the MPC exchanges Shamir shares, never a total
@@ -414,7 +420,7 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
             assert all(m == [round_number, *[1] * len(config.hospitals)] for m in marks)
             totals = _noisy_totals(ballots, round_number, config.hospitals).reshape(-1, classes)
             assert labels == list(np.argmax(totals, axis=1))
-    from_talliers = [(s, m) for s, m, _ in _received(out / "server" / "transcript.msgpack", TO_VOTING_SERVER)
+    from_talliers = [(s, m) for s, m, _ in read_messages(out / "server" / "transcript.msgpack", accept=TO_VOTING_SERVER)
                      if s in report["config"]["talliers"] and isinstance(m, Labels)]  # fmt: skip
     assert len(from_talliers) == 2 * len(report["config"]["talliers"])
     for _, labels in from_talliers:
@@ -427,7 +433,7 @@ def test_the_opened_totals_of_zero_votes_carry_the_accountant_s_noise(zero_votes
     out, report, secrets, _ = zero_votes
     config = VotingConfig.from_dict(report["config"])
     ballots = _ballots(secrets)
-    opened = [m for s, m, _ in _received(out / "server" / "transcript.msgpack", TO_VOTING_SERVER)
+    opened = [m for s, m, _ in read_messages(out / "server" / "transcript.msgpack", accept=TO_VOTING_SERVER)
               if isinstance(m, Labels) and s == config.talliers[0]]  # fmt: skip
     assert len(opened) == 2
     totals = []
@@ -567,6 +573,12 @@ def test_the_checks_catch_planted_leaks():
     for t in (modulus, 1032193):
         for form, data in _encodings(votes, t).items():
             assert _leaks([rng.bytes(500) + data[100:400] + rng.bytes(500)], {form: data}) == [form]
+    # So is a short one (a query's ten-class histogram), whole or in part.
+    histogram = np.array([3, -12, 40, 7, 0, 55, -38, 19, 1, 72])
+    for form, data in _encodings(histogram, 1032193).items():
+        assert _leaks([rng.bytes(500) + data + rng.bytes(500)], {form: data}) == [form]
+        if len(data) >= 32:
+            assert _leaks([rng.bytes(500) + data[len(data) // 2 - 16 :] + rng.bytes(500)], {form: data}) == [form]
     # A "share" that is the vote itself, has only 32 random bits, or carries the vote in its low bits.
     assert _uniform_and_independent(np.mod(votes, modulus), votes, modulus) < 1e-6
     assert _uniform_and_independent(rng.integers(0, 2**32, votes.size), votes, modulus) < 1e-6

@@ -1,3 +1,4 @@
+import copy
 import math
 
 import numpy as np
@@ -5,13 +6,14 @@ import pytest
 import torch
 from opacus import PrivacyEngine
 from randomgen import ChaCha
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from scipy.stats import skellam
 
 from training.datasets import load_dataset
 from training.dopamine import DopamineSettings, NoisyGradientStep, mean_gradient
 from training.update_rules import MomentumUpdate
 from training.models import ModelSpec, build_model, get_flat_parameters, input_statistics, set_flat_parameters
-from training.secure_random import secure_generator
+from training.secure_random import secure_generator, uniform
 from training.skellam import SkellamMechanism
 
 SETTINGS = dict(max_grad_norm=1.5, quorum=3, expected_batch_size=12.0, learning_rate=0.1, momentum=0.9)
@@ -130,6 +132,19 @@ def test_the_private_path_draws_from_chacha20_with_a_256_bit_key():
     assert state["keysetup"].dtype == np.uint32 and state["keysetup"].size == 8  # 256 bits of key
     other = NoisyGradientStep(_model(), *_data(), DopamineSettings(sample_rate=0.1, noise_multiplier=1.0, **SETTINGS))
     assert not np.array_equal(state["keysetup"], other._generator.bit_generator.state["state"]["keysetup"])
+
+
+def test_the_rounding_uniforms_are_chacha20_keyed_afresh_by_the_private_generator():
+    generator = secure_generator()
+    twin = copy.deepcopy(generator)
+    drawn = uniform(generator, 1000)
+    key = twin.bit_generator.random_raw(4).astype("<u8").tobytes()
+    keystream = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor().update(bytes(8000))
+    assert np.array_equal(drawn, (np.frombuffer(keystream, dtype="<u8") >> np.uint64(11)) * 2.0**-53)
+    assert not np.array_equal(uniform(generator, 1000), drawn)  # a new key, hence a new stream, every call
+    assert 0 <= drawn.min() and drawn.max() < 1
+    with pytest.raises(TypeError, match="cryptographic generator"):
+        uniform(np.random.default_rng(), 3)
 
 
 def test_settings_are_validated():

@@ -1,6 +1,7 @@
 import pytest
 
-from protocol.transcript import Transcript, TranscriptError, read_transcript
+from protocol.messages import TO_SERVER, Withdraw, encode
+from protocol.transcript import Transcript, TranscriptError, read_messages, read_transcript
 
 
 def test_a_record_cut_short_by_a_kill_is_dropped_when_the_transcript_is_reopened(tmp_path):
@@ -38,3 +39,16 @@ def test_damage_before_the_last_record_is_refused_and_nothing_is_cut(tmp_path, w
     with pytest.raises(TranscriptError, match=f"unreadable after byte {boundary}"):
         Transcript(path)
     assert path.read_bytes() == bytes(damaged)
+
+
+def test_an_auditor_reads_every_kept_message_and_the_bytes_of_those_the_party_refused(tmp_path):
+    path = tmp_path / "transcript.msgpack"
+    transcript = Transcript(path, payloads=True, max_payload_bytes=100)
+    withdraw = Withdraw(round=3, reason="budget spent")
+    transcript.record("hospital-1", encode(withdraw))
+    transcript.record("hospital-2", b"not a message")
+    transcript.record("hospital-3", bytes(101))  # too large to keep: its digest alone
+    transcript.close()
+    assert list(read_messages(path, accept=TO_SERVER)) == [
+        ("hospital-1", withdraw, encode(withdraw)), ("hospital-2", None, b"not a message"),
+    ]  # fmt: skip

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from training.secure_random import uniform
+
 __all__ = ["SkellamMechanism", "SumBound", "bernstein_deviation"]
 
 _ROUNDING_TAIL = 2.0  # c = sqrt(2 ln(1/beta)): beta = e^-2, a redraw for ~13.5% of examples
@@ -82,20 +84,24 @@ class SkellamMechanism:
 
     def round_examples(self, examples: np.ndarray, generator: np.random.Generator) -> np.ndarray:
         """The integer sum of the scaled, conditionally rounded rows of ``examples`` (each of norm <= C)."""
-        scaled = np.asarray(examples, dtype=np.float64).reshape(-1, self.dimension) * self.scale
-        if not np.all(np.isfinite(scaled)):
+        rows = np.asarray(examples).reshape(-1, self.dimension)
+        if not np.all(np.isfinite(rows)):  # before any draw: a refused batch takes nothing from the generator
             raise ValueError("the example gradients are not finite: training has diverged")
+        total = np.zeros(self.dimension, dtype=np.int64)
+        for row in rows:  # one row at a time: a batch's worth of float64 temporaries would be refaulted every step
+            total += self._round_row(row, generator)
+        return total
+
+    def _round_row(self, row: np.ndarray, generator: np.random.Generator) -> np.ndarray:
+        scaled = row.astype(np.float64) * self.scale
+        if not np.all(np.isfinite(scaled)):
+            raise ValueError("the example gradients overflow at this rounding scale")
         floor = np.floor(scaled)
         fraction = scaled - floor
-        rounded = np.empty(scaled.shape, dtype=np.int64)
-        pending = np.arange(len(scaled))
         for _ in range(_MAX_ROUNDING_DRAWS):
-            if not pending.size:
-                return rounded.sum(axis=0)
-            draw = floor[pending] + (generator.random(fraction[pending].shape) < fraction[pending])
-            accepted = np.einsum("ij,ij->i", draw, draw) <= self.l2_sensitivity**2
-            rounded[pending[accepted]] = draw[accepted]
-            pending = pending[~accepted]
+            draw = floor + (uniform(generator, self.dimension) < fraction)
+            if draw @ draw <= self.l2_sensitivity**2:
+                return draw.astype(np.int64)
         # Each draw fails with probability below e^-2 for an example of norm <= C: 100 in a row never do.
         raise ValueError(f"an example of norm above the clipping bound could not be rounded within {self.l2_sensitivity:.1f}")
 
