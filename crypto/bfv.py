@@ -91,14 +91,14 @@ class PublicContext:
         suffix = body[end:]
         if len(suffix) != _HEADER.size + _PRNG_RECORD_BYTES:
             raise BfvError("SEAL's seeded ciphertext layout is not the one this module packs")
-        return _pack(body[start:end], self.params) + suffix[_HEADER.size :]
+        return _pack(body[start:end], _coefficient_bits(self.params)) + suffix[_HEADER.size :]
 
     def pack_aggregate(self, ciphertext: seal.Ciphertext) -> bytes:
         body = self._body(_save(ciphertext), self._full_prefix)
         coefficients = body[len(self._full_prefix) :]
         if len(coefficients) != 16 * self.params.poly_modulus_degree:
             raise BfvError("SEAL's ciphertext layout is not the one this module packs")
-        return _pack(coefficients, self.params)
+        return _pack(coefficients, _coefficient_bits(self.params))
 
     def _load(self, chunks: Sequence[bytes], prefix: bytes, coefficients: int, *, seeded: bool, what: str) -> list[seal.Ciphertext]:
         if len(chunks) != self.params.chunk_count:
@@ -110,7 +110,7 @@ class PublicContext:
             if type(chunk) is not bytes or len(chunk) != size:
                 got = f"{len(chunk)}" if type(chunk) is bytes else type(chunk).__name__
                 raise BfvError(f"{what} ciphertext {index} must be {size} bytes, got {got}")
-            body = prefix + _unpack(chunk[:packed_bytes], coefficients, self.params)
+            body = prefix + _unpack(chunk[:packed_bytes], coefficients, _coefficient_bits(self.params))
             if seeded:
                 body += self._header(_HEADER.size + _PRNG_RECORD_BYTES) + chunk[packed_bytes:]
             ciphertext = seal.Ciphertext()
@@ -271,22 +271,35 @@ def _packed_bytes(coefficients: int, params: BfvParameters) -> int:
     return -(-coefficients * _coefficient_bits(params) // 8)
 
 
-def _pack(coefficients: bytes, params: BfvParameters) -> bytes:
-    """Little-endian 64-bit words to ``bits`` bits each, back to back (``N`` is a multiple of 8: no padding)."""
-    bits = _coefficient_bits(params)
-    low_bytes = np.frombuffer(coefficients, dtype=np.uint8).reshape(-1, 8)[:, : -(-bits // 8)]
-    planes = np.unpackbits(low_bytes, axis=1, bitorder="little")[:, :bits]
-    return np.packbits(planes.reshape(-1), bitorder="little").tobytes()
+def _pack(coefficients: bytes, bits: int) -> bytes:
+    """Little-endian 64-bit words below ``2^bits`` to ``bits`` bits each, back to back (``N`` is a multiple of 8: no padding).
+
+    Eight coefficients fill exactly ``bits`` bytes, so each group of eight is shifted into eight
+    64-bit words (at most 480 bits) and their low ``bits`` bytes are kept.
+    """
+    columns = np.frombuffer(coefficients, dtype="<u8").reshape(-1, 8).T  # column j: coefficient j of each group
+    words = np.zeros((8, columns.shape[1]), dtype="<u8")
+    for j in range(8):
+        word, shift = divmod(j * bits, 64)
+        words[word] |= columns[j] << np.uint64(shift)
+        if shift + bits > 64:
+            words[word + 1] |= columns[j] >> np.uint64(64 - shift)
+    return np.ascontiguousarray(words.T).view(np.uint8)[:, :bits].tobytes()
 
 
-def _unpack(packed: bytes, coefficients: int, params: BfvParameters) -> bytes:
-    bits = _coefficient_bits(params)
-    stream = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), bitorder="little")
-    planes = np.zeros((coefficients, 8 * -(-bits // 8)), dtype=np.uint8)
-    planes[:, :bits] = stream[: coefficients * bits].reshape(coefficients, bits)
-    words = np.zeros((coefficients, 8), dtype=np.uint8)
-    words[:, : planes.shape[1] // 8] = np.packbits(planes, axis=1, bitorder="little")
-    return words.tobytes()
+def _unpack(packed: bytes, coefficients: int, bits: int) -> bytes:
+    groups = coefficients // 8
+    padded = np.zeros((groups, 64), dtype=np.uint8)
+    padded[:, :bits] = np.frombuffer(packed, dtype=np.uint8).reshape(groups, bits)
+    words = np.ascontiguousarray(padded.view("<u8").T)
+    columns = np.empty((8, groups), dtype="<u8")
+    for j in range(8):
+        word, shift = divmod(j * bits, 64)
+        column = words[word] >> np.uint64(shift)
+        if shift + bits > 64:
+            column |= words[word + 1] << np.uint64(64 - shift)
+        columns[j] = column & np.uint64(2**bits - 1)
+    return np.ascontiguousarray(columns.T).tobytes()
 
 
 def _balanced(values: np.ndarray, modulus: int) -> np.ndarray:

@@ -1,8 +1,10 @@
+import secrets
+
 import numpy as np
 import pytest
 import tenseal.sealapi as seal
 
-from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext, aggregate_bytes, upload_bytes
+from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext, _pack, _unpack, aggregate_bytes, upload_bytes
 from crypto.bfv_parameters import select_bfv_parameters
 
 RUN = "0123abcd"
@@ -82,6 +84,15 @@ def test_uploads_are_seeded_and_packed_below_float32(secret, small_params):
     assert [len(chunk) for chunk in chunks] == [upload_bytes(small_params)] * small_params.chunk_count
     assert upload_bytes(small_params) < aggregate_bytes(small_params) / 1.9  # the second polynomial is a seed
 
+
+
+@pytest.mark.parametrize("bits", range(1, 61))
+def test_coefficients_are_packed_to_exactly_their_bits(bits):
+    coefficients = [secrets.randbits(bits) for _ in range(64)]
+    packed = sum(c << (i * bits) for i, c in enumerate(coefficients)).to_bytes(8 * bits, "little")  # a bit string, by hand
+    words = np.array(coefficients, dtype="<u8").tobytes()
+    assert _pack(words, bits) == packed
+    assert _unpack(packed, len(coefficients), bits) == words
 
 def _other_uploads(small_params):
     other_params = select_bfv_parameters(max_contributors=500, vector_length=300, sum_bound=2_000_000)
