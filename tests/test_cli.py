@@ -3,6 +3,8 @@
 import contextlib
 import importlib
 import io
+import logging
+import subprocess
 
 import pytest
 
@@ -30,15 +32,30 @@ def _assert_one_line_error(returncode, stderr, fragment):
     assert len(errors) == 1 and fragment in errors[0], stderr
 
 
-def _run_in_this_process(module, *args):
+def _run_in_this_process(monkeypatch, module, *args):
     """A launcher's ``main`` as its console script calls it, with its stderr and exit status.
 
     The same code as a launched process minus the interpreter's start (seconds of importing torch
-    and Opacus each); an exception that escapes ``main`` fails the test as a traceback would.
+    and Opacus each). As in a fresh process, the root logger has no handler, so a logged traceback
+    reaches the captured stderr; an exception that escapes ``main`` fails the test as a traceback
+    would, and so does starting a process: every mistake is refused before any process starts.
     """
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"{module} started a process before refusing the mistake: {args}")
+
     stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as exit:
-        importlib.import_module(f"scripts.{module}").main([str(arg) for arg in args])
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    with monkeypatch.context() as patch:
+        patch.setattr(subprocess, "Popen", no_process)
+        patch.setattr("scripts._cli._reuse_freed_memory", lambda: None)  # glibc's settings would outlive the call
+        root.handlers = []
+        try:
+            with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as exit:
+                importlib.import_module(f"scripts.{module}").main([str(arg) for arg in args])
+        finally:
+            root.handlers, root.level = handlers, level
     return exit.value.code, stderr.getvalue()
 
 
@@ -47,7 +64,7 @@ def test_a_launched_process_reports_a_mistake_in_one_line(tmp_path):
     _assert_one_line_error(result.returncode, result.stderr, "run consilium-provision first")
 
 
-def test_user_mistakes_get_one_line(tmp_path):
+def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
     federation = tmp_path / "federation"
     roster = provision(federation, hospitals=2, address="tcp://127.0.0.1:5999")
     hospital = ["--federation", federation, "--name", "hospital-1"]
@@ -109,7 +126,7 @@ def test_user_mistakes_get_one_line(tmp_path):
         (("server", *server, "--method", "dp-fedavg"), "--expected-batch-size is for dopamine runs"),
     ]
     for args, fragment in cases:
-        _assert_one_line_error(*_run_in_this_process(*args), fragment)
+        _assert_one_line_error(*_run_in_this_process(monkeypatch, *args), fragment)
     assert sorted(p.name for p in secure.iterdir()) == ["checkpoint.json"]  # a refused resume began no ledger
 
 
