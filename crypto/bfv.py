@@ -72,6 +72,7 @@ class PublicContext:
         if data_level.parms().coeff_modulus()[0].value() != params.ciphertext_modulus:
             raise BfvError("SEAL chose a different ciphertext modulus than the agreed parameters")
         self.params = params
+        self._bits = _coefficient_bits(params)
         self.evaluator = seal.Evaluator(self.seal)
         self._version = _seal_version()
         self._seeded_prefix = self._prefix(coefficients=params.poly_modulus_degree)
@@ -91,14 +92,14 @@ class PublicContext:
         suffix = body[end:]
         if len(suffix) != _HEADER.size + _PRNG_RECORD_BYTES:
             raise BfvError("SEAL's seeded ciphertext layout is not the one this module packs")
-        return _pack(body[start:end], _coefficient_bits(self.params)) + suffix[_HEADER.size :]
+        return _pack(body[start:end], self._bits) + suffix[_HEADER.size :]
 
     def pack_aggregate(self, ciphertext: seal.Ciphertext) -> bytes:
         body = self._body(_save(ciphertext), self._full_prefix)
         coefficients = body[len(self._full_prefix) :]
         if len(coefficients) != 16 * self.params.poly_modulus_degree:
             raise BfvError("SEAL's ciphertext layout is not the one this module packs")
-        return _pack(coefficients, _coefficient_bits(self.params))
+        return _pack(coefficients, self._bits)
 
     def _load(self, chunks: Sequence[bytes], prefix: bytes, coefficients: int, *, seeded: bool, what: str) -> list[seal.Ciphertext]:
         if len(chunks) != self.params.chunk_count:
@@ -110,7 +111,7 @@ class PublicContext:
             if type(chunk) is not bytes or len(chunk) != size:
                 got = f"{len(chunk)}" if type(chunk) is bytes else type(chunk).__name__
                 raise BfvError(f"{what} ciphertext {index} must be {size} bytes, got {got}")
-            body = prefix + _unpack(chunk[:packed_bytes], coefficients, _coefficient_bits(self.params))
+            body = prefix + _unpack(chunk[:packed_bytes], coefficients, self._bits)
             if seeded:
                 body += self._header(_HEADER.size + _PRNG_RECORD_BYTES) + chunk[packed_bytes:]
             ciphertext = seal.Ciphertext()

@@ -37,6 +37,10 @@ def _transcript(out: Path) -> list[dict]:
     return list(read_transcript(out / "server" / "transcript.msgpack"))
 
 
+def _messages(out: Path):
+    return read_messages(out / "server" / "transcript.msgpack", accept=TO_SERVER)
+
+
 def test_the_run_prints_a_line_per_round_and_writes_its_report(run):
     out, result = run
     round_lines = [line for line in result.stdout.splitlines() if line.startswith("round ")]
@@ -93,7 +97,7 @@ def test_the_server_never_receives_the_secret_key(run):
 def test_a_finished_runs_key_boxes_stay_shut_with_every_long_term_key(run):
     """Forward secrecy: boxes were sealed to per-run keys that the hospitals never wrote down."""
     out, _ = run
-    setup = next(m for _, m, _ in read_messages(out / "server" / "transcript.msgpack", accept=TO_SERVER) if isinstance(m, KeySetup))
+    setup = next(m for _, m, _ in _messages(out) if isinstance(m, KeySetup))
     federation = out / "federation"
     roster = Roster.load(federation)
     run = json.loads((out / "report.json").read_text())["run_fingerprint"]
@@ -132,7 +136,7 @@ def test_a_key_the_server_makes_for_itself_opens_nothing_it_received(run):
     out, _ = run
     config = RunConfig.from_dict(json.loads((out / "report.json").read_text())["config"])
     params = config.bfv_parameters()
-    update = next(m for _, m, _ in read_messages(out / "server" / "transcript.msgpack", accept=TO_SERVER) if isinstance(m, Update))
+    update = next(m for _, m, _ in _messages(out) if isinstance(m, Update))
     public = PublicContext(params)
     as_sum = [public.pack_aggregate(c) for c in public.load_upload(update.chunks)]
     own = SecretContext.generate(params, run_id=config.run_id)
