@@ -84,49 +84,66 @@ class PublicContext:
     def load_aggregate(self, chunks: Sequence[bytes]) -> list[seal.Ciphertext]:
         return self._load(chunks, self._full_prefix, 2 * self.params.poly_modulus_degree, seeded=False, what="aggregate")
 
-    def pack_upload(self, serialized: bytes) -> bytes:
-        """Our wire form of SEAL's own seeded serialisation (``Serializable.save``)."""
-        body = self._body(serialized, self._seeded_prefix)
+    def pack_uploads(self, serialized: Sequence[bytes]) -> list[bytes]:
+        """Our wire form of SEAL's own seeded serialisations (``Serializable.save``)."""
         start = len(self._seeded_prefix)
         end = start + 8 * self.params.poly_modulus_degree
-        suffix = body[end:]
-        if len(suffix) != _HEADER.size + _PRNG_RECORD_BYTES:
-            raise BfvError("SEAL's seeded ciphertext layout is not the one this module packs")
-        return _pack(body[start:end], self._bits) + suffix[_HEADER.size :]
+        polynomials, seeds = [], []
+        for one in serialized:
+            body = self._body(one, self._seeded_prefix)
+            suffix = body[end:]
+            if len(suffix) != _HEADER.size + _PRNG_RECORD_BYTES:
+                raise BfvError("SEAL's seeded ciphertext layout is not the one this module packs")
+            polynomials.append(body[start:end])
+            seeds.append(suffix[_HEADER.size :])
+        return [packed + seed for packed, seed in zip(self._pack_each(polynomials), seeds)]
 
-    def pack_aggregate(self, ciphertext: seal.Ciphertext) -> bytes:
-        body = self._body(_save(ciphertext), self._full_prefix)
-        coefficients = body[len(self._full_prefix) :]
-        if len(coefficients) != 16 * self.params.poly_modulus_degree:
-            raise BfvError("SEAL's ciphertext layout is not the one this module packs")
-        return _pack(coefficients, self._bits)
+    def pack_aggregate(self, ciphertexts: Sequence[seal.Ciphertext]) -> list[bytes]:
+        with _MemoryFile() as file:
+            serialized = [file.save(ciphertext) for ciphertext in ciphertexts]
+        polynomials = []
+        for one in serialized:
+            coefficients = self._body(one, self._full_prefix)[len(self._full_prefix) :]
+            if len(coefficients) != 16 * self.params.poly_modulus_degree:
+                raise BfvError("SEAL's ciphertext layout is not the one this module packs")
+            polynomials.append(coefficients)
+        return self._pack_each(polynomials)
+
+    def _pack_each(self, polynomials: list[bytes]) -> list[bytes]:
+        """Each polynomial packed, all in one call: numpy's cost per call outweighs its cost per coefficient."""
+        size = len(polynomials[0]) // 64 * self._bits  # 8 bytes a coefficient, eight of them to `bits` bytes
+        packed = _pack(b"".join(polynomials), self._bits)
+        return [packed[i : i + size] for i in range(0, len(packed), size)]
 
     def _load(self, chunks: Sequence[bytes], prefix: bytes, coefficients: int, *, seeded: bool, what: str) -> list[seal.Ciphertext]:
         if len(chunks) != self.params.chunk_count:
             raise BfvError(f"an {what} has {self.params.chunk_count} ciphertexts, got {len(chunks)}")
         packed_bytes = _packed_bytes(coefficients, self.params)
         size = packed_bytes + (_PRNG_RECORD_BYTES if seeded else 0)
-        ciphertexts = []
         for index, chunk in enumerate(chunks):
             if type(chunk) is not bytes or len(chunk) != size:
                 got = f"{len(chunk)}" if type(chunk) is bytes else type(chunk).__name__
                 raise BfvError(f"{what} ciphertext {index} must be {size} bytes, got {got}")
-            body = prefix + _unpack(chunk[:packed_bytes], coefficients, self._bits)
-            if seeded:
-                body += self._header(_HEADER.size + _PRNG_RECORD_BYTES) + chunk[packed_bytes:]
-            ciphertext = seal.Ciphertext()
-            try:
-                _load(ciphertext, self.seal, self._header(_HEADER.size + len(body)) + body)
-            except Exception as error:  # SEAL raises ValueError, RuntimeError or its logic_error on invalid data
-                raise BfvError(f"{what} ciphertext {index} is not valid for these parameters: {error}") from None
-            if (
-                ciphertext.size() != 2
-                or ciphertext.is_ntt_form()
-                or ciphertext.parms_id() != self.seal.first_parms_id()
-                or ciphertext.is_transparent()
-            ):
-                raise BfvError(f"{what} ciphertext {index} is not a fresh-form two-polynomial ciphertext")
-            ciphertexts.append(ciphertext)
+        unpacked = _unpack(b"".join(chunk[:packed_bytes] for chunk in chunks), coefficients * len(chunks), self._bits)
+        ciphertexts = []
+        with _MemoryFile() as file:
+            for index, chunk in enumerate(chunks):
+                body = prefix + unpacked[8 * coefficients * index : 8 * coefficients * (index + 1)]
+                if seeded:
+                    body += self._header(_HEADER.size + _PRNG_RECORD_BYTES) + chunk[packed_bytes:]
+                ciphertext = seal.Ciphertext()
+                try:
+                    file.load(ciphertext, self.seal, self._header(_HEADER.size + len(body)) + body)
+                except Exception as error:  # SEAL raises ValueError, RuntimeError or its logic_error on invalid data
+                    raise BfvError(f"{what} ciphertext {index} is not valid for these parameters: {error}") from None
+                if (
+                    ciphertext.size() != 2
+                    or ciphertext.is_ntt_form()
+                    or ciphertext.parms_id() != self.seal.first_parms_id()
+                    or ciphertext.is_transparent()
+                ):
+                    raise BfvError(f"{what} ciphertext {index} is not a fresh-form two-polynomial ciphertext")
+                ciphertexts.append(ciphertext)
         return ciphertexts
 
     def _body(self, serialized: bytes, prefix: bytes) -> bytes:
@@ -176,7 +193,8 @@ class SecretContext:
         public = PublicContext(params)
         secret_key = seal.SecretKey()
         try:
-            _load(secret_key, public.seal, data[CHECK_KEY_BYTES:])
+            with _MemoryFile() as file:
+                file.load(secret_key, public.seal, data[CHECK_KEY_BYTES:])
         except Exception as error:  # SEAL's loader rejects foreign or corrupt keys
             raise BfvError(f"not a BFV secret key for these parameters: {error}") from None
         try:
@@ -199,17 +217,18 @@ class SecretContext:
         if values.shape != (self.params.vector_length,) or not np.issubdtype(values.dtype, np.integer):
             raise BfvError(f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}")
         slots = _balanced(self._check.append(values, round_number=round_number, hospital=hospital), self.params.plain_modulus)
-        chunks = []
-        for start in range(0, slots.size, self.params.poly_modulus_degree):
-            plaintext = seal.Plaintext()
-            self._encoder.encode(slots[start : start + self.params.poly_modulus_degree].tolist(), plaintext)
-            if seeded:
-                chunks.append(self._public.pack_upload(_save(self._encryptor.encrypt_symmetric(plaintext))))
-            else:
-                ciphertext = seal.Ciphertext()
-                self._encryptor.encrypt_symmetric(plaintext, ciphertext)
-                chunks.append(self._public.pack_aggregate(ciphertext))
-        return chunks
+        encrypted = []
+        with _MemoryFile() as file:
+            for start in range(0, slots.size, self.params.poly_modulus_degree):
+                plaintext = seal.Plaintext()
+                self._encoder.encode(slots[start : start + self.params.poly_modulus_degree].tolist(), plaintext)
+                if seeded:
+                    encrypted.append(file.save(self._encryptor.encrypt_symmetric(plaintext)))
+                else:
+                    ciphertext = seal.Ciphertext()
+                    self._encryptor.encrypt_symmetric(plaintext, ciphertext)
+                    encrypted.append(ciphertext)
+        return self._public.pack_uploads(encrypted) if seeded else self._public.pack_aggregate(encrypted)
 
     def decrypt_sum(self, chunks: Sequence[bytes], *, round_number: int, contributors: Sequence[str]) -> np.ndarray:
         """The sum (int64, in ``(-t/2, t/2]``) of ``contributors``' updates for this round.
@@ -261,7 +280,7 @@ class CiphertextSum:
     def to_chunks(self) -> list[bytes]:
         if self._totals is None:
             raise BfvError("the sum is empty")
-        return [self._context.pack_aggregate(total) for total in self._totals]
+        return self._context.pack_aggregate(self._totals)
 
 
 def _coefficient_bits(params: BfvParameters) -> int:
@@ -313,21 +332,32 @@ def _seal_version() -> tuple[int, int]:
     return major, minor
 
 
+class _MemoryFile:
+    """An in-memory file through which SEAL saves and loads by path: a secret key never touches a disk.
+
+    One file serves a whole batch of ciphertexts: creating one costs as much as SEAL loading a small
+    ciphertext from it.
+    """
+
+    def __enter__(self) -> "_MemoryFile":
+        self._descriptor = os.memfd_create("consilium-seal", os.MFD_CLOEXEC)
+        self._path = f"/proc/self/fd/{self._descriptor}"
+        return self
+
+    def __exit__(self, *_) -> None:
+        os.close(self._descriptor)
+
+    def save(self, obj) -> bytes:
+        obj.save(self._path)  # SEAL opens the path anew and truncates it
+        return os.pread(self._descriptor, os.fstat(self._descriptor).st_size, 0)
+
+    def load(self, obj, context: seal.SEALContext, data: bytes) -> None:
+        os.ftruncate(self._descriptor, 0)
+        if os.pwrite(self._descriptor, data, 0) != len(data):
+            raise OSError("an in-memory file took only part of a write")
+        obj.load(context, self._path)
+
+
 def _save(obj) -> bytes:
-    """SEAL's serialisation of ``obj``, through an in-memory file: a secret key never touches a disk."""
-    descriptor = os.memfd_create("consilium-seal", os.MFD_CLOEXEC)
-    try:
-        obj.save(f"/proc/self/fd/{descriptor}")
-        return os.pread(descriptor, os.fstat(descriptor).st_size, 0)
-    finally:
-        os.close(descriptor)
-
-
-def _load(obj, context: seal.SEALContext, data: bytes) -> None:
-    descriptor = os.memfd_create("consilium-seal", os.MFD_CLOEXEC)
-    try:
-        with os.fdopen(os.dup(descriptor), "wb") as file:
-            file.write(data)
-        obj.load(context, f"/proc/self/fd/{descriptor}")
-    finally:
-        os.close(descriptor)
+    with _MemoryFile() as file:
+        return file.save(obj)

@@ -7,10 +7,11 @@ vector ``x_k`` of ``d`` integers, all modulo the plaintext modulus ``t``::
     c_{k,l} = <a_l, x_k> + tag_{k,l}        l = 1..L
 
 ``a_l`` (in ``Z_t^d``) and ``tag_{k,l}`` (in ``Z_t``) are ChaCha20 keystream keyed with
-``HMAC-SHA256(K, R | r | l)`` and ``HMAC-SHA256(K, R | r | k)``, read as 64-bit words each reduced
-modulo ``t``. Each value then has ``floor(2^64 / t)`` or ``ceil(2^64 / t)`` of the ``2^64`` words as
-preimages, so it is drawn with probability at most ``1/t + 2^-64``: "uniform" below means within
-that. A hospital told that a sum ``(y, c)`` adds the contributions of the set ``S`` accepts it only
+``HMAC-SHA256(K, R | r | l)`` and ``HMAC-SHA256(K, R | r | k)``, read as 32-bit words ``w``, each
+mapped to ``floor(w t / 2^32)`` (exact in 64-bit arithmetic, as ``t < 2^32``). Each value then has
+``floor(2^32 / t)`` or ``ceil(2^32 / t)`` of the ``2^32`` words as preimages, so it is drawn with
+probability at most ``p = 1/t + 2^-32``: "uniform" below means within that. (Half the keystream
+and no division, against 64-bit words reduced modulo ``t``: the check slots cost half as much.) A hospital told that a sum ``(y, c)`` adds the contributions of the set ``S`` accepts it only
 if, for every ``l``::
 
     c_l = <a_l, y> + sum_{k in S} tag_{k,l}
@@ -21,12 +22,12 @@ relinearisation key), so from the ciphertexts it has received it can compute, sl
 by a plaintext ``D_j``, plus a plaintext ``p``. Anything else decrypts to values independent of the
 key's check. In check slot ``l`` each contribution ``j`` brings its own ``tag_j``, uniform and
 unknown to the server, with coefficient ``D_j[l]``; unless that coefficient is exactly 1 for each
-fresh contribution of ``S`` and 0 for every other, the check holds with probability ``1/t``. With
-those coefficients the check reads ``<a_l, e> = p_l`` for the error ``e = sum_{k in S} x_k - y``,
+fresh contribution of ``S`` and 0 for every other, the check holds with probability at most ``p``.
+With those coefficients the check reads ``<a_l, e> = p_l`` for the error ``e = sum_{k in S} x_k - y``,
 and ``a_l`` is uniform and independent of everything the server has seen, so a nonzero ``e``
-passes with probability ``1/t``. Independent ``a_l`` and tags over ``L = ceil(128 / log2 t)`` slots
-give a forgery probability of at most ``(1/t + 2^-64)^L <= 2^-128 (1 + 2^-32)^L`` (as ``t < 2^32``),
-below ``2^-127.99``. This rules out ``3 Enc(x_2)``, a contribution left out or counted twice, a
+passes with probability at most ``p`` (``t`` is prime: fixing the other coordinates, each value of
+``a_{l,i}`` with ``e_i != 0`` gives a different ``<a_l, e>``). Independent ``a_l`` and tags over
+``L = ceil(128 / -log2 p)`` slots give a forgery probability of at most ``p^L <= 2^-128``. This rules out ``3 Enc(x_2)``, a contribution left out or counted twice, a
 replayed round, a transparent or forged ciphertext, and a sum whose data slots were scaled or shifted.
 
 **What it does not rule out.** A server can send different valid sums, for different sets ``S``,
@@ -37,8 +38,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
 import secrets
+from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
@@ -48,6 +49,7 @@ __all__ = ["CHECK_KEY_BYTES", "MembershipError", "check_slot_count", "CheckKey"]
 
 CHECK_KEY_BYTES = 32
 SOUNDNESS_BITS = 128
+_WORD_BITS = 32
 _NONCE = bytes(16)  # each label has its own key, so one nonce serves: every party recomputes the same stream
 
 
@@ -56,8 +58,12 @@ class MembershipError(ValueError):
 
 
 def check_slot_count(plain_modulus: int) -> int:
-    """``L``: enough slots that a forgery passes with probability at most ``2^-128``."""
-    return math.ceil(SOUNDNESS_BITS / math.log2(plain_modulus))
+    """``L``: the fewest slots with ``p^L <= 2^-128``, in exact arithmetic (a rounded logarithm could give one too few)."""
+    p = Fraction(1, plain_modulus) + Fraction(1, 2**_WORD_BITS)
+    slots, forgery = 1, p
+    while forgery > Fraction(1, 2**SOUNDNESS_BITS):
+        slots, forgery = slots + 1, forgery * p
+    return slots
 
 
 class CheckKey:
@@ -116,6 +122,7 @@ class CheckKey:
 
     def _uniform(self, label: bytes, size: int) -> np.ndarray:
         """``size`` values in ``Z_t`` from the keystream of ``label``'s key (see the module docstring)."""
-        key = hmac.new(self._key, b"consilium/check-slots/v2|" + self._run_id.encode() + b"|" + label, hashlib.sha256)
-        keystream = Cipher(algorithms.ChaCha20(key.digest(), _NONCE), mode=None).encryptor().update(bytes(8 * size))
-        return np.frombuffer(keystream, dtype="<u8") % np.uint64(self._t)
+        key = hmac.new(self._key, b"consilium/check-slots/v3|" + self._run_id.encode() + b"|" + label, hashlib.sha256)
+        keystream = Cipher(algorithms.ChaCha20(key.digest(), _NONCE), mode=None).encryptor().update(bytes(4 * size))
+        words = np.frombuffer(keystream, dtype="<u4").astype(np.uint64)
+        return (words * np.uint64(self._t)) >> np.uint64(_WORD_BITS)

@@ -235,7 +235,7 @@ def test_the_server_holds_ciphertexts_of_the_updates_that_only_the_run_key_opens
     lengths = {tuple(len(c) for c in m.chunks) for _, m in uploads}
     assert len(lengths) == 1
     for sender, message in uploads:
-        as_sum = [public.pack_aggregate(c) for c in public.load_upload(message.chunks)]
+        as_sum = public.pack_aggregate(public.load_upload(message.chunks))
         opened = run_key.decrypt_sum(as_sum, round_number=message.round, contributors=[sender])
         np.testing.assert_array_equal(opened, truth[sender, message.round])
         with pytest.raises(BfvError):

@@ -40,6 +40,19 @@ def test_encrypted_sum_equals_the_plaintext_sum(secret, public, small_params, co
     assert np.array_equal(_sum_of(public, secret, vectors), vectors.sum(axis=0))
 
 
+@pytest.mark.parametrize("seeded", [True, False])
+def test_a_vector_over_several_ciphertexts_sums_exactly(seeded):
+    """Each ciphertext is packed and unpacked in one batch with the others: none may take another's coefficients."""
+    params = select_bfv_parameters(max_contributors=3, vector_length=5000, sum_bound=30_000)
+    assert params.chunk_count >= 3
+    secret, public = SecretContext.generate(params, run_id=RUN), PublicContext(params)
+    vectors = np.random.default_rng(3).integers(-10_000, 10_000, size=(3, params.vector_length), endpoint=True)
+    total, names = CiphertextSum(public, seeded=seeded), _names(3)
+    for vector, name in zip(vectors, names):
+        total.add(secret.encrypt_update(vector, round_number=1, hospital=name, seeded=seeded))
+    assert np.array_equal(secret.decrypt_sum(total.to_chunks(), round_number=1, contributors=names), vectors.sum(axis=0))
+
+
 @pytest.mark.parametrize("sign", [1, -1])
 def test_the_largest_sums_stay_exact_at_max_contributors(secret, public, small_params, sign):
     """K_max contributions reaching the sum bound together: nothing is clamped, nothing wraps."""
@@ -130,7 +143,7 @@ def _forge(public, ciphertexts, plain=None):
     public.evaluator.add_many(ciphertexts, total)
     if plain is not None:
         public.evaluator.add_plain_inplace(total, plain)
-    return [public.pack_aggregate(total)]
+    return public.pack_aggregate([total])
 
 
 def test_a_dishonest_aggregate_is_refused(secret, public, small_params):
@@ -171,7 +184,7 @@ def test_transparent_and_arbitrary_aggregates_are_refused(secret, public, small_
     forged = SecretContext.generate(small_params, run_id=RUN).encrypt_update(
         np.ones(small_params.vector_length, dtype=np.int64), round_number=1, hospital="hospital-1"
     )
-    other_key = public.pack_aggregate(public.load_upload(forged)[0])
+    (other_key,) = public.pack_aggregate(public.load_upload(forged))
     candidates = [
         [b"\x00" * size],  # transparent: decrypts to c0 under any key
         [bytes(np.random.default_rng(1).integers(0, 256, half, dtype=np.uint8)) + b"\x00" * (size - half)],
@@ -187,7 +200,7 @@ def test_secrets_round_trip_and_garbage_is_refused(secret, small_params):
     copy = SecretContext.from_bytes(secret.to_bytes(), small_params, run_id=RUN)
     chunks = secret.encrypt_update(np.full(small_params.vector_length, 5, dtype=np.int64), round_number=1, hospital="hospital-1")
     public = PublicContext(small_params)
-    aggregate = [public.pack_aggregate(c) for c in public.load_upload(chunks)]
+    aggregate = public.pack_aggregate(public.load_upload(chunks))
     assert np.all(copy.decrypt_sum(aggregate, round_number=1, contributors=["hospital-1"]) == 5)
     for garbage in (b"", b"\x00" * 32, secret.to_bytes()[:-10], b"\x01" * 31 + secret.to_bytes()[32:]):
         with pytest.raises(BfvError):

@@ -138,7 +138,7 @@ def test_a_key_the_server_makes_for_itself_opens_nothing_it_received(run):
     params = config.bfv_parameters()
     update = next(m for _, m, _ in _messages(out) if isinstance(m, Update))
     public = PublicContext(params)
-    as_sum = [public.pack_aggregate(c) for c in public.load_upload(update.chunks)]
+    as_sum = public.pack_aggregate(public.load_upload(update.chunks))
     own = SecretContext.generate(params, run_id=config.run_id)
     with pytest.raises(BfvError, match="not one fresh contribution"):
         own.decrypt_sum(as_sum, round_number=1, contributors=["hospital-1"])

@@ -1,9 +1,11 @@
 """Check slots: the inner products are exact modulo t whatever t's size, and a sum verifies only as itself."""
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
-from crypto.membership import CheckKey, MembershipError
+from crypto.membership import CheckKey, MembershipError, check_slot_count
 
 
 @pytest.mark.parametrize("plain_modulus", [12289, 40353793, 4294957057])  # 14, 26 and 32 bits (one product a block)
@@ -18,6 +20,15 @@ def test_check_slots_are_the_inner_products_and_tags_modulo_t(plain_modulus):
         a = key._uniform(b"coefficients|3|%d" % l, 5000)
         assert a.max() < plain_modulus
         assert int(check) == (sum(int(p) * int(q) for p, q in zip(a, values)) + int(tag)) % plain_modulus
+
+
+@pytest.mark.parametrize("plain_modulus, slots", [(65537, 9), (1073153, 7), (40353793, 6), (4294957057, 5)])
+def test_check_slots_are_just_enough_for_2_to_the_minus_128(plain_modulus, slots):
+    """Each slot passes a forgery with probability p = 1/t + 2^-32. At t = 65537, p is just above 2^-16:
+    eight slots, what a rounded logarithm gives, are one too few."""
+    p = Fraction(1, plain_modulus) + Fraction(1, 2**32)
+    assert check_slot_count(plain_modulus) == slots
+    assert p**slots <= Fraction(1, 2**128) < p ** (slots - 1)
 
 
 def test_a_sum_verifies_for_its_contributors_only():
@@ -41,12 +52,12 @@ def test_the_check_slots_are_pinned_to_their_derivation():
     t, values = 40353793, np.arange(-5, 5)
     key = CheckKey(bytes(range(32)), run_id="0123456789abcdef", plain_modulus=t)
     slots = key.append(values, round_number=7, hospital="hospital-2")[10:]
-    assert slots.tolist() == [8683871, 16446018, 32969867, 33349430, 25280868, 4743555]
+    assert slots.tolist() == [4767385, 26840940, 19068501, 27445837, 21373067, 256444]
 
     def stream(label: bytes, size: int) -> list[int]:  # the module docstring's derivation, spelled out
-        digest = hmac.new(bytes(range(32)), b"consilium/check-slots/v2|0123456789abcdef|" + label, hashlib.sha256).digest()
-        keystream = Cipher(algorithms.ChaCha20(digest, bytes(16)), mode=None).encryptor().update(bytes(8 * size))
-        return [int.from_bytes(keystream[8 * i : 8 * i + 8], "little") % t for i in range(size)]
+        digest = hmac.new(bytes(range(32)), b"consilium/check-slots/v3|0123456789abcdef|" + label, hashlib.sha256).digest()
+        keystream = Cipher(algorithms.ChaCha20(digest, bytes(16)), mode=None).encryptor().update(bytes(4 * size))
+        return [int.from_bytes(keystream[4 * i : 4 * i + 4], "little") * t >> 32 for i in range(size)]
 
     a = stream(b"coefficients|7|0", 10)
     tag = stream(b"tags|7|hospital-2", key.slots)[0]
