@@ -7,7 +7,6 @@ from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp
 from scipy.special import logsumexp
 from scipy.stats import skellam
-from sympy import ZZ, ring
 
 from training.accounting import LedgerError, PrivacyLedger, Release, release_of
 from training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
@@ -244,30 +243,62 @@ def test_both_directions_of_the_exact_one_dimensional_subsampled_skellam_stay_wi
             assert np.all(removal <= bound + tolerance) and np.all(addition <= bound + tolerance)
 
 
-def _negative_certificate_coefficients(alpha, k):
-    """Exact check of the pointwise inequality in ``training/rdp.py`` with the weight ``3w / (3w + k)``.
-
-    With ``q = 1/(1+w)``, ``u = 1 + w`` and the inequality multiplied by ``(3w+k) u^alpha r^(alpha-1)
-    (w+r)^(alpha-1) > 0``, its right minus left side is the integer polynomial ``M(r, w)`` below.
-    Returns the number of negative coefficients of ``M / (r-1)^4`` (``None`` if ``(r-1)^4`` does not
-    divide ``M``): zero means ``M >= 0``, hence the inequality, for all ``r, w > 0``."""
-    ring_, r, w = ring("r,w", ZZ)
+def _certificate(r, w, alpha, k):
+    """``M(r, w)``: the right minus the left side of the pointwise inequality in ``training/rdp.py``
+    with the weight ``3w / (3w + k)``, ``q = 1/(1+w)`` and ``u = 1 + w``, multiplied by
+    ``(3w+k) u^alpha r^(alpha-1) (w+r)^(alpha-1) > 0``."""
     a, u = alpha, 1 + w
     slope = (1 - a) * (3 * w + k) - 3 * w * a - k * (u - a)  # c (3w + k) u
-    m = (
+    return (
         3 * w * (w + r) ** (2 * a - 1) * r ** (a - 1)
         + k * (w * r + 1) ** a * (w + r) ** (a - 1)
         + slope * (r - 1) * r ** (a - 1) * (w + r) ** (a - 1) * u ** (a - 1)
         - (3 * w + k) * u ** (2 * a - 1) * r ** (a - 1)
     )
-    coefficients = np.zeros((a * 3 + 2, a * 3 + 2), dtype=object)  # [power of r, power of w]
-    for (power_r, power_w), coefficient in m.terms():
-        coefficients[power_r, power_w] = int(coefficient)
+
+
+def _certificate_coefficients(alpha, k):
+    """``M``'s coefficients, ``m[i, j]`` of ``r^i w^j``, from the binomial expansion of each term of ``_certificate``."""
+    a = alpha
+    m = np.zeros((3 * a - 1, 2 * a + 1), dtype=object)
+    i = np.arange(2 * a)  # 3 w (w + r)^(2a-1) r^(a-1)
+    m[i + a - 1, 2 * a - i] += 3 * _binomials(2 * a - 1)
+    i, j = np.meshgrid(np.arange(a + 1), np.arange(a), indexing="ij")  # k (w r)^i of (wr + 1)^a, r^j w^(a-1-j) of (w + r)^(a-1)
+    m[i + j, i + a - 1 - j] += k * np.outer(_binomials(a), _binomials(a - 1))
+    # slope (r - 1) r^(a-1) (w + r)^(a-1) u^(a-1): the slope's constant terms cancel, leaving s w
+    s = (1 - a) * 3 - 3 * a - k
+    i, j = np.meshgrid(np.arange(a), np.arange(a), indexing="ij")  # r^i w^(a-1-i) of (w + r)^(a-1), w^j of u^(a-1)
+    product = s * np.outer(_binomials(a - 1), _binomials(a - 1))
+    m[i + a, a - i + j] += product
+    m[i + a - 1, a - i + j] -= product
+    m[a - 1, : 2 * a] -= k * _binomials(2 * a - 1)  # -(3w + k) u^(2a-1) r^(a-1)
+    m[a - 1, 1:] -= 3 * _binomials(2 * a - 1)
+    return m
+
+
+def _binomials(n):
+    return np.array([math.comb(n, i) for i in range(n + 1)], dtype=object)
+
+
+def _negative_certificate_coefficients(alpha, k):
+    """The number of negative coefficients of ``M / (r-1)^4`` (``None`` if ``(r-1)^4`` does not
+    divide ``M``): zero means ``M >= 0``, hence the inequality, for all ``r, w > 0``."""
+    coefficients = _certificate_coefficients(alpha, k)
     for _ in range(4):  # synthetic division by (r - 1), one power of w at a time
         if any(coefficients.sum(axis=0)):
             return None
         coefficients = np.cumsum(coefficients[::-1], axis=0)[::-1][1:]
     return int(np.sum(coefficients < 0))
+
+
+@pytest.mark.parametrize("alpha", [2, 3, 20, 256])
+def test_the_certificate_s_coefficients_are_its_polynomial(alpha):
+    """The expansion agrees with the formula at points where distinct polynomials of these degrees would not."""
+    coefficients = _certificate_coefficients(alpha, 2 * alpha - 1)
+    for r, w in ((2, 3), (7, 1), (10**6 + 3, 999)):
+        powers_r = np.array([r**i for i in range(coefficients.shape[0])], dtype=object)
+        powers_w = np.array([w**j for j in range(coefficients.shape[1])], dtype=object)
+        assert powers_r @ coefficients @ powers_w == _certificate(r, w, alpha, 2 * alpha - 1)
 
 
 def test_the_subsampling_bound_covers_the_addition_direction_at_every_order():
