@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import tenseal.sealapi as seal
@@ -41,6 +41,9 @@ _SEAL_MAGIC = 0xA15E
 _HEADER = struct.Struct("<HBBBBHQ")  # magic, header size, version major, minor, compression, reserved, size
 _COMPRESSION_NONE = 0
 _PRNG_RECORD_BYTES = 1 + 64  # SEAL's UniformRandomGeneratorInfo: PRNG type, then a 512-bit seed
+# Ciphertexts packed or unpacked in one numpy call: below a few dozen, numpy's cost per call
+# outweighs its cost per coefficient; above, the temporary arrays outgrow the caches.
+_BATCH = 64
 
 
 class BfvError(ValueError):
@@ -110,10 +113,20 @@ class PublicContext:
         return self._pack_each(polynomials)
 
     def _pack_each(self, polynomials: list[bytes]) -> list[bytes]:
-        """Each polynomial packed, all in one call: numpy's cost per call outweighs its cost per coefficient."""
-        size = len(polynomials[0]) // 64 * self._bits  # 8 bytes a coefficient, eight of them to `bits` bytes
-        packed = _pack(b"".join(polynomials), self._bits)
-        return [packed[i : i + size] for i in range(0, len(packed), size)]
+        packed = []
+        for start in range(0, len(polynomials), _BATCH):
+            batch = polynomials[start : start + _BATCH]
+            size = len(batch[0]) // 64 * self._bits  # 8 bytes a coefficient, eight of them to `bits` bytes
+            joined = _pack(b"".join(batch), self._bits)
+            packed += [joined[i : i + size] for i in range(0, len(joined), size)]
+        return packed
+
+    def _each_unpacked(self, chunks: Sequence[bytes], packed_bytes: int, coefficients: int) -> Iterator[bytes]:
+        """Each chunk's first ``packed_bytes`` unpacked to SEAL's 64-bit coefficients."""
+        for start in range(0, len(chunks), _BATCH):
+            batch = chunks[start : start + _BATCH]
+            words = _unpack(b"".join(chunk[:packed_bytes] for chunk in batch), coefficients * len(batch), self._bits)
+            yield from (words[i : i + 8 * coefficients] for i in range(0, len(words), 8 * coefficients))
 
     def _load(self, chunks: Sequence[bytes], prefix: bytes, coefficients: int, *, seeded: bool, what: str) -> list[seal.Ciphertext]:
         if len(chunks) != self.params.chunk_count:
@@ -124,11 +137,11 @@ class PublicContext:
             if type(chunk) is not bytes or len(chunk) != size:
                 got = f"{len(chunk)}" if type(chunk) is bytes else type(chunk).__name__
                 raise BfvError(f"{what} ciphertext {index} must be {size} bytes, got {got}")
-        unpacked = _unpack(b"".join(chunk[:packed_bytes] for chunk in chunks), coefficients * len(chunks), self._bits)
         ciphertexts = []
+        unpacked = self._each_unpacked(chunks, packed_bytes, coefficients)
         with _MemoryFile() as file:
-            for index, chunk in enumerate(chunks):
-                body = prefix + unpacked[8 * coefficients * index : 8 * coefficients * (index + 1)]
+            for index, (chunk, polynomial) in enumerate(zip(chunks, unpacked, strict=True)):
+                body = prefix + polynomial
                 if seeded:
                     body += self._header(_HEADER.size + _PRNG_RECORD_BYTES) + chunk[packed_bytes:]
                 ciphertext = seal.Ciphertext()

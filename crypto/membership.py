@@ -10,9 +10,11 @@ vector ``x_k`` of ``d`` integers, all modulo the plaintext modulus ``t``::
 ``HMAC-SHA256(K, R | r | l)`` and ``HMAC-SHA256(K, R | r | k)``, read as 32-bit words ``w``, each
 mapped to ``floor(w t / 2^32)`` (exact in 64-bit arithmetic, as ``t < 2^32``). Each value then has
 ``floor(2^32 / t)`` or ``ceil(2^32 / t)`` of the ``2^32`` words as preimages, so it is drawn with
-probability at most ``p = 1/t + 2^-32``: "uniform" below means within that. (Half the keystream
-and no division, against 64-bit words reduced modulo ``t``: the check slots cost half as much.) A hospital told that a sum ``(y, c)`` adds the contributions of the set ``S`` accepts it only
-if, for every ``l``::
+probability at most ``p = 1/t + 2^-32``, and "uniform" below means only that cap: the draw can be
+as far as about ``t / 2^32`` from uniform in statistical distance, which the argument never uses.
+(Half the keystream of 64-bit words reduced modulo ``t``, and no division: half the cost.)
+A hospital told that a sum ``(y, c)`` adds the contributions of the set ``S`` accepts it only if,
+for every ``l``::
 
     c_l = <a_l, y> + sum_{k in S} tag_{k,l}
 
@@ -26,9 +28,11 @@ fresh contribution of ``S`` and 0 for every other, the check holds with probabil
 With those coefficients the check reads ``<a_l, e> = p_l`` for the error ``e = sum_{k in S} x_k - y``,
 and ``a_l`` is uniform and independent of everything the server has seen, so a nonzero ``e``
 passes with probability at most ``p`` (``t`` is prime: fixing the other coordinates, each value of
-``a_{l,i}`` with ``e_i != 0`` gives a different ``<a_l, e>``). Independent ``a_l`` and tags over
-``L = ceil(128 / -log2 p)`` slots give a forgery probability of at most ``p^L <= 2^-128``. This rules out ``3 Enc(x_2)``, a contribution left out or counted twice, a
-replayed round, a transparent or forged ciphertext, and a sum whose data slots were scaled or shifted.
+``a_{l,i}`` with ``e_i != 0`` gives a different ``<a_l, e>``; ``CheckKey`` refuses any other ``t``).
+Independent ``a_l`` and tags over ``L = ceil(128 / -log2 p)`` slots give a forgery probability of
+at most ``p^L <= 2^-128``. This rules out ``3 Enc(x_2)``, a contribution left out or counted twice,
+a replayed round, a transparent or forged ciphertext, and a sum whose data slots were scaled or
+shifted.
 
 **What it does not rule out.** A server can send different valid sums, for different sets ``S``,
 to different hospitals in one round; ``crypto.endorsement`` closes that.
@@ -45,6 +49,8 @@ from typing import Sequence
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
+from crypto.primes import is_prime
+
 __all__ = ["CHECK_KEY_BYTES", "MembershipError", "check_slot_count", "CheckKey"]
 
 CHECK_KEY_BYTES = 32
@@ -58,7 +64,8 @@ class MembershipError(ValueError):
 
 
 def check_slot_count(plain_modulus: int) -> int:
-    """``L``: the fewest slots with ``p^L <= 2^-128``, in exact arithmetic (a rounded logarithm could give one too few)."""
+    """``L``: the fewest slots with ``p^L <= 2^-128``, in exact arithmetic (a rounded logarithm can
+    give one too few: at ``t = 65537``, ``p`` is just above ``2^-16``)."""
     p = Fraction(1, plain_modulus) + Fraction(1, 2**_WORD_BITS)
     slots, forgery = 1, p
     while forgery > Fraction(1, 2**SOUNDNESS_BITS):
@@ -72,8 +79,8 @@ class CheckKey:
     def __init__(self, key: bytes, *, run_id: str, plain_modulus: int) -> None:
         if len(key) != CHECK_KEY_BYTES:
             raise MembershipError(f"a check key has {CHECK_KEY_BYTES} bytes, got {len(key)}")
-        if not 2 < plain_modulus < 2**32:
-            raise MembershipError(f"check slots need a plaintext modulus below 2^32, got {plain_modulus}")
+        if not (2 < plain_modulus < 2**32 and is_prime(plain_modulus)):
+            raise MembershipError(f"check slots need a prime plaintext modulus below 2^32, got {plain_modulus}")
         self._key = key
         self._run_id = run_id
         self._t = plain_modulus

@@ -1,3 +1,5 @@
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -21,7 +23,8 @@ def test_parameters_satisfy_the_bounds_they_claim(contributors, length):
     k = params.max_contributors
     assert k / 2 + _exact_error_quantile(k, params.chunk_count * degree) - 1 < q / (2 * t)
     assert params.chunk_count * degree >= params.slot_count
-    assert (params.slot_count - length) * np.log2(t) >= 128  # the check slots' soundness
+    check_slots = params.slot_count - length  # each passes a forgery with probability at most 1/t + 2^-32
+    assert (Fraction(1, t) + Fraction(1, 2**32)) ** check_slots <= Fraction(1, 2**128)
 
 
 @pytest.mark.parametrize("contributors", [1, 2, 10, 100, 1000])

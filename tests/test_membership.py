@@ -42,24 +42,40 @@ def test_a_sum_verifies_for_its_contributors_only():
             key.verify(total, round_number=round_number, contributors=contributors)
 
 
-def test_the_check_slots_are_pinned_to_their_derivation():
-    """Known answers: a change to the labels, the key derivation or the reduction changes these slots."""
+@pytest.mark.parametrize(
+    "t, known",
+    [
+        (40353793, [4767385, 26840940, 19068501, 27445837, 21373067, 256444]),
+        (4294957057, [507405101, 2856749185, 2029509236, 2921130394, 2274789797]),  # w t near 2^64
+    ],
+)
+def test_the_check_slots_are_pinned_to_their_derivation(t, known):
+    """Known answers, and every slot recomputed from the module docstring's derivation in Python
+    integers: a change to the labels, the key derivation or the mapping to Z_t changes them."""
     import hashlib
     import hmac
 
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-    t, values = 40353793, np.arange(-5, 5)
+    values = np.arange(-5, 5)  # t - 5 to 4 modulo t
     key = CheckKey(bytes(range(32)), run_id="0123456789abcdef", plain_modulus=t)
     slots = key.append(values, round_number=7, hospital="hospital-2")[10:]
-    assert slots.tolist() == [4767385, 26840940, 19068501, 27445837, 21373067, 256444]
+    assert slots.tolist() == known
 
-    def stream(label: bytes, size: int) -> list[int]:  # the module docstring's derivation, spelled out
+    def stream(label: bytes, size: int) -> list[int]:
         digest = hmac.new(bytes(range(32)), b"consilium/check-slots/v3|0123456789abcdef|" + label, hashlib.sha256).digest()
         keystream = Cipher(algorithms.ChaCha20(digest, bytes(16)), mode=None).encryptor().update(bytes(4 * size))
         return [int.from_bytes(keystream[4 * i : 4 * i + 4], "little") * t >> 32 for i in range(size)]
 
-    a = stream(b"coefficients|7|0", 10)
-    tag = stream(b"tags|7|hospital-2", key.slots)[0]
-    assert int(slots[0]) == (sum(x * int(v) for x, v in zip(a, values)) + tag) % t
-    assert a != stream(b"coefficients|7|1", 10) != stream(b"coefficients|8|0", 10)
+    tags = stream(b"tags|7|hospital-2", len(known))
+    for l, slot in enumerate(slots):
+        a = stream(b"coefficients|7|%d" % l, 10)
+        assert int(slot) == (sum(x * (int(v) % t) for x, v in zip(a, values)) + tags[l]) % t
+    assert stream(b"coefficients|7|0", 10) != stream(b"coefficients|7|1", 10) != stream(b"coefficients|8|0", 10)
+
+
+def test_a_composite_or_oversized_plaintext_modulus_is_refused():
+    """The soundness argument needs t prime (a product with a nonzero error coordinate is then uniform)."""
+    for modulus in (2**31, 65537 * 3, 2**32 + 15, 2):
+        with pytest.raises(MembershipError):
+            CheckKey.generate(run_id="0123456789abcdef", plain_modulus=modulus)
