@@ -11,8 +11,12 @@ The hospitals send at once (``--send-offset 0``): the offset that hides a round'
 would otherwise hide the encryption time too. A round's wall time is the server's, from RoundStart
 to the evaluated model: ``collect`` (the hospitals' step, encryption and upload, and the server's
 additions) + ``release`` (the sum down, decryption, endorsements, the mean back) + ``evaluate``.
-Figures are medians over the rounds after the first (warm-up). Every process shares this machine's
-cores, as in the README's main job.
+Each run's figures are medians over the rounds after the first (warm-up). Every process shares this
+machine's cores, as in the README's main job.
+
+A shared machine's speed drifts by a fifth from one run to the next, as much as the difference
+being measured, so each setting runs ``--repeats`` pairs, alternating which mode goes first: the
+ratio is each pair's, and the table gives their median and range.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS), help="which to run")
     parser.add_argument("--rounds", type=positive_int, default=12, help="rounds per run, the first not counted (default: 12)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data split and partition (default: 0)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="secure/plaintext pairs per setting (default: 3)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_round"), help="where the table goes")
     parser.add_argument("--work", type=Path, default=Path("runs/bench_round"), help="where each run's files go")
     return parser
@@ -61,17 +66,18 @@ def main(argv: list[str] | None = None) -> None:
 def benchmark(args: argparse.Namespace) -> None:
     if args.rounds < 2:
         raise ValueError("--rounds must be at least 2: the first round is warm-up")
-    runs: dict[str, dict[str, dict]] = {}
+    runs: dict[str, dict[str, list[dict]]] = {}
     for setting in args.settings:
-        for mode, mode_argv in MODES.items():
-            out = args.work / f"{setting}-{mode}"
-            argv = [
-                *SETTINGS[setting]["argv"], *mode_argv, "--rounds", str(args.rounds), "--seed", str(args.seed),
-                "--send-offset", "0", "--epsilon-budget", "1000", "--out", str(out),
-            ]  # fmt: skip
-            print(f"== {setting}, {mode}: consilium-federation {' '.join(argv)}", flush=True)
-            report = federation.run_federation(federation.build_parser().parse_args(argv))
-            runs.setdefault(setting, {})[mode] = {"argv": argv, "summary": summarise(report)}
+        for repeat in range(args.repeats):
+            for mode in list(MODES)[:: 1 if repeat % 2 == 0 else -1]:  # secure first, then plaintext first, ...
+                out = args.work / f"{setting}-{mode}-{repeat + 1}"
+                argv = [
+                    *SETTINGS[setting]["argv"], *MODES[mode], "--rounds", str(args.rounds), "--seed", str(args.seed),
+                    "--send-offset", "0", "--epsilon-budget", "1000", "--out", str(out),
+                ]  # fmt: skip
+                print(f"== {setting}, {mode}, pair {repeat + 1} of {args.repeats}: consilium-federation {' '.join(argv)}", flush=True)
+                report = federation.run_federation(federation.build_parser().parse_args(argv))
+                runs.setdefault(setting, {}).setdefault(mode, []).append({"argv": argv, "summary": summarise(report)})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"argv": sys.argv[1:], "runs": runs}, indent=1))
     (args.out / "results.md").write_text(results_table(runs, args))
@@ -96,37 +102,42 @@ def summarise(report: dict) -> dict:
     }
 
 
-def results_table(runs: dict[str, dict[str, dict]], args: argparse.Namespace) -> str:
+def results_table(runs: dict[str, dict[str, list[dict]]], args: argparse.Namespace) -> str:
     lines = [
         "# Secure aggregation's cost in a whole Dopamine round",
         "",
-        f"Command: `consilium-bench-round{''.join(' ' + a for a in sys.argv[1:])}`. Each row is one `consilium-federation` "
-        f"run of {args.rounds} rounds on this machine; seconds are medians over rounds 2 to {args.rounds}. `plaintext` is "
-        "`--insecure-plaintext-benchmark`: the same round with the updates sent and summed in the clear (no privacy).",
+        f"Command: `consilium-bench-round{''.join(' ' + a for a in sys.argv[1:])}`. Each setting ran {args.repeats} "
+        f"pairs of `consilium-federation` runs of {args.rounds} rounds on this machine, alternating which mode went first; "
+        f"a run's seconds are medians over rounds 2 to {args.rounds}, and each cell is the median over the pairs. The "
+        "ratio is each pair's secure round over its plaintext round: their median, and their range in brackets. "
+        "`plaintext` is `--insecure-plaintext-benchmark`: the same round with the updates sent and summed in the clear "
+        "(no privacy).",
         "",
         "| setting | mode | round (s) | ratio to plaintext | hospital: train | encrypt | decrypt | server: collect | "
         "aggregate | release | evaluate | update bytes | validation accuracy |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    median = statistics.median
     verdicts = []
     for setting, modes in runs.items():
-        plain = modes["plaintext"]["summary"]["round"]
-        for mode, result in modes.items():
-            s = result["summary"]
+        pairs = zip(modes["secure"], modes["plaintext"])
+        ratios = [secure["summary"]["round"] / plain["summary"]["round"] for secure, plain in pairs]
+        for mode, results in modes.items():
+            s = [result["summary"] for result in results]
+            ratio = f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if mode == "secure" else "1.00x"
             lines.append(
                 "| " + " | ".join([
-                    setting, mode, f"{s['round']:.3f}", f"{s['round'] / plain:.2f}x",
-                    *(f"{s['hospital'][p]:.3f}" for p in _HOSPITAL_PHASES),
-                    *(f"{s['server'][p]:.3f}" for p in _SERVER_PHASES),
-                    f"{s['update_bytes']:,.0f}", f"{s['validation_accuracy']:.3f}",
+                    setting, mode, f"{median(x['round'] for x in s):.3f}", ratio,
+                    *(f"{median(x['hospital'][p] for x in s):.3f}" for p in _HOSPITAL_PHASES),
+                    *(f"{median(x['server'][p] for x in s):.3f}" for p in _SERVER_PHASES),
+                    f"{median(x['update_bytes'] for x in s):,.0f}", f"{median(x['validation_accuracy'] for x in s):.3f}",
                 ]) + " |"
             )  # fmt: skip
         if setting == "1M":
-            ratio = modes["secure"]["summary"]["round"] / plain
             verdicts.append(f"- Secure round at most {_TARGET_RATIO}x plaintext at about 1M parameters and K = 5: "
-                            f"{ratio:.2f}x, **{'met' if ratio <= _TARGET_RATIO else 'not met'}**.")
+                            f"{median(ratios):.2f}x, **{'met' if median(ratios) <= _TARGET_RATIO else 'not met'}**.")
     lines += ["", *verdicts, "", "## Settings", ""]
-    lines += [f"- **{setting}**: {SETTINGS[setting]['what']}; `{' '.join(runs[setting]['secure']['argv'])}`" for setting in runs]
+    lines += [f"- **{setting}**: {SETTINGS[setting]['what']}; `{' '.join(runs[setting]['secure'][0]['argv'])}`" for setting in runs]
     lines += [
         "",
         "Phases: `train` is the hospital's DP-SGD step with its noise share; `encrypt` encodes, encrypts and serialises "
