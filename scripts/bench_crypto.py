@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def benchmark(args: argparse.Namespace) -> list[Measurement]:
+    _one_core()
     cells = [(scheme, length, k) for length in args.lengths for scheme in args.schemes
              for k in (args.hospitals if scheme.startswith("consilium") else [None])]  # fmt: skip
     measurements = []
@@ -299,8 +300,8 @@ def results_table(measurements: list[Measurement], args: argparse.Namespace) -> 
     lines = [
         "# Crypto overhead: Consilium's BFV against plaintext, TenSEAL's default BFV and NVFlare-default CKKS",
         "",
-        f"Command: `{' '.join(['consilium-bench-crypto', *sys.argv[1:]])}` on {_cpu()}, one core "
-        f"(every step runs in one thread). Each cell: {args.contributions} distinct uploads (fewer when K is smaller); "
+        f"Command: `{' '.join(['consilium-bench-crypto', *sys.argv[1:]])}` on {_cpu()}, pinned to one core. "
+        f"Each cell: {args.contributions} distinct uploads (fewer when K is smaller); "
         "upload and aggregation times are medians over the uploads (one addition each), download is the server serialising the sum and a "
         "hospital deserialising, decrypting, decoding (and, for Consilium, checking) it. Consilium's parameters are "
         f"the ones a Dopamine run computes for K hospitals and d parameters (sigma {args.noise_multiplier}, "
@@ -370,6 +371,12 @@ def _series(measurements: list[Measurement]) -> dict[str, list[Measurement]]:
         label = m.scheme + (f", K={m.hospitals}" if m.hospitals else "")
         series.setdefault(label, []).append(m)
     return series
+
+
+def _one_core() -> None:
+    """Every scheme on the same single core: TenSEAL's contexts otherwise start a thread per core."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 
 def _cpu() -> str:
