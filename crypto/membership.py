@@ -132,4 +132,6 @@ class CheckKey:
         key = hmac.new(self._key, b"consilium/check-slots/v3|" + self._run_id.encode() + b"|" + label, hashlib.sha256)
         keystream = Cipher(algorithms.ChaCha20(key.digest(), _NONCE), mode=None).encryptor().update(bytes(4 * size))
         words = np.frombuffer(keystream, dtype="<u4").astype(np.uint64)
-        return (words * np.uint64(self._t)) >> np.uint64(_WORD_BITS)
+        words *= np.uint64(self._t)  # in place: d values a slot, twice a round
+        words >>= np.uint64(_WORD_BITS)
+        return words
