@@ -18,8 +18,8 @@ have exactly the packed length; it is then framed as SEAL's uncompressed seriali
 with SEAL's validating loader (every coefficient below its modulus), and the loaded ciphertext
 must have two polynomials, not be in NTT form, be at the data level and not be transparent.
 
-Slots hold integers modulo ``t``: values are reduced, never clamped, and a decrypted sum reads in
-``(-t/2, t/2]``.
+Slots hold integers modulo ``t``, each the digits of ``k`` values (``crypto.slot_digits``): values
+are never clamped, and a decrypted sum is exact wherever it lies within the agreed sum bound.
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ class SecretContext:
         return self._check.to_bytes() + _save(self._secret_key)
 
     def encrypt_update(self, values: np.ndarray, *, round_number: int, hospital: str, seeded: bool = True) -> list[bytes]:
-        """The upload of an integer vector (each value taken modulo t) with its check slots.
+        """The upload of an integer vector, as slots (``crypto.slot_digits``) and their check slots.
 
         ``seeded=False`` sends both polynomials, in the aggregate's form: twice the bytes. The protocol
         always seeds; the crypto benchmark uses the other form to show what seeding saves.
@@ -230,7 +230,8 @@ class SecretContext:
         values = np.asarray(values)
         if values.shape != (self.params.vector_length,) or not np.issubdtype(values.dtype, np.integer):
             raise BfvError(f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}")
-        slots = _balanced(self._check.append(values, round_number=round_number, hospital=hospital), self.params.plain_modulus)
+        slots = self._check.append(self.params.digits.to_slots(values), round_number=round_number, hospital=hospital)
+        slots = _balanced(slots, self.params.plain_modulus)
         encrypted = []
         with _MemoryFile() as file:
             for start in range(0, slots.size, self.params.poly_modulus_degree):
@@ -245,7 +246,7 @@ class SecretContext:
         return self._public.pack_uploads(encrypted) if seeded else self._public.pack_aggregate(encrypted)
 
     def decrypt_sum(self, chunks: Sequence[bytes], *, round_number: int, contributors: Sequence[str]) -> np.ndarray:
-        """The sum (int64, in ``(-t/2, t/2]``) of ``contributors``' updates for this round.
+        """The sum (int64, exact within the sum bound) of ``contributors``' updates for this round.
 
         ``BfvError`` unless the aggregate is exactly one fresh contribution from each of them.
         """
@@ -256,10 +257,10 @@ class SecretContext:
             slots.append(np.asarray(self._encoder.decode_int64(plaintext), dtype=np.int64))
         used = np.concatenate(slots)[: self.params.slot_count]
         try:
-            values = self._check.verify(used, round_number=round_number, contributors=contributors)
+            sums = self._check.verify(used, round_number=round_number, contributors=contributors)
         except MembershipError as error:
             raise BfvError(str(error)) from None
-        return _balanced(values, self.params.plain_modulus)
+        return self.params.digits.from_slots(sums, self.params.vector_length)
 
 
 class CiphertextSum:

@@ -4,9 +4,11 @@ Each contributor encrypts a vector of integers with batched BFV and the aggregat
 ciphertexts. Slots hold integers modulo the plaintext modulus ``t``: the sum is reduced mod ``t``,
 never clamped. Two failures would corrupt it silently; both are ruled out here by construction:
 
-1. **Wrap-around modulo t.** Slots decrypt into the balanced range ``(-t/2, t/2]``, so a sum whose
-   every coordinate lies in ``[-S, S]`` is recovered exactly iff ``2 S + 1 <= t``. The caller
-   states ``S`` (``training.skellam.SkellamMechanism.sum_bound`` for Dopamine).
+1. **Wrap-around modulo t.** ``crypto.slot_digits`` puts ``k`` values in a slot as the digits of
+   one integer in balanced base ``M = 2 S + 1``, and reads a sum back exactly when every summed value
+   lies in ``[-S, S]`` and ``t >= M^k``. The caller states ``S``
+   (``training.skellam.SkellamMechanism.sum_bound`` for Dopamine). ``k = 1`` is one value a slot,
+   read in ``(-t/2, t/2]``.
 
 2. **Decryption failure.** A fresh symmetric BFV ciphertext of ``m`` satisfies
    ``c0 + c1 s = round(q m / t) - e (mod q)`` where ``e`` is SEAL's centred-binomial error: in each
@@ -29,9 +31,12 @@ switches keys (no party holds a relinearisation or Galois key), so it only has t
 total within the 128-bit security bound for ``N`` (HomomorphicEncryption.org standard, as enforced
 by SEAL). Ciphertexts live below it, at the data level.
 
-Among the polynomial degrees that satisfy all of this, the one that minimises the bytes of the
-encrypted vector wins (fewer ciphertexts on a tie). ``crypto/bfv.py`` packs each coefficient into
-``ceil(log2 q)`` bits, which is why ``q`` is kept as small as the bounds allow.
+Among the polynomial degrees and values per slot that satisfy all of this, the pair that
+minimises the bytes of the encrypted vector wins (fewer ciphertexts on a tie). ``crypto/bfv.py``
+packs each coefficient into ``ceil(log2 q)`` bits, which is why ``q`` is kept as small as the bounds
+allow. A value costs about ``log2 M + log2(K + 2 a_K) / k`` bits, so more values a slot cost fewer
+bytes and, above all, fewer ciphertexts: every ciphertext is an encryption, a transfer, an addition
+and a decryption, so at ``k = 2`` a round's cryptography takes about half the time.
 """
 
 from __future__ import annotations
@@ -39,15 +44,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from crypto.membership import check_slot_count
+from crypto.membership import MAX_PLAIN_MODULUS_BITS, check_slot_count
 from crypto.primes import is_prime
+from crypto.slot_digits import SlotDigits
 
 __all__ = ["BfvParameters", "ParameterError", "select_bfv_parameters"]
 
 _FRESH_ERROR_BITS = 21  # SEAL 4's centred binomial error: the difference of two sums of 21 fair bits
 _DECRYPTION_FAILURE_LOG_PROBABILITY = -40 * math.log(2)  # a round, over every coefficient of the sum
 _MAX_PRIME_BITS = 60  # SEAL's limit for each prime
-_MAX_PLAIN_BITS = 32  # crypto.membership computes its inner products modulo t in 64-bit words
+_MAX_SUM_BOUND_BITS = 31  # a summed value fits an int32, the plaintext benchmark's word (crypto.insecure_plaintext)
 _MIN_SPECIAL_PRIME_BITS = 20
 # Largest total coefficient-modulus bits at 128-bit classical security (SEAL's CoeffModulus::MaxBitCount).
 _MAX_COEFF_MODULUS_BITS = {2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
@@ -68,15 +74,20 @@ class BfvParameters:
     sum_bound: int  # S: every coordinate of a sum lies in [-S, S], so it never wraps mod t
     vector_length: int
     max_contributors: int  # K_max: the most ciphertexts whose sum stays exact
+    values_per_slot: int  # k: digits base 2 S + 1 in each slot (crypto.slot_digits)
+
+    @property
+    def digits(self) -> SlotDigits:
+        return SlotDigits(base=2 * self.sum_bound + 1, per_slot=self.values_per_slot, modulus=self.plain_modulus)
 
     @property
     def slot_count(self) -> int:
-        """The vector, then the check slots that prove a sum's membership (``crypto.membership``)."""
-        return self.vector_length + check_slot_count(self.plain_modulus)
+        """The vector's slots, then the check slots that prove a sum's membership (``crypto.membership``)."""
+        return self.digits.slots_for(self.vector_length) + check_slot_count(self.plain_modulus)
 
     @property
     def chunk_count(self) -> int:
-        return _chunk_count(self.vector_length, self.plain_modulus, self.poly_modulus_degree)
+        return -(-self.slot_count // self.poly_modulus_degree)
 
     def to_dict(self) -> dict:
         return {
@@ -87,6 +98,7 @@ class BfvParameters:
             "sum_bound": self.sum_bound,
             "vector_length": self.vector_length,
             "max_contributors": self.max_contributors,
+            "values_per_slot": self.values_per_slot,
             "chunk_count": self.chunk_count,
         }
 
@@ -101,16 +113,19 @@ def select_bfv_parameters(*, max_contributors: int, vector_length: int, sum_boun
         raise ParameterError(f"max_contributors must be at least 1, got {max_contributors}")
     if vector_length < 1:
         raise ParameterError(f"vector_length must be at least 1, got {vector_length}")
-    if not 1 <= sum_bound < 2 ** (_MAX_PLAIN_BITS - 1):
-        raise ParameterError(f"sum_bound must be between 1 and 2^{_MAX_PLAIN_BITS - 1}, got {sum_bound}")
+    if not 1 <= sum_bound < 2**_MAX_SUM_BOUND_BITS:
+        raise ParameterError(f"sum_bound must be between 1 and 2^{_MAX_SUM_BOUND_BITS}, got {sum_bound}")
 
     candidates = []
     failures = []
     for degree in _MAX_COEFF_MODULUS_BITS:
-        try:
-            candidates.append(_parameters_for_degree(degree, max_contributors, vector_length, sum_bound))
-        except ParameterError as error:
-            failures.append(str(error))
+        per_slot = 1
+        while (2 * sum_bound + 1) ** per_slot < 2**MAX_PLAIN_MODULUS_BITS:
+            try:
+                candidates.append(_parameters_for_degree(degree, per_slot, max_contributors, vector_length, sum_bound))
+            except ParameterError as error:
+                failures.append(str(error))
+            per_slot += 1
     if not candidates:
         raise ParameterError(
             f"cannot sum {max_contributors} vectors whose sum is bounded by {sum_bound}: {failures[0]}; "
@@ -119,12 +134,15 @@ def select_bfv_parameters(*, max_contributors: int, vector_length: int, sum_boun
     return min(candidates, key=lambda p: (_upload_bits(p), p.chunk_count))
 
 
-def _parameters_for_degree(degree: int, contributors: int, vector_length: int, sum_bound: int) -> BfvParameters:
-    plain_modulus = _smallest_batching_prime_at_least(2 * sum_bound + 1, degree)
-    if plain_modulus.bit_length() > _MAX_PLAIN_BITS:
-        raise ParameterError(f"the plaintext modulus would need {plain_modulus.bit_length()} bits (max {_MAX_PLAIN_BITS})")
+def _parameters_for_degree(degree: int, per_slot: int, contributors: int, vector_length: int, sum_bound: int) -> BfvParameters:
+    base = 2 * sum_bound + 1
+    plain_modulus = _smallest_batching_prime_at_least(base**per_slot, degree)
+    if plain_modulus.bit_length() > MAX_PLAIN_MODULUS_BITS:
+        raise ParameterError(f"the plaintext modulus would need {plain_modulus.bit_length()} bits (max {MAX_PLAIN_MODULUS_BITS})")
 
-    coefficients = _chunk_count(vector_length, plain_modulus, degree) * degree
+    digits = SlotDigits(base=base, per_slot=per_slot, modulus=plain_modulus)
+    slots = digits.slots_for(vector_length) + check_slot_count(plain_modulus)
+    coefficients = -(-slots // degree) * degree
     needed = plain_modulus * (contributors + 2 * _decryption_error_bound(contributors, coefficients))
     bits = needed.bit_length()
     while True:
@@ -146,6 +164,7 @@ def _parameters_for_degree(degree: int, contributors: int, vector_length: int, s
         sum_bound=sum_bound,
         vector_length=vector_length,
         max_contributors=contributors,
+        values_per_slot=per_slot,
     )
 
 
@@ -172,11 +191,6 @@ def _decryption_error_bound(contributors: int, coefficients: int) -> int:
         middle = (low + high) // 2
         low, high = (low, middle) if log_tail_bound(middle) <= log_budget else (middle, high)
     return high
-
-
-def _chunk_count(vector_length: int, plain_modulus: int, degree: int) -> int:
-    """Ciphertexts of ``degree`` slots that hold the vector and its check slots."""
-    return -(-(vector_length + check_slot_count(plain_modulus)) // degree)
 
 
 def _upload_bits(params: BfvParameters) -> int:

@@ -6,13 +6,14 @@ vector ``x_k`` of ``d`` integers, all modulo the plaintext modulus ``t``::
 
     c_{k,l} = <a_l, x_k> + tag_{k,l}        l = 1..L
 
-``a_l`` (in ``Z_t^d``) and ``tag_{k,l}`` (in ``Z_t``) are ChaCha20 keystream keyed with
-``HMAC-SHA256(K, R | r | l)`` and ``HMAC-SHA256(K, R | r | k)``, read as 32-bit words ``w``, each
-mapped to ``floor(w t / 2^32)`` (exact in 64-bit arithmetic, as ``t < 2^32``). Each value then has
-``floor(2^32 / t)`` or ``ceil(2^32 / t)`` of the ``2^32`` words as preimages, so it is drawn with
-probability at most ``p = 1/t + 2^-32``, and "uniform" below means only that cap: the draw can be
-as far as about ``t / 2^32`` from uniform in statistical distance, which the argument never uses.
-(Half the keystream of 64-bit words reduced modulo ``t``, and no division: half the cost.)
+``a_l`` and ``tag_{k,l}`` are ChaCha20 keystream keyed with ``HMAC-SHA256(K, R | r | l)`` and
+``HMAC-SHA256(K, R | r | k)``. A tag is a 64-bit word ``w`` mapped to ``floor(w t / 2^64)`` in
+``Z_t``; each coefficient of ``a_l`` is a 32-bit word mapped to ``floor(w r / 2^32)`` in
+``[0, r)``, ``r = min(t, 2^32)`` (the word itself once ``t > 2^32``: a coefficient needs 32 bits of
+chance, not ``log2 t``, and keeps the products short). A value of a map ``floor(w r / 2^b)`` has at
+most ``ceil(2^b / r)`` preimages among the ``2^b`` words, so every coefficient and tag takes any one
+value with probability at most ``p = ceil(2^32 / r) / 2^32`` (``1 / t`` to within ``2^-32``;
+exactly ``2^-32`` for ``t > 2^32``). "Uniform" below means only that cap.
 A hospital told that a sum ``(y, c)`` adds the contributions of the set ``S`` accepts it only if,
 for every ``l``::
 
@@ -27,10 +28,10 @@ unknown to the server, with coefficient ``D_j[l]``; unless that coefficient is e
 fresh contribution of ``S`` and 0 for every other, the check holds with probability at most ``p``.
 With those coefficients the check reads ``<a_l, e> = p_l`` for the error ``e = sum_{k in S} x_k - y``,
 and ``a_l`` is uniform and independent of everything the server has seen, so a nonzero ``e``
-passes with probability at most ``p`` (``t`` is prime: fixing the other coordinates, each value of
-``a_{l,i}`` with ``e_i != 0`` gives a different ``<a_l, e>``; ``CheckKey`` refuses any other ``t``).
-Independent ``a_l`` and tags over ``L = ceil(128 / -log2 p)`` slots give a forgery probability of
-at most ``p^L <= 2^-128``. This rules out ``3 Enc(x_2)``, a contribution left out or counted twice,
+passes with probability at most ``p`` (``t`` is prime and ``a_{l,i} < t``: fixing the other coordinates, each
+value of ``a_{l,i}`` with ``e_i != 0`` gives a different ``<a_l, e>``; ``CheckKey`` refuses any other
+``t``). Independent ``a_l`` and tags over the fewest ``L`` slots with ``p^L <= 2^-128`` give a
+forgery probability of at most ``2^-128``. This rules out ``3 Enc(x_2)``, a contribution left out or counted twice,
 a replayed round, a transparent or forged ciphertext, and a sum whose data slots were scaled or
 shifted.
 
@@ -55,7 +56,10 @@ __all__ = ["CHECK_KEY_BYTES", "MembershipError", "check_slot_count", "CheckKey"]
 
 CHECK_KEY_BYTES = 32
 SOUNDNESS_BITS = 128
-_WORD_BITS = 32
+MAX_PLAIN_MODULUS_BITS = 60  # SEAL's largest plaintext modulus
+_COEFFICIENT_BITS = 32
+_TAG_BITS = 64
+_LIMB_BITS = 16  # a product of a coefficient and a limb stays below 2^48: 2^16 of them sum below 2^64
 _NONCE = bytes(16)  # each label has its own key, so one nonce serves: every party recomputes the same stream
 
 
@@ -65,8 +69,8 @@ class MembershipError(ValueError):
 
 def check_slot_count(plain_modulus: int) -> int:
     """``L``: the fewest slots with ``p^L <= 2^-128``, in exact arithmetic (a rounded logarithm can
-    give one too few: at ``t = 65537``, ``p`` is just above ``2^-16``)."""
-    p = Fraction(1, plain_modulus) + Fraction(1, 2**_WORD_BITS)
+    give one too few)."""
+    p = Fraction(-(-(2**_COEFFICIENT_BITS) // _coefficient_range(plain_modulus)), 2**_COEFFICIENT_BITS)
     slots, forgery = 1, p
     while forgery > Fraction(1, 2**SOUNDNESS_BITS):
         slots, forgery = slots + 1, forgery * p
@@ -79,8 +83,8 @@ class CheckKey:
     def __init__(self, key: bytes, *, run_id: str, plain_modulus: int) -> None:
         if len(key) != CHECK_KEY_BYTES:
             raise MembershipError(f"a check key has {CHECK_KEY_BYTES} bytes, got {len(key)}")
-        if not (2 < plain_modulus < 2**32 and is_prime(plain_modulus)):
-            raise MembershipError(f"check slots need a prime plaintext modulus below 2^32, got {plain_modulus}")
+        if not (2 < plain_modulus < 2**MAX_PLAIN_MODULUS_BITS and is_prime(plain_modulus)):
+            raise MembershipError(f"check slots need a prime plaintext modulus below 2^{MAX_PLAIN_MODULUS_BITS}, got {plain_modulus}")
         self._key = key
         self._run_id = run_id
         self._t = plain_modulus
@@ -94,10 +98,11 @@ class CheckKey:
         return self._key
 
     def append(self, values: np.ndarray, *, round_number: int, hospital: str) -> np.ndarray:
-        """``values`` (integers) followed by this hospital's check slots for this round."""
+        """``values`` (integers) modulo t, followed by this hospital's check slots for this round."""
         reduced = np.mod(np.asarray(values, dtype=np.int64), self._t)
-        checks = (self._inner_products(reduced, round_number) + self._tags(round_number, hospital)) % self._t
-        return np.concatenate([reduced, checks.astype(np.int64)])
+        products, tags = self._inner_products(reduced, round_number), self._tags(round_number, hospital)
+        checks = [(product + tag) % self._t for product, tag in zip(products, tags)]
+        return np.concatenate([reduced, np.array(checks, dtype=np.int64)])
 
     def verify(self, slots: np.ndarray, *, round_number: int, contributors: Sequence[str]) -> np.ndarray:
         """The data slots of a decrypted sum of ``contributors``' updates; ``MembershipError`` if it is not one."""
@@ -107,31 +112,48 @@ class CheckKey:
         values, checks = slots[: -self.slots], slots[-self.slots :]
         expected = self._inner_products(values, round_number)
         for hospital in contributors:
-            expected = expected + self._tags(round_number, hospital)
-        if not np.array_equal(checks, expected % self._t):
+            expected = [total + tag for total, tag in zip(expected, self._tags(round_number, hospital))]
+        if checks.tolist() != [total % self._t for total in expected]:
             raise MembershipError(
                 f"round {round_number}: the sum is not one fresh contribution from each of {list(contributors)}"
             )
         return values
 
-    def _inner_products(self, reduced: np.ndarray, round_number: int) -> np.ndarray:
+    def _inner_products(self, reduced: np.ndarray, round_number: int) -> list[int]:
+        """``<a_l, x> mod t`` for each ``l``, exactly: ``x`` is cut into 16-bit limbs, and ``np.dot`` (which
+        wraps) sums at most ``2^16`` products of a limb and a 32-bit coefficient at a time."""
         x = reduced.astype(np.uint64)
-        # a, x < t: a block of this many products sums below 2^64, so np.dot (which wraps) is exact on it.
-        block = (2**64 - 1) // (self._t - 1) ** 2
-        products = np.empty(self.slots, dtype=np.int64)
+        limbs = [(x >> np.uint64(shift)) & np.uint64(2**_LIMB_BITS - 1) for shift in range(0, self._t.bit_length(), _LIMB_BITS)]
+        block = 2 ** (64 - _COEFFICIENT_BITS - _LIMB_BITS)
+        products = []
         for l in range(self.slots):
-            a = self._uniform(b"coefficients|%d|%d" % (round_number, l), x.size)
-            products[l] = sum(int(np.dot(a[i : i + block], x[i : i + block])) % self._t for i in range(0, x.size, block)) % self._t
+            a = self._coefficients(b"coefficients|%d|%d" % (round_number, l), x.size)
+            products.append(
+                sum(
+                    int(np.dot(a[i : i + block], limb[i : i + block])) << (_LIMB_BITS * position)
+                    for position, limb in enumerate(limbs)
+                    for i in range(0, x.size, block)
+                )
+                % self._t
+            )
         return products
 
-    def _tags(self, round_number: int, hospital: str) -> np.ndarray:
-        return self._uniform(b"tags|%d|" % round_number + hospital.encode(), self.slots).astype(np.int64)
+    def _tags(self, round_number: int, hospital: str) -> list[int]:
+        words = self._keystream(b"tags|%d|" % round_number + hospital.encode(), _TAG_BITS // 8 * self.slots)
+        return [int.from_bytes(words[i : i + 8], "little") * self._t >> _TAG_BITS for i in range(0, len(words), 8)]
 
-    def _uniform(self, label: bytes, size: int) -> np.ndarray:
-        """``size`` values in ``Z_t`` from the keystream of ``label``'s key (see the module docstring)."""
-        key = hmac.new(self._key, b"consilium/check-slots/v3|" + self._run_id.encode() + b"|" + label, hashlib.sha256)
-        keystream = Cipher(algorithms.ChaCha20(key.digest(), _NONCE), mode=None).encryptor().update(bytes(4 * size))
-        words = np.frombuffer(keystream, dtype="<u4").astype(np.uint64)
-        words *= np.uint64(self._t)  # in place: d values a slot, twice a round
-        words >>= np.uint64(_WORD_BITS)
+    def _coefficients(self, label: bytes, size: int) -> np.ndarray:
+        """``size`` coefficients in ``[0, min(t, 2^32))`` from the keystream of ``label``'s key (module docstring)."""
+        words = np.frombuffer(self._keystream(label, _COEFFICIENT_BITS // 8 * size), dtype="<u4").astype(np.uint64)
+        if self._t < 2**_COEFFICIENT_BITS:
+            words *= np.uint64(self._t)  # in place: d values a slot, twice a round
+            words >>= np.uint64(_COEFFICIENT_BITS)
         return words
+
+    def _keystream(self, label: bytes, size: int) -> bytes:
+        key = hmac.new(self._key, b"consilium/check-slots/v4|" + self._run_id.encode() + b"|" + label, hashlib.sha256)
+        return Cipher(algorithms.ChaCha20(key.digest(), _NONCE), mode=None).encryptor().update(bytes(size))
+
+
+def _coefficient_range(plain_modulus: int) -> int:
+    return min(plain_modulus, 2**_COEFFICIENT_BITS)

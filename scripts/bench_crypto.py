@@ -261,7 +261,7 @@ class _Consilium:
         q_bits = self.params.ciphertext_modulus.bit_length()
         self.parameters = (
             f"N={self.params.poly_modulus_degree}, q={q_bits} bits, t={self.params.plain_modulus} "
-            f"({self.params.plain_modulus.bit_length()} bits), sum bound {bound:,}"
+            f"({self.params.plain_modulus.bit_length()} bits), {self.params.values_per_slot} value(s) a slot, sum bound {bound:,}"
         )
 
     def update(self, rng: np.random.Generator) -> np.ndarray:

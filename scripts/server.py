@@ -155,10 +155,11 @@ def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunC
     config = build_run_config(args, hospitals, dataset)
     params = config.bfv_parameters()
     encoding = (
-        f"in the clear modulo t={params.plain_modulus} (--insecure-plaintext-benchmark: NO secure aggregation)"
+        "in the clear modulo 2^32 (--insecure-plaintext-benchmark: NO secure aggregation)"
         if args.insecure_plaintext_benchmark
         else f"in {params.chunk_count} BFV ciphertext(s) "
-        f"(N={params.poly_modulus_degree}, t={params.plain_modulus}, q={params.coeff_mod_bit_sizes[0]} bits)"
+        f"(N={params.poly_modulus_degree}, t={params.plain_modulus}, q={params.coeff_mod_bit_sizes[0]} bits, "
+        f"{params.values_per_slot} value(s) a slot)"
     )
     print(
         f"server on {roster.server_address}: run {config.run_id}, {len(hospitals)} hospitals, "

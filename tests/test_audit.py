@@ -205,11 +205,13 @@ def _dopamine_parts(run):
 
 def test_no_update_or_key_reaches_the_server_in_any_encoding(dopamine):
     _, _, config, received, updates = _dopamine_parts(dopamine)
-    t = config.bfv_parameters().plain_modulus
+    params = config.bfv_parameters()
     secrets = {}
     for u in updates:
         for kind in ("values", "gradient"):  # what it sent, and its gradient before the noise
-            secrets |= {f"{u['hospital']} round {u['round']} {kind} ({form})": data for form, data in _encodings(u[kind], t).items()}
+            forms = _encodings(u[kind], params.plain_modulus)
+            forms["slots, uint64"] = params.digits.to_slots(u[kind]).astype("<u8").tobytes()  # as BFV encodes them
+            secrets |= {f"{u['hospital']} round {u['round']} {kind} ({form})": data for form, data in forms.items()}
     run_secrets = {u["secrets"] for u in updates}
     assert len(run_secrets) == 1  # one run key, shared by every hospital
     (run_secret,) = run_secrets

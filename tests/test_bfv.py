@@ -150,17 +150,41 @@ def _forge(public, ciphertexts, plain=None):
     return public.pack_aggregate([total])
 
 
-def test_a_dishonest_aggregate_is_refused(secret, public, small_params):
+@pytest.fixture(scope="module")
+def packed_params():
+    """Three values a slot and t above 2^32: the check slots' products span three 16-bit limbs."""
+    params = select_bfv_parameters(max_contributors=5, vector_length=12_000, sum_bound=20_000)
+    assert params.values_per_slot == 3 and params.plain_modulus > 2**32 and params.chunk_count == 1
+    return params
+
+
+def test_several_values_a_slot_sum_exactly(packed_params):
+    secret, public = SecretContext.generate(packed_params, run_id=RUN), PublicContext(packed_params)
+    share = packed_params.sum_bound // 5
+    vectors = np.random.default_rng(5).integers(-share, share, size=(5, packed_params.vector_length), endpoint=True)
+    vectors[:, :3] = 0
+    vectors[0, :3], vectors[1, :3] = [2**40, -(2**40), 2**50], [-(2**40) + 3, 2**40 - 3, 7 - 2**50]  # far out, sums in
+    total = _sum_of(public, secret, vectors)
+    assert np.array_equal(total, vectors.sum(axis=0)) and total[:3].tolist() == [3, -3, 7]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_dishonest_aggregate_is_refused(packed, secret, public, small_params, packed_params):
     """What a server holding every ciphertext can build: only the honest sum of the listed contributors decrypts."""
+    if packed:
+        small_params = packed_params
+        secret, public = SecretContext.generate(packed_params, run_id=RUN), PublicContext(packed_params)
     assert small_params.chunk_count == 1
+    data_slots = small_params.digits.slots_for(small_params.vector_length)
+    vector = np.arange(small_params.vector_length) % (small_params.sum_bound // 3)
     names = _names(3)
-    x1, x2, x3 = _raw_contributions(public, secret, names)
-    (old2,) = _raw_contributions(public, secret, names[1:2], round_number=0)
+    x1, x2, x3 = _raw_contributions(public, secret, names, vector=vector)
+    (old2,) = _raw_contributions(public, secret, names[1:2], round_number=0, vector=vector)
     encoder = seal.BatchEncoder(public.seal)
     shift = seal.Plaintext()
     encoder.encode([1] + [0] * (encoder.slot_count() - 1), shift)
     only_data = seal.Plaintext()
-    encoder.encode([0] * small_params.vector_length + [1] * (encoder.slot_count() - small_params.vector_length), only_data)
+    encoder.encode([0] * data_slots + [1] * (encoder.slot_count() - data_slots), only_data)
     masked_x1, masked_x3 = seal.Ciphertext(), seal.Ciphertext()
     public.evaluator.multiply_plain(x1, only_data, masked_x1)  # keeps x1's check slots, zeroes its data
     public.evaluator.multiply_plain(x3, only_data, masked_x3)
@@ -173,7 +197,7 @@ def test_a_dishonest_aggregate_is_refused(secret, public, small_params):
         "x2 alone behind the others' check slots": _forge(public, [masked_x1, x2, masked_x3]),
     }
     honest = _forge(public, [x1, x2, x3])
-    assert np.array_equal(secret.decrypt_sum(honest, round_number=1, contributors=names), 3 * np.arange(small_params.vector_length))
+    assert np.array_equal(secret.decrypt_sum(honest, round_number=1, contributors=names), 3 * vector)
     with pytest.raises(BfvError, match="listed twice"):
         secret.decrypt_sum(_forge(public, [x1, x1]), round_number=1, contributors=names[:1] * 2)
     for name, chunks in forgeries.items():

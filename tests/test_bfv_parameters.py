@@ -3,7 +3,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from crypto.bfv import PublicContext
+from crypto.bfv import PublicContext, upload_bytes
 from crypto.bfv_parameters import ParameterError, _decryption_error_bound, select_bfv_parameters
 from crypto.primes import is_prime
 
@@ -16,15 +16,16 @@ def test_parameters_satisfy_the_bounds_they_claim(contributors, length):
     assert is_prime(t) and t % (2 * degree) == 1
     assert is_prime(q) and q % (2 * degree) == 1
     assert params.max_contributors >= contributors
-    # No wrap: a sum within the bound stays inside (-t/2, t/2].
-    assert 2 * params.sum_bound + 1 <= t
+    # No wrap: k summed values within the bound, as balanced digits base 2S + 1, stay inside (-t/2, t/2].
+    assert (2 * params.sum_bound + 1) ** params.values_per_slot <= t
     # Decryption: K_max roundings of 1/2 and the summed fresh errors E stay below q / (2t) in every
     # coefficient, but with probability 2^-40 a round; E is exactly Binomial(42 K, 1/2) - 21 K.
     k = params.max_contributors
     assert k / 2 + _exact_error_quantile(k, params.chunk_count * degree) - 1 < q / (2 * t)
     assert params.chunk_count * degree >= params.slot_count
-    check_slots = params.slot_count - length  # each passes a forgery with probability at most 1/t + 2^-32
-    assert (Fraction(1, t) + Fraction(1, 2**32)) ** check_slots <= Fraction(1, 2**128)
+    check_slots = params.slot_count - -(-length // params.values_per_slot)
+    forgery = Fraction(-(-(2**32) // min(t, 2**32)), 2**32)  # a check slot's chance to pass a forgery
+    assert forgery**check_slots <= Fraction(1, 2**128)
 
 
 @pytest.mark.parametrize("contributors", [1, 2, 10, 100, 1000])
@@ -60,10 +61,10 @@ def test_the_computed_primes_are_the_ones_seal_builds():
 
 
 def test_fewer_contributors_never_cost_more_bytes():
-    sizes = [
-        select_bfv_parameters(max_contributors=k, vector_length=4000, sum_bound=2000 * k).coeff_mod_bit_sizes[0]
-        for k in (1, 3, 10, 30, 100, 300)
-    ]
+    sizes = []
+    for k in (1, 3, 10, 30, 100, 300):
+        params = select_bfv_parameters(max_contributors=k, vector_length=4000, sum_bound=2000 * k)
+        sizes.append(params.chunk_count * upload_bytes(params))
     assert sizes == sorted(sizes)
 
 

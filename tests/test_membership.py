@@ -8,25 +8,28 @@ import pytest
 from crypto.membership import CheckKey, MembershipError, check_slot_count
 
 
-@pytest.mark.parametrize("plain_modulus", [12289, 40353793, 4294957057])  # 14, 26 and 32 bits (one product a block)
+# 14 to 60 bits: the products of a 32-bit coefficient and a value span one to four 16-bit limbs.
+@pytest.mark.parametrize("plain_modulus", [12289, 40353793, 4294957057, 1114517667841, 1152921504606846883])
 def test_check_slots_are_the_inner_products_and_tags_modulo_t(plain_modulus):
     key = CheckKey.generate(run_id="0123456789abcdef", plain_modulus=plain_modulus)
-    values = np.random.default_rng().integers(0, plain_modulus, size=5000)
+    values = np.random.default_rng().integers(0, plain_modulus, size=300_000)  # several blocks of 2^16
+    values[:280_000] = 2 ** (plain_modulus.bit_length() - 1) - 1  # every 16-bit limb full but the top one
     slots = key.append(values, round_number=3, hospital="hospital-1")
-    np.testing.assert_array_equal(slots[:5000], values)
+    np.testing.assert_array_equal(slots[: values.size], values)
     # The same coefficients and tag, in Python integers: no overflow can hide there.
     tags = key._tags(3, "hospital-1")
-    for l, (check, tag) in enumerate(zip(slots[5000:], tags)):
-        a = key._uniform(b"coefficients|3|%d" % l, 5000)
-        assert a.max() < plain_modulus
-        assert int(check) == (sum(int(p) * int(q) for p, q in zip(a, values)) + int(tag)) % plain_modulus
+    for l, (check, tag) in enumerate(zip(slots[values.size :], tags)):
+        a = key._coefficients(b"coefficients|3|%d" % l, values.size)
+        assert a.max() < min(plain_modulus, 2**32) and 0 <= tag < plain_modulus
+        assert int(check) == (sum(int(p) * int(q) for p, q in zip(a, values)) + tag) % plain_modulus
 
 
-@pytest.mark.parametrize("plain_modulus, slots", [(65537, 9), (1073153, 7), (40353793, 6), (4294957057, 5)])
+@pytest.mark.parametrize(
+    "plain_modulus, slots", [(65537, 8), (1073153, 7), (40353793, 6), (4294957057, 5), (4294967311, 4), (2**61 - 1, 4)]
+)
 def test_check_slots_are_just_enough_for_2_to_the_minus_128(plain_modulus, slots):
-    """Each slot passes a forgery with probability p = 1/t + 2^-32. At t = 65537, p is just above 2^-16:
-    eight slots, what a rounded logarithm gives, are one too few."""
-    p = Fraction(1, plain_modulus) + Fraction(1, 2**32)
+    """Each slot passes a forgery with probability p = ceil(2^32 / r) / 2^32, r = min(t, 2^32)."""
+    p = Fraction(-(-(2**32) // min(plain_modulus, 2**32)), 2**32)
     assert check_slot_count(plain_modulus) == slots
     assert p**slots <= Fraction(1, 2**128) < p ** (slots - 1)
 
@@ -42,11 +45,17 @@ def test_a_sum_verifies_for_its_contributors_only():
             key.verify(total, round_number=round_number, contributors=contributors)
 
 
+KNOWN_26_BITS = [22001211, 7543869, 9900599, 32699143, 36154172, 18025216]
+KNOWN_32_BITS = [2341644630, 802912677, 1053745663, 3480252745, 3847980642]
+KNOWN_41_BITS = [506884675376, 600118838037, 660990872495, 901180493610]
+
+
 @pytest.mark.parametrize(
     "t, known",
     [
-        (40353793, [4767385, 26840940, 19068501, 27445837, 21373067, 256444]),
-        (4294957057, [507405101, 2856749185, 2029509236, 2921130394, 2274789797]),  # w t near 2^64
+        (40353793, KNOWN_26_BITS),
+        (4294957057, KNOWN_32_BITS),  # w t near 2^64
+        (1114517667841, KNOWN_41_BITS),  # coefficients are the words themselves
     ],
 )
 def test_the_check_slots_are_pinned_to_their_derivation(t, known):
@@ -62,20 +71,24 @@ def test_the_check_slots_are_pinned_to_their_derivation(t, known):
     slots = key.append(values, round_number=7, hospital="hospital-2")[10:]
     assert slots.tolist() == known
 
-    def stream(label: bytes, size: int) -> list[int]:
-        digest = hmac.new(bytes(range(32)), b"consilium/check-slots/v3|0123456789abcdef|" + label, hashlib.sha256).digest()
-        keystream = Cipher(algorithms.ChaCha20(digest, bytes(16)), mode=None).encryptor().update(bytes(4 * size))
-        return [int.from_bytes(keystream[4 * i : 4 * i + 4], "little") * t >> 32 for i in range(size)]
+    def stream(label: bytes, size: int, bits: int, modulus: int) -> list[int]:
+        digest = hmac.new(bytes(range(32)), b"consilium/check-slots/v4|0123456789abcdef|" + label, hashlib.sha256).digest()
+        keystream = Cipher(algorithms.ChaCha20(digest, bytes(16)), mode=None).encryptor().update(bytes(bits // 8 * size))
+        words = [int.from_bytes(keystream[i : i + bits // 8], "little") for i in range(0, len(keystream), bits // 8)]
+        return [word * modulus >> bits for word in words]
 
-    tags = stream(b"tags|7|hospital-2", len(known))
+    def coefficients(label: bytes) -> list[int]:
+        return stream(label, 10, 32, min(t, 2**32))
+
+    tags = stream(b"tags|7|hospital-2", len(known), 64, t)
     for l, slot in enumerate(slots):
-        a = stream(b"coefficients|7|%d" % l, 10)
+        a = coefficients(b"coefficients|7|%d" % l)
         assert int(slot) == (sum(x * (int(v) % t) for x, v in zip(a, values)) + tags[l]) % t
-    assert stream(b"coefficients|7|0", 10) != stream(b"coefficients|7|1", 10) != stream(b"coefficients|8|0", 10)
+    assert coefficients(b"coefficients|7|0") != coefficients(b"coefficients|7|1") != coefficients(b"coefficients|8|0")
 
 
 def test_a_composite_or_oversized_plaintext_modulus_is_refused():
     """The soundness argument needs t prime (a product with a nonzero error coordinate is then uniform)."""
-    for modulus in (2**31, 65537 * 3, 2**32 + 15, 2):
+    for modulus in (2**31, 65537 * 3, 2**61 - 1, 2):
         with pytest.raises(MembershipError):
             CheckKey.generate(run_id="0123456789abcdef", plain_modulus=modulus)
