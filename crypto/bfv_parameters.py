@@ -151,10 +151,12 @@ def _parameters_for_degree(degree: int, per_slot: int, contributors: int, vector
         special_bits = min(bits, _MAX_COEFF_MODULUS_BITS[degree] - bits)
         if special_bits < _MIN_SPECIAL_PRIME_BITS:
             raise ParameterError(f"a {bits}-bit ciphertext modulus leaves no room for the special prime at N={degree}")
-        ciphertext_modulus = _seal_coeff_modulus(degree, (bits, special_bits))[0]
+        ciphertext_modulus, special_prime = _seal_coeff_modulus(degree, (bits, special_bits))
         if ciphertext_modulus >= needed:
             break
         bits += 1
+    if plain_modulus in (ciphertext_modulus, special_prime):  # both are primes = 1 mod 2N near a power of two
+        raise ParameterError(f"the plaintext modulus {plain_modulus} is one of SEAL's coefficient primes at N={degree}")
 
     return BfvParameters(
         poly_modulus_degree=degree,

@@ -35,18 +35,20 @@ class SlotDigits:
     def to_slots(self, values: np.ndarray) -> np.ndarray:
         """``values`` (int64), ``per_slot`` to a slot, as slots in ``[0, t)``."""
         rows = self._rows(np.asarray(values, dtype=np.int64))
+        if self.per_slot == 1:
+            return np.mod(rows[:, 0], self.modulus)
         half = self.base // 2
         shifted = (rows + half).view(np.uint64)  # in [0, M) exactly for values in [-S, S], even where int64 wraps
         outside = np.unique(np.flatnonzero(shifted >= self.base) // self.per_slot)
-        exact = {row: sum(int(value) * self.base**digit for digit, value in enumerate(rows[row])) for row in outside}
-        rows[outside] = 0  # Python integers take these: int64 could overflow
+        powers = np.array([pow(self.base, digit, self.modulus) for digit in range(self.per_slot)], dtype=object)
+        exact = (np.mod(rows[outside], self.modulus).astype(object) @ powers) % self.modulus  # Python integers: no overflow
+        rows[outside] = 0
         slots = rows[:, -1].copy()
         for digit in reversed(range(self.per_slot - 1)):  # Horner: |slots| <= (M^k - 1) / 2 < t / 2
             slots *= self.base
             slots += rows[:, digit]
         np.mod(slots, self.modulus, out=slots)
-        for row, value in exact.items():
-            slots[row] = value % self.modulus
+        slots[outside] = exact
         return slots
 
     def from_slots(self, slots: np.ndarray, length: int) -> np.ndarray:

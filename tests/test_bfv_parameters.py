@@ -60,6 +60,17 @@ def test_the_computed_primes_are_the_ones_seal_builds():
         PublicContext(params)  # raises BfvError if SEAL's (N, t, q) differ from ours
 
 
+@pytest.mark.parametrize(
+    "contributors, length, bound",
+    [(1, 10**5, 2046), (10, 100, 4190208), (100, 1, 2084864), (1000, 5000, 1028096), (1, 1, 8380416)],
+)
+def test_the_plaintext_modulus_is_never_one_of_seal_s_primes(contributors, length, bound):
+    """t and the coefficient primes are all primes = 1 mod 2N, chosen apart: in these requests they met,
+    and SEAL refuses such a set (t must be coprime to q)."""
+    params = select_bfv_parameters(max_contributors=contributors, vector_length=length, sum_bound=bound)
+    PublicContext(params)
+
+
 def test_fewer_contributors_never_cost_more_bytes():
     sizes = []
     for k in (1, 3, 10, 30, 100, 300):

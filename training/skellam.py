@@ -23,9 +23,10 @@ privacy is exact, with no rounding of real noise:
    least central DP-SGD's ``(sigma Delta_2)^2`` once ``K_c >= K_min``. An observer who knows ``k``
    shares faces ``Sk((K_c - k) mu)``. ``training.rdp`` turns this into Renyi DP.
 3. **Reduction modulo t** is post-processing of the noisy sum, so it cannot weaken the guarantee;
-   it can only corrupt a coordinate whose sum leaves ``(-t/2, t/2)``. ``sum_bound`` gives a bound
-   on the sum and the probability that any coordinate exceeds it; the BFV plaintext modulus is
-   sized from it (``protocol.config``), so nothing is ever clamped.
+   it can only corrupt a coordinate whose sum leaves the bound (and the other values sharing its
+   slot, ``crypto.slot_digits``). ``sum_bound`` gives a bound on the sum and the probability that
+   any coordinate exceeds it; the BFV plaintext modulus is sized from it (``protocol.config``), so
+   nothing is ever clamped.
 
 All draws come from ``training.secure_random``.
 """
