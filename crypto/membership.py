@@ -68,8 +68,8 @@ class MembershipError(ValueError):
 
 
 def check_slot_count(plain_modulus: int) -> int:
-    """``L``: the fewest slots with ``p^L <= 2^-128``, in exact arithmetic (a rounded logarithm can
-    give one too few)."""
+    """``L``: the fewest slots with ``p^L <= 2^-128``, in exact arithmetic: at ``t = 65537``, ``p`` is
+    exactly ``2^-16``, where a logarithm in floating point decides the count by its rounding."""
     p = Fraction(-(-(2**_COEFFICIENT_BITS) // _coefficient_range(plain_modulus)), 2**_COEFFICIENT_BITS)
     slots, forgery = 1, p
     while forgery > Fraction(1, 2**SOUNDNESS_BITS):
@@ -145,8 +145,9 @@ class CheckKey:
     def _coefficients(self, label: bytes, size: int) -> np.ndarray:
         """``size`` coefficients in ``[0, min(t, 2^32))`` from the keystream of ``label``'s key (module docstring)."""
         words = np.frombuffer(self._keystream(label, _COEFFICIENT_BITS // 8 * size), dtype="<u4").astype(np.uint64)
-        if self._t < 2**_COEFFICIENT_BITS:
-            words *= np.uint64(self._t)  # in place: d values a slot, twice a round
+        coefficient_range = _coefficient_range(self._t)
+        if coefficient_range < 2**_COEFFICIENT_BITS:  # else the words themselves
+            words *= np.uint64(coefficient_range)  # in place: d values a slot, twice a round
             words >>= np.uint64(_COEFFICIENT_BITS)
         return words
 
