@@ -34,6 +34,7 @@ import zstandard
 
 from crypto.bfv_parameters import BfvParameters
 from crypto.membership import CHECK_KEY_BYTES, CheckKey, MembershipError
+from crypto.slot_digits import balanced
 
 __all__ = ["BfvError", "CiphertextSum", "PublicContext", "SecretContext", "aggregate_bytes", "upload_bytes"]
 
@@ -231,7 +232,7 @@ class SecretContext:
         if values.shape != (self.params.vector_length,) or not np.issubdtype(values.dtype, np.integer):
             raise BfvError(f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}")
         slots = self._check.append(self.params.digits.to_slots(values), round_number=round_number, hospital=hospital)
-        slots = _balanced(slots, self.params.plain_modulus)
+        slots = balanced(slots, self.params.plain_modulus)
         encrypted = []
         with _MemoryFile() as file:
             for start in range(0, slots.size, self.params.poly_modulus_degree):
@@ -335,11 +336,6 @@ def _unpack(packed: bytes, coefficients: int, bits: int) -> bytes:
             column |= words[word + 1] << np.uint64(64 - shift)
         columns[j] = column & np.uint64(2**bits - 1)
     return np.ascontiguousarray(columns.T).tobytes()
-
-
-def _balanced(values: np.ndarray, modulus: int) -> np.ndarray:
-    reduced = np.mod(values, modulus)
-    return np.where(reduced > modulus // 2, reduced - modulus, reduced)
 
 
 def _seal_version() -> tuple[int, int]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SlotDigits"]
+__all__ = ["SlotDigits", "balanced"]
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,7 @@ class SlotDigits:
 
     def from_slots(self, slots: np.ndarray, length: int) -> np.ndarray:
         """The ``length`` summed values of slots in ``[0, t)``: exact while each lies in ``[-S, S]``."""
-        rest = np.asarray(slots, dtype=np.int64)
-        rest = np.where(rest > self.modulus // 2, rest - self.modulus, rest)
+        rest = balanced(np.asarray(slots, dtype=np.int64), self.modulus)
         half = self.base // 2
         digits = []
         for _ in range(self.per_slot - 1):
@@ -68,3 +67,9 @@ class SlotDigits:
         padded = np.zeros(self.slots_for(values.size) * self.per_slot, dtype=np.int64)
         padded[: values.size] = values
         return padded.reshape(-1, self.per_slot)
+
+
+def balanced(values: np.ndarray, modulus: int) -> np.ndarray:
+    """Integers modulo ``t`` read in ``(-t/2, t/2]``."""
+    reduced = np.mod(values, modulus)
+    return np.where(reduced > modulus // 2, reduced - modulus, reduced)
