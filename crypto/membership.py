@@ -7,33 +7,35 @@ vector ``x_k`` of ``d`` integers, all modulo the plaintext modulus ``t``::
     c_{k,l} = <a_l, x_k> + tag_{k,l}        l = 1..L
 
 ``a_l`` and ``tag_{k,l}`` are ChaCha20 keystream keyed with ``HMAC-SHA256(K, R | r | l)`` and
-``HMAC-SHA256(K, R | r | k)``. A tag is a 64-bit word ``w`` mapped to ``floor(w t / 2^64)`` in
-``Z_t``; each coefficient of ``a_l`` is a 32-bit word mapped to ``floor(w r / 2^32)`` in
-``[0, r)``, ``r = min(t, 2^32)`` (the word itself once ``t > 2^32``: a coefficient needs 32 bits of
-chance, not ``log2 t``, and keeps the products short). A value of a map ``floor(w r / 2^b)`` has at
-most ``ceil(2^b / r)`` preimages among the ``2^b`` words, so every coefficient and tag takes any one
-value with probability at most ``p = ceil(2^32 / r) / 2^32`` (``1 / t`` to within ``2^-32``;
-exactly ``2^-32`` for ``t > 2^32``). "Uniform" below means only that cap.
-A hospital told that a sum ``(y, c)`` adds the contributions of the set ``S`` accepts it only if,
-for every ``l``::
+``HMAC-SHA256(K, R | r | k)``. Each coefficient of ``a_l`` is a 32-bit word ``w`` mapped to
+``floor(w r / 2^32)`` in ``[0, r)``, ``r = min(t, 2^32)`` (the word itself once ``t > 2^32``: a
+coefficient needs 32 bits of chance, not ``log2 t``, and keeps the products short). A value of that
+map has at most ``ceil(2^32 / r)`` preimages, so a coefficient takes any one value with probability
+at most ``p = ceil(2^32 / r) / 2^32`` (``1 / t`` to within ``2^-32``; exactly ``2^-32`` for
+``t > 2^32``). A tag is a 256-bit word mapped to ``floor(w t / 2^256)`` in ``Z_t``: uniform to within
+a statistical distance of ``t / 2^256 < 2^-196``. A hospital told that a sum ``(y, c)`` adds the
+contributions of the set ``S`` accepts it only if, for every ``l``::
 
     c_l = <a_l, y> + sum_{k in S} tag_{k,l}
 
 **Why a dishonest server cannot pass it.** The server holds no key (no public key, no Galois or
-relinearisation key), so from the ciphertexts it has received it can compute, slot by slot, only
-``y = sum_j D_j x_j + p``: a sum of contributions ``x_j`` from any rounds, each multiplied slot-wise
-by a plaintext ``D_j``, plus a plaintext ``p``. Anything else decrypts to values independent of the
-key's check. In check slot ``l`` each contribution ``j`` brings its own ``tag_j``, uniform and
-unknown to the server, with coefficient ``D_j[l]``; unless that coefficient is exactly 1 for each
-fresh contribution of ``S`` and 0 for every other, the check holds with probability at most ``p``.
-With those coefficients the check reads ``<a_l, e> = p_l`` for the error ``e = sum_{k in S} x_k - y``,
-and ``a_l`` is uniform and independent of everything the server has seen, so a nonzero ``e``
-passes with probability at most ``p`` (``t`` is prime and ``a_{l,i} < t``: fixing the other coordinates, each
-value of ``a_{l,i}`` with ``e_i != 0`` gives a different ``<a_l, e>``; ``CheckKey`` refuses any other
-``t``). Independent ``a_l`` and tags over the fewest ``L`` slots with ``p^L <= 2^-128`` give a
-forgery probability of at most ``2^-128``. This rules out ``3 Enc(x_2)``, a contribution left out or counted twice,
-a replayed round, a transparent or forged ciphertext, and a sum whose data slots were scaled or
-shifted.
+relinearisation key), so from the ciphertexts it has received it can compute only encryptions of
+linear maps of their slots: sums of ciphertexts from any rounds and any positions in an update, each
+multiplied slot-wise by a plaintext, plus a plaintext. Anything else decrypts to values independent
+of the key's check. Every check slot it has received is padded by a tag of its own (a hospital
+contributes once a round), so those check slots are uniform and independent of the coefficients
+``a_l``, whatever the data. Fix every contribution's data and check slots: that fixes the server's sum
+``(y, c)``, and with it the error ``e = sum_{k in S} x_k - y`` and the offsets
+``d_l = c_l - sum_{k in S} c_{k,l}``. As ``sum_{k in S} c_{k,l} = <a_l, sum_{k in S} x_k> + sum_{k in S}
+tag_{k,l}``, check ``l`` holds exactly when ``<a_l, e> = -d_l``. If ``e = 0``, ``y`` is the honest sum
+and there is nothing to forge. Otherwise ``a_l`` is independent of ``e`` and ``d_l``, and ``<a_l, e>``
+takes any one value with probability at most ``p`` (``t`` is prime and ``a_{l,i} < t``: fixing the
+other coordinates, each value of ``a_{l,i}`` with ``e_i != 0`` gives a different ``<a_l, e>``;
+``CheckKey`` refuses any other ``t``). Independent ``a_l`` over the fewest ``L`` slots with
+``p^L <= 2^-128`` give a forgery probability of at most ``2^-128`` a try, plus ``2^-196`` for each
+tag in the sum. The argument takes the server's map as it comes, so it rules out ``3 Enc(x_2)``, a
+contribution left out or counted twice, a replayed round, a transparent or forged ciphertext, a sum
+whose data slots were scaled or shifted, and a check slot added into the data of another ciphertext.
 
 **What it does not rule out.** A server can send different valid sums, for different sets ``S``,
 to different hospitals in one round; ``crypto.endorsement`` closes that.
@@ -58,7 +60,7 @@ CHECK_KEY_BYTES = 32
 SOUNDNESS_BITS = 128
 MAX_PLAIN_MODULUS_BITS = 60  # SEAL's largest plaintext modulus
 _COEFFICIENT_BITS = 32
-_TAG_BITS = 64
+_TAG_BITS = 256  # a tag is uniform on Z_t to within t / 2^256: the argument needs it uniform
 _LIMB_BITS = 16  # a product of a coefficient and a limb stays below 2^48: 2^16 of them sum below 2^64
 _NONCE = bytes(16)  # each label has its own key, so one nonce serves: every party recomputes the same stream
 
@@ -139,8 +141,9 @@ class CheckKey:
         return products
 
     def _tags(self, round_number: int, hospital: str) -> list[int]:
-        words = self._keystream(b"tags|%d|" % round_number + hospital.encode(), _TAG_BITS // 8 * self.slots)
-        return [int.from_bytes(words[i : i + 8], "little") * self._t >> _TAG_BITS for i in range(0, len(words), 8)]
+        size = _TAG_BITS // 8
+        words = self._keystream(b"tags|%d|" % round_number + hospital.encode(), size * self.slots)
+        return [int.from_bytes(words[i : i + size], "little") * self._t >> _TAG_BITS for i in range(0, len(words), size)]
 
     def _coefficients(self, label: bytes, size: int) -> np.ndarray:
         """``size`` coefficients in ``[0, min(t, 2^32))`` from the keystream of ``label``'s key (module docstring)."""
@@ -152,7 +155,7 @@ class CheckKey:
         return words
 
     def _keystream(self, label: bytes, size: int) -> bytes:
-        key = hmac.new(self._key, b"consilium/check-slots/v4|" + self._run_id.encode() + b"|" + label, hashlib.sha256)
+        key = hmac.new(self._key, b"consilium/check-slots/v5|" + self._run_id.encode() + b"|" + label, hashlib.sha256)
         return Cipher(algorithms.ChaCha20(key.digest(), _NONCE), mode=None).encryptor().update(bytes(size))
 
 

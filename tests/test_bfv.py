@@ -206,6 +206,35 @@ def test_a_dishonest_aggregate_is_refused(packed, secret, public, small_params, 
             pytest.fail(name)
 
 
+@pytest.mark.parametrize("scale", [1, 2])
+def test_a_check_slot_added_into_another_ciphertext_s_data_is_refused(scale):
+    """Slot-wise maps reach across an update's ciphertexts: here a contribution's check slot is
+    multiplied into the data slot at the same place in its first ciphertext. The data slot then
+    carries a tag the server cannot know, nor undo in the check slots (membership's argument)."""
+    params = select_bfv_parameters(max_contributors=3, vector_length=5000, sum_bound=30_000)
+    assert params.chunk_count == 3
+    secret, public = SecretContext.generate(params, run_id=RUN), PublicContext(params)
+    names = _names(3)
+    uploads = [public.load_upload(secret.encrypt_update(np.full(5000, 7), round_number=1, hospital=n)) for n in names]
+
+    def sums():
+        totals = [seal.Ciphertext() for _ in range(params.chunk_count)]
+        for position, total in enumerate(totals):
+            public.evaluator.add_many([upload[position] for upload in uploads], total)
+        return totals
+
+    check_slot = params.slot_count - params.poly_modulus_degree * (params.chunk_count - 1) - 1  # in the last ciphertext
+    encoder = seal.BatchEncoder(public.seal)
+    select = seal.Plaintext()
+    encoder.encode([scale if slot == check_slot else 0 for slot in range(encoder.slot_count())], select)
+    leaked, forged = seal.Ciphertext(), sums()
+    public.evaluator.multiply_plain(uploads[0][-1], select, leaked)
+    public.evaluator.add_inplace(forged[0], leaked)
+    assert np.all(secret.decrypt_sum(public.pack_aggregate(sums()), round_number=1, contributors=names) == 21)
+    with pytest.raises(BfvError, match="not one fresh contribution"):
+        secret.decrypt_sum(public.pack_aggregate(forged), round_number=1, contributors=names)
+
+
 def test_transparent_and_arbitrary_aggregates_are_refused(secret, public, small_params):
     size = aggregate_bytes(small_params)
     half = size // 2

@@ -45,16 +45,16 @@ def test_a_sum_verifies_for_its_contributors_only():
             key.verify(total, round_number=round_number, contributors=contributors)
 
 
-KNOWN_26_BITS = [22001211, 7543869, 9900599, 32699143, 36154172, 18025216]
-KNOWN_32_BITS = [2341644630, 802912677, 1053745663, 3480252745, 3847980642]
-KNOWN_41_BITS = [506884675376, 600118838037, 660990872495, 901180493610]
+KNOWN_26_BITS = [8055253, 29781847, 4899877, 3280361, 30626630, 11429623]
+KNOWN_32_BITS = [857341073, 3169757577, 521506014, 349137041, 3259669981]
+KNOWN_41_BITS = [815016145288, 672391740213, 598296307817, 516395480121]
 
 
 @pytest.mark.parametrize(
     "t, known",
     [
         (40353793, KNOWN_26_BITS),
-        (4294957057, KNOWN_32_BITS),  # w t near 2^64
+        (4294957057, KNOWN_32_BITS),  # coefficients: w r near 2^64
         (1114517667841, KNOWN_41_BITS),  # coefficients are the words themselves
     ],
 )
@@ -72,7 +72,7 @@ def test_the_check_slots_are_pinned_to_their_derivation(t, known):
     assert slots.tolist() == known
 
     def stream(label: bytes, size: int, bits: int, modulus: int) -> list[int]:
-        digest = hmac.new(bytes(range(32)), b"consilium/check-slots/v4|0123456789abcdef|" + label, hashlib.sha256).digest()
+        digest = hmac.new(bytes(range(32)), b"consilium/check-slots/v5|0123456789abcdef|" + label, hashlib.sha256).digest()
         keystream = Cipher(algorithms.ChaCha20(digest, bytes(16)), mode=None).encryptor().update(bytes(bits // 8 * size))
         words = [int.from_bytes(keystream[i : i + bits // 8], "little") for i in range(0, len(keystream), bits // 8)]
         return [word * modulus >> bits for word in words]
@@ -80,7 +80,7 @@ def test_the_check_slots_are_pinned_to_their_derivation(t, known):
     def coefficients(label: bytes) -> list[int]:
         return stream(label, 10, 32, min(t, 2**32))
 
-    tags = stream(b"tags|7|hospital-2", len(known), 64, t)
+    tags = stream(b"tags|7|hospital-2", len(known), 256, t)
     for l, slot in enumerate(slots):
         a = coefficients(b"coefficients|7|%d" % l)
         assert int(slot) == (sum(x * (int(v) % t) for x, v in zip(a, values)) + tags[l]) % t
