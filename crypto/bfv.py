@@ -34,7 +34,6 @@ import zstandard
 
 from crypto.bfv_parameters import BfvParameters
 from crypto.membership import CHECK_KEY_BYTES, CheckKey, MembershipError
-from crypto.slot_digits import balanced
 
 __all__ = ["BfvError", "CiphertextSum", "PublicContext", "SecretContext", "aggregate_bytes", "upload_bytes"]
 
@@ -232,12 +231,11 @@ class SecretContext:
         if values.shape != (self.params.vector_length,) or not np.issubdtype(values.dtype, np.integer):
             raise BfvError(f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}")
         slots = self._check.append(self.params.digits.to_slots(values), round_number=round_number, hospital=hospital)
-        slots = balanced(slots, self.params.plain_modulus)
         encrypted = []
         with _MemoryFile() as file:
             for start in range(0, slots.size, self.params.poly_modulus_degree):
                 plaintext = seal.Plaintext()
-                self._encoder.encode(slots[start : start + self.params.poly_modulus_degree].tolist(), plaintext)
+                self._encoder.encode(slots[start : start + self.params.poly_modulus_degree].tolist(), plaintext)  # slots in [0, t) as they are
                 if seeded:
                     encrypted.append(file.save(self._encryptor.encrypt_symmetric(plaintext)))
                 else:
@@ -255,7 +253,7 @@ class SecretContext:
         for ciphertext in self._public.load_aggregate(chunks):
             plaintext = seal.Plaintext()
             self._decryptor.decrypt(ciphertext, plaintext)
-            slots.append(np.asarray(self._encoder.decode_int64(plaintext), dtype=np.int64))
+            slots.append(np.array(self._encoder.decode_uint64(plaintext), dtype=np.int64))  # in [0, t), t < 2^60
         used = np.concatenate(slots)[: self.params.slot_count]
         try:
             sums = self._check.verify(used, round_number=round_number, contributors=contributors)

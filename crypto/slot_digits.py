@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SlotDigits", "balanced"]
+__all__ = ["SlotDigits"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class SlotDigits:
 
     def from_slots(self, slots: np.ndarray, length: int) -> np.ndarray:
         """The ``length`` summed values of slots in ``[0, t)``: exact while each lies in ``[-S, S]``."""
-        rest = balanced(np.asarray(slots, dtype=np.int64), self.modulus)
+        rest = _balanced(np.asarray(slots, dtype=np.int64), self.modulus)
         half = self.base // 2
         digits = []
         for _ in range(self.per_slot - 1):
@@ -69,7 +69,7 @@ class SlotDigits:
         return padded.reshape(-1, self.per_slot)
 
 
-def balanced(values: np.ndarray, modulus: int) -> np.ndarray:
+def _balanced(values: np.ndarray, modulus: int) -> np.ndarray:
     """Integers modulo ``t`` read in ``(-t/2, t/2]``."""
     reduced = np.mod(values, modulus)
     return np.where(reduced > modulus // 2, reduced - modulus, reduced)
