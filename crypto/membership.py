@@ -23,19 +23,20 @@ relinearisation key), so from the ciphertexts it has received it can compute onl
 linear maps of their slots: sums of ciphertexts from any rounds and any positions in an update, each
 multiplied slot-wise by a plaintext, plus a plaintext. Anything else decrypts to values independent
 of the key's check. Every check slot it has received is padded by a tag of its own (a hospital
-contributes once a round), so those check slots are uniform and independent of the coefficients
-``a_l``, whatever the data. Fix every contribution's data and check slots: that fixes the server's sum
-``(y, c)``, and with it the error ``e = sum_{k in S} x_k - y`` and the offsets
-``d_l = c_l - sum_{k in S} c_{k,l}``. As ``sum_{k in S} c_{k,l} = <a_l, sum_{k in S} x_k> + sum_{k in S}
-tag_{k,l}``, check ``l`` holds exactly when ``<a_l, e> = -d_l``. If ``e = 0``, ``y`` is the honest sum
-and there is nothing to forge. Otherwise ``a_l`` is independent of ``e`` and ``d_l``, and ``<a_l, e>``
-takes any one value with probability at most ``p`` (``t`` is prime and ``a_{l,i} < t``: fixing the
-other coordinates, each value of ``a_{l,i}`` with ``e_i != 0`` gives a different ``<a_l, e>``;
-``CheckKey`` refuses any other ``t``). Independent ``a_l`` over the fewest ``L`` slots with
-``p^L <= 2^-128`` give a forgery probability of at most ``2^-128`` a try, plus ``2^-196`` for each
-tag in the sum. The argument takes the server's map as it comes, so it rules out ``3 Enc(x_2)``, a
-contribution left out or counted twice, a replayed round, a transparent or forged ciphertext, a sum
-whose data slots were scaled or shifted, and a check slot added into the data of another ciphertext.
+contributes at most once a round, across restarts too: ``protocol.hospital``), so those check slots
+are uniform and independent of the coefficients ``a_l``, whatever the data. Fix every contribution's
+data and check slots: that fixes the server's sum ``(y, c)``, and with it the error ``e = sum_{k in
+S} x_k - y`` and the offsets ``d_l = c_l - sum_{k in S} c_{k,l}``. As ``sum_{k in S} c_{k,l} = <a_l,
+sum_{k in S} x_k> + sum_{k in S} tag_{k,l}``, check ``l`` holds exactly when ``<a_l, e> = -d_l``. If
+``e = 0``, ``y`` is the honest sum and there is nothing to forge. Otherwise ``a_l`` is independent
+of ``e`` and ``d_l``, and ``<a_l, e>`` takes any one value with probability at most ``p`` (``t`` is
+prime and ``a_{l,i} < t``: fixing the other coordinates, each value of ``a_{l,i}`` with ``e_i != 0``
+gives a different ``<a_l, e>``; ``CheckKey`` refuses any other ``t``). Independent ``a_l`` over the
+fewest ``L`` slots with ``p^L <= 2^-128`` give a forgery probability of at most ``2^-128`` a try,
+plus ``2^-196`` for each tag in the sum. The argument takes the server's map as it comes, so it
+rules out ``3 Enc(x_2)``, a contribution left out or counted twice, a replayed round, a transparent
+or forged ciphertext, a sum whose data slots were scaled or shifted, and a check slot added into the
+data of another ciphertext.
 
 **What it does not rule out.** A server can send different valid sums, for different sets ``S``,
 to different hospitals in one round; ``crypto.endorsement`` closes that.
