@@ -18,25 +18,27 @@ contributions of the set ``S`` accepts it only if, for every ``l``::
 
     c_l = <a_l, y> + sum_{k in S} tag_{k,l}
 
-**Why a dishonest server cannot pass it.** The server holds no key (no public key, no Galois or
-relinearisation key), so from the ciphertexts it has received it can compute only encryptions of
-linear maps of their slots: sums of ciphertexts from any rounds and any positions in an update, each
-multiplied slot-wise by a plaintext, plus a plaintext. Anything else decrypts to values independent
-of the key's check. Every check slot it has received is padded by a tag of its own (a hospital
-contributes at most once a round, across restarts too: ``protocol.hospital``), so those check slots
-are uniform and independent of the coefficients ``a_l``, whatever the data. Fix every contribution's
-data and check slots: that fixes the server's sum ``(y, c)``, and with it the error ``e = sum_{k in
-S} x_k - y`` and the offsets ``d_l = c_l - sum_{k in S} c_{k,l}``. As ``sum_{k in S} c_{k,l} = <a_l,
-sum_{k in S} x_k> + sum_{k in S} tag_{k,l}``, check ``l`` holds exactly when ``<a_l, e> = -d_l``. If
-``e = 0``, ``y`` is the honest sum and there is nothing to forge. Otherwise ``a_l`` is independent
-of ``e`` and ``d_l``, and ``<a_l, e>`` takes any one value with probability at most ``p`` (``t`` is
-prime and ``a_{l,i} < t``: fixing the other coordinates, each value of ``a_{l,i}`` with ``e_i != 0``
-gives a different ``<a_l, e>``; ``CheckKey`` refuses any other ``t``). Independent ``a_l`` over the
-fewest ``L`` slots with ``p^L <= 2^-128`` give a forgery probability of at most ``2^-128`` a try,
-plus ``2^-196`` for each tag in the sum. The argument takes the server's map as it comes, so it
-rules out ``3 Enc(x_2)``, a contribution left out or counted twice, a replayed round, a transparent
-or forged ciphertext, a sum whose data slots were scaled or shifted, and a check slot added into the
-data of another ciphertext.
+**Why a dishonest server cannot pass it.** Whatever the server computes (sums of ciphertexts from
+any rounds and positions, slot-wise plaintext products, plaintexts added, or anything below the
+plaintext level), what the hospital decrypts is a function of the slots it was sent, the BFV key,
+the encryption randomness and the server's own coins. None of these depends on the coefficients
+``a_l`` but the check slots, and every check slot is padded by a tag of its own (a hospital
+contributes at most once a round, across restarts too, for as long as its ledger survives:
+``protocol.hospital``), which makes it uniform and independent of ``a_l``. Fix all of them: that
+fixes the decrypted ``(y, c)``, and with it the error ``e = sum_{k in S} x_k - y`` and the offsets
+``d_l = c_l - sum_{k in S} c_{k,l}``. As ``sum_{k in S} c_{k,l} = <a_l, sum_{k in S} x_k> + sum_{k
+in S} tag_{k,l}``, check ``l`` holds exactly when ``<a_l, e> = -d_l``. If ``e = 0``, ``y`` is the
+honest sum and there is nothing to forge. Otherwise ``a_l`` is independent of ``e`` and ``d_l``, and
+``<a_l, e>`` takes any one value with probability at most ``p`` (``t`` is prime and ``a_{l,i} < t``:
+fixing the other coordinates, each value of ``a_{l,i}`` with ``e_i != 0`` gives a different ``<a_l,
+e>``; ``CheckKey`` refuses any other ``t``). Independent ``a_l`` over the fewest ``L`` slots with
+``p^L <= 2^-128`` pass a wrong sum with probability at most ``2^-128`` a try, plus ``2^-196`` for
+each tag of the round the server received; a hospital checks one sum a round, so a round gives the
+server at most ``K`` tries. This treats HMAC-SHA256 and ChaCha20 as pseudorandom functions. It rules
+out ``3 Enc(x_2)``, a contribution left out or counted twice, a replayed round, a transparent or
+forged ciphertext, a sum whose data slots were scaled or shifted, and a check slot added into the
+data of another ciphertext. A hospital that uploaded twice in one round would break it: the
+difference of its two uploads carries no tag.
 
 **What it does not rule out.** A server can send different valid sums, for different sets ``S``,
 to different hospitals in one round; ``crypto.endorsement`` closes that.

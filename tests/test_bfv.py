@@ -238,11 +238,16 @@ def test_a_check_slot_added_into_another_ciphertext_s_data_is_refused(scale):
 def test_transparent_and_arbitrary_aggregates_are_refused(secret, public, small_params):
     size = aggregate_bytes(small_params)
     half = size // 2
-    forged = SecretContext.generate(small_params, run_id=RUN).encrypt_update(
-        np.ones(small_params.vector_length, dtype=np.int64), round_number=1, hospital="hospital-1"
-    )
+    ones = np.ones(small_params.vector_length, dtype=np.int64)
+    forged = SecretContext.generate(small_params, run_id=RUN).encrypt_update(ones, round_number=1, hospital="hospital-1")
     (other_key,) = public.pack_aggregate(public.load_upload(forged))
+    (honest,) = public.pack_aggregate(public.load_upload(secret.encrypt_update(ones, round_number=1, hospital="hospital-1")))
+    q, bits = small_params.ciphertext_modulus, small_params.ciphertext_modulus.bit_length()
+    coefficients = np.frombuffer(_unpack(honest, 2 * small_params.poly_modulus_degree, bits), dtype="<u8")
+    halved = [p * ((q + 1) // 2) % q for p in coefficients.tolist()]  # below the plaintext level: no slot-wise map
+    assert np.array_equal(secret.decrypt_sum([honest], round_number=1, contributors=["hospital-1"]), ones)
     candidates = [
+        [_pack(np.array(halved, dtype="<u8").tobytes(), bits)],
         [b"\x00" * size],  # transparent: decrypts to c0 under any key
         [bytes(np.random.default_rng(1).integers(0, 256, half, dtype=np.uint8)) + b"\x00" * (size - half)],
         [other_key],  # a valid ciphertext under another key
