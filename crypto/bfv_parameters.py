@@ -83,11 +83,11 @@ class BfvParameters:
     @property
     def slot_count(self) -> int:
         """The vector's slots, then the check slots that prove a sum's membership (``crypto.membership``)."""
-        return self.digits.slots_for(self.vector_length) + check_slot_count(self.plain_modulus)
+        return _slot_count(self.digits, self.vector_length)
 
     @property
     def chunk_count(self) -> int:
-        return -(-self.slot_count // self.poly_modulus_degree)
+        return _chunk_count(self.digits, self.vector_length, self.poly_modulus_degree)
 
     def to_dict(self) -> dict:
         return {
@@ -141,8 +141,7 @@ def _parameters_for_degree(degree: int, per_slot: int, contributors: int, vector
         raise ParameterError(f"the plaintext modulus would need {plain_modulus.bit_length()} bits (max {MAX_PLAIN_MODULUS_BITS})")
 
     digits = SlotDigits(base=base, per_slot=per_slot, modulus=plain_modulus)
-    slots = digits.slots_for(vector_length) + check_slot_count(plain_modulus)
-    coefficients = -(-slots // degree) * degree
+    coefficients = _chunk_count(digits, vector_length, degree) * degree
     needed = plain_modulus * (contributors + 2 * _decryption_error_bound(contributors, coefficients))
     bits = needed.bit_length()
     while True:
@@ -193,6 +192,15 @@ def _decryption_error_bound(contributors: int, coefficients: int) -> int:
         middle = (low + high) // 2
         low, high = (low, middle) if log_tail_bound(middle) <= log_budget else (middle, high)
     return high
+
+
+def _slot_count(digits: SlotDigits, vector_length: int) -> int:
+    return digits.slots_for(vector_length) + check_slot_count(digits.modulus)
+
+
+def _chunk_count(digits: SlotDigits, vector_length: int, degree: int) -> int:
+    """Ciphertexts of ``degree`` slots that hold the vector's slots and their check slots."""
+    return -(-_slot_count(digits, vector_length) // degree)
 
 
 def _upload_bits(params: BfvParameters) -> int:
