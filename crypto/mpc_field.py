@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-__all__ = ["MIN_PARTIES", "MpcField", "mpyc_runtime"]
+__all__ = ["MIN_PARTIES", "MpcField", "import_mpyc", "mpyc_runtime"]
 
 MIN_PARTIES = 3
 _MIN_BIT_LENGTH = 8
@@ -54,5 +54,17 @@ def mpyc_runtime(arguments: list[str]):
 
         sys.argv = list(arguments)
         return mpyc.runtime.setup()
+    finally:
+        sys.argv = saved
+
+
+def import_mpyc():
+    """``mpyc.runtime``, imported without reading this process's command line (as its first import would)."""
+    saved = sys.argv
+    try:
+        sys.argv = [sys.argv[0], "--no-log"]
+        import mpyc.runtime
+
+        return mpyc.runtime
     finally:
         sys.argv = saved

@@ -19,7 +19,8 @@ from protocol.config import MAX_MESSAGE_BYTES  # until the run's settings, and s
 from protocol.messages import Finish, Message, MessageError, ProtocolError, decode, encode
 from protocol.rejections import RejectionLog
 from protocol.transcript import Transcript
-from protocol.roster import Credentials, Roster
+from protocol.party_keys import Credentials
+from protocol.roster import Roster
 from protocol.transport import ClientTransport, ServerTransport
 
 __all__ = ["PartyChannels", "ServerChannel"]

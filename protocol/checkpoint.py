@@ -1,4 +1,4 @@
-"""The server's checkpoint: what it needs to resume a run after a crash, replaced atomically.
+"""The server's checkpoint: what it needs to resume a run after a crash, replaced atomically; and its report.
 
 The server writes it once hospitals hold the key, before each RoundStart and after each round.
 Round numbers are never reused: the number of rounds started is on disk before a RoundStart leaves,
@@ -9,22 +9,33 @@ when they join again). The privacy ledger is not in the checkpoint: it is durabl
 
 The file is JSON (arrays as base64 of little-endian float32), written to a temporary file that is
 fsynced and then renamed over the old one, readable by its owner only: it holds the model, which is
-DP-protected but still the consortium's.
+DP-protected but still the consortium's. The report is written the same way. Where the system
+refuses a write (a full disk, no descriptor left), ``write_retrying`` tries again before it gives up
+with a one-line ``CheckpointError``.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
+import logging
+import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Callable
 
-__all__ = ["CHECKPOINT_FILE", "Checkpoint", "CheckpointError"]
+from training.durable import replace_file
+
+__all__ = ["CHECKPOINT_FILE", "REPORT_FILE", "Checkpoint", "CheckpointError", "write_report", "write_retrying"]
 
 CHECKPOINT_FILE = "checkpoint.json"
+REPORT_FILE = "server_report.json"
 _FORMAT = {"format": "consilium-server-checkpoint", "version": 2}
 _ARRAYS = ("initial_parameters", "parameters", "optimizer_state")
+_WRITE_ATTEMPTS = 3
+_WRITE_RETRY_S = 1.0
+
+log = logging.getLogger("consilium.checkpoint")
 
 
 class CheckpointError(RuntimeError):
@@ -48,20 +59,8 @@ class Checkpoint:
         for name in _ARRAYS:
             record[name] = base64.b64encode(record[name]).decode()
         path = out_dir / CHECKPOINT_FILE
-        temporary = path.with_name(path.name + ".tmp")
         try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(descriptor, "w") as handle:
-                json.dump(record, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, path)
-            directory = os.open(out_dir, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
+            replace_file(path, json.dumps(record).encode())
         except OSError as error:
             raise CheckpointError(f"cannot write the checkpoint {path}: {error}") from None
 
@@ -84,3 +83,22 @@ class Checkpoint:
         except (OSError, ValueError, TypeError, AttributeError) as error:
             raise CheckpointError(f"the checkpoint {path} is unreadable: {error}") from None
         return checkpoint
+
+
+def write_report(out_dir: Path, report: dict) -> None:
+    """A server's ``server_report.json``, replaced whole (never half written)."""
+    replace_file(out_dir / REPORT_FILE, json.dumps(report, indent=1).encode())
+
+
+def write_retrying(write: Callable[[], None], what: str) -> None:
+    """Run ``write``; when the system refuses (a full disk, no descriptor left), try again a second
+    later, up to ``_WRITE_ATTEMPTS`` times, then raise ``CheckpointError`` naming ``what``."""
+    for attempt in range(1, _WRITE_ATTEMPTS + 1):
+        try:
+            write()
+            return
+        except (OSError, CheckpointError) as error:
+            if attempt == _WRITE_ATTEMPTS:
+                raise CheckpointError(f"cannot write {what}: {error}") from None
+            log.warning("cannot write %s (%s); trying again", what, error)
+            time.sleep(_WRITE_RETRY_S)

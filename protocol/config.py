@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from crypto.bfv import aggregate_bytes
 from crypto.bfv_parameters import BfvParameters, ParameterError, select_bfv_parameters
 from training.methods import TrainingSettings, settings_from_dict
-from training.models import ModelSpec, build_model, parameter_count
+from training.models import ModelSpec
 from training.skellam import SkellamMechanism
 
 __all__ = ["INSECURE_PLAINTEXT", "SECURE_AGGREGATION", "ConfigError", "RunConfig", "check_aggregation", "check_run", "run_fingerprint"]
@@ -28,8 +28,10 @@ AGGREGATIONS = (SECURE_AGGREGATION, INSECURE_PLAINTEXT)
 
 _RUN_ID = re.compile(r"^[0-9a-f]{8,64}$")
 _MESSAGE_SLACK_BYTES = 64 * 1024
+MAX_ROUNDS = 1_000_000  # round numbers travel through the voting MPC's field too
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # what a hospital accepts before it knows the run, and so ever
 _SEALED_KEY_SLACK_BYTES = 4096  # SEAL's header and zstd framing, the check key, the box
+_WELCOME_VECTORS = 4  # float32 vectors of the model's size in a Welcome (message_limit)
 
 
 class ConfigError(ValueError):
@@ -44,8 +46,8 @@ def check_run(run_id: str, hospitals: tuple[str, ...], *, quorum: int, rounds: i
         raise ConfigError("a run needs distinct hospitals")
     if quorum > len(hospitals):
         raise ConfigError(f"the quorum {quorum} exceeds the {len(hospitals)} hospitals")
-    if rounds < 1:
-        raise ConfigError(f"rounds must be at least 1, got {rounds}")
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise ConfigError(f"rounds must be between 1 and {MAX_ROUNDS}, got {rounds}")
     if not 0 < delta < 1:
         raise ConfigError(f"delta must be in (0, 1), got {delta}")
 
@@ -78,6 +80,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_run(self.run_id, self.hospitals, quorum=self.training.quorum, rounds=self.rounds, delta=self.delta)
         check_aggregation(self.aggregation)
+        if _WELCOME_VECTORS * 4 * self.parameter_count > MAX_MESSAGE_BYTES:  # before anything of that size is allocated
+            raise ConfigError(
+                f"a model of {self.parameter_count:,} parameters does not fit the {MAX_MESSAGE_BYTES:,} bytes a party accepts in a message"
+            )
 
     @property
     def key_holder(self) -> str:
@@ -85,7 +91,7 @@ class RunConfig:
 
     @property
     def parameter_count(self) -> int:
-        return parameter_count(build_model(self.model))
+        return self.model.parameter_count()
 
     def mechanism(self) -> SkellamMechanism:
         return self.training.mechanism(self.parameter_count)
@@ -109,7 +115,7 @@ class RunConfig:
         ciphertexts = params.chunk_count * aggregate_bytes(params)
         # A sealed secret key: N coefficients of 8 bytes for each prime of the key level.
         sealed_keys = len(self.hospitals) * (len(params.coeff_mod_bit_sizes) * params.poly_modulus_degree * 8 + _SEALED_KEY_SLACK_BYTES)
-        welcome = 4 * 4 * params.vector_length + len(json.dumps(self.to_dict()))  # msgpack is no longer than JSON here
+        welcome = _WELCOME_VECTORS * 4 * params.vector_length + len(json.dumps(self.to_dict()))  # msgpack is no longer than JSON here
         limit = max(ciphertexts, sealed_keys, welcome) + _MESSAGE_SLACK_BYTES
         if limit > MAX_MESSAGE_BYTES:
             raise ConfigError(f"this run's largest message would take {limit:,} bytes, over the {MAX_MESSAGE_BYTES:,} a party accepts")

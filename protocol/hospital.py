@@ -82,7 +82,8 @@ from protocol.messages import (
     release_digest,
 )
 from protocol.channel import ServerChannel
-from protocol.roster import Credentials, Roster
+from protocol.party_keys import Credentials
+from protocol.roster import Roster
 from protocol.transport import Reconnected
 from training.accounting import LEDGER_FILE, PrivacyLedger, Release
 from training.datasets import Split
@@ -168,7 +169,7 @@ class Hospital:
         method: str,
         aggregation: str = SECURE_AGGREGATION,
     ) -> None:
-        roster.check_credentials(credentials)
+        roster.check_own_entry(credentials)
         self._name = credentials.name
         self._roster = roster
         self._credentials = credentials
@@ -256,7 +257,7 @@ class Hospital:
             raise ProtocolError(f"the run names {sorted(strangers)} as hospitals; the roster does not")
         model = build_model(config.model)
         set_flat_parameters(model, _float32s(initial_parameters, parameter_count(model), "the initial parameters"))
-        self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE)
+        self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key)
         self._last_round = self._ledger.begin_run(config.run_id, run)
         if self._last_round:
             log.warning("%s resumes run %s after round %d, the last its ledger charged", self._name, config.run_id, self._last_round)
@@ -349,6 +350,8 @@ class Hospital:
             elif isinstance(message, RoundStart):
                 if message.round <= self._last_round:
                     raise ProtocolError(f"the server started round {message.round} again after round {self._last_round}")
+                if message.round > self._config.rounds:
+                    raise ProtocolError(f"the server started round {message.round} of a run of {self._config.rounds} rounds")
                 self._last_round = message.round
                 # What every update is charged: the least noise its sum can carry, a quorum's, at this round's settings.
                 training = self._shared.settings
@@ -357,8 +360,11 @@ class Hospital:
                 if refusal:
                     log.warning("%s withdraws: %s", self._name, refusal)
                     self._send(Withdraw(round=message.round, reason=refusal))
+                    self._ledger.finish_run(self._config.run_id)
                     return refusal
                 pending = self._contribute(training, least_noise, message.round, send_at=received + self._send_offset_s)
+                if message.round == self._config.rounds:  # no later round exists: a replayed Welcome begins nothing
+                    self._ledger.finish_run(self._config.run_id)
             elif pending is None or message.round != pending.round:
                 self._channel.rejections.reject("the server", message.TYPE, f"no update of ours is pending for round {message.round}")
             elif isinstance(message, RoundAbort):

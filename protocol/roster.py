@@ -1,68 +1,88 @@
-"""Who is in the federation: provisioning of identities and the public roster.
+"""Who is in the federation: a roster assembled from public files, and confirmed by every party.
 
-``provision`` writes a federation directory::
+``roster.toml`` binds names to keys::
 
-    roster.toml                 public: the server's address, every party's public keys
-    server/secret_keys.toml     private to the server (mode 0600)
-    hospital-1/secret_keys.toml private to hospital-1, ...
-    tallier-1/secret_keys.toml  private to tallier-1, ... (with ``talliers``, for private voting)
-    tallier-1/.config/          tallier-1's MPC certificate and key, and the federation's MPC authority
+    [roster]
+    version = 1
+    previous = ''                 # the digest of the version this one replaces ('' for the first)
+    [server]
+    address = 'tcp://server.example.org:5555'
+    [[party]]                     # each party's public file (protocol.party_keys), as it made it
+    ...
 
-Each party has a CurveZMQ key pair (transport authentication and encryption) and an identity
-(``crypto.identity``: Ed25519 to sign, X25519 to receive sealed boxes). Talliers also have an
-address where the other talliers reach them for the MPC, over mutual TLS with certificates from an
-authority whose key is discarded once they are issued (``crypto.tls``). In a real deployment each
-party generates or receives only its own folder; all of them share ``roster.toml``.
+``assemble_roster`` writes it from public files only: whoever runs it never sees a secret key. A
+provisioner could still swap a party's public keys for its own, so no party trusts the file as
+such. Before it starts, each party checks (``confirm_roster``):
+
+1. **Its own entry** is exactly its keys (CurveZMQ, identity, and a tallier's MPC certificate).
+2. **The roster is confirmed**, in one of two ways:
+
+   - its *fingerprint* (``Roster.fingerprint``: SHA-512 of the file, shown as 60 digits in groups
+     of five that people can read aloud, as Signal's safety numbers) equals the one the consortium
+     compared out of band (``--roster-fingerprint``). The social protocol makes this sound: each
+     party reads the number aloud only after its own entry checked out (``consilium-roster
+     fingerprint`` checks it first), so when every party has read the same number, no entry in
+     that file is anyone's but its owner's;
+   - or it names as ``previous`` the roster this party last confirmed, and carries the signature
+     (``roster.signatures.toml``, made by ``consilium-roster sign``) of every party of that roster
+     that stays in this one, under the keys that roster confirmed. A new hospital's keys are then
+     vouched for by all who stay. A party with nothing confirmed before needs the fingerprint.
+
+   A roster this party confirmed before is accepted as it is. Each party keeps a copy of the
+   roster it last confirmed in its own folder (``accepted_roster.toml``).
+
+Loading also refuses a roster in which two parties share a key or an MPC address.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import os
 import re
-import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import zmq
+from cryptography.exceptions import InvalidSignature
 
-from crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
 from crypto.mpc_field import MIN_PARTIES
-from crypto.tls import issue_mpc_certificates
+from protocol.key_files import KeyFileError, parse_toml, read_bytes, read_toml, toml_table, write_private
+from protocol.party_keys import SERVER, Credentials, Party, generate_party_keys, mpc_address
 
-__all__ = ["Credentials", "CurveKeyPair", "Party", "Roster", "RosterError", "provision"]
+__all__ = [
+    "ACCEPTED_ROSTER_FILE", "ROSTER_FILE", "SIGNATURES_FILE", "Roster", "RosterError", "assemble_roster", "confirm_roster",
+    "join_federation", "local_federation", "sign_roster",
+]  # fmt: skip
 
 ROSTER_FILE = "roster.toml"
-SECRET_FILE = "secret_keys.toml"
-SERVER = "server"
-ROLES = ("server", "hospital", "tallier")
-MPC_CERTIFICATES = ".config"  # where MPyC looks, under the tallier's working directory
-_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-_Z85_KEY = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
+SIGNATURES_FILE = "roster.signatures.toml"
+ACCEPTED_ROSTER_FILE = "accepted_roster.toml"
+_SERVER_ADDRESS = re.compile(r"^tcp://[A-Za-z0-9.\-]+:\d{1,5}$")
+_DIGEST = re.compile(r"^([0-9a-f]{128})?$")
+_DIGEST_CONTEXT = b"consilium roster\x00"
+_SIGNATURE_CONTEXT = b"consilium roster signature\x00"
+_FINGERPRINT_GROUPS = 12  # of five digits, each from five bytes of the digest: about 199 bits
 
 
-class RosterError(ValueError):
-    """A federation directory, roster or key file that is missing or malformed."""
-
-
-@dataclass(frozen=True)
-class CurveKeyPair:
-    public: bytes  # z85, 40 characters
-    secret: bytes
-
-
-@dataclass(frozen=True)
-class Party:
-    name: str
-    role: str  # one of ROLES
-    curve_public: bytes
-    identity: PublicIdentity
-    mpc_address: tuple[str, int] | None = None  # talliers only: (host, port) for the MPC
+class RosterError(KeyFileError):
+    """A roster that is malformed, does not list this party's keys, or is not confirmed."""
 
 
 @dataclass(frozen=True)
 class Roster:
+    version: int
+    previous: str  # hex digest of the roster this one replaces, or ''
     server_address: str
     parties: dict[str, Party]
+    digest: str  # hex SHA-512 of the file, under a context of its own
+    raw: bytes = field(repr=False, default=b"")  # the file, as read: what the digest covers
+
+    @property
+    def fingerprint(self) -> str:
+        """The digest as 60 decimal digits in groups of five, to be read aloud."""
+        raw = bytes.fromhex(self.digest)
+        return " ".join(f"{int.from_bytes(raw[5 * i : 5 * i + 5], 'big') % 100_000:05d}" for i in range(_FINGERPRINT_GROUPS))
 
     @property
     def hospitals(self) -> list[str]:
@@ -83,149 +103,212 @@ class Roster:
         except KeyError:
             raise RosterError(f"{name!r} is not in the roster (parties: {', '.join(self.parties)})") from None
 
-    def check_credentials(self, credentials: "Credentials") -> None:
-        """Refuse to start with keys that are not the roster's: the handshake would fail silently."""
-        party = self.party(credentials.name)
-        if (
-            zmq.curve_public(credentials.curve.secret) != credentials.curve.public
-            or credentials.curve.public != party.curve_public
-            or credentials.identity.public.to_text() != party.identity.to_text()
-        ):
+    def check_own_entry(self, credentials: Credentials) -> None:
+        """Refuse a roster whose entry for this party is not exactly its keys."""
+        listed = self.party(credentials.name)
+        own = credentials.public()
+        if (listed.role, listed.curve_public, listed.identity.to_text(), listed.mpc_certificate) != (
+            own.role, own.curve_public, own.identity.to_text(), own.mpc_certificate,
+        ):  # fmt: skip
             raise RosterError(
-                f"the secret keys of {credentials.name} do not match its entry in the roster "
-                "(provisioned again? use the roster.toml of the same provisioning)"
+                f"the roster's entry for {credentials.name} is not this party's keys: refusing it "
+                "(was a key swapped, or is this another federation's roster?)"
             )
 
     @classmethod
     def load(cls, directory: Path) -> "Roster":
-        document = _read_toml(directory / ROSTER_FILE, hint="run consilium-provision first")
-        try:
-            address = document["server"]["address"]
-            parties = {}
-            for entry in document["party"]:
-                name, role = entry["name"], entry["role"]
-                if not _NAME.match(name) or role not in ROLES or name in parties:
-                    raise RosterError(f"roster entry {name!r} has a bad or repeated name or role")
-                if (name == SERVER) != (role == "server"):
-                    raise RosterError(f"only the party named {SERVER!r} may have the server role")
-                parties[name] = Party(
-                    name=name,
-                    role=role,
-                    curve_public=_curve_key(entry["curve_public"], name),
-                    identity=PublicIdentity.from_text(entry),
-                    mpc_address=_mpc_address(entry["mpc_address"], name) if role == "tallier" else None,
-                )
-        except (KeyError, TypeError) as error:
-            raise RosterError(f"{directory / ROSTER_FILE} is malformed: missing {error}") from None
-        except IdentityKeyError as error:
-            raise RosterError(f"{directory / ROSTER_FILE}: {error}") from None
-        if SERVER not in parties:
-            raise RosterError(f"{directory / ROSTER_FILE} names no server")
-        return cls(server_address=str(address), parties=parties)
-
-
-@dataclass(frozen=True)
-class Credentials:
-    """One party's private keys."""
-
-    name: str
-    curve: CurveKeyPair
-    identity: PrivateIdentity
+        return cls.parse(directory / ROSTER_FILE)
 
     @classmethod
-    def load(cls, directory: Path, name: str) -> "Credentials":
-        path = directory / name / SECRET_FILE
-        document = _read_toml(path, hint=f"is {name!r} a party of this federation?")
+    def parse(cls, path: Path) -> "Roster":
         try:
-            curve = CurveKeyPair(
-                public=_curve_key(document["curve_public"], name), secret=_curve_key(document["curve_secret"], name)
-            )
-            return cls(name=name, curve=curve, identity=PrivateIdentity.from_text(document))
-        except KeyError as error:
-            raise RosterError(f"{path} is missing {error}") from None
-        except IdentityKeyError as error:
-            raise RosterError(f"{path}: {error}") from None
+            raw = read_bytes(path, hint="assemble it with consilium-provision")
+            document = parse_toml(raw, path)
+        except KeyFileError as error:
+            raise RosterError(str(error)) from None
+        header, server = document.get("roster"), document.get("server")
+        if not isinstance(header, dict) or not isinstance(server, dict) or not isinstance(document.get("party"), list):
+            raise RosterError(f"{path} is not a roster: it needs [roster], [server] and [[party]] tables")
+        version, previous, address = header.get("version"), header.get("previous"), server.get("address")
+        if type(version) is not int or not 1 <= version < 2**31 or not isinstance(previous, str) or not _DIGEST.match(previous):
+            raise RosterError(f"{path}: [roster] needs a version (1, 2, ...) and the previous version's digest ('' for the first)")
+        if (version == 1) != (previous == ""):
+            raise RosterError(f"{path}: version {version} must {'not ' if version == 1 else ''}name a previous roster")
+        if not isinstance(address, str) or not _SERVER_ADDRESS.match(address):
+            raise RosterError(f"{path}: the server address must look like tcp://HOST:PORT, got {address!r}")
+        parties: dict[str, Party] = {}
+        for entry in document["party"]:
+            try:
+                party = Party.from_entry(entry, str(path))
+            except KeyFileError as error:
+                raise RosterError(str(error)) from None
+            if party.name in parties:
+                raise RosterError(f"{path} lists {party.name} twice")
+            parties[party.name] = party
+        _check_parties(parties, str(path))
+        return cls(version, previous, address, parties, _digest(raw), raw)
 
 
-def provision(directory: Path, *, hospitals: int, address: str, mpc_addresses: tuple[str, ...] = ()) -> Roster:
-    """Create a federation directory with a server, ``hospitals`` hospitals and a tallier per MPC address."""
-    if hospitals < 1:
-        raise RosterError(f"a federation needs at least one hospital, got {hospitals}")
-    if not re.match(r"^tcp://[^\s\"]+:\d+$", address):
-        raise RosterError(f"server address must look like tcp://HOST:PORT, got {address!r}")
-    if 0 < len(mpc_addresses) < MIN_PARTIES:
-        raise RosterError(f"private voting needs at least {MIN_PARTIES} talliers, for an honest majority among them")
-    mpc = {f"tallier-{i}": _mpc_address(a, f"tallier-{i}") for i, a in enumerate(mpc_addresses, start=1)}
-    if len(set(mpc.values())) != len(mpc):
-        raise RosterError("every tallier needs its own MPC address")
+def assemble_roster(directory: Path, *, address: str, public_files: list[Path], previous: Path | None = None) -> Roster:
+    """Write ``directory/roster.toml`` from the parties' public files (and the roster it replaces), and load it."""
     if (directory / ROSTER_FILE).exists():
-        raise RosterError(f"{directory} already holds a federation; choose an empty directory")
-    names = [SERVER] + [f"hospital-{i}" for i in range(1, hospitals + 1)] + list(mpc)
-    entries = []
-    for name in names:
-        public, secret = zmq.curve_keypair()
-        identity = PrivateIdentity.generate()
-        secrets_text = {"curve_public": public.decode(), "curve_secret": secret.decode(), **identity.to_text()}
-        _write_private(directory / name / SECRET_FILE, _toml_table(secrets_text))
-        role = "server" if name == SERVER else "tallier" if name in mpc else "hospital"
-        entry = {"name": name, "role": role, "curve_public": public.decode(), **identity.public.to_text()}
-        if name in mpc:
-            entry["mpc_address"] = "%s:%d" % mpc[name]
-        entries.append(entry)
-    if mpc:
-        _write_mpc_certificates(directory, list(mpc))
-    roster = f"[server]\naddress = {_toml_string(address)}\n\n" + "".join(
-        "[[party]]\n" + _toml_table(entry) + "\n" for entry in entries
-    )
+        raise RosterError(f"{directory} already holds a roster; choose an empty directory")
+    if not _SERVER_ADDRESS.match(address):
+        raise RosterError(f"the server address must look like tcp://HOST:PORT, got {address!r}")
+    parties: dict[str, Party] = {}
+    for path in public_files:
+        party = Party.from_entry(read_toml(path, hint="the party makes it with consilium-keygen"), str(path))
+        if party.name in parties:
+            raise RosterError(f"two public files name {party.name}")
+        parties[party.name] = party
+    _check_parties(parties, "the public files")
+    version, previous_digest = 1, ""
+    if previous is not None:
+        before = Roster.parse(previous)
+        version, previous_digest = before.version + 1, before.digest
+    ordered = sorted(parties.values(), key=lambda p: ({"server": 0, "hospital": 1, "tallier": 2}[p.role], _natural(p.name)))
+    text = (
+        "[roster]\n" + toml_table({"version": version, "previous": previous_digest})
+        + "\n[server]\n" + toml_table({"address": address})
+        + "".join("\n[[party]]\n" + toml_table(party.to_entry()) for party in ordered)
+    )  # fmt: skip
     # Public, but whoever can rewrite it can swap a party's keys: only its owner may write it.
-    _write_private(directory / ROSTER_FILE, roster)
+    write_private(directory / ROSTER_FILE, text)
     return Roster.load(directory)
 
 
-def _write_mpc_certificates(directory: Path, talliers: list[str]) -> None:
-    authority, issued = issue_mpc_certificates(len(talliers), authority_name=f"Consilium talliers of {directory.resolve().name}")
-    for index, (name, certificate) in enumerate(zip(talliers, issued)):
-        folder = directory / name / MPC_CERTIFICATES
-        _write_private(folder / f"party_{index}.key", certificate.private_key.decode())
-        _write_private(folder / f"party_{index}.crt", certificate.certificate.decode())
-        _write_private(folder / "mpyc_ca.crt", authority.decode())
+def sign_roster(directory: Path, credentials: Credentials) -> None:
+    """Add this party's signature over the roster in ``directory`` to its signatures file."""
+    roster = Roster.load(directory)
+    roster.check_own_entry(credentials)
+    signatures = _signatures(directory)
+    signatures[credentials.name] = credentials.identity.signing.sign(_signed(roster))
+    text = "[signatures]\n" + toml_table({name: base64.b64encode(value).decode() for name, value in sorted(signatures.items())})
+    temporary = directory / (SIGNATURES_FILE + ".tmp")
+    temporary.unlink(missing_ok=True)
+    write_private(temporary, text)
+    os.replace(temporary, directory / SIGNATURES_FILE)
 
 
-def _mpc_address(text: object, owner: str) -> tuple[str, int]:
-    match = re.match(r"^([A-Za-z0-9.\-]+):(\d{1,5})$", text) if isinstance(text, str) else None
-    if not match or not 0 < int(match.group(2)) < 65536:
-        raise RosterError(f"{owner}: an MPC address must look like HOST:PORT, got {text!r}")
-    return match.group(1), int(match.group(2))
+def confirm_roster(directory: Path, credentials: Credentials, fingerprint: str | None) -> Roster:
+    """The roster in ``directory``, once this party has checked its own entry and that the roster is
+    confirmed (module docstring); ``RosterError`` saying why not. Keeps the confirmed copy."""
+    roster = Roster.load(directory)
+    roster.check_own_entry(credentials)
+    accepted_path = credentials.folder / ACCEPTED_ROSTER_FILE
+    accepted = Roster.parse(accepted_path) if accepted_path.exists() else None
+    if fingerprint is not None:
+        if _digits(fingerprint) != _digits(roster.fingerprint):
+            raise RosterError(
+                f"the roster's fingerprint is {roster.fingerprint}, not the {fingerprint!r} given: refusing it "
+                "(compare it again out of band; a key may have been swapped)"
+            )
+    elif accepted is not None and accepted.digest == roster.digest:
+        return roster
+    elif accepted is None:
+        raise RosterError(
+            "the roster is not confirmed: compare its fingerprint (consilium-roster fingerprint) with every party out of band "
+            "and pass it with --roster-fingerprint"
+        )
+    else:
+        _check_signed_successor(directory, roster, accepted)
+    temporary = accepted_path.with_name(accepted_path.name + ".tmp")
+    temporary.unlink(missing_ok=True)
+    write_private(temporary, roster.raw)
+    os.replace(temporary, accepted_path)
+    return roster
 
 
-def _read_toml(path: Path, *, hint: str) -> dict:
+def join_federation(directory: Path, name: str, fingerprint: str | None) -> tuple[Roster, Credentials]:
+    """What a party loads at start: its keys from ``directory/name`` and the roster, confirmed."""
+    credentials = Credentials.load(directory / name)
+    if credentials.name != name:
+        raise RosterError(f"{directory / name} holds the keys of {credentials.name}, not of {name}")
+    return confirm_roster(directory, credentials, fingerprint), credentials
+
+
+def local_federation(directory: Path, *, hospitals: int, address: str, mpc_addresses: tuple[str, ...] = ()) -> Roster:
+    """A federation on one machine, made as a real one is: each party's keys in its own folder
+    (``directory/NAME``), then the roster from their public files alone."""
+    if hospitals < 1:
+        raise RosterError(f"a federation needs at least one hospital, got {hospitals}")
+    if not _SERVER_ADDRESS.match(address):
+        raise RosterError(f"the server address must look like tcp://HOST:PORT, got {address!r}")
+    if 0 < len(mpc_addresses) < MIN_PARTIES:
+        raise RosterError(f"private voting needs at least {MIN_PARTIES} talliers, for an honest majority among them")
+    if len({mpc_address(text, "a tallier") for text in mpc_addresses}) != len(mpc_addresses):
+        raise RosterError("every tallier needs its own MPC address")
+    parties = [(SERVER, "server", None)] + [(f"hospital-{i}", "hospital", None) for i in range(1, hospitals + 1)]
+    parties += [(f"tallier-{i}", "tallier", a) for i, a in enumerate(mpc_addresses, start=1)]
+    public_files = [generate_party_keys(directory / name, name=name, role=role, mpc_address_text=a) for name, role, a in parties]
+    return assemble_roster(directory, address=address, public_files=public_files)
+
+
+def _check_parties(parties: dict[str, Party], where: str) -> None:
+    if sum(party.role == "server" for party in parties.values()) != 1 or not any(p.role == "hospital" for p in parties.values()):
+        raise RosterError(f"{where}: a federation needs one server and at least one hospital")
+    talliers = [party for party in parties.values() if party.role == "tallier"]
+    if 0 < len(talliers) < MIN_PARTIES:
+        raise RosterError(f"{where}: private voting needs at least {MIN_PARTIES} talliers, for an honest majority among them")
+    keys = [key for party in parties.values() for key in _public_keys(party)]
+    if len(set(keys)) != len(keys):
+        raise RosterError(f"{where}: two parties share a key")
+    if len({party.mpc_address for party in talliers}) != len(talliers):
+        raise RosterError(f"{where}: every tallier needs its own MPC address")
+
+
+def _public_keys(party: Party) -> list[bytes]:
+    text = party.identity.to_text()
+    return [party.curve_public, text["sign_public"].encode(), text["box_public"].encode()] + (
+        [party.mpc_certificate] if party.mpc_certificate else []
+    )
+
+
+def _check_signed_successor(directory: Path, roster: Roster, accepted: Roster) -> None:
+    if roster.previous != accepted.digest:
+        raise RosterError(
+            "the roster is not confirmed: it is not the one this party confirmed before, nor does it name that one as previous; "
+            "compare its fingerprint out of band and pass --roster-fingerprint"
+        )
+    signatures = _signatures(directory)
+    message = _signed(roster)
+    for name, party in accepted.parties.items():
+        if name not in roster.parties:
+            continue
+        signature = signatures.get(name)
+        if signature is None:
+            raise RosterError(f"the new roster version lacks {name}'s signature ({SIGNATURES_FILE}); refusing it")
+        try:
+            party.identity.signing.verify(signature, message)
+        except InvalidSignature:
+            raise RosterError(f"{name}'s signature over the new roster version does not verify under its confirmed key") from None
+
+
+def _signatures(directory: Path) -> dict[str, bytes]:
+    path = directory / SIGNATURES_FILE
+    if not path.exists():
+        return {}
+    table = read_toml(path, hint="").get("signatures")
+    if not isinstance(table, dict):
+        raise RosterError(f"{path} has no [signatures] table")
     try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise RosterError(f"no file {path} ({hint})") from None
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise RosterError(f"cannot read {path}: {error}") from None
+        return {str(name): base64.b64decode(value, validate=True) for name, value in table.items()}
+    except (binascii.Error, TypeError, ValueError):
+        raise RosterError(f"{path}: a signature is not base64") from None
 
 
-def _curve_key(text: object, owner: str) -> bytes:
-    if not isinstance(text, str) or not _Z85_KEY.match(text):
-        raise RosterError(f"{owner}: a CurveZMQ key must be 40 z85 characters")
-    return text.encode("ascii")
+def _signed(roster: Roster) -> bytes:
+    return _SIGNATURE_CONTEXT + bytes.fromhex(roster.digest)
 
 
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(text)
+def _digest(raw: bytes) -> str:
+    return hashlib.sha512(_DIGEST_CONTEXT + raw).hexdigest()
 
 
-def _toml_table(values: dict[str, str]) -> str:
-    return "".join(f"{key} = {_toml_string(value)}\n" for key, value in values.items())
+def _digits(fingerprint: str) -> str:
+    return re.sub(r"[\s-]", "", fingerprint)
 
 
-def _toml_string(value: str) -> str:
-    """A TOML literal string; our values (keys in z85 or base64, names, addresses) never contain quotes."""
-    if "'" in value or "\n" in value:
-        raise RosterError(f"cannot write {value!r} as a TOML literal string")
-    return f"'{value}'"
+def _natural(name: str) -> tuple:
+    """hospital-2 before hospital-10."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))

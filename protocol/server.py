@@ -22,7 +22,6 @@ hospitals, which notice the new connection, join again by themselves.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from crypto.bfv import BfvError, CiphertextSum, PublicContext
 from crypto.insecure_plaintext import InsecurePlaintextSum
 from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements
 from protocol.channel import PartyChannels
-from protocol.checkpoint import Checkpoint, CheckpointError
+from protocol.checkpoint import Checkpoint, CheckpointError, write_report, write_retrying
 from protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
 from protocol.messages import (
     TO_SERVER,
@@ -63,7 +62,8 @@ from protocol.messages import (
     float32_values,
     release_digest,
 )
-from protocol.roster import Credentials, Roster
+from protocol.party_keys import Credentials
+from protocol.roster import Roster
 from protocol.transcript import Transcript
 from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
 from training.accounting import ACCOUNTANT, LEDGER_FILE, PrivacyLedger
@@ -118,7 +118,7 @@ class Server:
         on_round: Callable[[dict], None] | None = None,
         _checkpoint: Checkpoint | None = None,
     ) -> None:
-        roster.check_credentials(credentials)
+        roster.check_own_entry(credentials)
         ledger_path = out_dir / LEDGER_FILE
         if _checkpoint is None and ledger_path.exists():
             raise ConfigError(f"{out_dir} already holds a run (its ledger would mix two runs); choose another --out, or --resume it")
@@ -135,7 +135,7 @@ class Server:
         limit = config.message_limit()
         self._mechanism = self._shared.mechanism
         self._parameter_count = self._shared.parameter_count
-        self._ledger = PrivacyLedger(ledger_path)  # charged at the method's first level, as the hospitals' are
+        self._ledger = PrivacyLedger(ledger_path, key=credentials.ledger_key)  # charged at the method's first level, as the hospitals' are
         self._levels = {level: PrivacyLedger() for level in config.training.LEVELS[1:]}  # reported only, rebuilt on resume
         self._public: PublicContext | None = None
         self._run = ""  # RunConfig.fingerprint of what every hospital is welcomed with, once known
@@ -147,6 +147,7 @@ class Server:
         self._joins: list[dict] = []  # hospitals that joined after the start, and before which round
         self._phase_seconds: dict[str, float] = {}
         self._rounds_open = False  # from the first admission on, a Hello means a hospital joins again
+        self._write_failures: list[str] = []  # what the system refused to write, reported
         self._resumed_from = _checkpoint
         if _checkpoint is None:
             self._initial_parameters = get_flat_parameters(self._model)  # the ledger's run begins once the run is named
@@ -362,7 +363,7 @@ class Server:
         training = self._shared.settings
         record = _RoundRecord(round=round_number, status="aborted", contributors=[], round_state=training.round_state())
         self._rounds_started = round_number
-        self._save_checkpoint()  # before RoundStart leaves: a resumed server never starts this round again
+        self._save_checkpoint(required=True)  # before RoundStart leaves: a resumed server never starts this round again
         started = time.perf_counter()
         for name in self._active:
             self._parties.send(name, RoundStart(round=round_number))
@@ -410,8 +411,11 @@ class Server:
         """The new best round on validation: its model is the one a user keeps, and the only one scored on test."""
         if self._test is not None:
             record.test = evaluate(self._model, self._test, num_classes=self._config.model.num_classes)
-        self._out_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(self._model.state_dict(), self._out_dir / SELECTED_MODEL_FILE)
+        try:
+            write_retrying(lambda: _save_model(self._model, self._out_dir / SELECTED_MODEL_FILE), "the selected model")
+        except CheckpointError as error:
+            self._write_failures.append(str(error))
+            log.warning("%s", error)
 
     def _record_other_levels(self, record: _RoundRecord) -> None:
         releases = self._config.training.levels(self._mechanism, len(record.contributors))
@@ -615,8 +619,11 @@ class Server:
         self._save_checkpoint()
         self._on_round(dataclasses.asdict(record))
 
-    def _save_checkpoint(self) -> None:
-        Checkpoint(
+    def _save_checkpoint(self, *, required: bool = False) -> None:
+        """Write the checkpoint. If the system refuses (a full disk, no descriptor left), the one before
+        stands: after a round the run goes on and says so, but no round starts (``required``) before its
+        number is on disk."""
+        checkpoint = Checkpoint(
             config=self._config.to_dict(),
             initial_parameters=self._initial_parameters.tobytes(),
             parameters=get_flat_parameters(self._model).tobytes(),
@@ -626,7 +633,14 @@ class Server:
             rounds=[dataclasses.asdict(r) for r in self._rounds],
             departures=dict(self._departures),
             joins=list(self._joins),
-        ).save(self._out_dir)
+        )
+        try:
+            write_retrying(lambda: checkpoint.save(self._out_dir), "the checkpoint")
+        except CheckpointError as error:
+            if required:
+                raise ProtocolError(f"{error}; no round starts before its number is on disk") from None
+            self._write_failures.append(str(error))
+            log.warning("%s; the one before stands", error)
 
     def _report(self, finish_reason: str) -> dict:
         released = self._released()
@@ -653,6 +667,9 @@ class Server:
             "phase_seconds": self._phase_seconds,
             "rejected_messages": self._parties.rejections.total,
             "dropped_messages_over_rate": dict(self._transport.dropped),
+            "connection_limits": self._transport.limits,
+            "write_failures": list(self._write_failures),
+            "transcript_records_lost": self._transcript.lost if self._transcript else 0,
             "departures": self._departures,
             "joins": self._joins,
             "resumed": self._resumed_from is not None,
@@ -672,9 +689,13 @@ class Server:
         }
 
     def _write_outputs(self, report: dict) -> None:
-        self._out_dir.mkdir(parents=True, exist_ok=True)
-        (self._out_dir / "server_report.json").write_text(json.dumps(report, indent=1))
-        torch.save(self._model.state_dict(), self._out_dir / "model.pt")
+        write_retrying(lambda: write_report(self._out_dir, report), "the server's report")
+        write_retrying(lambda: _save_model(self._model, self._out_dir / "model.pt"), "the final model")
+
+
+def _save_model(model: torch.nn.Module, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), path)
 
 
 def _checkpointed_config(checkpoint: Checkpoint, out_dir: Path) -> RunConfig:

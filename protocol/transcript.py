@@ -14,17 +14,21 @@ unreadable is refused (``TranscriptError``): an audit record is never cut to mak
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import time
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Iterator
 
 import msgpack
 
 from protocol.messages import Message, MessageError, decode
 
 __all__ = ["Transcript", "TranscriptError", "read_messages", "read_transcript"]
+
+log = logging.getLogger("consilium.transcript")
 
 
 class Transcript:
@@ -34,20 +38,30 @@ class Transcript:
             # A record is at most a payload and its small header; a longer unreadable tail is damage.
             payload_room = (max_payload_bytes or 2**31) if payloads else 0
             _drop_torn_last_record(path, longest_record=payload_room + 1024)
-        self._file: BinaryIO = os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+        self._descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         os.chmod(path, 0o600)  # also when the file existed, whatever the umask made it
         self._payloads = payloads
         self._max_payload_bytes = max_payload_bytes
+        self.lost = 0  # records the system refused to write (a full disk): counted and reported, never fatal
 
     def record(self, sender: str, payload: bytes) -> None:
         entry = {"time": time.time(), "sender": sender, "bytes": len(payload), "sha256": hashlib.sha256(payload).digest()}
         if self._payloads and (self._max_payload_bytes is None or len(payload) <= self._max_payload_bytes):
             entry["payload"] = payload  # an oversized message is refused unread: its digest is enough
-        self._file.write(msgpack.packb(entry, use_bin_type=True))
-        self._file.flush()
+        record = msgpack.packb(entry, use_bin_type=True)
+        end = os.lseek(self._descriptor, 0, os.SEEK_END)
+        try:
+            if os.write(self._descriptor, record) != len(record):
+                raise OSError("a short write (is the disk full?)")
+        except OSError as error:
+            with contextlib.suppress(OSError):  # a record half written would make every later one unreadable
+                os.ftruncate(self._descriptor, end)
+            self.lost += 1
+            if self.lost == 1 or self.lost % 1000 == 0:
+                log.warning("the transcript lost %d records so far: %s", self.lost, error)
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._descriptor)
 
 
 def read_transcript(path: Path) -> Iterator[dict]:

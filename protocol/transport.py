@@ -18,6 +18,14 @@ from its party's bucket, which refills at ``max_messages_per_second`` (bursts of
 and logged at most once a second. Honest traffic is never rejected, so it never draws from the
 bucket however fast the rounds go. Not bounded yet: how many connections one enrolled key may open.
 
+Strangers cannot stop the server either. CURVE asks ZAP only once a client has sent its INITIATE,
+which a silent connection never does, so the roster cannot turn such connections away; instead
+every connection must finish its handshake within ``_HANDSHAKE_S`` seconds (ZeroMQ's default is
+30) or is dropped, the listen backlog is ``_BACKLOG``, and the launchers raise the process's limit
+of open files to the hard limit (``scripts._cli``). The socket's monitor counts the handshakes in
+progress; a pile of them is logged (at most every ``_FLOOD_LOG_S`` seconds) and the peak reported
+(``ServerTransport.limits``).
+
 ZeroMQ reconnects a hospital by itself, silently; a restarted server would then not know it. The
 hospital's transport watches its socket's monitor and raises ``Reconnected`` from ``receive`` when a
 CURVE handshake completes after the first, so that the hospital can say Hello again.
@@ -26,6 +34,7 @@ CURVE handshake completes after the first, so that the hospital can say Hello ag
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from collections import defaultdict
 
@@ -34,9 +43,9 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 from zmq.utils import z85
 
-from protocol.roster import CurveKeyPair
+from protocol.party_keys import CurveKeyPair
 
-__all__ = ["ClientTransport", "Reconnected", "ServerTransport", "TransportError"]
+__all__ = ["ClientTransport", "Reconnected", "ServerTransport", "TransportError", "descriptor_limit", "raise_descriptor_limit"]
 
 log = logging.getLogger("consilium.transport")
 
@@ -45,6 +54,14 @@ _SEND_TIMEOUT_MS = 10_000
 _CLIENT_LINGER_MS = 2_000  # let a hospital's last message leave before it exits
 _RECEIVE_QUEUE_MESSAGES = 16
 _BURST_MESSAGES = 10
+_HANDSHAKE_S = 5  # an honest CURVE handshake takes milliseconds, over any network a second
+_BACKLOG = 1024
+_FLOOD_HANDSHAKES = 100  # handshakes in progress at once beyond which the server says so
+_FLOOD_LOG_S = 10.0
+_HANDSHAKE_EVENTS = (
+    zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_DISCONNECTED
+)  # fmt: skip
 DEFAULT_MAX_MESSAGES_PER_SECOND = 50.0
 
 
@@ -78,11 +95,17 @@ class ServerTransport:
         self._socket.setsockopt(zmq.RCVHWM, _RECEIVE_QUEUE_MESSAGES)
         self._socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_S * 1000)
+        self._socket.setsockopt(zmq.BACKLOG, _BACKLOG)
+        self._handshakes = _HandshakeWatch(self._socket)
         try:
             self._socket.bind(bind)
         except zmq.ZMQError as error:
             self.close()
             raise TransportError(f"cannot listen on {bind}: {error}") from None
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+        self._poller.register(self._handshakes.monitor, zmq.POLLIN)
         self._routes: dict[str, bytes] = {}
         self._rate = _TokenBuckets(max_messages_per_second)
         self._last_drop_warning: dict[str, float] = {}
@@ -93,7 +116,12 @@ class ServerTransport:
     def receive(self, timeout_s: float) -> tuple[str, bytes] | None:
         """The next ``(party, payload)`` within a party's rate, or None once ``timeout_s`` passes without one."""
         deadline = time.monotonic() + timeout_s
-        while (remaining := deadline - time.monotonic()) > 0 and self._socket.poll(int(remaining * 1000)):
+        while (remaining := deadline - time.monotonic()) > 0:
+            ready = dict(self._poller.poll(max(1, int(remaining * 1000))))
+            if self._handshakes.monitor in ready:
+                self._handshakes.read()
+            if self._socket not in ready:
+                continue
             frames = self._socket.recv_multipart(copy=False)
             party = frames[-1].get("User-Id") or "an unauthenticated sender"  # ZAP authenticates every connection
             if not self._rate.has_token(party):
@@ -107,6 +135,16 @@ class ServerTransport:
                 self.bytes_received[party] += len(payload)
                 return party, payload
         return None
+
+    @property
+    def limits(self) -> dict:
+        """What bounds a flood of connections, as set, and the most handshakes seen in progress at once."""
+        return {
+            "open_files": descriptor_limit(),
+            "handshake_seconds": _HANDSHAKE_S,
+            "backlog": _BACKLOG,
+            "most_handshakes_in_progress": self._handshakes.peak,
+        }
 
     def reject(self, party: str) -> None:
         """Charge ``party`` for a message the application rejected."""
@@ -134,9 +172,56 @@ class ServerTransport:
         return True
 
     def close(self) -> None:
+        self._handshakes.close()
         self._socket.close(linger=0)
         self._authenticator.stop()
         self._context.term()
+
+
+class _HandshakeWatch:
+    """Connections accepted whose handshake has not ended yet, from the socket's monitor (by descriptor)."""
+
+    def __init__(self, socket: zmq.Socket) -> None:
+        self._socket = socket
+        self.monitor = socket.get_monitor_socket(_HANDSHAKE_EVENTS)
+        self._pending: set[int] = set()
+        self.peak = 0
+        self._last_warning = -_FLOOD_LOG_S
+
+    def read(self) -> None:
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self._pending.add(event["value"])
+            else:
+                self._pending.discard(event["value"])
+        self.peak = max(self.peak, len(self._pending))
+        now = time.monotonic()
+        if len(self._pending) > _FLOOD_HANDSHAKES and now - self._last_warning >= _FLOOD_LOG_S:
+            self._last_warning = now
+            log.warning(
+                "%d connections are in their handshake at once (a flood?); each is dropped after %d s without one",
+                len(self._pending), _HANDSHAKE_S,
+            )  # fmt: skip
+
+    def close(self) -> None:
+        self._socket.disable_monitor()
+        self.monitor.close(linger=0)
+
+
+def raise_descriptor_limit() -> int:
+    """Raise this process's limit of open files to the hard limit (each connection takes one); the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as error:  # e.g. an infinite hard limit the kernel caps lower
+            log.warning("cannot raise the limit of open files from %d: %s", soft, error)
+    return descriptor_limit()
+
+
+def descriptor_limit() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 class ClientTransport:

@@ -22,7 +22,6 @@ from training.voting import MAX_FEATURE_DIMENSIONS
 __all__ = ["VotingConfig"]
 
 _MESSAGE_SLACK_BYTES = 64 * 1024
-_MAX_ROUNDS = 1_000_000
 _MAX_QUERIES_PER_ROUND = 10_000
 _MAX_TEACHER_EPOCHS = 1_000
 _MAX_VOTES_PER_ROUND = 1_000_000
@@ -64,8 +63,6 @@ class VotingConfig:
             )
         if not 0 <= self.teacher_confidence < 1:
             raise ConfigError(f"the teacher confidence must be in [0, 1), got {self.teacher_confidence}")
-        if not 1 <= self.rounds <= _MAX_ROUNDS:  # round numbers travel through the MPC's field
-            raise ConfigError(f"rounds must be between 1 and {_MAX_ROUNDS}, got {self.rounds}")
         for name, most in (("queries_per_round", _MAX_QUERIES_PER_ROUND), ("teacher_epochs", _MAX_TEACHER_EPOCHS),
                            ("feature_dimensions", MAX_FEATURE_DIMENSIONS)):  # fmt: skip
             if not 1 <= getattr(self, name) <= most:  # a server's config must not make a hospital exhaust itself

@@ -31,7 +31,8 @@ from protocol.channel import ServerChannel
 from protocol.config import ConfigError
 from protocol.hospital import PrivacyBudget
 from protocol.messages import TO_VOTING_HOSPITAL, Ballot, Finish, Hello, ProtocolError, VoteRequest, VotingWelcome, Withdraw
-from protocol.roster import Credentials, Roster
+from protocol.party_keys import Credentials
+from protocol.roster import Roster
 from protocol.transport import TransportError
 from protocol.voting_config import VotingConfig
 from training.accounting import LEDGER_FILE, PrivacyLedger
@@ -57,7 +58,7 @@ class VotingHospital:
         min_quorum: int = 2,
         allow_histogram: bool = False,
     ) -> None:
-        roster.check_credentials(credentials)
+        roster.check_own_entry(credentials)
         self._name = credentials.name
         self._roster = roster
         self._credentials = credentials
@@ -92,6 +93,8 @@ class VotingHospital:
                 else:
                     last_round = message.round
                     finish_reason = self._vote(message)
+                    if finish_reason or last_round == self._config.rounds:
+                        self._ledger.finish_run(self._config.run_id)
         finally:
             self._channel.close()
         return {"finish_reason": finish_reason, "rounds": self._rounds}
@@ -129,7 +132,7 @@ class VotingHospital:
         self._channel.limit = config.message_limit()
         self._field = config.field()
         self._config = config
-        self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE)
+        self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key)
 
     def _certified_tallier_keys(self, config: VotingConfig, tallier_keys: dict[str, bytes]) -> dict[str, X25519PublicKey]:
         """Each tallier's box key for this run, checked against its identity in the roster, in the run's order."""

@@ -28,7 +28,6 @@ After the rounds it trains a student on the labelled queries and the rest of the
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -55,9 +54,11 @@ from protocol.messages import (
     VotingWelcome,
     Withdraw,
 )
-from protocol.roster import Credentials, Roster
+from protocol.party_keys import Credentials
+from protocol.roster import Roster
 from protocol.server import Timeouts
 from protocol.transcript import Transcript
+from protocol.checkpoint import write_report, write_retrying
 from protocol.transport import ServerTransport
 from protocol.voting_config import VotingConfig
 from training.accounting import PrivacyLedger
@@ -101,7 +102,7 @@ class VotingServer:
         transcript: Path | None = None,
         on_round: Callable[[dict], None] | None = None,
     ) -> None:
-        roster.check_credentials(credentials)
+        roster.check_own_entry(credentials)
         if config.talliers != tuple(roster.talliers):
             raise ConfigError(f"the run's talliers {list(config.talliers)} are not the roster's {roster.talliers}")
         if len(public_pool) < config.rounds * config.queries_per_round:
@@ -121,7 +122,7 @@ class VotingServer:
         self._student_epochs = student_epochs
         self._timeouts = timeouts
         self._on_round = on_round or (lambda record: None)
-        self._ledgers = {level: PrivacyLedger(path) for level, path in ledgers.items()}
+        self._ledgers = {level: PrivacyLedger(path, key=credentials.ledger_key) for level, path in ledgers.items()}
         self._rounds: list[_RoundRecord] = []
         self._labelled: list[tuple[np.ndarray, np.ndarray]] = []  # (pool indices, labels) of each labelled round
         self._active: list[str] = []
@@ -366,10 +367,10 @@ class VotingServer:
             "phase_seconds": self._phase_seconds,
             "rejected_messages": self._parties.rejections.total,
             "departures": self._departures,
+            "connection_limits": self._transport.limits,
             "bytes_received": dict(self._transport.bytes_received),
             "bytes_sent": dict(self._transport.bytes_sent),
         }
 
     def _write_outputs(self, report: dict) -> None:
-        self._out_dir.mkdir(parents=True, exist_ok=True)
-        (self._out_dir / "server_report.json").write_text(json.dumps(report, indent=1))
+        write_retrying(lambda: write_report(self._out_dir, report), "the server's report")

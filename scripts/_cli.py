@@ -1,9 +1,8 @@
-"""What every launcher shares: logging, local ports, the allocator's settings, and turning the errors a user can fix into one line."""
+"""What the launchers of a run share: logging, local ports, the run's flags, and the errors a user can fix (one line each)."""
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import socket
 import sys
@@ -16,7 +15,8 @@ from crypto.secret_sharing import ShareError
 from protocol.checkpoint import CheckpointError
 from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError
 from protocol.messages import ProtocolError
-from protocol.roster import RosterError
+from protocol.key_files import KeyFileError
+from scripts._run import run_with
 from protocol.transcript import TranscriptError
 from protocol.transport import TransportError
 from tallier.mpc import MpcError
@@ -41,7 +41,7 @@ USER_ERRORS = (
     ParameterError,
     PartitionError,
     ProtocolError,
-    RosterError,
+    KeyFileError,
     SealedBoxError,
     ShareError,
     TranscriptError,
@@ -50,42 +50,18 @@ USER_ERRORS = (
 )
 
 
-# glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # the most glibc accepts on 64-bit
-_TRIM_THRESHOLD = 1 << 30
-
-
 def run(main: Callable[[], None]) -> int:
-    """Run ``main``; a user error becomes ``error: <reason>`` on stderr and exit status 2."""
-    _reuse_freed_memory()
-    try:
-        main()
-    except USER_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    return 0
+    """Run a launcher's ``main`` (``scripts._run``), every user error above becoming one line."""
+    return run_with(main, USER_ERRORS)
 
 
-def _reuse_freed_memory() -> None:
-    """Have glibc keep freed blocks of up to 32 MiB for reuse instead of unmapping them (elsewhere: nothing).
-
-    A round allocates and frees arrays of ``d`` values many times over (rounding each example, the
-    noise, the check slots, the ciphertexts). By default glibc maps many of them afresh, and the
-    kernel's zeroing of the new pages took as long as the computing: at ``d`` = 977,370 a hospital
-    spent as much time in the kernel as in the program, and rounding 15 examples took 0.67 s instead
-    of 0.12 s (measured on a 2-core machine; ``consilium-bench-round`` measures the whole round).
-    """
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return
-    if not (mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)):
-        logging.getLogger(__name__).debug("glibc refused the allocator settings; freed memory is unmapped as usual")
+def add_roster_fingerprint(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--roster-fingerprint",
+        metavar="DIGITS",
+        help="the roster's fingerprint as the consortium compared it out of band (consilium-roster fingerprint); needed the "
+        "first time, and for a roster that is neither the one confirmed before nor signed by its parties",
+    )
 
 
 def chosen_aggregation(args: argparse.Namespace) -> str:

@@ -2,7 +2,10 @@
 (``write_input``), runs ``tallier.mpc.run_round`` ``rounds`` times in this one process, and writes
 each result with the seconds it took.
 
-    python -m scripts._mpc_party IN.npz OUT_PREFIX INDEX CERTIFICATES PORT [PORT ...]
+    python -m scripts._mpc_party IN.npz OUT_PREFIX FEDERATION NAME
+
+The tallier ``NAME`` of the federation in ``FEDERATION`` (``protocol.roster.local_federation``)
+takes its keys from its folder and its peers' addresses and certificates from the roster.
 """
 
 import sys
@@ -12,7 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from crypto.mpc_field import MpcField
-from tallier.mpc import MpcError, MpcParty, VoterError, run_round
+from protocol.party_keys import Credentials
+from protocol.roster import Roster
+from tallier.mpc import MpcError, VoterError, mpc_party, run_round
 
 
 def write_input(
@@ -27,20 +32,23 @@ def write_input(
     )  # fmt: skip
 
 
-def command(source: str, target: str, index: int, certificates: str, ports: list[str]) -> list[str]:
-    """The command line of party ``index``, run with the repository on PYTHONPATH."""
-    return [sys.executable, "-m", "scripts._mpc_party", source, target, str(index), certificates, *ports]
+def command(source: str, target: str, federation: Path, name: str) -> list[str]:
+    """The command line of tallier ``name``, run with the repository on PYTHONPATH."""
+    return [sys.executable, "-m", "scripts._mpc_party", source, target, str(federation), name]
 
 
 if __name__ == "__main__":
-    source, target, index, certificates, *ports = sys.argv[1:]
+    source, target, federation, name = sys.argv[1:]
+    roster, credentials = Roster.load(Path(federation)), Credentials.load(Path(federation) / name)
+    roster.check_own_entry(credentials)
+    party = mpc_party(roster, credentials)
+    index = party.index
     with np.load(source, allow_pickle=False) as data:
         hospitals = tuple(str(name) for name in data["hospitals"])
         shares = {name: data[f"share-{index}-{name}"] for name in hospitals if f"share-{index}-{name}" in data}
         settings = {k: int(data[k]) for k in ("queries", "classes", "quorum", "label_threshold")}
         field = MpcField(int(data["bit_length"]), int(str(data["modulus"])))
         reveal, timeout, rounds = str(data["reveal"]), float(data["timeout"]), int(data["rounds"])
-    party = MpcParty(index=int(index), addresses=tuple(("127.0.0.1", int(port)) for port in ports), certificates=certificates)
     for round_number in range(1, rounds + 1):
         started = time.perf_counter()
         try:

@@ -35,7 +35,8 @@ from protocol.messages import (
     decode,
     encode,
 )
-from protocol.roster import SERVER, Credentials, Roster
+from protocol.party_keys import SERVER, Credentials
+from protocol.roster import Roster
 from protocol.transport import ClientTransport, ServerTransport
 from training.dopamine import DopamineSettings
 from training.models import ModelSpec, build_model, get_flat_parameters

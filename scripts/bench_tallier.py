@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from crypto.mpc_field import MpcField
 from crypto.secret_sharing import share
-from protocol.roster import provision
+from protocol.roster import local_federation
 from scripts._cli import free_port, positive_int, run
 from scripts._mpc_party import command, write_input
 from training.vote_privacy import REVEAL_MODES, VotingSettings
@@ -106,7 +106,7 @@ def _grid(args: argparse.Namespace) -> list[tuple[int, int, int, str]]:
 
 def _measure(work: Path, queries: int, classes: int, talliers: int, reveal: str) -> Measurement:
     addresses = tuple(f"127.0.0.1:{free_port()}" for _ in range(talliers))
-    roster = provision(work / "federation", hospitals=1, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=addresses)
+    roster = local_federation(work / "federation", hospitals=1, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=addresses)
     bound = _VOTING.sum_bound(queries=queries, classes=classes, hospitals=len(_HOSPITALS))
     field = MpcField.for_bound(bound)
     rng = np.random.default_rng()  # the votes' values do not change the work; the shares' randomness is the OS's
@@ -119,11 +119,10 @@ def _measure(work: Path, queries: int, classes: int, talliers: int, reveal: str)
         work / "input.npz", shares, hospitals=_HOSPITALS, queries=queries, classes=classes, quorum=len(_HOSPITALS),
         field=field, reveal=reveal, timeout=_TIMEOUT_S, rounds=1, label_threshold=0,
     )
-    ports = [address.rsplit(":", 1)[1] for address in addresses]
     environment = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     processes = [
         subprocess.Popen(
-            command("input.npz", f"out-{index}", index, str((work / "federation" / name).relative_to(work)), ports),
+            command("input.npz", f"out-{index}", work / "federation", name),
             cwd=work, env={**os.environ, **environment}, stderr=subprocess.PIPE, text=True,
         )
         for index, name in enumerate(roster.talliers)

@@ -1,6 +1,7 @@
 """consilium-federation: a whole federation on this machine, one OS process per party.
 
-Provisions a federation directory, launches the server and each hospital as separate processes
+Makes each party's keys in its own folder and the roster from their public files (as a real
+federation is set up), launches the server and each hospital as separate processes
 talking over CurveZMQ on localhost, prints a line per round, and writes into ``--out``:
 
 - ``report.json``: configuration, BFV parameters, per-round metrics, final epsilon for each view and level
@@ -27,7 +28,8 @@ import numpy as np
 
 from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig
 from protocol.messages import ProtocolError
-from protocol.roster import SERVER, provision
+from protocol.party_keys import SERVER
+from protocol.roster import local_federation
 from protocol.hospital import DEFAULT_SEND_OFFSET_S, PrivacyBudget
 from scripts._cli import (
     FEDERATION_METHODS,
@@ -141,7 +143,7 @@ def run_federation(args: argparse.Namespace) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
     address = f"tcp://127.0.0.1:{free_port()}"
     mpc_addresses = tuple(f"127.0.0.1:{free_port()}" for _ in range(args.talliers)) if voting else ()
-    roster = provision(federation, hospitals=args.hospitals, address=address, mpc_addresses=mpc_addresses)
+    roster = local_federation(federation, hospitals=args.hospitals, address=address, mpc_addresses=mpc_addresses)
 
     print(
         f"federation: server + {args.hospitals} hospitals on {address}, {data.name} ({args.partition}, "
@@ -157,7 +159,9 @@ def run_federation(args: argparse.Namespace) -> dict:
             flush=True,
         )
 
-    common = ["--federation", str(federation), "--data", args.data, "--data-seed", str(args.seed)]
+    # Every party confirms the roster as in a real federation; here one operator compared the fingerprint with itself.
+    confirmed = ["--federation", str(federation), "--roster-fingerprint", roster.fingerprint]
+    common = [*confirmed, "--data", args.data, "--data-seed", str(args.seed)]
     server_argv = [
         *common,
         *run_argv(args),
@@ -174,7 +178,7 @@ def run_federation(args: argparse.Namespace) -> dict:
     talliers = {
         name: _launch(
             "scripts.tallier",
-            ["--federation", str(federation), "--name", name, "--timeout", str(3 * args.round_timeout),
+            [*confirmed, "--name", name, "--timeout", str(3 * args.round_timeout),
              "--transcript", str(out / name / "transcript.msgpack"),
              *(["--allow-histogram"] if args.reveal == "histogram" else [])],
             logs / f"{name}.log",

@@ -78,7 +78,8 @@ from protocol.messages import (
     encode,
     release_digest,
 )
-from protocol.roster import SERVER, Credentials, provision
+from protocol.party_keys import SERVER, Credentials
+from protocol.roster import local_federation
 from scripts._cli import configure_logging, free_port, positive_int, run
 from scripts._scripted import ScriptedHospital, ScriptedServer, small_run_config
 
@@ -323,18 +324,19 @@ def _progress(name: str, result: TargetResult, quota: int) -> None:
 
 def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path) -> None:
     work.mkdir(parents=True)
-    roster = provision(work / "federation", hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
+    roster = local_federation(work / "federation", hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
     rounds = max(1, math.ceil(quota / (3 * _BATCH)))
     log_path = work / "server.log"
     command = [
-        sys.executable, "-m", "scripts.server", "--federation", work / "federation", "--out", work / "server",
+        sys.executable, "-m", "scripts.server", "--federation", work / "federation", "--roster-fingerprint", roster.fingerprint,
+        "--out", work / "server",
         "--rounds", rounds, "--quorum", "2", "--expected-batch-size", "5", "--hidden", "4",
         "--join-timeout", "60", "--round-timeout", "120", "--max-messages-per-second", "1e9",
     ]  # fmt: skip
     process = subprocess.Popen(
         [str(part) for part in command], stdout=subprocess.DEVNULL, stderr=log_path.open("w"), env=_environment()
     )
-    h1, h2 = (ScriptedHospital(roster, Credentials.load(work / "federation", name)) for name in ("hospital-1", "hospital-2"))
+    h1, h2 = (ScriptedHospital(roster, Credentials.load(work / "federation" / name)) for name in ("hospital-1", "hospital-2"))
     try:
         h1.send(Hello())
         h2.send(Hello())
@@ -452,15 +454,16 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
 def _fuzz_hospital(quota: int, mutator: _Mutator, result: TargetResult, work: Path) -> None:
     work.mkdir(parents=True)
     federation = work / "federation"
-    roster = provision(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
+    roster = local_federation(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
     rounds = max(1, math.ceil(quota / _BATCH))
     config = small_run_config(roster, quorum=2, rounds=rounds)
-    server = ScriptedServer(roster, Credentials.load(federation, SERVER), config)
+    server = ScriptedServer(roster, Credentials.load(federation / SERVER), config)
     logs = {name: work / f"{name}.log" for name in config.hospitals}
     processes = {
         name: subprocess.Popen(
             [
-                sys.executable, "-m", "scripts.hospital", "--federation", str(federation), "--name", name,
+                sys.executable, "-m", "scripts.hospital", "--federation", str(federation), "--roster-fingerprint", roster.fingerprint,
+                "--name", name,
                 "--timeout", "120", "--send-offset", "0", "--epsilon-budget", "1e9", "--parts", "2", "--part", str(index),
             ],
             stdout=subprocess.DEVNULL, stderr=logs[name].open("w"), env=_environment(),

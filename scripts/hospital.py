@@ -10,9 +10,10 @@ from pathlib import Path
 from protocol.config import ConfigError
 from protocol.hospital import DEFAULT_SEND_OFFSET_S, Hospital, PrivacyBudget
 from protocol.messages import ProtocolError
-from protocol.roster import Credentials, Roster
+from protocol.party_keys import Credentials
+from protocol.roster import Roster, join_federation
 from protocol.voting_hospital import VotingHospital
-from scripts._cli import METHODS, USER_ERRORS, chosen_aggregation, configure_logging, non_negative_float, positive_float, positive_int, probability, run
+from scripts._cli import METHODS, USER_ERRORS, add_roster_fingerprint, chosen_aggregation, configure_logging, non_negative_float, positive_float, positive_int, probability, run
 from training.datasets import Split, load_dataset
 from training.partition import PARTITION_SCHEMES, PartitionError, partition
 from training.vote_privacy import VOTING_METHODS
@@ -24,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a hospital: train or vote on local data, send only encrypted updates or sealed vote shares, "
         "enforce the privacy budget.",
     )
-    parser.add_argument("--federation", type=Path, required=True, help="federation directory (consilium-provision)")
+    parser.add_argument("--federation", type=Path, required=True, help="federation directory: roster.toml, and this hospital's keys in NAME/")
+    add_roster_fingerprint(parser)
     parser.add_argument(
         "--name",
         required=True,
@@ -85,7 +87,7 @@ def take_part(args: argparse.Namespace) -> None:
         raise ConfigError("each --name and each --part may be given once")
     if args.insecure_plaintext_benchmark and args.method in VOTING_METHODS:
         raise ConfigError("--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting")
-    roster = Roster.load(args.federation)
+    parties = {name: join_federation(args.federation, name, args.roster_fingerprint) for name in args.name}
     data = load_dataset(args.data, split_seed=args.data_seed).train
     shares = [data] * len(args.name)
     if args.parts is not None:
@@ -95,7 +97,7 @@ def take_part(args: argparse.Namespace) -> None:
             data.y, args.parts, args.partition, seed=args.partition_seed, classes_per_part=args.classes_per_part, alpha=args.alpha
         )
         shares = [data.subset(parts[part - 1]) for part in args.part]
-    hospitals = {name: _hospital(args, roster, name, share) for name, share in zip(args.name, shares)}
+    hospitals = {name: _hospital(args, *parties[name], share) for name, share in zip(args.name, shares)}
     if len(hospitals) == 1:
         ((name, hospital),) = hospitals.items()
         _report(name, hospital)
@@ -114,10 +116,11 @@ def take_part(args: argparse.Namespace) -> None:
         raise ProtocolError(f"{len(failed)} of the {len(hospitals)} hospitals of this process failed: {', '.join(failed)}")
 
 
-def _hospital(args: argparse.Namespace, roster: Roster, name: str, data: Split) -> Hospital | VotingHospital:
+def _hospital(args: argparse.Namespace, roster: Roster, credentials: Credentials, data: Split) -> Hospital | VotingHospital:
+    name = credentials.name
     common = dict(
         roster=roster,
-        credentials=Credentials.load(args.federation, name),
+        credentials=credentials,
         data=data,
         budget=PrivacyBudget(epsilon=args.epsilon_budget, delta=args.delta),
         state_dir=args.state or args.federation / name,

@@ -1,4 +1,4 @@
-"""consilium-provision: create a federation directory (identities and the public roster)."""
+"""consilium-provision: assemble a federation's roster from its parties' public files."""
 
 from __future__ import annotations
 
@@ -6,51 +6,34 @@ import argparse
 import sys
 from pathlib import Path
 
-from protocol.roster import ROSTER_FILE, RosterError, provision
-from scripts._cli import non_negative_int, positive_int, run
+from protocol.roster import ROSTER_FILE, assemble_roster
+from protocol.key_files import KeyFileError
+from scripts._run import run_with
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="consilium-provision",
-        description="Create a federation directory: a secret-key folder per party and a public roster.toml.",
+        description="Write roster.toml from the parties' public files (consilium-keygen). It reads no secret and writes "
+        "none; every party then checks its own entry and the roster's fingerprint (consilium-roster).",
     )
-    parser.add_argument("--out", type=Path, required=True, help="directory to create (must not hold a federation)")
-    parser.add_argument("--hospitals", type=positive_int, default=3, help="number of hospitals (default: 3)")
-    parser.add_argument(
-        "--address", default="tcp://127.0.0.1:5555", help="address the server listens on (default: tcp://127.0.0.1:5555)"
-    )
-    parser.add_argument(
-        "--talliers", type=non_negative_int, default=0, help="number of talliers, for private voting (default: 0; at least 3, for an honest majority)"
-    )
-    parser.add_argument(
-        "--mpc-address", action="append", default=[], metavar="HOST:PORT",
-        help="where each tallier listens for the MPC, once per tallier (default: the server's host, the ports after its own)",
-    )  # fmt: skip
+    parser.add_argument("--out", type=Path, required=True, help="federation directory to write roster.toml into (must hold none)")
+    parser.add_argument("--address", required=True, help="where the server listens, as the others reach it: tcp://HOST:PORT")
+    parser.add_argument("--previous", type=Path, help="the roster this one replaces (a party joins or leaves): it is named by its digest")
+    parser.add_argument("public_files", type=Path, nargs="+", metavar="PUBLIC_FILE", help="every party's NAME.public.toml")
     return parser
-
-
-def mpc_addresses(server_address: str, talliers: int, given: list[str]) -> tuple[str, ...]:
-    """The talliers' MPC addresses: as given, or the server's host and the ports after the server's."""
-    if given:
-        if len(given) != talliers:
-            raise RosterError(f"{len(given)} MPC addresses for {talliers} talliers")
-        return tuple(given)
-    host, _, port = server_address.removeprefix("tcp://").rpartition(":")
-    if not port.isdigit():
-        raise RosterError(f"server address must look like tcp://HOST:PORT, got {server_address!r}")
-    return tuple(f"{host}:{int(port) + i}" for i in range(1, talliers + 1))
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
 
-    def provision_federation() -> None:
-        addresses = mpc_addresses(args.address, args.talliers, args.mpc_address)
-        roster = provision(args.out, hospitals=args.hospitals, address=args.address, mpc_addresses=addresses)
-        print(f"provisioned {', '.join(roster.parties)} in {args.out} (public roster: {args.out / ROSTER_FILE})")
+    def provision() -> None:
+        roster = assemble_roster(args.out, address=args.address, public_files=args.public_files, previous=args.previous)
+        print(f"roster version {roster.version} of {', '.join(roster.parties)} in {args.out / ROSTER_FILE}", flush=True)
+        print(f"fingerprint: {roster.fingerprint}", flush=True)
+        print("every party checks its own entry and reads this fingerprint aloud: consilium-roster fingerprint", flush=True)
 
-    sys.exit(run(provision_federation))
+    sys.exit(run_with(provision, (KeyFileError, OSError)))
 
 
 if __name__ == "__main__":

@@ -9,11 +9,13 @@ from pathlib import Path
 
 from protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
 from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
-from protocol.roster import SERVER, Credentials, Roster
+from protocol.party_keys import SERVER, Credentials
+from protocol.roster import Roster, join_federation
 from protocol.server import Server, Timeouts
 from protocol.voting_config import VotingConfig
 from protocol.voting_server import VotingServer
 from scripts._cli import (
+    add_roster_fingerprint,
     add_run_arguments,
     chosen_aggregation,
     configure_logging,
@@ -37,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the server: it sums the hospitals' encrypted updates and evaluates the released model "
         "(Dopamine, DP-FedAvg), or has the hospitals label its public records by private vote and trains a student on them.",
     )
-    parser.add_argument("--federation", type=Path, required=True, help="federation directory (consilium-provision)")
+    parser.add_argument("--federation", type=Path, required=True, help="federation directory: roster.toml, and the server's keys in server/")
+    add_roster_fingerprint(parser)
     parser.add_argument("--out", type=Path, required=True, help="directory for the report, ledger and final model")
     parser.add_argument("--data", default="breast_cancer", help="validation data: breast_cancer, digits or an .npz path")
     parser.add_argument("--data-seed", type=int, default=0, help="train/validation split of built-in data (default: 0)")
@@ -87,8 +90,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def serve(args: argparse.Namespace) -> None:
     resolve_run_arguments(args)
-    roster = Roster.load(args.federation)
-    credentials = Credentials.load(args.federation, SERVER)
+    roster, credentials = join_federation(args.federation, SERVER, args.roster_fingerprint)
     dataset = load_dataset(args.data, split_seed=args.data_seed)
     resolve_data_defaults(args, dataset.input_shape)
     timeouts = Timeouts(join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout)

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from protocol.roster import Credentials, Roster
-from scripts._cli import configure_logging, positive_float, run
+from protocol.roster import join_federation
+from scripts._cli import add_roster_fingerprint, configure_logging, positive_float, run
 from tallier.tallier import Tallier
 
 
@@ -17,11 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a tallier: it sums its own shares of the hospitals' votes and, with the other talliers, "
         "reveals only each query's winning label (MPyC over mutual TLS).",
     )
-    parser.add_argument("--federation", type=Path, required=True, help="federation directory (consilium-provision --talliers)")
+    parser.add_argument("--federation", type=Path, required=True, help="federation directory: roster.toml, and this tallier's keys in NAME/")
     parser.add_argument("--name", required=True, help="this tallier's name in the roster, e.g. tallier-1")
-    parser.add_argument(
-        "--certificates", type=Path, help="folder holding this tallier's .config with its MPC certificates (default: FEDERATION/NAME)"
-    )
+    add_roster_fingerprint(parser)
     parser.add_argument("--timeout", type=positive_float, default=180.0, help="seconds to wait for the server")
     parser.add_argument("--mpc-timeout", type=positive_float, default=120.0, help="seconds one round's MPC may take")
     parser.add_argument("--transcript", type=Path, help="record every message the server sends this tallier, whole, in this file")
@@ -39,10 +37,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def tally(args: argparse.Namespace) -> None:
+    roster, credentials = join_federation(args.federation, args.name, args.roster_fingerprint)
     tallier = Tallier(
-        roster=Roster.load(args.federation),
-        credentials=Credentials.load(args.federation, args.name),
-        certificates=args.certificates or args.federation / args.name,
+        roster=roster,
+        credentials=credentials,
         timeout_s=args.timeout,
         mpc_timeout_s=args.mpc_timeout,
         transcript=args.transcript,

@@ -27,6 +27,11 @@ tallier must stay online; a silent peer ends the round at its deadline (``MpcErr
 ``J = 2``, ``t = 0`` and MPyC's shares are the inputs themselves: each tallier would see the other's
 sum, and so the histogram. Three talliers at least, then.
 
+The talliers connect to each other with ``tallier.mpc_network``, not MPyC's own start-up: each
+listens on its own address, presents its own certificate and lets in only the pinned certificate
+of the party a peer claims to be; no peer's bytes are ever unpickled into objects, and a peer that
+sends what no honest tallier sends aborts the round (``MpcError`` naming it).
+
 After an ``MpcError`` MPyC's state in this process is unusable (its listening socket and pending
 tasks stay behind), so every later round in the process refuses at once: restart the tallier.
 """
@@ -34,19 +39,21 @@ tasks stay behind), so every later round in the process refuses at once: restart
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from crypto.mpc_field import MIN_PARTIES, MpcField, mpyc_runtime
+from crypto.mpc_field import MpcField, mpyc_runtime
 from crypto.secret_sharing import add
+from protocol.party_keys import Credentials
+from protocol.roster import Roster
+from tallier.mpc_network import MPYC_ARGUMENTS, MpcParty, MpcPeerError, connect, harden_mpyc, watch
 from training.vote_privacy import REVEAL_MODES
 
-__all__ = ["MpcError", "MpcParty", "MpcResult", "VoterError", "run_round"]
+__all__ = ["MpcError", "MpcParty", "MpcResult", "VoterError", "mpc_party", "run_round"]
 
 _failed: list[str] = []  # set once an MPC in this process failed
+_MESSAGE_SLACK_BYTES = 1 << 16
 
 
 class MpcError(RuntimeError):
@@ -57,18 +64,17 @@ class VoterError(RuntimeError):
     """The talliers do not agree on the round, or hold shares from fewer voters than the quorum."""
 
 
-@dataclass(frozen=True)
-class MpcParty:
-    index: int  # 0-based, as MPyC numbers parties
-    addresses: tuple[tuple[str, int], ...]  # (host, port) of every tallier, in order
-    certificates: Path  # folder holding .config/party_<i>.crt, .key and mpyc_ca.crt
-
-    def __post_init__(self) -> None:
-        if len(self.addresses) < MIN_PARTIES:
-            raise ValueError(f"the MPC needs at least {MIN_PARTIES} talliers for an honest majority, got {len(self.addresses)}")
-        if not 0 <= self.index < len(self.addresses):
-            raise ValueError(f"tallier index {self.index} is not one of the {len(self.addresses)} talliers")
-        object.__setattr__(self, "certificates", Path(self.certificates).resolve())
+def mpc_party(roster: Roster, credentials: Credentials) -> MpcParty:
+    """This tallier's place in the MPC, as the roster lists the talliers and pins their certificates."""
+    names = tuple(roster.talliers)
+    return MpcParty(
+        index=names.index(credentials.name),
+        names=names,
+        addresses=tuple(roster.party(name).mpc_address for name in names),
+        certificates=tuple(roster.party(name).mpc_certificate for name in names),
+        certificate_file=credentials.mpc_certificate_file,
+        key_file=credentials.mpc_key_file,
+    )
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,8 @@ def run_round(
         raise ValueError(f"shares from {sorted(set(shares) - set(hospitals))}, not hospitals of the run")
     if any(len(vector) != queries * classes for vector in shares.values()):
         raise ValueError(f"every share must hold {queries * classes} values")
-    runtime = mpyc_runtime([f"-P{host}:{port}" for host, port in party.addresses] + ["-I", str(party.index), "--ssl"])
+    harden_mpyc()
+    runtime = mpyc_runtime([f"-P{host}:{port}" for host, port in party.addresses] + ["-I", str(party.index), *MPYC_ARGUMENTS])
     secint = runtime.SecInt(field.bit_length)
     if secint.field.modulus != field.modulus:  # the hospitals shared over another field: the sums would be noise
         raise ValueError(f"the hospitals shared modulo {field.modulus}, but {field.bit_length}-bit MPC computes modulo {secint.field.modulus}")
@@ -114,7 +121,7 @@ def run_round(
         return runtime.input(secint.array(secint.field.array(np.array(values, dtype=object))))
 
     async def protocol() -> MpcResult:
-        await runtime.start()
+        await connect(runtime, party, _message_limit(queries, classes, len(hospitals), field, secint.field.byte_length), timeout_s)
         marks = [round_number] + [int(name in shares) for name in hospitals]
         opened = [await runtime.output(vector) for vector in public_input(marks)]
         if {int(vector[0]) for vector in opened} != {round_number}:
@@ -141,23 +148,36 @@ def run_round(
         await runtime.shutdown()
         return MpcResult(voters=voters, labels=labels, totals=revealed, bytes_sent=sent)
 
-    working_directory = Path.cwd()
-    os.chdir(party.certificates)  # MPyC reads its certificates from .config under the working directory
+    aborts = watch(runtime)
     try:
         return runtime.run(asyncio.wait_for(protocol(), timeout_s))
     except VoterError:
         raise
-    except (asyncio.TimeoutError, TimeoutError):
-        _failed.append("timed out")
-        raise MpcError(f"the talliers' MPC did not finish within {timeout_s:g} s (a tallier left or is unreachable)") from None
-    except (OSError, ConnectionError) as error:
-        _failed.append(str(error))
-        raise MpcError(f"the talliers' MPC failed: {error}") from None
     except BaseException as error:
-        _failed.append(type(error).__name__)
-        raise
-    finally:
-        os.chdir(working_directory)
+        failure = _failure(error, aborts, timeout_s)
+        _failed.append(str(failure))
+        if failure is error:
+            raise
+        raise failure from None
+
+
+def _failure(error: BaseException, aborts: list[str], timeout_s: float) -> BaseException:
+    """The ``MpcError`` that says why a round failed (the first abort a peer caused, if any), or ``error`` itself."""
+    if aborts or isinstance(error, MpcPeerError):
+        return MpcError(f"the talliers' MPC was aborted: {aborts[0] if aborts else error}")
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+        return MpcError(f"the talliers' MPC did not finish within {timeout_s:g} s (a tallier left or is unreachable)")
+    if isinstance(error, (OSError, ConnectionError)):
+        return MpcError(f"the talliers' MPC failed: {error}")
+    return error
+
+
+def _message_limit(queries: int, classes: int, hospitals: int, field: MpcField, element_bytes: int) -> int:
+    """The most bytes a peer may send in one MPC message of this round, about twice an honest one's.
+
+    The largest honest message (the comparisons' random bits) holds ``(l + 1) / 2`` field elements
+    per query and class: measured at l = 10, 23 and 31 bits (``Q C`` = 200 to 25,000, J = 3 and 5)."""
+    return max(queries * classes, hospitals + 1) * (field.bit_length + 2) * element_bytes + _MESSAGE_SLACK_BYTES
 
 
 def _released_labels(totals: np.ndarray, label_threshold: int) -> np.ndarray:

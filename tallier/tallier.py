@@ -31,11 +31,12 @@ from protocol.ballots import BallotError, open_share, tallier_key_context
 from protocol.channel import ServerChannel
 from protocol.config import ConfigError
 from protocol.messages import TO_TALLIER, Finish, Hello, Labels, ProtocolError, RunKey, Shares, TallyFailed, VotingWelcome
-from protocol.roster import Credentials, Roster
+from protocol.party_keys import Credentials
+from protocol.roster import Roster
 from protocol.transcript import Transcript
 from protocol.transport import TransportError
 from protocol.voting_config import VotingConfig
-from tallier.mpc import MpcError, MpcParty, VoterError, run_round
+from tallier.mpc import MpcError, VoterError, mpc_party, run_round
 
 __all__ = ["Tallier"]
 
@@ -48,23 +49,18 @@ class Tallier:
         *,
         roster: Roster,
         credentials: Credentials,
-        certificates: Path,
         timeout_s: float = 180.0,
         mpc_timeout_s: float = 120.0,
         transcript: Path | None = None,
         allow_histogram: bool = False,
     ) -> None:
-        roster.check_credentials(credentials)
+        roster.check_own_entry(credentials)
         if credentials.name not in roster.talliers:
             raise ConfigError(f"{credentials.name} is not a tallier of the roster")
         self._name = credentials.name
         self._roster = roster
         self._credentials = credentials
-        self._party = MpcParty(
-            index=roster.talliers.index(self._name),
-            addresses=tuple(roster.party(name).mpc_address for name in roster.talliers),
-            certificates=certificates,
-        )
+        self._party = mpc_party(roster, credentials)
         self._mpc_timeout_s = mpc_timeout_s
         self._allow_histogram = allow_histogram
         self._channel = ServerChannel.connect(

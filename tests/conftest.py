@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from crypto.bfv_parameters import select_bfv_parameters
+from protocol.party_keys import Credentials
+from training.accounting import LEDGER_FILE, PrivacyLedger
 from scripts._cli import free_port  # noqa: F401  (the tests' ports, as the launchers pick them)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +33,24 @@ def run_launcher(module: str, *args: str, timeout: float = 240, environment: dic
         env={**child_environment(), **(environment or {})},
         cwd=REPO,
     )
+
+
+def party_ledger(party_folder: Path, ledger_folder: Path | None = None, name: str = LEDGER_FILE) -> PrivacyLedger:
+    """The privacy ledger in ``ledger_folder`` (default: the party's own folder), read under its party's MAC key."""
+    return PrivacyLedger((ledger_folder or party_folder) / name, key=Credentials.load(party_folder).ledger_key)
+
+
+def wait_until_listening(address: tuple[str, int], process: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait until ``address`` accepts a TCP connection (an observable event), while ``process`` runs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(address, timeout=1).close()
+            return
+        except OSError:
+            assert process.poll() is None, f"{process.args[-1]!r} exited before it listened on {address}"
+            assert time.monotonic() < deadline, f"nothing listened on {address} within {timeout} s"
+            time.sleep(0.05)
 
 
 def child_environment() -> dict:

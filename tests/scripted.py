@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import child_environment, free_port, launcher
-from protocol.roster import SERVER, Credentials, Roster, provision
+from conftest import child_environment, free_port, launcher, party_ledger
+from protocol.party_keys import SERVER, Credentials
+from protocol.roster import Roster, local_federation
 from scripts import _scripted
-from training.accounting import LEDGER_FILE, PrivacyLedger
+from training.accounting import PrivacyLedger
 
 
 class ServerProcess:
@@ -22,10 +23,10 @@ class ServerProcess:
     def __init__(self, tmp_path: Path, hospitals: int, *args: str) -> None:
         self.federation = tmp_path / "federation"
         self.out = tmp_path / "server"
-        self.roster = provision(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}")
+        self.roster = local_federation(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}")
         self.log = tmp_path / "server.log"
         self._command = launcher(
-            "server", "--federation", self.federation, "--out", self.out, "--expected-batch-size", "5",
+            "server", *confirmed(self.federation), "--out", self.out, "--expected-batch-size", "5",
             "--hidden", "4", "--join-timeout", "60", "--transcript", tmp_path / "transcript.msgpack", *args,
         )  # fmt: skip
         self.process = self._start()
@@ -70,7 +71,7 @@ class HospitalProcess:
         self.log = log
         self.state = federation / name
         self._command = launcher(
-            "hospital", "--federation", federation, "--name", name, "--timeout", "60", "--parts", parts, "--part", part, *args
+            "hospital", *confirmed(federation), "--name", name, "--timeout", "60", "--parts", parts, "--part", part, *args
         )
         self.process = self._start()
 
@@ -87,7 +88,7 @@ class HospitalProcess:
         wait_for_text(self.log, text, self.process, timeout)
 
     def ledger(self) -> PrivacyLedger:
-        return PrivacyLedger(self.state / LEDGER_FILE)
+        return party_ledger(self.state)
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -101,6 +102,11 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def confirmed(federation: Path) -> list:
+    """A launcher's arguments for the federation in ``federation``, its roster confirmed by its fingerprint."""
+    return ["--federation", federation, "--roster-fingerprint", Roster.load(federation).fingerprint]
+
+
 def wait_for_text(path: Path, text: str, process: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while text not in path.read_text():
@@ -111,7 +117,7 @@ def wait_for_text(path: Path, text: str, process: subprocess.Popen, timeout: flo
 
 class ScriptedHospital(_scripted.ScriptedHospital):
     def __init__(self, server: ServerProcess, name: str) -> None:
-        super().__init__(server.roster, Credentials.load(server.federation, name))
+        super().__init__(server.roster, Credentials.load(server.federation / name))
         server.peers.append(self)
 
     def close(self) -> None:
@@ -132,9 +138,9 @@ class ScriptedServer(_scripted.ScriptedServer):
         if (self.federation / "roster.toml").exists():
             roster = Roster.load(self.federation)
         else:
-            roster = provision(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}")
+            roster = local_federation(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}")
         config = _scripted.small_run_config(roster, quorum=quorum, rounds=rounds, run_id=run_id)
-        super().__init__(roster, Credentials.load(self.federation, SERVER), config)
+        super().__init__(roster, Credentials.load(self.federation / SERVER), config)
         self.logs = {name: tmp_path / f"{name}-{config.run_id}.log" for name in config.hospitals}
         self.hospitals = {
             name: HospitalProcess(

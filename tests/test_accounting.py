@@ -12,13 +12,15 @@ from training.accounting import LedgerError, PrivacyLedger, Release, release_of
 from training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
 from training.skellam import SkellamMechanism
 
+KEY = bytes(range(32))  # a party's ledger key (protocol.party_keys.Credentials.ledger_key)
+
 
 def _mechanism(noise_multiplier=2.1, quorum=3, dimension=1586):
     return SkellamMechanism.calibrate(dimension=dimension, max_grad_norm=1.0, noise_multiplier=noise_multiplier, quorum=quorum)
 
 
 def _ledger(path=None, run="0123abcd"):
-    ledger = PrivacyLedger(path)
+    ledger = PrivacyLedger(path, key=KEY)
     ledger.begin_run(run, f"{run}:settings")
     return ledger
 
@@ -85,7 +87,7 @@ def test_the_ledger_survives_a_restart(tmp_path):
         ledger.record(release, run_id="0123abcd", round_number=round_number)
     before = ledger.epsilon(1e-4)
     del ledger
-    restarted = PrivacyLedger(path)
+    restarted = PrivacyLedger(path, key=KEY)
     assert restarted.steps == 10 and restarted.epsilon(1e-4) == pytest.approx(before)
     projected = restarted.epsilon(1e-4, extra=release)
     assert projected > before and restarted.steps == 10
@@ -96,8 +98,8 @@ def test_one_writer_at_a_time(tmp_path):
     path = tmp_path / "ledger.jsonl"
     writer = _ledger(path)
     with pytest.raises(LedgerError, match="in use by another writer"):
-        PrivacyLedger(path).begin_run("feedc0de", "feedc0de:settings")
-    reader = PrivacyLedger(path)  # reading needs no lock
+        PrivacyLedger(path, key=KEY).begin_run("feedc0de", "feedc0de:settings")
+    reader = PrivacyLedger(path, key=KEY)  # reading needs no lock
     writer.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
     del writer
     with pytest.raises(LedgerError, match="changed since it was read"):
@@ -119,8 +121,8 @@ def test_a_reused_run_id_cannot_lower_a_ledgers_epsilon(tmp_path):
         ledger.record(release, run_id="0badc0de", round_number=1)
     del ledger
     with pytest.raises(LedgerError, match="already in this privacy ledger with other settings"):
-        PrivacyLedger(path).begin_run("feedc0de", "feedc0de:other-settings")
-    assert PrivacyLedger(path).steps == 3 and PrivacyLedger(path).epsilon(1e-5) == pytest.approx(spent)
+        PrivacyLedger(path, key=KEY).begin_run("feedc0de", "feedc0de:other-settings")
+    assert PrivacyLedger(path, key=KEY).steps == 3 and PrivacyLedger(path, key=KEY).epsilon(1e-5) == pytest.approx(spent)
 
 
 def test_a_run_resumes_after_its_last_recorded_round_and_keeps_its_charges(tmp_path):
@@ -135,7 +137,7 @@ def test_a_run_resumes_after_its_last_recorded_round_and_keeps_its_charges(tmp_p
     spent = ledger.epsilon(1e-5)
     assert ledger.begin_run("feedc0de", "feedc0de:settings") == 7
     del ledger
-    resumed = PrivacyLedger(path)
+    resumed = PrivacyLedger(path, key=KEY)
     assert resumed.begin_run("feedc0de", "feedc0de:settings") == 7
     assert resumed.begin_run("0badc0de", "0badc0de:settings") == 9
     assert resumed.steps == 4 and resumed.epsilon(1e-5) == pytest.approx(spent)
@@ -148,35 +150,110 @@ def test_a_version_2_ledger_keeps_counting(tmp_path):
     header = {"format": "consilium-privacy-ledger", "version": 2}
     step = {"sample_rate": 0.1, "noise_multipliers": {"server": 2.1, "peer_hospital": 1.7}}
     path.write_text("".join(json.dumps(r) + "\n" for r in [header, {"key": "old/1", **step}, {"key": "old/2", **step}]))
-    ledger = PrivacyLedger(path)
+    ledger = PrivacyLedger(path, key=KEY)
     central = RDPAccountant()
     central.history = [(2.1, 0.1, 2)]
     assert ledger.steps == 2 and ledger.epsilon(1e-5) == pytest.approx(central.get_epsilon(1e-5), rel=1e-3)
     path.write_text(path.read_text() + json.dumps({"key": "old/2", **step}) + "\n")  # a key replaced by the server
-    ledger = PrivacyLedger(path)
+    ledger = PrivacyLedger(path, key=KEY)
     assert ledger.steps == 3  # every version 2 line counts
     assert ledger.epsilon(1e-5, view="collusion") == math.inf  # version 2 did not record it
     ledger.begin_run("0123abcd", "0123abcd:settings")
     ledger.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
     del ledger
-    assert PrivacyLedger(path).steps == 4
+    assert PrivacyLedger(path, key=KEY).steps == 4
 
 
 def test_an_unreadable_ledger_stops_everything(tmp_path):
     path = tmp_path / "ledger.jsonl"
     path.write_text("{ not json")
     with pytest.raises(LedgerError, match="only record of the privacy"):
-        PrivacyLedger(path)
+        PrivacyLedger(path, key=KEY)
     path.write_text('{"format":"something else","version":3}\n')
     with pytest.raises(LedgerError):
-        PrivacyLedger(path)
+        PrivacyLedger(path, key=KEY)
     ledger_path = tmp_path / "real.jsonl"
     written = _ledger(ledger_path)
     written.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
     del written
     ledger_path.write_text(ledger_path.read_text().replace('"sample_rate":0.1', '"sample_rate":7'))
-    with pytest.raises(LedgerError, match="sample rate"):
-        PrivacyLedger(ledger_path)
+    with pytest.raises(LedgerError, match="altered"):
+        PrivacyLedger(ledger_path, key=KEY)
+
+
+def _three_rounds(path):
+    ledger = _ledger(path)
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
+    for round_number in (1, 2, 3):
+        ledger.record(release, run_id="0123abcd", round_number=round_number)
+    spent = ledger.epsilon(1e-5)
+    del ledger
+    return spent
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda lines: lines[:-1], "truncated"),  # the last record cut off, at a line's end
+        (lambda lines: lines[:2] + lines[3:], "altered"),  # a record in the middle deleted
+        (lambda lines: [lines[0], lines[1], lines[3], lines[2], *lines[4:]], "altered"),  # two swapped
+        (lambda lines: [lines[0], lines[1], lines[2].replace('"round":1', '"round":9'), *lines[3:]], "altered"),  # edited
+        (lambda lines: lines[:2], "truncated"),
+        (lambda lines: [], "truncated"),
+    ],
+)
+def test_a_ledger_cut_edited_or_reordered_is_refused_rather_than_counted_lower(tmp_path, damage, reason):
+    """Each record carries a MAC chained to the one before (keyed by the party's secret), and a head
+    beside the file says how far the chain reaches: whatever is lost or changed shows."""
+    path = tmp_path / "ledger.jsonl"
+    _three_rounds(path)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(damage(lines)))
+    with pytest.raises(LedgerError, match=reason):
+        PrivacyLedger(path, key=KEY)
+
+
+def test_a_ledger_s_head_must_be_there_and_its_own_and_a_forged_chain_fails(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    spent = _three_rounds(path)
+    head = path.with_name(path.name + ".head")
+    with pytest.raises(LedgerError, match="does not verify"):
+        PrivacyLedger(path, key=bytes(32))  # another party's key, or a guess
+    saved = head.read_bytes()
+    head.unlink()
+    with pytest.raises(LedgerError, match="head .* is missing"):
+        PrivacyLedger(path, key=KEY)
+    head.write_bytes(saved.replace(b'"lines": 5', b'"lines": 4'))
+    with pytest.raises(LedgerError, match="head .* is damaged"):
+        PrivacyLedger(path, key=KEY)
+    head.write_bytes(saved)
+    assert PrivacyLedger(path, key=KEY).epsilon(1e-5) == pytest.approx(spent)
+    with pytest.raises(ValueError, match="MAC key"):
+        PrivacyLedger(path)
+
+
+def test_a_record_written_before_a_crash_left_its_head_behind_still_counts(tmp_path):
+    """Written, fsynced, then the process died before the head moved: over-counting is the safe side."""
+    path = tmp_path / "ledger.jsonl"
+    ledger = _ledger(path)
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
+    ledger.record(release, run_id="0123abcd", round_number=1)
+    head = path.with_name(path.name + ".head")
+    before = head.read_bytes()
+    ledger.record(release, run_id="0123abcd", round_number=2)
+    del ledger
+    head.write_bytes(before)
+    assert PrivacyLedger(path, key=KEY).steps == 2
+
+
+def test_a_finished_run_is_never_begun_again(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = _ledger(path)
+    ledger.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
+    ledger.finish_run("0123abcd")
+    del ledger
+    with pytest.raises(LedgerError, match="is over for this party"):
+        PrivacyLedger(path, key=KEY).begin_run("0123abcd", "0123abcd:settings")
 
 
 def test_a_record_cut_short_by_a_crash_is_dropped_and_the_rest_kept(tmp_path):
@@ -189,12 +266,12 @@ def test_a_record_cut_short_by_a_crash_is_dropped_and_the_rest_kept(tmp_path):
     del ledger
     with path.open("a") as handle:
         handle.write('{"key":"c","sample_ra')
-    restarted = PrivacyLedger(path)
+    restarted = PrivacyLedger(path, key=KEY)
     assert restarted.steps == 2
     restarted.record(release, run_id="0123abcd", round_number=3)
-    assert PrivacyLedger(path).steps == 3 and '"sample_ra{' not in path.read_text()  # the torn line was cut
+    assert PrivacyLedger(path, key=KEY).steps == 3 and '"sample_ra{' not in path.read_text()  # the torn line was cut
     del restarted
-    assert PrivacyLedger(path).epsilon(1e-5) == pytest.approx(expected)
+    assert PrivacyLedger(path, key=KEY).epsilon(1e-5) == pytest.approx(expected)
 
 
 def test_each_record_is_one_appended_line(tmp_path):

@@ -25,7 +25,7 @@ import tenseal.sealapi as seal
 import zstandard
 from scipy import stats
 
-from conftest import REPO, run_launcher
+from conftest import REPO, party_ledger, run_launcher
 from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext
 from crypto.bfv_parameters import select_bfv_parameters
 from crypto.membership import CHECK_KEY_BYTES, CheckKey
@@ -276,7 +276,7 @@ def test_the_released_noise_has_the_variance_the_accountant_assumes(method, requ
     charged.begin_run(config.run_id, report["run_fingerprint"])
     for release in releases:
         charged.record(ledger_release(config.training, mechanism, len(config.hospitals)), run_id=config.run_id, round_number=release.round)
-    server_ledger = PrivacyLedger(out / "server" / "privacy_ledger.jsonl")
+    server_ledger = party_ledger(out / "federation" / "server", out / "server")
     assert server_ledger.epsilon(config.delta) == pytest.approx(charged.epsilon(config.delta))
     assert _variance_in_band(np.concatenate(totals), 2 * mechanism.mu(len(config.hospitals)))
     for hospital in config.hospitals:  # and each hospital added its own share, not another's
@@ -305,7 +305,7 @@ def test_dp_fedavg_reports_every_level_and_each_hospital_is_charged_at_the_hospi
         assert levels[level] == pytest.approx(ledger.epsilons(config.delta))
     assert all(0 < levels["subclient"][view] < levels["record"][view] < levels["hospital"][view] for view in levels["hospital"])
     for hospital in config.hospitals:
-        ledger = PrivacyLedger(out / "federation" / hospital / "privacy_ledger.jsonl")
+        ledger = party_ledger(out / "federation" / hospital)
         assert ledger.epsilons(config.delta) == pytest.approx(levels["hospital"])
 
 

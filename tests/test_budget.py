@@ -4,9 +4,10 @@ import subprocess
 
 import pytest
 
-from conftest import child_environment, free_port, launcher
-from protocol.roster import provision
-from training.accounting import PrivacyLedger, release_of
+from conftest import child_environment, free_port, launcher, party_ledger
+from protocol.roster import local_federation
+from scripted import confirmed
+from training.accounting import release_of
 from training.models import ModelSpec, build_model
 from training.skellam import SkellamMechanism
 
@@ -16,12 +17,12 @@ TRAINING = ("--sample-rate", "0.1", "--noise-multiplier", "1.0", "--hidden", "4"
 
 def _run(federation, out, rounds, budgets):
     server = subprocess.Popen(
-        launcher("server", "--federation", federation, "--out", out, "--rounds", rounds, "--round-timeout", "30", *TRAINING),
+        launcher("server", *confirmed(federation), "--out", out, "--rounds", rounds, "--round-timeout", "30", *TRAINING),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(),
     )  # fmt: skip
     hospitals = {
         name: subprocess.Popen(
-            launcher("hospital", "--federation", federation, "--name", name, "--parts", "2", "--part", index,
+            launcher("hospital", *confirmed(federation), "--name", name, "--parts", "2", "--part", index,
                      "--epsilon-budget", budget, "--timeout", "60"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(),
         )  # fmt: skip
@@ -37,9 +38,9 @@ def _run(federation, out, rounds, budgets):
 
 def test_a_restart_keeps_the_ledger_and_the_budget_binds_on_the_worst_view(tmp_path):
     federation = tmp_path / "federation"
-    provision(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
+    local_federation(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
     _run(federation, tmp_path / "run1", 2, {"hospital-1": "10", "hospital-2": "10"})
-    first = PrivacyLedger(federation / "hospital-1" / "privacy_ledger.jsonl")
+    first = party_ledger(federation / "hospital-1")
     assert first.steps == 2
     spent = first.epsilon(1e-5)
 
@@ -52,7 +53,7 @@ def test_a_restart_keeps_the_ledger_and_the_budget_binds_on_the_worst_view(tmp_p
     budget = (server_view + peer_view) / 2
     outputs = _run(federation, tmp_path / "run2", 5, {"hospital-1": f"{budget:.6f}", "hospital-2": "10"})
     assert "epsilon against the peer hospital" in outputs["hospital-1"]
-    after = PrivacyLedger(federation / "hospital-1" / "privacy_ledger.jsonl")
+    after = party_ledger(federation / "hospital-1")
     assert after.steps == 2 and after.epsilon(1e-5) == pytest.approx(spent)
     # hospital-2 contributed to the aborted round: its charge stays (a crash or abort can only over-count).
-    assert PrivacyLedger(federation / "hospital-2" / "privacy_ledger.jsonl").steps == 3
+    assert party_ledger(federation / "hospital-2").steps == 3

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import run_launcher
 from protocol.checkpoint import Checkpoint
-from protocol.roster import provision
+from protocol.roster import local_federation
 from scripts import federation
 from scripts._cli import FEDERATION_METHODS, resolve_data_defaults, resolve_run_arguments
 from scripts._scripted import small_run_config
@@ -19,7 +19,7 @@ from training.datasets import load_dataset
 from training.models import build_model, get_flat_parameters
 
 
-@pytest.mark.parametrize("module", ["provision", "server", "hospital", "federation", "compare", "bench_crypto", "bench_round", "bench_tallier"])
+@pytest.mark.parametrize("module", ["keygen", "provision", "roster", "server", "tallier", "hospital", "federation", "compare", "bench_crypto", "bench_round", "bench_tallier"])
 def test_every_launcher_has_help(module):
     result = run_launcher(module, "--help")
     assert result.returncode == 0 and "usage:" in result.stdout
@@ -49,7 +49,7 @@ def _run_in_this_process(monkeypatch, module, *args):
     handlers, level = root.handlers[:], root.level
     with monkeypatch.context() as patch:
         patch.setattr(subprocess, "Popen", no_process)
-        patch.setattr("scripts._cli._reuse_freed_memory", lambda: None)  # glibc's settings would outlive the call
+        patch.setattr("scripts._run._reuse_freed_memory", lambda: None)  # glibc's settings would outlive the call
         root.handlers = []
         try:
             with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as exit:
@@ -61,14 +61,15 @@ def _run_in_this_process(monkeypatch, module, *args):
 
 def test_a_launched_process_reports_a_mistake_in_one_line(tmp_path):
     result = run_launcher("hospital", "--federation", tmp_path / "nowhere", "--name", "hospital-1")
-    _assert_one_line_error(result.returncode, result.stderr, "run consilium-provision first")
+    _assert_one_line_error(result.returncode, result.stderr, "make this party's keys with consilium-keygen")
 
 
 def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
     federation = tmp_path / "federation"
-    roster = provision(federation, hospitals=2, address="tcp://127.0.0.1:5999")
-    hospital = ["--federation", federation, "--name", "hospital-1"]
-    server = ["--federation", federation, "--out", tmp_path / "out", "--expected-batch-size", "5"]
+    roster = local_federation(federation, hospitals=2, address="tcp://127.0.0.1:5999")
+    confirmed = ["--federation", federation, "--roster-fingerprint", roster.fingerprint]
+    hospital = [*confirmed, "--name", "hospital-1"]
+    server = [*confirmed, "--out", tmp_path / "out", "--expected-batch-size", "5"]
     used = tmp_path / "used"
     used.mkdir()
     (used / "privacy_ledger.jsonl").write_text("")
@@ -79,27 +80,42 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
     config = small_run_config(roster, quorum=2, rounds=3)
     model = get_flat_parameters(build_model(config.model)).tobytes()
     Checkpoint(config.to_dict(), model, model, bytes(len(model)), 0, list(config.hospitals), [], {}, []).save(secure)
+    damaged = {}  # checkpoints a disk or a hand damaged: each resume refused in one line
+    for label, change in (("negative", {"hidden": [-1]}), ("huge", {"hidden": [2**64]}), ("wide", {"input_shape": [10**9]})):
+        damaged[label] = tmp_path / label
+        bad = config.to_dict()
+        bad["model"].update(change)
+        Checkpoint(bad, model, model, bytes(len(model)), 0, list(config.hospitals), [], {}, []).save(damaged[label])
+    damaged["cut"] = tmp_path / "cut"
+    damaged["cut"].mkdir()
+    (damaged["cut"] / "checkpoint.json").write_bytes((secure / "checkpoint.json").read_bytes()[:-40])
     cases = [
         (("hospital", *hospital, "--data", tmp_path / "missing.npz"), "no dataset file"),
-        (("hospital", "--federation", tmp_path / "nowhere", "--name", "hospital-1"), "run consilium-provision first"),
+        (("hospital", "--federation", tmp_path / "nowhere", "--name", "hospital-1"), "make this party's keys with consilium-keygen"),
         (("hospital", *hospital, "--parts", "2", "--part", "3"), "give one --part between 1 and --parts (2) for each --name"),
         (("hospital", *hospital, "--name", "hospital-2"), "several --name in one process are for simulating voting runs"),
         (("federation", "--out", tmp_path / "many", "--hospitals-per-process", "2"), "--hospitals-per-process is for voting runs"),
         (("federation", "--out", tmp_path / "vote", "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "not for knn-dpfl"),
         (("hospital", *hospital, "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "not for voting"),
-        (("hospital", "--federation", federation, "--name", "hospital-7"), "is 'hospital-7' a party"),
+        (("hospital", *confirmed, "--name", "hospital-7"), "hospital-7/secret_keys.toml (make this party's keys"),
+        (("hospital", "--federation", federation, "--name", "hospital-2"), "the roster is not confirmed"),
+        (("hospital", *confirmed[:2], "--roster-fingerprint", "12345", "--name", "hospital-2"), "the roster's fingerprint is"),
         (("server", *server, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("server", *server, "--model", "cnn"), "the CNN needs"),
         (("server", *server, "--quorum", "3"), "exceeds the 2 hospitals"),
-        (("provision", "--out", federation), "already holds a federation"),
-        (("server", "--federation", federation, "--out", used, "--expected-batch-size", "5"), "already holds a run"),
-        (("server", "--federation", federation, "--out", used, "--resume"), "holds no checkpoint"),
-        (("server", "--federation", federation, "--out", torn, "--resume"), "checkpoint.json is unreadable"),
+        (("provision", "--out", federation, "--address", "tcp://h:1", federation / "server" / "server.public.toml"), "already holds a roster"),
+        (("keygen", "--role", "hospital", "--name", "hospital-1", "--out", federation / "hospital-1"), "holds a party's keys already"),
+        (("keygen", "--role", "tallier", "--name", "tallier-1", "--out", tmp_path / "t1"), "a tallier needs its MPC address"),
+        (("server", *confirmed, "--out", used, "--expected-batch-size", "5"), "already holds a run"),
+        (("server", *confirmed, "--out", used, "--resume"), "holds no checkpoint"),
+        (("server", *confirmed, "--out", torn, "--resume"), "checkpoint.json is unreadable"),
+        *[(("server", *confirmed, "--out", folder, "--resume"), "holds an unusable configuration") for folder in list(damaged.values())[:3]],
+        (("server", *confirmed, "--out", damaged["cut"], "--resume"), "checkpoint.json is unreadable"),
         (
-            ("server", "--federation", federation, "--out", secure, "--resume", "--insecure-plaintext-benchmark"),
+            ("server", *confirmed, "--out", secure, "--resume", "--insecure-plaintext-benchmark"),
             "the checkpointed run uses 'bfv' aggregation",
         ),
-        (("server", "--federation", federation, "--out", tmp_path / "new"), "--expected-batch-size is required"),
+        (("server", *confirmed, "--out", tmp_path / "new"), "--expected-batch-size is required"),
         (("federation", "--out", tmp_path / "run", "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("federation", "--out", tmp_path / "fedsgd", "--method", "fedsgd"), "unknown method 'fedsgd'"),
         (("federation", "--out", tmp_path / "v", "--method", "dp-fedavg", "--subclients", "200"), "more sub-clients than records"),

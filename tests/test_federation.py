@@ -8,16 +8,16 @@ import msgpack
 import pytest
 import torch
 
-from conftest import run_launcher
+from conftest import party_ledger, run_launcher
 from crypto.bfv import BfvError, PublicContext, SecretContext, upload_bytes
 from crypto.membership import CHECK_KEY_BYTES
 from crypto.sealed_box import SealedBoxError, open_box
 from protocol.config import RunConfig
 from protocol.hospital import sealed_key_context
 from protocol.messages import TO_SERVER, KeySetup, Update
-from protocol.roster import Credentials, Roster
+from protocol.party_keys import Credentials
+from protocol.roster import Roster
 from protocol.transcript import Transcript, read_messages, read_transcript
-from training.accounting import PrivacyLedger
 from training.datasets import load_dataset
 from training.models import ModelSpec, accuracy, build_model
 
@@ -70,7 +70,7 @@ def test_each_hospital_ledger_agrees_with_the_server_and_is_on_disk(run):
     out, _ = run
     report = json.loads((out / "report.json").read_text())
     for name in ("hospital-1", "hospital-2", "hospital-3"):
-        ledger = PrivacyLedger(out / "federation" / name / "privacy_ledger.jsonl")
+        ledger = party_ledger(out / "federation" / name)
         assert ledger.steps == ROUNDS
         for view in ("server", "peer_hospital", "collusion"):
             assert ledger.epsilon(1e-5, view=view) == pytest.approx(report["final"]["epsilon"][view])
@@ -106,7 +106,7 @@ def test_a_finished_runs_key_boxes_stay_shut_with_every_long_term_key(run):
         with pytest.raises(SealedBoxError):
             open_box(
                 box,
-                recipient=Credentials.load(federation, name).identity.box,
+                recipient=Credentials.load(federation / name).identity.box,
                 sender=roster.party("hospital-1").identity.signing,
                 context=sealed_key_context(run, name),
             )

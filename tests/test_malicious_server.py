@@ -168,3 +168,52 @@ def test_a_server_cannot_switch_hospitals_to_plaintext_uploads_or_another_method
     for name in (H1, H2, H3):
         assert refusal.format(name=name) in _refusal(server, name)
     assert _drain(server) == []  # no key, no update
+
+
+def test_a_welcome_with_absurd_sizes_is_refused_in_one_line_before_anything_is_allocated(tmp_path):
+    """Hidden layers of -1 units, and of 10^9 (2.9 GB of parameters were allocated before any check)."""
+    server = ScriptedServer(tmp_path, 2, quorum=2)
+    try:
+        server.receive_from_each(Hello, (H1, H2))
+        for name, hidden in ((H1, [-1]), (H2, [10**9])):
+            config = server.config.to_dict()
+            config["model"]["hidden"] = hidden
+            server.send(name, dataclasses.replace(server.welcome(name), config=config))
+        for name in (H1, H2):
+            errors = [line for line in _refusal(server, name).splitlines() if line.startswith("error:")]
+            assert len(errors) == 1 and "the server's run configuration is unusable" in errors[0] and "hidden layers" in errors[0]
+    finally:
+        server.close()
+
+
+def test_a_finished_run_s_welcome_replayed_and_a_round_past_the_last_are_refused(tmp_path):
+    server = ScriptedServer(tmp_path, 2, quorum=2, rounds=1)
+    try:
+        server.set_up()
+        uploads = server.start_round(1)
+        aggregate = Aggregate(round=1, contributors=(H1, H2), chunks=tuple(server.add(*uploads.values())))
+        for name in (H1, H2):
+            server.send(name, aggregate)
+        signatures = {name: message.signature for name, message in server.receive_from_each(Endorsement, (H1, H2)).items()}
+        for name in (H1, H2):
+            server.send(name, Endorsements(round=1, signatures=signatures))
+        server.receive_from_each(Released, (H1, H2))
+        server.send(H1, RoundStart(round=2))  # a round past the run's last
+        assert "started round 2 of a run of 1 rounds" in _refusal(server, H1)
+        server.send(H2, Finish(reason="completed all rounds"))
+        assert server.hospitals[H2].process.wait(timeout=60) == 0
+        spent = {name: server.ledger_epsilon(name) for name in (H1, H2)}
+    finally:
+        server.close()
+
+    # The same run, every setting and the initial model, welcomed again to the restarted hospitals.
+    replay = ScriptedServer(tmp_path, 2, quorum=2, rounds=1, run_id=server.config.run_id)
+    replay.initial, replay.run = server.initial, server.run
+    try:
+        replay.join()
+        for name in (H1, H2):
+            assert f"run {server.config.run_id} is over for this party" in _refusal(replay, name)
+        assert _drain(replay) == []
+        assert {name: replay.ledger_epsilon(name) for name in (H1, H2)} == spent
+    finally:
+        replay.close()

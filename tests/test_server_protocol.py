@@ -27,7 +27,7 @@ from protocol.messages import (
     encode,
     release_digest,
 )
-from protocol.roster import CurveKeyPair
+from protocol.party_keys import CurveKeyPair
 from protocol.transport import ClientTransport
 from scripted import ScriptedHospital, ServerProcess
 

@@ -4,7 +4,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from conftest import free_port
-from protocol.roster import CurveKeyPair
+from protocol.party_keys import CurveKeyPair
 from protocol.transport import ClientTransport, ServerTransport
 
 

@@ -55,10 +55,10 @@ def test_the_server_view_gains_from_every_voter_and_collusion_keeps_one_share():
 def test_a_round_of_votes_is_charged_in_a_hospital_ledger(tmp_path):
     settings = VotingSettings(method="ae-dpfl", noise_std=30.0, quorum=2)
     release = settings.release(queries=50, classes=10, contributors=3, level="instance")
-    ledger = PrivacyLedger(tmp_path / "ledger.jsonl")
+    ledger = PrivacyLedger(tmp_path / "ledger.jsonl", key=bytes(32))
     ledger.begin_run("0123abcd", "0123abcd:x")
     ledger.record(release, run_id="0123abcd", round_number=1)
-    again = PrivacyLedger(tmp_path / "ledger.jsonl")
+    again = PrivacyLedger(tmp_path / "ledger.jsonl", key=bytes(32))
     assert again.epsilon(1e-3) == pytest.approx(rdp_to_epsilon(ORDERS, release.rdp("server"), 1e-3))
 
 

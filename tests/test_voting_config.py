@@ -52,8 +52,8 @@ def test_the_field_holds_every_total_the_bound_allows():
         ({"queries_per_round": 10**6}, "queries per round must be between 1 and 10000"),
         ({"teacher_epochs": 10**6}, "teacher epochs must be between 1 and 1000"),
         ({"feature_dimensions": 0}, "feature dimensions must be between 1 and 1024"),
-        ({"model": ModelSpec("mlp", (64,), 10**6)}, "over 1000000 classes is too large"),
-        ({"model": ModelSpec("mlp", (64,), 10, hidden=(10**7,))}, "at most 8 hidden layers of at most 4096 units"),
+        ({"model": ModelSpec("mlp", (64,), 60_000)}, "over 60000 classes is too large"),
+        ({"model": ModelSpec("mlp", (64,), 10, hidden=(5000,))}, "at most 8 hidden layers of at most 4096 units"),
         ({"voting": VotingSettings("knn-dpfl", noise_std=15.0, quorum=3, neighbours=10**9)}, "at most 32 are supported"),
     ],
 )

@@ -6,7 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import child_environment, free_port, launcher, run_launcher
+from conftest import child_environment, free_port, launcher, party_ledger, run_launcher
 from crypto.sealed_box import seal, verify_certified_key
 from crypto.secret_sharing import share, to_bytes
 from protocol.ballots import _share_context, box_bytes, tallier_key_context
@@ -23,12 +23,13 @@ from protocol.messages import (
     decode,
     encode,
 )
-from protocol.roster import Credentials, provision
+from protocol.party_keys import Credentials
+from protocol.roster import local_federation
 from protocol.transcript import read_transcript
 from protocol.transport import ClientTransport
 from protocol.voting_config import VotingConfig
 from scripted import wait_for_text
-from training.accounting import LEDGER_FILE, PrivacyLedger
+from training.accounting import PrivacyLedger
 from training.vote_privacy import VotingSettings
 
 pytestmark = pytest.mark.slow
@@ -55,7 +56,7 @@ def test_the_vote_labels_the_queries_and_reports_both_levels(run):
     assert 0 < final["epsilon"]["instance"]["server"] < final["epsilon"]["agent"]["server"]  # k = 30 votes per hospital
     assert report["reveal"] == "labels" and report["reveal_warning"] == ""
     for name in report["config"]["hospitals"]:
-        ledger = PrivacyLedger(out / "federation" / name / LEDGER_FILE)
+        ledger = party_ledger(out / "federation" / name)
         assert ledger.steps == 2  # charged for both rounds, before its ballots left
 
 
@@ -93,14 +94,14 @@ class _Federation:
         self.tmp = tmp_path
         self.federation = tmp_path / "federation"
         mpc = tuple(f"127.0.0.1:{free_port()}" for _ in range(3))
-        self.roster = provision(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=mpc)
+        self.roster = local_federation(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=mpc)
         self.processes = {}
 
     def launch(self, role, name, *args):
         log = self.tmp / f"{name}.log"
         with log.open("w") as handle:
             self.processes[name] = subprocess.Popen(
-                launcher(role, "--federation", self.federation, *args), stdout=handle, stderr=handle, text=True, env=child_environment()
+                launcher(role, "--federation", self.federation, "--roster-fingerprint", self.roster.fingerprint, *args), stdout=handle, stderr=handle, text=True, env=child_environment()
             )
         return self.processes[name]
 
@@ -221,7 +222,7 @@ class _BadVoter:
     def __init__(self, federation, name):
         roster = federation.roster
         self.name, self.roster = name, roster
-        self.credentials = Credentials.load(federation.federation, name)
+        self.credentials = Credentials.load(federation.federation / name)
         self.transport = ClientTransport(roster.server_address, roster.server.curve_public, self.credentials.curve, 1 << 26)
 
     def vote_badly(self):

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
+import hmac
 import json
 import logging
 import math
@@ -47,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from training.durable import append_line, replace_file
 from training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
 from training.skellam import SkellamMechanism
 
@@ -60,9 +63,13 @@ ACCOUNTANT = (
 LEDGER_FILE = "privacy_ledger.jsonl"
 VIEWS = ("server", "peer_hospital", "collusion")
 BUDGET_VIEWS = ("server", "peer_hospital")
-_HEADER = {"format": "consilium-privacy-ledger", "version": 3}
-# Version 2 recorded Gaussian steps by noise multiplier for the server and peer views only.
+_HEADER = {"format": "consilium-privacy-ledger", "version": 4}
+# Versions 2 and 3 did not chain their records; version 2 recorded Gaussian steps by noise
+# multiplier for the server and peer views only.
+_V3_HEADER = {"format": "consilium-privacy-ledger", "version": 3}
 _LEGACY_HEADER = {"format": "consilium-privacy-ledger", "version": 2}
+_HEAD_SUFFIX = ".head"
+_GENESIS = bytes(32)
 
 log = logging.getLogger("consilium.accounting")
 
@@ -160,19 +167,25 @@ def release_of(mechanism: SkellamMechanism, *, sample_rate: float, contributors:
 
 
 class PrivacyLedger:
-    """Releases a party's data took part in, keyed by identifiers the ledger draws, optionally in a file."""
+    """Releases a party's data took part in, keyed by identifiers the ledger draws, optionally in a file
+    (then tamper-evident under ``key``, a secret only its party holds)."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, key: bytes | None = None) -> None:
+        if path is not None and (key is None or len(key) < 32):
+            raise ValueError("a ledger file needs its party's 32-byte MAC key")
         self._path = path
+        self._key = key
         self._entries: dict[str, Release | _GaussianRelease] = {}
         self._runs: dict[str, str | None] = {}  # run id -> its fingerprint (None in older ledgers)
         self._last_round: dict[str, int] = {}
+        self._finished: set[str] = set()
         self._locked = False
         self._size = path.stat().st_size if path is not None and path.exists() else 0
-        # Repairs wait for the first write, made under the lock: a torn last line to cut, a header.
+        # Repairs wait for the first write, made under the lock: a torn last line to cut, a chained header.
         self._complete_size = self._size
-        self._needs_header = False
-        if self._size:
+        self._chain: bytes | None = None  # the last MAC, once the file holds a chained header
+        self._chained_lines = 0
+        if path is not None:
             self._read(path)
 
     @property
@@ -182,7 +195,10 @@ class PrivacyLedger:
     def begin_run(self, run_id: str, fingerprint: str) -> int:
         """Begin a run, durably, or resume one begun with the same fingerprint; returns its last recorded round.
 
-        A run id seen before under another fingerprint is refused: a server may not reuse a run id."""
+        A run id seen before under another fingerprint is refused (a server may not reuse a run id),
+        and so is a run this party finished (``finish_run``)."""
+        if run_id in self._finished:
+            raise LedgerError(f"run {run_id} is over for this party (its ledger says so); a party takes part in a run once")
         if run_id in self._runs:
             if self._runs[run_id] != fingerprint:
                 raise LedgerError(
@@ -193,10 +209,16 @@ class PrivacyLedger:
         self._runs[run_id] = fingerprint
         return 0
 
+    def finish_run(self, run_id: str) -> None:
+        """Mark ``run_id`` over, durably: it is never begun again."""
+        if run_id not in self._finished:
+            self._write({"finished": run_id})
+            self._finished.add(run_id)
+
     def record(self, release: Release, *, run_id: str, round_number: int) -> None:
         """Add ``release`` under a fresh identifier, durably before returning."""
-        if run_id not in self._runs:
-            raise LedgerError(f"run {run_id} was not begun in this ledger")
+        if run_id not in self._runs or run_id in self._finished:
+            raise LedgerError(f"run {run_id} was not begun in this ledger, or is over")
         key = secrets.token_hex(16)
         self._write({"key": key, "run": run_id, "round": round_number, **release.to_record()})
         self._entries[key] = release
@@ -222,19 +244,35 @@ class PrivacyLedger:
         """The largest epsilon over ``BUDGET_VIEWS``, and its view."""
         return max((self.epsilon(delta, view=view, extra=extra), view) for view in BUDGET_VIEWS)
 
+    # -- the file -------------------------------------------------------------------------------
+
     def _write(self, record: dict) -> None:
         if self._path is None:
             return
         if not self._locked:
             self._lock()
-        if self._complete_size < self._size:
-            _truncate(self._path, self._complete_size)
-        if self._complete_size == 0 or self._needs_header:
-            _append(self._path, _HEADER)
-            self._needs_header = False
-        _append(self._path, record)
+        head = _head_path(self._path)
+        try:
+            if self._complete_size < self._size:
+                os.truncate(self._path, self._complete_size)
+            if self._chain is None:
+                # The head exists before the first chained line: from then on a missing head is damage.
+                replace_file(head, _head_text(self._key, 0, _GENESIS))
+                legacy = self._path.read_bytes()[: self._complete_size] if self._complete_size else b""
+                self._chain = _GENESIS
+                self._append({**_HEADER, "legacy_sha256": hashlib.sha256(legacy).hexdigest()})
+            self._append(record)
+            replace_file(head, _head_text(self._key, self._chained_lines, self._chain))
+        except OSError as error:
+            raise LedgerError(f"cannot write privacy ledger {self._path}: {error}") from None
         self._complete_size = self._path.stat().st_size
         self._size = self._complete_size
+
+    def _append(self, record: dict) -> None:
+        mac = _mac(self._key, self._chain, record)
+        append_line(self._path, _line({**record, "mac": mac.hex()}))
+        self._chain = mac
+        self._chained_lines += 1
 
     def _lock(self) -> None:
         """Hold the file exclusively from the first write until this ledger is gone.
@@ -257,42 +295,82 @@ class PrivacyLedger:
             raise LedgerError(f"privacy ledger {self._path} changed since it was read; open it again")
 
     def _read(self, path: Path) -> None:
-        try:
-            text = path.read_bytes().decode()
-        except (OSError, UnicodeDecodeError) as error:
-            raise LedgerError(f"cannot read privacy ledger {path}: {error}") from None
-        complete, _, torn = text.rpartition("\n")
-        if torn:
-            # An unterminated last line is a record cut short by a crash, which was never acknowledged,
-            # so nothing was released on its strength. Anything else unreadable is refused below.
-            if not complete and not any(_line(h).decode().startswith(torn) for h in (_HEADER, _LEGACY_HEADER)):
-                raise _unreadable(path, "not a privacy ledger")
-            log.warning("privacy ledger %s: dropping an incomplete last record", path)
-            self._complete_size = len(complete.encode()) + 1 if complete else 0
-        if not complete:
+        head = _read_head(path, self._key)
+        if not self._size:
+            if head is not None and head[0]:
+                raise _unreadable(path, f"it is empty, but its head ({_head_path(path).name}) counts {head[0]} records: truncated")
             return
         try:
-            header, *records = (json.loads(line) for line in complete.split("\n"))
-            if header == _LEGACY_HEADER:
-                # Version 2 records come first; a version 3 header marks where newer records begin.
-                upgraded = records.index(_HEADER) if _HEADER in records else None
-                # Every line counts: version 2 keyed lines by the server's run id and round, so a
-                # later line replacing an earlier one may hide a release. (A reservation and its
-                # settlement are then both charged: over-counting is the safe side.)
-                for number, record in enumerate(records[:upgraded]):
-                    self._entries[f"v2-{number}"] = _GaussianRelease.from_record(record)
-                self._needs_header = upgraded is None
-                records = records[upgraded + 1 :] if upgraded is not None else []
-            elif header != _HEADER:
-                raise ValueError("not a privacy ledger of a known version")
-            for record in records:
-                self._replay(record)
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raw = path.read_bytes()
+        except OSError as error:
+            raise LedgerError(f"cannot read privacy ledger {path}: {error}") from None
+        complete, _, torn = raw.rpartition(b"\n")
+        lines = complete.split(b"\n") if complete else []
+        start = next((i for i, line in enumerate(lines) if _is_chained_header(line)), None)
+        if torn:
+            # An unterminated last line is a record cut short by a crash, which was never acknowledged
+            # (its head was not updated), so nothing was released on its strength. Anything else
+            # unreadable is refused below.
+            if not lines and not any(_line(h).startswith(torn) for h in (_HEADER, _V3_HEADER, _LEGACY_HEADER)):
+                raise _unreadable(path, "not a privacy ledger")
+            log.warning("privacy ledger %s: dropping an incomplete last record", path)
+            self._complete_size = len(complete) + 1 if complete else 0
+        try:
+            legacy = lines if start is None else lines[:start]
+            if head is not None and start is None and head[0]:
+                raise ValueError(f"its head counts {head[0]} chained records, but none is left: truncated")
+            if legacy:
+                self._read_legacy(legacy)
+            if start is not None:
+                self._read_chained(lines[start:], b"".join(line + b"\n" for line in legacy), head)
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
             raise _unreadable(path, str(error)) from None
+
+    def _read_legacy(self, lines: list[bytes]) -> None:
+        """Version 2 and 3 lines, written before records were chained: read as they are."""
+        header, *records = (json.loads(line) for line in lines)
+        if header == _LEGACY_HEADER:
+            # Version 2 records come first; a version 3 header marks where newer records begin.
+            upgraded = records.index(_V3_HEADER) if _V3_HEADER in records else None
+            # Every line counts: version 2 keyed lines by the server's run id and round, so a
+            # later line replacing an earlier one may hide a release. (A reservation and its
+            # settlement are then both charged: over-counting is the safe side.)
+            for number, record in enumerate(records[:upgraded]):
+                self._entries[f"v2-{number}"] = _GaussianRelease.from_record(record)
+            records = records[upgraded + 1 :] if upgraded is not None else []
+        elif header != _V3_HEADER:
+            raise ValueError("not a privacy ledger of a known version")
+        for record in records:
+            self._replay(record)
+
+    def _read_chained(self, lines: list[bytes], legacy: bytes, head: tuple[int, bytes] | None) -> None:
+        """Lines each carrying the MAC of the one before it and itself: one edited, deleted or moved
+        breaks the chain, and the head (kept beside the file) shows where the chain must reach."""
+        if head is None:
+            raise ValueError(f"its head ({_HEAD_SUFFIX}) is missing: a chained ledger always has one")
+        chain = _GENESIS
+        for number, line in enumerate(lines):
+            record = json.loads(line)
+            mac = bytes.fromhex(record.pop("mac"))
+            if not hmac.compare_digest(mac, _mac(self._key, chain, record)):
+                raise ValueError(f"record {number + 1} of its chain was altered, or a record before it was (the MACs do not verify)")
+            chain = mac
+            if number == head[0] - 1 and not hmac.compare_digest(chain, head[1]):
+                raise ValueError("its chain does not pass through its head: records were removed or replaced")
+            if number == 0:
+                if record != {**_HEADER, "legacy_sha256": hashlib.sha256(legacy).hexdigest()}:
+                    raise ValueError("the lines before its chained header were altered")
+            else:
+                self._replay(record)
+        if len(lines) < head[0]:
+            raise ValueError(f"it holds {len(lines)} chained records, but its head counts {head[0]}: truncated")
+        self._chain, self._chained_lines = chain, len(lines)
 
     def _replay(self, record: dict) -> None:
         if set(record) in ({"run"}, {"run", "fingerprint"}):
             self._runs[str(record["run"])] = record.get("fingerprint")
+        elif set(record) == {"finished"}:
+            self._finished.add(str(record["finished"]))
         else:
             key, run, round_number = record.pop("key"), record.pop("run"), record.pop("round")
             if not isinstance(key, str) or key in self._entries or run not in self._runs or type(round_number) is not int:
@@ -312,31 +390,41 @@ def _line(record: dict) -> bytes:
     return (json.dumps(record, separators=(",", ":")) + "\n").encode()
 
 
-def _append(path: Path, record: dict) -> None:
-    line = _line(record)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        created = not path.exists()
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            written = 0
-            while written < len(line):
-                written += os.write(descriptor, line[written:])
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        if created:  # a new file is durable only once its directory entry is
-            directory = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
-    except OSError as error:
-        raise LedgerError(f"cannot write privacy ledger {path}: {error}") from None
+def _mac(key: bytes, previous: bytes, record: dict) -> bytes:
+    """HMAC-SHA256 of the previous MAC and a record (without its own MAC), in one canonical JSON form."""
+    return hmac.new(key, previous + json.dumps(record, sort_keys=True, separators=(",", ":")).encode(), hashlib.sha256).digest()
 
 
-def _truncate(path: Path, size: int) -> None:
+def _is_chained_header(line: bytes) -> bool:
     try:
-        os.truncate(path, size)
-    except OSError as error:
-        raise LedgerError(f"cannot repair privacy ledger {path}: {error}") from None
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and all(record.get(k) == v for k, v in _HEADER.items())
+
+
+def _head_path(path: Path) -> Path:
+    return path.with_name(path.name + _HEAD_SUFFIX)
+
+
+def _head_text(key: bytes, lines: int, chain: bytes) -> bytes:
+    """How many chained lines the ledger holds and the MAC of the last: so a cut at its end shows."""
+    return json.dumps({"lines": lines, "mac": chain.hex(), "tag": _head_tag(key, lines, chain).hex()}).encode()
+
+
+def _head_tag(key: bytes, lines: int, chain: bytes) -> bytes:
+    return hmac.new(key, b"consilium ledger head|%d|" % lines + chain, hashlib.sha256).digest()
+
+
+def _read_head(path: Path, key: bytes) -> tuple[int, bytes] | None:
+    head = _head_path(path)
+    if not head.exists():
+        return None
+    try:
+        record = json.loads(head.read_bytes())
+        lines, chain = record["lines"], bytes.fromhex(record["mac"])
+        if type(lines) is not int or lines < 0 or not hmac.compare_digest(bytes.fromhex(record["tag"]), _head_tag(key, lines, chain)):
+            raise ValueError("its MAC does not verify")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise _unreadable(path, f"its head {head.name} is damaged: {error}") from None
+    return lines, chain

@@ -12,6 +12,7 @@ Privacy"). The CNN is Opacus's MNIST example network; it has no batch norm, whic
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -32,6 +33,13 @@ __all__ = [
 
 ARCHITECTURES = ("mlp", "cnn")
 _MIN_STD = 1e-6
+# What a spec that arrives from elsewhere (a run configuration) may ask for, checked before any
+# tensor is allocated: a hospital builds the model a server names.
+MAX_WIDTH = 1 << 16  # of an input dimension, a hidden layer, the classes
+MAX_INPUT_VALUES = 1 << 24
+MAX_HIDDEN_LAYERS = 16
+MAX_PARAMETERS = 1 << 26
+_CNN_LAYERS = ((16, 8, 2, 3), (32, 4, 2, 0))  # (channels, kernel, stride, padding), each followed by MaxPool2d(2, 1)
 
 
 @dataclass(frozen=True)
@@ -46,12 +54,38 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"unknown architecture {self.architecture!r}; choose from {', '.join(ARCHITECTURES)}")
+        if not 1 <= len(self.input_shape) <= 3 or not all(1 <= v <= MAX_WIDTH for v in self.input_shape):
+            raise ValueError(f"an input shape has 1 to 3 dimensions of 1 to {MAX_WIDTH}, got {self.input_shape}")
+        if math.prod(self.input_shape) > MAX_INPUT_VALUES:
+            raise ValueError(f"an input of shape {self.input_shape} holds more than {MAX_INPUT_VALUES:,} values")
         if self.architecture == "cnn" and not self.takes_images:
             raise ValueError(f"the CNN needs (channels, height, width) inputs, got shape {self.input_shape}")
-        if self.num_classes < 2:
-            raise ValueError(f"need at least 2 classes, got {self.num_classes}")
-        if len(self.input_mean) != len(self.input_std):
-            raise ValueError("input_mean and input_std must have the same length")
+        if not 2 <= self.num_classes <= MAX_WIDTH:
+            raise ValueError(f"need 2 to {MAX_WIDTH} classes, got {self.num_classes}")
+        if len(self.hidden) > MAX_HIDDEN_LAYERS or not all(1 <= v <= MAX_WIDTH for v in self.hidden):
+            raise ValueError(f"an MLP has at most {MAX_HIDDEN_LAYERS} hidden layers of 1 to {MAX_WIDTH} units, got {self.hidden}")
+        if len(self.input_mean) != len(self.input_std) or len(self.input_mean) not in (0, self.input_shape[0]):
+            raise ValueError(f"input_mean and input_std need one value per {'channel' if self.takes_images else 'feature'}, or none")
+        if not all(math.isfinite(v) for v in self.input_mean) or not all(math.isfinite(v) and v > 0 for v in self.input_std):
+            raise ValueError("input_mean must be finite and input_std positive")
+        if self.parameter_count() > MAX_PARAMETERS:
+            raise ValueError(f"a model of {self.parameter_count():,} parameters exceeds the {MAX_PARAMETERS:,} a party builds")
+
+    def parameter_count(self) -> int:
+        """How many parameters ``build_model`` makes of this spec, computed without building it."""
+        if self.architecture == "mlp":
+            widths = (math.prod(self.input_shape), *self.hidden, self.num_classes)
+            return sum(n_in * n_out + n_out for n_in, n_out in zip(widths, widths[1:]))
+        channels, height, width = self.input_shape
+        count = 0
+        for out_channels, kernel, stride, padding in _CNN_LAYERS:
+            count += channels * out_channels * kernel * kernel + out_channels
+            height, width = ((size + 2 * padding - kernel) // stride + 1 - 1 for size in (height, width))
+            channels = out_channels
+            if height < 1 or width < 1:
+                raise ValueError(f"images of shape {self.input_shape} are too small for the CNN")
+        features = channels * height * width
+        return count + features * 32 + 32 + 32 * self.num_classes + self.num_classes
 
     @property
     def takes_images(self) -> bool:
@@ -71,7 +105,7 @@ class ModelSpec:
                 input_mean=tuple(float(v) for v in fields.get("input_mean", ())),
                 input_std=tuple(float(v) for v in fields.get("input_std", ())),
             )
-        except (KeyError, TypeError) as error:
+        except (KeyError, TypeError, OverflowError) as error:
             raise ValueError(f"malformed model spec: {error}") from None
 
 
@@ -100,11 +134,12 @@ def build_model(spec: ModelSpec) -> nn.Module:
             width = hidden
         layers.append(nn.Linear(width, spec.num_classes))
     else:
+        (first, kernel_1, stride_1, padding_1), (second, kernel_2, stride_2, padding_2) = _CNN_LAYERS
         features = nn.Sequential(
-            nn.Conv2d(spec.input_shape[0], 16, 8, stride=2, padding=3),
+            nn.Conv2d(spec.input_shape[0], first, kernel_1, stride=stride_1, padding=padding_1),
             nn.Tanh(),
             nn.MaxPool2d(2, 1),
-            nn.Conv2d(16, 32, 4, stride=2),
+            nn.Conv2d(first, second, kernel_2, stride=stride_2, padding=padding_2),
             nn.Tanh(),
             nn.MaxPool2d(2, 1),
             nn.Flatten(),

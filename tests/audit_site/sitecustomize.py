@@ -34,15 +34,15 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     import sys
 
-    # MPyC reads its options from sys.argv when first imported: give it the tallier's (crypto.mpc_field).
-    _argv, sys.argv = sys.argv, [sys.argv[0], "--no-log"]
-    import mpyc.asyncoro
+    from crypto.mpc_field import import_mpyc
+
+    import_mpyc()  # MPyC reads its options from sys.argv when first imported: not this process's
     import mpyc.runtime
 
-    sys.argv = _argv
     import crypto.bfv
     import protocol.ballots
     import protocol.voting_hospital
+    import tallier.mpc_network
     import training.skellam
 
     _path = Path(os.environ["CONSILIUM_AUDIT_RECORD"]) / f"{os.getpid()}.pickle"
@@ -92,14 +92,14 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     protocol.ballots.share = _recorded_share
 
-    _data_received = mpyc.asyncoro.MessageExchanger.data_received
+    _data_received = tallier.mpc_network._PinnedExchanger.data_received
 
     def _recorded_data_received(self, data):
         with _path.with_suffix(".mpc").open("ab") as file:
             file.write(data)
         return _data_received(self, data)
 
-    mpyc.asyncoro.MessageExchanger.data_received = _recorded_data_received
+    tallier.mpc_network._PinnedExchanger.data_received = _recorded_data_received
 
     _output = mpyc.runtime.Runtime.output
 

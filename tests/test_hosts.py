@@ -1,0 +1,179 @@
+"""A federation across hosts: every party in a network namespace of its own, with its own address.
+
+Each party makes its keys in its own folder (``consilium-keygen``), hands its public file to the
+provisioner, gets back the roster, checks its own entry and reads the fingerprint
+(``consilium-roster fingerprint``), and starts with it: the commands of the README's deployment
+section, in its order. The server, three hospitals and (for private voting) three talliers then
+run Dopamine and kNN-DPFL to the end across a virtual switch, and every epsilon equals that of the
+same commands run on localhost. Where this machine cannot make network namespaces (not root, or
+no ``ip``), the test says so and skips.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import child_environment, free_port, launcher
+
+pytestmark = pytest.mark.slow
+HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
+TALLIERS = ("tallier-1", "tallier-2", "tallier-3")
+SUBNET = "10.77.0"
+DOPAMINE = ("--rounds", "3", "--sample-rate", "0.1", "--noise-multiplier", "2.3", "--hidden", "8")
+KNN = ("--method", "knn-dpfl", "--rounds", "1", "--queries-per-round", "20", "--feature-dimensions", "10", "--student-epochs", "5")
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+@dataclass
+class Hosts:
+    """Where each party runs: its own network namespace and address, or all on localhost."""
+
+    namespaces: dict[str, str]  # party -> namespace ('' on localhost)
+    addresses: dict[str, str]  # party -> host
+
+    def prefix(self, party: str) -> list[str]:
+        return ["ip", "netns", "exec", self.namespaces[party]] if self.namespaces[party] else []
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """A switch (a bridge in a namespace of its own) and a namespace per party, wired to it by veth."""
+    tag = secrets.token_hex(3)
+    switch = f"cs{tag}-switch"
+    parties = ("server", *HOSPITALS, *TALLIERS)
+    made = []
+    try:
+        _ip("netns", "add", switch)
+        made.append(switch)
+    except (OSError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", "") or str(error)
+        pytest.skip(f"this machine cannot make network namespaces ({detail.strip()})")
+    try:
+        _ip("-n", switch, "link", "add", "switch", "type", "bridge")
+        _ip("-n", switch, "link", "set", "switch", "up")
+        for number, party in enumerate(parties, start=1):
+            namespace = f"cs{tag}-{party}"
+            _ip("netns", "add", namespace)
+            made.append(namespace)
+            _ip("link", "add", "eth0", "netns", namespace, "type", "veth", "peer", "name", f"port{number}", "netns", switch)
+            _ip("-n", namespace, "address", "add", f"{SUBNET}.{number}/24", "dev", "eth0")
+            for link in ("lo", "eth0"):
+                _ip("-n", namespace, "link", "set", link, "up")
+            _ip("-n", switch, "link", "set", f"port{number}", "master", "switch", "up")
+        yield Hosts({p: f"cs{tag}-{p}" for p in parties}, {p: f"{SUBNET}.{n}" for n, p in enumerate(parties, start=1)})
+    finally:
+        for namespace in reversed(made):
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
+
+
+def _run(command: list, *, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=timeout, env=child_environment())
+    assert not check or done.returncode == 0, done.stderr
+    return done
+
+
+def _federate(root: Path, hosts: Hosts, talliers: tuple[str, ...]) -> tuple[str, dict[str, Path]]:
+    """The README's set-up, machine by machine: keys, public files to the provisioner, the roster back,
+    each party's own check. Returns the fingerprint every party read and each party's federation folder."""
+    port = free_port()
+    folders = {}
+    public_files = root / "provisioner" / "public"
+    public_files.mkdir(parents=True)
+    for party in ("server", *HOSPITALS, *talliers):
+        role = "server" if party == "server" else party.rsplit("-", 1)[0]
+        folders[party] = root / party / "fed"
+        mpc = ["--mpc-address", f"{hosts.addresses[party]}:{free_port()}"] if role == "tallier" else []
+        _run([*hosts.prefix(party), *launcher("keygen", "--role", role, "--name", party, "--out", folders[party] / party, *mpc)])
+        shutil.copy(folders[party] / party / f"{party}.public.toml", public_files)  # what it sends the provisioner
+    provisioned = _run(
+        launcher("provision", "--out", root / "provisioner" / "fed", "--address", f"tcp://{hosts.addresses['server']}:{port}",
+                 *sorted(public_files.iterdir()))
+    )  # fmt: skip
+    assert "secret" not in " ".join(path.name for path in (root / "provisioner").rglob("*"))
+    fingerprints = set()
+    for party, folder in folders.items():
+        shutil.copy(root / "provisioner" / "fed" / "roster.toml", folder)  # what the provisioner sends back
+        checked = _run([*hosts.prefix(party), *launcher("roster", "fingerprint", "--federation", folder, "--name", party)])
+        fingerprints.add(re.search(r"fingerprint: ([\d ]+)", checked.stdout).group(1).strip())
+    assert fingerprints == {re.search(r"fingerprint: ([\d ]+)", provisioned.stdout).group(1).strip()}  # read aloud: all the same
+    return fingerprints.pop(), folders
+
+
+def _launch(hosts: Hosts, party: str, module: str, folder: Path, fingerprint: str, *args, log: Path) -> subprocess.Popen:
+    with log.open("w") as handle:
+        return subprocess.Popen(
+            [*hosts.prefix(party), *map(str, launcher(module, "--federation", folder, "--roster-fingerprint", fingerprint, *args))],
+            stdout=handle, stderr=handle, text=True, env=child_environment(),
+        )  # fmt: skip
+
+
+def _dopamine(root: Path, hosts: Hosts) -> dict:
+    fingerprint, folders = _federate(root, hosts, ())
+    server = _launch(
+        hosts, "server", "server", folders["server"], fingerprint, "--out", root / "run", "--data", "breast_cancer",
+        "--expected-batch-size", "15", "--round-timeout", "60", *DOPAMINE, log=root / "server.log",
+    )  # fmt: skip
+    hospitals = [
+        _launch(
+            hosts, name, "hospital", folders[name], fingerprint, "--name", name, "--data", "breast_cancer", "--parts", "3",
+            "--part", index, "--epsilon-budget", "10", "--timeout", "120", log=root / f"{name}.log",
+        )  # fmt: skip
+        for index, name in enumerate(HOSPITALS, start=1)
+    ]
+    for process in (server, *hospitals):
+        assert process.wait(timeout=300) == 0, (root / "server.log").read_text()[-2000:]
+    return json.loads((root / "run" / "server_report.json").read_text())
+
+
+def _knn(root: Path, hosts: Hosts) -> dict:
+    fingerprint, folders = _federate(root, hosts, TALLIERS)
+    server = _launch(
+        hosts, "server", "server", folders["server"], fingerprint, "--out", root / "run", "--data", "digits",
+        "--round-timeout", "120", *KNN, log=root / "server.log",
+    )  # fmt: skip
+    talliers = [
+        _launch(hosts, name, "tallier", folders[name], fingerprint, "--name", name, "--timeout", "300", log=root / f"{name}.log")
+        for name in TALLIERS
+    ]
+    hospitals = [
+        _launch(
+            hosts, name, "hospital", folders[name], fingerprint, "--name", name, "--method", "knn-dpfl", "--data", "digits",
+            "--parts", "3", "--part", index, "--epsilon-budget", "20", "--timeout", "300", log=root / f"{name}.log",
+        )  # fmt: skip
+        for index, name in enumerate(HOSPITALS, start=1)
+    ]
+    for process in (server, *talliers, *hospitals):
+        assert process.wait(timeout=400) == 0, (root / "server.log").read_text()[-2000:]
+    return json.loads((root / "run" / "server_report.json").read_text())
+
+
+def _localhost() -> Hosts:
+    parties = ("server", *HOSPITALS, *TALLIERS)
+    return Hosts({p: "" for p in parties}, {p: "127.0.0.1" for p in parties})
+
+
+def test_dopamine_runs_across_hosts_with_the_epsilons_of_localhost(tmp_path, hosts):
+    across = _dopamine(tmp_path / "hosts", hosts)
+    local = _dopamine(tmp_path / "localhost", _localhost())
+    assert [r["status"] for r in across["rounds"]] == ["released"] * 3  # every sum checked exact by its hospitals
+    assert across["final"]["epsilon"] == local["final"]["epsilon"] and across["final"]["epsilon"]["server"] > 0
+    assert [r["contributors"] for r in across["rounds"]] == [list(HOSPITALS)] * 3
+
+
+def test_knn_dpfl_runs_across_hosts_with_the_epsilons_of_localhost(tmp_path, hosts):
+    across = _knn(tmp_path / "hosts", hosts)
+    local = _knn(tmp_path / "localhost", _localhost())
+    assert [r["status"] for r in across["rounds"]] == ["labelled"]
+    assert across["rounds"][0]["voters"] == list(HOSPITALS) and across["final"]["queries_labelled"] == 20
+    assert across["final"]["epsilon"] == local["final"]["epsilon"]
