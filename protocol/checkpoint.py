@@ -26,7 +26,7 @@ from typing import Callable
 
 from training.durable import replace_file
 
-__all__ = ["CHECKPOINT_FILE", "REPORT_FILE", "Checkpoint", "CheckpointError", "write_report", "write_retrying"]
+__all__ = ["CHECKPOINT_FILE", "REPORT_FILE", "Checkpoint", "CheckpointError", "write_at_the_end", "write_report", "write_retrying"]
 
 CHECKPOINT_FILE = "checkpoint.json"
 REPORT_FILE = "server_report.json"
@@ -102,3 +102,14 @@ def write_retrying(write: Callable[[], None], what: str) -> None:
                 raise CheckpointError(f"cannot write {what}: {error}") from None
             log.warning("cannot write %s (%s); trying again", what, error)
             time.sleep(_WRITE_RETRY_S)
+
+
+def write_at_the_end(write: Callable[[], None], *, run_failed: bool) -> None:
+    """Write a run's outputs as it ends. When the run failed already, a write the system refuses
+    (``CheckpointError``) is logged, so that the run's own failure is the one its operator reads."""
+    try:
+        write()
+    except CheckpointError as error:
+        if not run_failed:
+            raise
+        log.error("%s", error)

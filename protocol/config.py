@@ -28,6 +28,7 @@ AGGREGATIONS = (SECURE_AGGREGATION, INSECURE_PLAINTEXT)
 
 _RUN_ID = re.compile(r"^[0-9a-f]{8,64}$")
 _MESSAGE_SLACK_BYTES = 64 * 1024
+MAX_HOSPITALS = 10_000
 MAX_ROUNDS = 1_000_000  # round numbers travel through the voting MPC's field too
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # what a hospital accepts before it knows the run, and so ever
 _SEALED_KEY_SLACK_BYTES = 4096  # SEAL's header and zstd framing, the check key, the box
@@ -40,10 +41,10 @@ class ConfigError(ValueError):
 
 def check_run(run_id: str, hospitals: tuple[str, ...], *, quorum: int, rounds: int, delta: float) -> None:
     """What every run's configuration must satisfy, whatever the method; ``ConfigError`` if not."""
-    if not _RUN_ID.match(run_id):
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
         raise ConfigError(f"run_id must be 8-64 lowercase hex characters, got {run_id!r}")
-    if not hospitals or len(set(hospitals)) != len(hospitals):
-        raise ConfigError("a run needs distinct hospitals")
+    if not 0 < len(hospitals) <= MAX_HOSPITALS or len(set(hospitals)) != len(hospitals):
+        raise ConfigError(f"a run needs 1 to {MAX_HOSPITALS} distinct hospitals")
     if quorum > len(hospitals):
         raise ConfigError(f"the quorum {quorum} exceeds the {len(hospitals)} hospitals")
     if not 1 <= rounds <= MAX_ROUNDS:
@@ -143,6 +144,8 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunConfig":
+        if not isinstance(values, dict) or not isinstance(values.get("hospitals"), list) or len(values["hospitals"]) > MAX_HOSPITALS:
+            raise ConfigError(f"malformed run configuration: hospitals must be a list of at most {MAX_HOSPITALS} names")
         try:
             config = cls(
                 run_id=str(values["run_id"]),

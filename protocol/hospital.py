@@ -165,6 +165,7 @@ class Hospital:
         budget: PrivacyBudget,
         state_dir: Path,
         timeout_s: float = 180.0,
+        upgrade_ledger: bool = False,
         send_offset_s: float = DEFAULT_SEND_OFFSET_S,
         method: str,
         aggregation: str = SECURE_AGGREGATION,
@@ -176,6 +177,7 @@ class Hospital:
         self._data = data
         self._budget = budget
         self._state_dir = state_dir
+        self._upgrade_ledger = upgrade_ledger  # read an unchained (older) ledger once: its operator's say
         self._send_offset_s = send_offset_s
         check_aggregation(aggregation)
         if method not in METHODS:
@@ -257,7 +259,7 @@ class Hospital:
             raise ProtocolError(f"the run names {sorted(strangers)} as hospitals; the roster does not")
         model = build_model(config.model)
         set_flat_parameters(model, _float32s(initial_parameters, parameter_count(model), "the initial parameters"))
-        self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key)
+        self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key, accept_unchained=self._upgrade_ledger)
         self._last_round = self._ledger.begin_run(config.run_id, run)
         if self._last_round:
             log.warning("%s resumes run %s after round %d, the last its ledger charged", self._name, config.run_id, self._last_round)

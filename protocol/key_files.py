@@ -10,7 +10,7 @@ import os
 import tomllib
 from pathlib import Path
 
-__all__ = ["KeyFileError", "parse_toml", "read_bytes", "read_toml", "toml_table", "write_private"]
+__all__ = ["KeyFileError", "parse_toml", "read_bytes", "read_toml", "shown", "toml_table", "write_private"]
 
 
 class KeyFileError(ValueError):
@@ -35,6 +35,8 @@ def parse_toml(raw: bytes, path: Path) -> dict:
         return tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise KeyFileError(f"cannot read {path}: {error}") from None
+    except RecursionError:
+        raise KeyFileError(f"cannot read {path}: nested too deeply") from None
 
 
 def write_private(path: Path, text: str | bytes) -> None:
@@ -60,3 +62,9 @@ def _toml_value(value: str | int) -> str:
     if not isinstance(value, str) or "'" in value or "\n" in value or "\r" in value:
         raise KeyFileError(f"cannot write {value!r} as a TOML literal string")
     return f"'{value}'"
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """A value read from a file, quoted and cut short for a one-line error."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

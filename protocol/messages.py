@@ -91,6 +91,8 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+_MAX_ARRAY_ITEMS = 1 << 17
+_MAX_MAP_ITEMS = 1 << 14
 # Every text on the wire (a reason, a hospital's name) is at most this many printable characters, so
 # that nothing a peer sends can flood a log or forge lines in it.
 MAX_TEXT_LENGTH = 500
@@ -312,7 +314,9 @@ def decode(raw: bytes, *, accept: frozenset[type], max_bytes: int) -> Message:
     if len(raw) > max_bytes:
         raise MessageError(f"message of {len(raw)} bytes exceeds the limit of {max_bytes}")
     try:
-        body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        # Containers stay within what any message holds (a round's labels, a model's input statistics), so
+        # that a message within its size limit cannot expand into a billion small objects.
+        body = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_array_len=_MAX_ARRAY_ITEMS, max_map_len=_MAX_MAP_ITEMS)
     except (ValueError, msgpack.UnpackException) as error:  # ValueError covers ExtraData, FormatError, bad UTF-8
         raise MessageError(f"not a msgpack message: {error}") from None
     if type(body) is not dict:

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
 from crypto.tls import CertificateError, certificate_from_pem, certificate_from_text, certificate_pem, certificate_text, make_mpc_certificate
-from protocol.key_files import KeyFileError, read_toml, toml_table, write_private
+from protocol.key_files import KeyFileError, read_toml, shown, toml_table, write_private
 
 __all__ = [
     "Credentials", "CurveKeyPair", "MPC_CERTIFICATE_FILE", "MPC_KEY_FILE", "Party", "ROLES", "SECRET_FILE", "SERVER",
@@ -73,10 +73,10 @@ class Party:
         if not isinstance(entry, dict):
             raise KeyFileError(f"{where}: a party entry must be a table")
         name, role = entry.get("name"), entry.get("role")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise KeyFileError(f"{where}: a party name must be 1 to 63 lower-case letters, digits or dashes, got {name!r}")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise KeyFileError(f"{where}: a party name must be 1 to 63 lower-case letters, digits or dashes, got {shown(name)}")
         if role not in ROLES or (name == SERVER) != (role == "server"):
-            raise KeyFileError(f"{where}: {name} has role {role!r}; the server is named {SERVER!r}, the others are hospitals or talliers")
+            raise KeyFileError(f"{where}: {name} has role {shown(role)}; the server is named {SERVER!r}, the others are hospitals or talliers")
         expected = {"name", "role", "curve_public", "sign_public", "box_public"} | ({"mpc_address", "mpc_certificate"} if role == "tallier" else set())
         if set(entry) != expected:
             raise KeyFileError(f"{where}: {name}'s entry must hold exactly {', '.join(sorted(expected))}")
@@ -102,13 +102,18 @@ class Credentials:
     folder: Path
     curve: CurveKeyPair
     identity: PrivateIdentity
+    mpc_address: tuple[str, int] | None = None  # a tallier's, as it declared it
 
     @property
     def ledger_key(self) -> bytes:
-        """The key of this party's privacy ledger's MACs (``training.accounting``), derived from its
-        identity so that it lives and dies with the party's secret file."""
+        """The key of this party's privacy ledger's MACs (``training.accounting``)."""
+        return self.mac_key(_LEDGER_KEY_LABEL)
+
+    def mac_key(self, label: bytes) -> bytes:
+        """A key for MACs over this party's own files, one per ``label``, derived from its identity so
+        that it lives and dies with the party's secret file and nobody else can make one."""
         raw = self.identity.signing.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
-        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_LEDGER_KEY_LABEL).derive(raw)
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label).derive(raw)
 
     @property
     def mpc_key_file(self) -> Path:
@@ -128,8 +133,8 @@ class Credentials:
             raise KeyFileError(f"cannot read {self.mpc_certificate_file}: {error}") from None
 
     def public(self) -> Party:
-        """The public entry these keys make (for a tallier, with ``mpc_address`` left to the roster's)."""
-        return Party(self.name, self.role, self.curve.public, self.identity.public, None, self.mpc_certificate())
+        """The public entry these keys make: what the roster must list for this party, exactly."""
+        return Party(self.name, self.role, self.curve.public, self.identity.public, self.mpc_address, self.mpc_certificate())
 
     @classmethod
     def load(cls, folder: Path) -> "Credentials":
@@ -137,15 +142,16 @@ class Credentials:
         document = read_toml(path, hint="make this party's keys with consilium-keygen")
         try:
             name, role = document["name"], document["role"]
-            if not isinstance(name, str) or not _NAME.match(name) or role not in ROLES:
+            if not isinstance(name, str) or not _NAME.fullmatch(name) or role not in ROLES:
                 raise KeyFileError(f"{path}: bad name or role")
             curve = CurveKeyPair(public=_curve_key(document["curve_public"], name), secret=_curve_key(document["curve_secret"], name))
             if zmq.curve_public(curve.secret) != curve.public:
                 raise KeyFileError(f"{path}: the CurveZMQ secret key does not match its public key")
-            return cls(name=name, role=role, folder=folder, curve=curve, identity=PrivateIdentity.from_text(document))
+            address = mpc_address(document["mpc_address"], name) if role == "tallier" else None
+            return cls(name=name, role=role, folder=folder, curve=curve, identity=PrivateIdentity.from_text(document), mpc_address=address)
         except KeyError as error:
             raise KeyFileError(f"{path} is missing {error}") from None
-        except IdentityKeyError as error:
+        except (IdentityKeyError, zmq.ZMQError) as error:
             raise KeyFileError(f"{path}: {error}") from None
 
 
@@ -180,6 +186,8 @@ def generate_party_keys(folder: Path, *, name: str, role: str, mpc_address_text:
         write_private(folder / MPC_KEY_FILE, mpc.private_key)
         write_private(folder / MPC_CERTIFICATE_FILE, certificate_pem(mpc.certificate))
     secrets_text = {"name": name, "role": role, "curve_public": public.decode(), "curve_secret": secret.decode(), **identity.to_text()}
+    if mpc:
+        secrets_text["mpc_address"] = entry["mpc_address"]
     write_private(folder / SECRET_FILE, toml_table(secrets_text))
     public_file = folder / public_file_name(name)
     write_private(public_file, toml_table(entry))
@@ -187,13 +195,13 @@ def generate_party_keys(folder: Path, *, name: str, role: str, mpc_address_text:
 
 
 def mpc_address(text: object, owner: str) -> tuple[str, int]:
-    match = _MPC_ADDRESS.match(text) if isinstance(text, str) else None
+    match = _MPC_ADDRESS.fullmatch(text) if isinstance(text, str) else None
     if not match or not 0 < int(match.group(2)) < 65536:
-        raise KeyFileError(f"{owner}: an MPC address must look like HOST:PORT, got {text!r}")
-    return match.group(1), int(match.group(2))
+        raise KeyFileError(f"{owner}: an MPC address must look like HOST:PORT, got {shown(text)}")
+    return match.group(1).lower(), int(match.group(2))  # host names are case-blind: one host, one spelling
 
 
 def _curve_key(text: object, owner: str) -> bytes:
-    if not isinstance(text, str) or not _Z85_KEY.match(text):
+    if not isinstance(text, str) or not _Z85_KEY.fullmatch(text):
         raise KeyFileError(f"{owner}: a CurveZMQ key must be 40 z85 characters")
     return text.encode("ascii")

@@ -23,13 +23,17 @@ such. Before it starts, each party checks (``confirm_roster``):
      party reads the number aloud only after its own entry checked out (``consilium-roster
      fingerprint`` checks it first), so when every party has read the same number, no entry in
      that file is anyone's but its owner's;
-   - or it names as ``previous`` the roster this party last confirmed, and carries the signature
+   - or it names as ``previous`` the roster this party last confirmed, adds no party and changes
+     no party's keys (it removes parties, or moves the server), and carries the signature
      (``roster.signatures.toml``, made by ``consilium-roster sign``) of every party of that roster
-     that stays in this one, under the keys that roster confirmed. A new hospital's keys are then
-     vouched for by all who stay. A party with nothing confirmed before needs the fingerprint.
+     that stays in this one, under the keys that roster confirmed. A newcomer's keys, or new keys
+     under a known name, are vouched for by no signature (each signer checked its own entry only),
+     so such a version needs the fingerprint compared again, by every party, the newcomer included.
 
-   A roster this party confirmed before is accepted as it is. Each party keeps a copy of the
-   roster it last confirmed in its own folder (``accepted_roster.toml``).
+   A roster this party confirmed before is accepted as it is; a fingerprint confirms any roster but
+   one of a lower version than the roster confirmed before. Each party keeps a copy of the
+   roster it last confirmed in its own folder (``accepted_roster.toml``), with a MAC under a key
+   derived from its identity (``accepted_roster.mac``), so that a copy put in its place is refused.
 
 Loading also refuses a roster in which two parties share a key or an MPC address.
 """
@@ -39,7 +43,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import os
+import hmac
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,17 +51,20 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 
 from crypto.mpc_field import MIN_PARTIES
-from protocol.key_files import KeyFileError, parse_toml, read_bytes, read_toml, toml_table, write_private
+from protocol.key_files import KeyFileError, parse_toml, read_bytes, read_toml, shown, toml_table, write_private
 from protocol.party_keys import SERVER, Credentials, Party, generate_party_keys, mpc_address
+from training.durable import replace_file
 
 __all__ = [
     "ACCEPTED_ROSTER_FILE", "ROSTER_FILE", "SIGNATURES_FILE", "Roster", "RosterError", "assemble_roster", "confirm_roster",
-    "join_federation", "local_federation", "sign_roster",
+    "join_federation", "local_federation", "roster_changes", "sign_roster",
 ]  # fmt: skip
 
 ROSTER_FILE = "roster.toml"
 SIGNATURES_FILE = "roster.signatures.toml"
 ACCEPTED_ROSTER_FILE = "accepted_roster.toml"
+ACCEPTED_ROSTER_MAC_FILE = "accepted_roster.mac"
+_ACCEPTED_ROSTER_LABEL = b"consilium accepted roster v1"
 _SERVER_ADDRESS = re.compile(r"^tcp://[A-Za-z0-9.\-]+:\d{1,5}$")
 _DIGEST = re.compile(r"^([0-9a-f]{128})?$")
 _DIGEST_CONTEXT = b"consilium roster\x00"
@@ -101,7 +108,7 @@ class Roster:
         try:
             return self.parties[name]
         except KeyError:
-            raise RosterError(f"{name!r} is not in the roster (parties: {', '.join(self.parties)})") from None
+            raise RosterError(f"{shown(name)} is not in the roster (parties: {', '.join(self.parties)})") from None
 
     def check_own_entry(self, credentials: Credentials) -> None:
         """Refuse a roster whose entry for this party is not exactly its keys."""
@@ -130,12 +137,12 @@ class Roster:
         if not isinstance(header, dict) or not isinstance(server, dict) or not isinstance(document.get("party"), list):
             raise RosterError(f"{path} is not a roster: it needs [roster], [server] and [[party]] tables")
         version, previous, address = header.get("version"), header.get("previous"), server.get("address")
-        if type(version) is not int or not 1 <= version < 2**31 or not isinstance(previous, str) or not _DIGEST.match(previous):
+        if type(version) is not int or not 1 <= version < 2**31 or not isinstance(previous, str) or not _DIGEST.fullmatch(previous):
             raise RosterError(f"{path}: [roster] needs a version (1, 2, ...) and the previous version's digest ('' for the first)")
         if (version == 1) != (previous == ""):
             raise RosterError(f"{path}: version {version} must {'not ' if version == 1 else ''}name a previous roster")
-        if not isinstance(address, str) or not _SERVER_ADDRESS.match(address):
-            raise RosterError(f"{path}: the server address must look like tcp://HOST:PORT, got {address!r}")
+        if not isinstance(address, str) or not _SERVER_ADDRESS.fullmatch(address):
+            raise RosterError(f"{path}: the server address must look like tcp://HOST:PORT, got {shown(address)}")
         parties: dict[str, Party] = {}
         for entry in document["party"]:
             try:
@@ -153,8 +160,8 @@ def assemble_roster(directory: Path, *, address: str, public_files: list[Path], 
     """Write ``directory/roster.toml`` from the parties' public files (and the roster it replaces), and load it."""
     if (directory / ROSTER_FILE).exists():
         raise RosterError(f"{directory} already holds a roster; choose an empty directory")
-    if not _SERVER_ADDRESS.match(address):
-        raise RosterError(f"the server address must look like tcp://HOST:PORT, got {address!r}")
+    if not _SERVER_ADDRESS.fullmatch(address):
+        raise RosterError(f"the server address must look like tcp://HOST:PORT, got {shown(address)}")
     parties: dict[str, Party] = {}
     for path in public_files:
         party = Party.from_entry(read_toml(path, hint="the party makes it with consilium-keygen"), str(path))
@@ -177,17 +184,34 @@ def assemble_roster(directory: Path, *, address: str, public_files: list[Path], 
     return Roster.load(directory)
 
 
-def sign_roster(directory: Path, credentials: Credentials) -> None:
-    """Add this party's signature over the roster in ``directory`` to its signatures file."""
+def roster_changes(before: Roster, after: Roster) -> list[str]:
+    """What ``after`` changes of ``before``, in words: who joins, who leaves, whose keys or address change."""
+    changes = [f"{name} joins" for name in after.parties if name not in before.parties]
+    changes += [f"{name} leaves" for name in before.parties if name not in after.parties]
+    changes += [
+        f"{name}'s keys or address change" for name, party in after.parties.items()
+        if name in before.parties and party != before.parties[name]
+    ]  # fmt: skip
+    if after.server_address != before.server_address:
+        changes.append(f"the server's address changes from {before.server_address} to {after.server_address}")
+    return changes
+
+
+def sign_roster(directory: Path, credentials: Credentials) -> list[str]:
+    """Add this party's signature over the roster in ``directory`` to its signatures file; what the
+    roster changes of the one this party confirmed last (a signature vouches for no newcomer)."""
     roster = Roster.load(directory)
     roster.check_own_entry(credentials)
+    accepted = _accepted(credentials)
+    if accepted is None or roster.previous != accepted.digest:
+        raise RosterError("a party signs only the version that follows the roster it confirmed last (it names that one as previous)")
+    changes = roster_changes(accepted, roster)
+    _check_signable(changes)
     signatures = _signatures(directory)
     signatures[credentials.name] = credentials.identity.signing.sign(_signed(roster))
     text = "[signatures]\n" + toml_table({name: base64.b64encode(value).decode() for name, value in sorted(signatures.items())})
-    temporary = directory / (SIGNATURES_FILE + ".tmp")
-    temporary.unlink(missing_ok=True)
-    write_private(temporary, text)
-    os.replace(temporary, directory / SIGNATURES_FILE)
+    _replace_private(directory / SIGNATURES_FILE, text.encode())
+    return changes
 
 
 def confirm_roster(directory: Path, credentials: Credentials, fingerprint: str | None) -> Roster:
@@ -195,14 +219,16 @@ def confirm_roster(directory: Path, credentials: Credentials, fingerprint: str |
     confirmed (module docstring); ``RosterError`` saying why not. Keeps the confirmed copy."""
     roster = Roster.load(directory)
     roster.check_own_entry(credentials)
-    accepted_path = credentials.folder / ACCEPTED_ROSTER_FILE
-    accepted = Roster.parse(accepted_path) if accepted_path.exists() else None
+    accepted = _accepted(credentials, required=fingerprint is None)
     if fingerprint is not None:
         if _digits(fingerprint) != _digits(roster.fingerprint):
+            again = " (this party confirmed this roster before: start it without --roster-fingerprint)" if accepted and accepted.digest == roster.digest else ""
             raise RosterError(
-                f"the roster's fingerprint is {roster.fingerprint}, not the {fingerprint!r} given: refusing it "
-                "(compare it again out of band; a key may have been swapped)"
+                f"the roster's fingerprint is {roster.fingerprint}, not the {shown(fingerprint)} given: refusing it "
+                f"(compare it again out of band; a key may have been swapped){again}"
             )
+        if accepted is not None and roster.version < accepted.version:
+            raise RosterError(f"this is roster version {roster.version}, older than version {accepted.version}, which this party confirmed: refusing to go back")
     elif accepted is not None and accepted.digest == roster.digest:
         return roster
     elif accepted is None:
@@ -212,10 +238,8 @@ def confirm_roster(directory: Path, credentials: Credentials, fingerprint: str |
         )
     else:
         _check_signed_successor(directory, roster, accepted)
-    temporary = accepted_path.with_name(accepted_path.name + ".tmp")
-    temporary.unlink(missing_ok=True)
-    write_private(temporary, roster.raw)
-    os.replace(temporary, accepted_path)
+    _replace_private(credentials.folder / ACCEPTED_ROSTER_FILE, roster.raw)
+    _replace_private(credentials.folder / ACCEPTED_ROSTER_MAC_FILE, _accepted_mac(credentials, roster.raw).hex().encode())
     return roster
 
 
@@ -232,8 +256,8 @@ def local_federation(directory: Path, *, hospitals: int, address: str, mpc_addre
     (``directory/NAME``), then the roster from their public files alone."""
     if hospitals < 1:
         raise RosterError(f"a federation needs at least one hospital, got {hospitals}")
-    if not _SERVER_ADDRESS.match(address):
-        raise RosterError(f"the server address must look like tcp://HOST:PORT, got {address!r}")
+    if not _SERVER_ADDRESS.fullmatch(address):
+        raise RosterError(f"the server address must look like tcp://HOST:PORT, got {shown(address)}")
     if 0 < len(mpc_addresses) < MIN_PARTIES:
         raise RosterError(f"private voting needs at least {MIN_PARTIES} talliers, for an honest majority among them")
     if len({mpc_address(text, "a tallier") for text in mpc_addresses}) != len(mpc_addresses):
@@ -270,6 +294,7 @@ def _check_signed_successor(directory: Path, roster: Roster, accepted: Roster) -
             "the roster is not confirmed: it is not the one this party confirmed before, nor does it name that one as previous; "
             "compare its fingerprint out of band and pass --roster-fingerprint"
         )
+    _check_signable(roster_changes(accepted, roster))
     signatures = _signatures(directory)
     message = _signed(roster)
     for name, party in accepted.parties.items():
@@ -282,6 +307,51 @@ def _check_signed_successor(directory: Path, roster: Roster, accepted: Roster) -
             party.identity.signing.verify(signature, message)
         except InvalidSignature:
             raise RosterError(f"{name}'s signature over the new roster version does not verify under its confirmed key") from None
+
+
+def _check_signable(changes: list[str]) -> None:
+    """Signatures confirm a version that only removes parties or moves the server: every key in it was
+    confirmed before. A newcomer, or a name under new keys, is vouched for by nobody's signature (the
+    signers checked their own entries only), so it needs the fingerprint compared again, by every party."""
+    new = [change for change in changes if change.endswith(" joins") or "keys or address change" in change]
+    if new:
+        raise RosterError(
+            f"the new roster version has keys no party confirmed ({'; '.join(new)}): signatures cannot confirm it; "
+            "compare its fingerprint out of band with every party, the newcomers included, and pass --roster-fingerprint"
+        )
+
+
+def _accepted(credentials: Credentials, *, required: bool = True) -> Roster | None:
+    """The roster this party confirmed last, checked against the MAC it keeps beside it (made with a key
+    only the party holds), or None if it confirmed none. A damaged copy is refused unless ``required``
+    is false (the fingerprint is given: it confirms the roster on its own)."""
+    path = credentials.folder / ACCEPTED_ROSTER_FILE
+    if not path.exists():
+        return None
+    try:
+        raw = path.read_bytes()
+        mac = bytes.fromhex((credentials.folder / ACCEPTED_ROSTER_MAC_FILE).read_text().strip())
+        if not hmac.compare_digest(mac, _accepted_mac(credentials, raw)):
+            raise RosterError("its MAC does not verify")
+        return Roster.parse(path)
+    except (OSError, ValueError, KeyFileError) as error:
+        if not required:
+            return None
+        raise RosterError(
+            f"the copy of the roster this party confirmed ({path}) is damaged or was replaced ({error}); "
+            "confirm the roster again with --roster-fingerprint"
+        ) from None
+
+
+def _accepted_mac(credentials: Credentials, raw: bytes) -> bytes:
+    return hmac.new(credentials.mac_key(_ACCEPTED_ROSTER_LABEL), raw, hashlib.sha512).digest()
+
+
+def _replace_private(path: Path, data: bytes) -> None:
+    try:
+        replace_file(path, data)
+    except OSError as error:
+        raise RosterError(f"cannot write {path}: {error}") from None
 
 
 def _signatures(directory: Path) -> dict[str, bytes]:

@@ -22,6 +22,7 @@ hospitals, which notice the new connection, join again by themselves.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import time
 from dataclasses import dataclass, field
@@ -35,7 +36,8 @@ from crypto.bfv import BfvError, CiphertextSum, PublicContext
 from crypto.insecure_plaintext import InsecurePlaintextSum
 from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements
 from protocol.channel import PartyChannels
-from protocol.checkpoint import Checkpoint, CheckpointError, write_report, write_retrying
+from protocol.checkpoint import Checkpoint, CheckpointError, write_at_the_end, write_report, write_retrying
+from training.durable import replace_file
 from protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
 from protocol.messages import (
     TO_SERVER,
@@ -243,10 +245,12 @@ class Server:
             for name in self._active + self._joining:
                 self._parties.send(name, Finish(reason=finish_reason))
             report = self._report(finish_reason)
-            self._write_outputs(report)
-            self._transport.close()
-            if self._transcript:
-                self._transcript.close()
+            try:
+                write_at_the_end(lambda: self._write_outputs(report), run_failed=finish_reason.startswith("stopped"))
+            finally:
+                self._transport.close()
+                if self._transcript:
+                    self._transcript.close()
         return report
 
     # -- phases ---------------------------------------------------------------------------------
@@ -694,8 +698,10 @@ class Server:
 
 
 def _save_model(model: torch.nn.Module, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), path)
+    """The model's weights, replaced whole: a write the disk refuses leaves the file before it intact."""
+    serialized = io.BytesIO()
+    torch.save(model.state_dict(), serialized)
+    replace_file(path, serialized.getvalue())
 
 
 def _checkpointed_config(checkpoint: Checkpoint, out_dir: Path) -> RunConfig:

@@ -22,9 +22,9 @@ Strangers cannot stop the server either. CURVE asks ZAP only once a client has s
 which a silent connection never does, so the roster cannot turn such connections away; instead
 every connection must finish its handshake within ``_HANDSHAKE_S`` seconds (ZeroMQ's default is
 30) or is dropped, the listen backlog is ``_BACKLOG``, and the launchers raise the process's limit
-of open files to the hard limit (``scripts._cli``). The socket's monitor counts the handshakes in
-progress; a pile of them is logged (at most every ``_FLOOD_LOG_S`` seconds) and the peak reported
-(``ServerTransport.limits``).
+of open files to the hard limit (``scripts._run``). A thread reads the socket's monitor and counts
+the connections open; a pile of them is logged (at most every ``_FLOOD_LOG_S`` seconds) and the
+peak reported (``ServerTransport.limits``).
 
 ZeroMQ reconnects a hospital by itself, silently; a restarted server would then not know it. The
 hospital's transport watches its socket's monitor and raises ``Reconnected`` from ``receive`` when a
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import resource
+import threading
 import time
 from collections import defaultdict
 
@@ -56,12 +57,9 @@ _RECEIVE_QUEUE_MESSAGES = 16
 _BURST_MESSAGES = 10
 _HANDSHAKE_S = 5  # an honest CURVE handshake takes milliseconds, over any network a second
 _BACKLOG = 1024
-_FLOOD_HANDSHAKES = 100  # handshakes in progress at once beyond which the server says so
+_FLOOD_CONNECTIONS = 100  # open connections beyond the roster's parties at which the server says so
 _FLOOD_LOG_S = 10.0
-_HANDSHAKE_EVENTS = (
-    zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_DISCONNECTED
-)  # fmt: skip
+_WATCH_POLL_MS = 100
 DEFAULT_MAX_MESSAGES_PER_SECOND = 50.0
 
 
@@ -97,15 +95,12 @@ class ServerTransport:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_S * 1000)
         self._socket.setsockopt(zmq.BACKLOG, _BACKLOG)
-        self._handshakes = _HandshakeWatch(self._socket)
+        self._connections = _ConnectionWatch(self._socket, len(enrolled))
         try:
             self._socket.bind(bind)
         except zmq.ZMQError as error:
             self.close()
             raise TransportError(f"cannot listen on {bind}: {error}") from None
-        self._poller = zmq.Poller()
-        self._poller.register(self._socket, zmq.POLLIN)
-        self._poller.register(self._handshakes.monitor, zmq.POLLIN)
         self._routes: dict[str, bytes] = {}
         self._rate = _TokenBuckets(max_messages_per_second)
         self._last_drop_warning: dict[str, float] = {}
@@ -116,12 +111,7 @@ class ServerTransport:
     def receive(self, timeout_s: float) -> tuple[str, bytes] | None:
         """The next ``(party, payload)`` within a party's rate, or None once ``timeout_s`` passes without one."""
         deadline = time.monotonic() + timeout_s
-        while (remaining := deadline - time.monotonic()) > 0:
-            ready = dict(self._poller.poll(max(1, int(remaining * 1000))))
-            if self._handshakes.monitor in ready:
-                self._handshakes.read()
-            if self._socket not in ready:
-                continue
+        while (remaining := deadline - time.monotonic()) > 0 and self._socket.poll(int(remaining * 1000)):
             frames = self._socket.recv_multipart(copy=False)
             party = frames[-1].get("User-Id") or "an unauthenticated sender"  # ZAP authenticates every connection
             if not self._rate.has_token(party):
@@ -143,7 +133,7 @@ class ServerTransport:
             "open_files": descriptor_limit(),
             "handshake_seconds": _HANDSHAKE_S,
             "backlog": _BACKLOG,
-            "most_handshakes_in_progress": self._handshakes.peak,
+            "most_connections_open": self._connections.peak,
         }
 
     def reject(self, party: str) -> None:
@@ -172,41 +162,52 @@ class ServerTransport:
         return True
 
     def close(self) -> None:
-        self._handshakes.close()
+        self._connections.close()
         self._socket.close(linger=0)
         self._authenticator.stop()
         self._context.term()
 
 
-class _HandshakeWatch:
-    """Connections accepted whose handshake has not ended yet, from the socket's monitor (by descriptor)."""
+class _ConnectionWatch:
+    """The connections open at the server, counted from its socket's monitor by a thread of its own.
 
-    def __init__(self, socket: zmq.Socket) -> None:
+    The monitor must be read as its events come: libzmq blocks its I/O thread once a thousand wait
+    unread, and a stranger's connections make events while the server is busy adding ciphertexts."""
+
+    def __init__(self, socket: zmq.Socket, parties: int) -> None:
         self._socket = socket
-        self.monitor = socket.get_monitor_socket(_HANDSHAKE_EVENTS)
-        self._pending: set[int] = set()
+        self._monitor = socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._open: set[int] = set()  # by descriptor: every accepted connection ends with one DISCONNECTED
+        self._flood = parties + _FLOOD_CONNECTIONS
         self.peak = 0
         self._last_warning = -_FLOOD_LOG_S
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name="consilium-connection-watch", daemon=True)
+        self._thread.start()
 
-    def read(self) -> None:
-        while self.monitor.poll(0):
-            event = recv_monitor_message(self.monitor)
+    def _drain(self) -> None:
+        while not self._stop.is_set():
+            if not self._monitor.poll(_WATCH_POLL_MS):
+                continue
+            event = recv_monitor_message(self._monitor)
             if event["event"] == zmq.EVENT_ACCEPTED:
-                self._pending.add(event["value"])
+                self._open.add(event["value"])
             else:
-                self._pending.discard(event["value"])
-        self.peak = max(self.peak, len(self._pending))
-        now = time.monotonic()
-        if len(self._pending) > _FLOOD_HANDSHAKES and now - self._last_warning >= _FLOOD_LOG_S:
-            self._last_warning = now
-            log.warning(
-                "%d connections are in their handshake at once (a flood?); each is dropped after %d s without one",
-                len(self._pending), _HANDSHAKE_S,
-            )  # fmt: skip
+                self._open.discard(event["value"])
+            self.peak = max(self.peak, len(self._open))
+            now = time.monotonic()
+            if len(self._open) > self._flood and now - self._last_warning >= _FLOOD_LOG_S:
+                self._last_warning = now
+                log.warning(
+                    "%d connections are open at once (a flood?); each that has not finished its handshake within %d s is dropped",
+                    len(self._open), _HANDSHAKE_S,
+                )  # fmt: skip
 
     def close(self) -> None:
-        self._socket.disable_monitor()
-        self.monitor.close(linger=0)
+        self._socket.disable_monitor()  # while the thread still drains: libzmq sends its last events first
+        self._stop.set()
+        self._thread.join()
+        self._monitor.close(linger=0)
 
 
 def raise_descriptor_limit() -> int:

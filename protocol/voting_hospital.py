@@ -55,6 +55,7 @@ class VotingHospital:
         budget: PrivacyBudget,
         state_dir: Path,
         timeout_s: float = 180.0,
+        upgrade_ledger: bool = False,
         min_quorum: int = 2,
         allow_histogram: bool = False,
     ) -> None:
@@ -65,6 +66,7 @@ class VotingHospital:
         self._data = data
         self._budget = budget
         self._state_dir = state_dir
+        self._upgrade_ledger = upgrade_ledger  # read an unchained (older) ledger once: its operator's say
         self._channel = ServerChannel.connect(roster, credentials, accept=TO_VOTING_HOSPITAL, timeout_s=timeout_s, log=log)
         self._generator = secure_generator()
         self._min_quorum = min_quorum
@@ -132,7 +134,7 @@ class VotingHospital:
         self._channel.limit = config.message_limit()
         self._field = config.field()
         self._config = config
-        self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key)
+        self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key, accept_unchained=self._upgrade_ledger)
 
     def _certified_tallier_keys(self, config: VotingConfig, tallier_keys: dict[str, bytes]) -> dict[str, X25519PublicKey]:
         """Each tallier's box key for this run, checked against its identity in the roster, in the run's order."""

@@ -58,7 +58,7 @@ from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.server import Timeouts
 from protocol.transcript import Transcript
-from protocol.checkpoint import write_report, write_retrying
+from protocol.checkpoint import write_at_the_end, write_report, write_retrying
 from protocol.transport import ServerTransport
 from protocol.voting_config import VotingConfig
 from training.accounting import PrivacyLedger
@@ -166,10 +166,12 @@ class VotingServer:
             for name in self._active + list(self._config.talliers):
                 self._parties.send(name, Finish(reason=finish_reason))
             report = self._report(finish_reason, student)
-            self._write_outputs(report)
-            self._transport.close()
-            if self._transcript:
-                self._transcript.close()
+            try:
+                write_at_the_end(lambda: self._write_outputs(report), run_failed=finish_reason.startswith("stopped"))
+            finally:
+                self._transport.close()
+                if self._transcript:
+                    self._transcript.close()
         return report
 
     # -- phases ---------------------------------------------------------------------------------

@@ -1,2 +1,2 @@
-"""Command-line launchers: provision a federation, run a server or a hospital, or a whole local
-federation. Each prints a one-line error (exit status 2) for anything a user can fix."""
+"""Command-line launchers: make a party's keys, assemble and check a roster, run a server, a hospital
+or a tallier, or a whole local federation. Each prints a one-line error (exit status 2) for anything a user can fix."""

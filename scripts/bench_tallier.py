@@ -1,8 +1,8 @@
 """consilium-bench-tallier: what the talliers' secure argmax costs, against opening the noisy histogram.
 
 Each cell runs one round of ``tallier.mpc.run_round`` in J real tallier processes
-(``scripts._mpc_party``), talking MPyC over mutual TLS on this machine, with certificates from a
-freshly provisioned federation. Three hospitals' noisy votes on Q queries of C classes are
+(``scripts._mpc_party``), talking MPyC over mutual TLS on this machine, each with its own
+certificate, pinned by the roster of a fresh local federation. Three hospitals' noisy votes on Q queries of C classes are
 secret-shared to the talliers modulo the field a kNN-DPFL run would use (k = 30, sigma = 15), so
 the comparisons have the bit length a real run has. Two ways to finish a round, side by side:
 

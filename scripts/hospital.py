@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--state", type=Path, help="where the privacy ledger and metrics live (default: FEDERATION/NAME)")
     parser.add_argument("--timeout", type=positive_float, default=180.0, help="seconds to wait for the server")
     parser.add_argument(
+        "--upgrade-ledger",
+        action="store_true",
+        help="read a privacy ledger written before ledgers were chained (version 2 or 3), once: it is chained from then on. "
+        "Only for this hospital's own older ledger: an unchained file could also be a chained one replaced",
+    )
+    parser.add_argument(
         "--send-offset",
         type=non_negative_float,
         default=DEFAULT_SEND_OFFSET_S,
@@ -125,6 +131,7 @@ def _hospital(args: argparse.Namespace, roster: Roster, credentials: Credentials
         budget=PrivacyBudget(epsilon=args.epsilon_budget, delta=args.delta),
         state_dir=args.state or args.federation / name,
         timeout_s=args.timeout,
+        upgrade_ledger=args.upgrade_ledger,
     )
     if args.method not in VOTING_METHODS:
         return Hospital(**common, send_offset_s=args.send_offset, method=args.method, aggregation=chosen_aggregation(args))

@@ -16,7 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="consilium-roster",
         description="Check the roster against this party's own keys and print its fingerprint, to compare out of band "
-        "with every other party; or sign a new roster version for the parties that confirmed the one before.",
+        "with every other party; or sign a new roster version that only removes parties or moves the server, for the "
+        "parties that confirmed the one before (a newcomer needs the fingerprint compared again).",
     )
     parser.add_argument("action", choices=("fingerprint", "sign"), help="fingerprint: check, then print; sign: check, then sign")
     parser.add_argument("--federation", type=Path, required=True, help="federation directory holding roster.toml")
@@ -32,8 +33,9 @@ def main(argv: list[str] | None = None) -> None:
         roster = Roster.load(args.federation)
         roster.check_own_entry(credentials)
         if args.action == "sign":
-            sign_roster(args.federation, credentials)
-            print(f"{args.name} signed roster version {roster.version} ({args.federation / SIGNATURES_FILE})", flush=True)
+            changes = sign_roster(args.federation, credentials)
+            print(f"{args.name} signed roster version {roster.version} ({args.federation / SIGNATURES_FILE}); it changes the roster "
+                  f"{args.name} confirmed last: {'; '.join(changes) or 'nothing'}", flush=True)
         else:
             print(f"{args.name}'s entry holds its own keys; roster version {roster.version} of {len(roster.parties)} parties", flush=True)
             print(f"fingerprint: {roster.fingerprint}", flush=True)

@@ -47,7 +47,7 @@ from crypto.mpc_field import MpcField, mpyc_runtime
 from crypto.secret_sharing import add
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
-from tallier.mpc_network import MPYC_ARGUMENTS, MpcParty, MpcPeerError, connect, harden_mpyc, watch
+from tallier.mpc_network import MPYC_ARGUMENTS, MpcNetwork, MpcParty, MpcPeerError, harden_mpyc
 from training.vote_privacy import REVEAL_MODES
 
 __all__ = ["MpcError", "MpcParty", "MpcResult", "VoterError", "mpc_party", "run_round"]
@@ -120,8 +120,10 @@ def run_round(
     def public_input(values: list[int]) -> list:
         return runtime.input(secint.array(secint.field.array(np.array(values, dtype=object))))
 
+    network = MpcNetwork(runtime, party, max_message_bytes=_message_limit(queries, classes, len(hospitals), field, secint.field.byte_length))
+
     async def protocol() -> MpcResult:
-        await connect(runtime, party, _message_limit(queries, classes, len(hospitals), field, secint.field.byte_length), timeout_s)
+        await network.connect(timeout_s)
         marks = [round_number] + [int(name in shares) for name in hospitals]
         opened = [await runtime.output(vector) for vector in public_input(marks)]
         if {int(vector[0]) for vector in opened} != {round_number}:
@@ -148,13 +150,12 @@ def run_round(
         await runtime.shutdown()
         return MpcResult(voters=voters, labels=labels, totals=revealed, bytes_sent=sent)
 
-    aborts = watch(runtime)
     try:
         return runtime.run(asyncio.wait_for(protocol(), timeout_s))
     except VoterError:
         raise
     except BaseException as error:
-        failure = _failure(error, aborts, timeout_s)
+        failure = _failure(error, network.aborts, timeout_s)
         _failed.append(str(failure))
         if failure is error:
             raise

@@ -9,34 +9,38 @@ MPyC 0.11 trusts its peers further than Consilium may:
   which ``shutdown`` calls, unpickles whatever a peer sent: a crafted pickle runs code here;
 - a message may announce up to 4 GiB, and is buffered whole.
 
-This module replaces those parts, and nothing else of MPyC:
+This module replaces those parts, and nothing else of MPyC. A round's ``MpcNetwork``:
 
-1. ``connect``, instead of ``Runtime.start``: listen on this tallier's own address only, TLS 1.3
-   with the certificates the roster pins. The listener trusts the pins of lower-numbered parties
-   only; a client trusts only the pin of the party it dials and checks that the listener
-   presented exactly it. A client's claimed number must be lower than the listener's, not yet
-   connected, and its certificate exactly that party's pin, or the connection is dropped and
-   logged (the real party can still connect). Every peer is connected once before the deadline,
-   then the listener closes.
-2. Arrays travel as fixed-width field elements (MPyC's ``--mix32-64bit``, which
-   ``MPYC_ARGUMENTS`` sets), and every element a peer sends must lie in the field, whole
-   (``_field_elements``).
-3. What MPyC still unpickles (``transfer``'s small values) goes through an unpickler that refuses
-   every global (``_data_only``): only numbers, strings, bytes, tuples, lists, dicts and sets.
-4. Each message is at most ``max_message_bytes`` and a peer holds at most
-   ``_BUFFERED_MESSAGES`` times that unread: more, and it is cut off.
+1. **Connects** (``connect``, instead of ``Runtime.start``): it listens on this tallier's own
+   address only, TLS 1.3 with the certificates the roster pins. The listener trusts the pins of
+   lower-numbered parties only; a client trusts only the pin of the party it dials and checks that
+   the listener presented exactly it. A client's claimed number must be lower than the listener's,
+   not connected yet, and its certificate exactly that party's pin, or the connection is dropped
+   and logged (the real party can still connect); at most ``_STRANGERS`` connections may be
+   unidentified at once, each for at most ``_HANDSHAKE_S``. Once every peer is connected, the
+   listener closes.
+2. **Decodes only data.** Arrays travel as fixed-width field elements (MPyC's ``--mix32-64bit``,
+   which ``MPYC_ARGUMENTS`` sets), each checked to lie in the field (``_field_elements``). What
+   MPyC still unpickles, the party numbers ``shutdown`` exchanges through ``transfer``, must be a
+   short pickle of one integer (``_integer_only``): nothing else is parsed.
+3. **Bounds what a peer sends**: a message of at most the round's ``max_message_bytes``, and at
+   most ``_BUFFERED_MESSAGES`` messages (each counted at ``_MESSAGE_COST`` bytes at least) waiting
+   unread, within ``_BUFFERED_LIMITS`` times the round's limit in bytes.
+4. **Ends a round on the first failure, and says whose**: a peer that breaks 2 or 3, leaves before
+   the round is over, or whose message makes one of MPyC's steps fail, stops the event loop at
+   once; this tallier then tells its peers why (``_ABORT``), so that each names the cause rather
+   than "a peer left". ``aborts`` holds the reasons; ``tallier.mpc`` reports the first.
 
-A peer that breaks 2 to 4 stops the round at once with ``MpcPeerError``, which names it.
-``harden_mpyc`` installs 2 and 3 in this process; ``tests/test_mpc_network.py`` fails if an MPyC
-upgrade moves the places that unpickle.
+``harden_mpyc`` installs the decoders of 2 in this process; ``tests/test_mpc_network.py`` fails if
+an MPyC upgrade moves the places that unpickle.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import pickle
+import pickletools
 import ssl
 import struct
 import time
@@ -49,15 +53,22 @@ from crypto.mpc_field import MIN_PARTIES, import_mpyc
 _mpyc_runtime = import_mpyc()
 from mpyc import asyncoro, finfields  # noqa: E402  (imported safely on the line above)
 
-__all__ = ["MPYC_ARGUMENTS", "MpcParty", "MpcPeerError", "connect", "harden_mpyc", "watch"]
+__all__ = ["MPYC_ARGUMENTS", "MpcNetwork", "MpcParty", "MpcPeerError", "harden_mpyc"]
 
 log = logging.getLogger("consilium.mpc")
 
-MPYC_ARGUMENTS = ("--ssl", "--mix32-64bit")  # --ssl only keeps MPyC's own paths consistent; connect makes the connections
+MPYC_ARGUMENTS = ("--mix32-64bit",)  # no --ssl: MPyC reads it only in Runtime.start, which connect replaces
 _HEADER = struct.Struct("<qI")  # MPyC's framing: program counter, payload size
-_BUFFERED_MESSAGES = 64
+_ABORT = -(2**63)  # a program counter MPyC never uses (its counters are hashes): "I abort the round, because..."
+_ABORT_TEXT = 300
+_BUFFERED_MESSAGES = 4096  # an honest round sends each peer about a hundred
+_BUFFERED_LIMITS = 64
+_MESSAGE_COST = 256  # what a buffered message costs at least, in memory
+_STRANGERS = 64
+_HANDSHAKE_S = 5.0
 _RETRY_S = 0.1
-_HANDSHAKE_S = 10.0  # a stranger's connection that never finishes TLS is dropped after this
+_INTEGER_OPCODES = {"PROTO", "FRAME", "BININT", "BININT1", "BININT2", "LONG1", "STOP"}
+_INTEGER_PICKLE_BYTES = 64
 
 
 class MpcPeerError(RuntimeError):
@@ -91,65 +102,207 @@ class _FromPeer(bytes):
 
 
 def harden_mpyc() -> None:
-    """Make every decoder MPyC applies to a peer's bytes refuse what is not data (2 and 3 above)."""
-    _mpyc_runtime.pickle = types.SimpleNamespace(dumps=pickle.dumps, loads=_data_only)
+    """Make every decoder MPyC applies to a peer's bytes refuse what is not data (point 2 above)."""
+    _mpyc_runtime.pickle = types.SimpleNamespace(dumps=pickle.dumps, loads=_integer_only)
     finfields.FiniteFieldElement.from_bytes = classmethod(_field_elements)
 
 
-def watch(runtime) -> list[str]:
-    """Where this round's reasons to abort collect: a peer's broken rule, or an MPyC task's error
-    (which MPyC would print as a traceback); either stops the event loop at once."""
-    _aborts.clear()
+class MpcNetwork:
+    """One round's connections among the talliers (the module docstring's points 1, 3 and 4)."""
 
-    def record(loop, context: dict) -> None:
-        error = context.get("exception")
-        if error is None:  # e.g. a pending task collected after a failure: nothing to abort for
-            log.debug("MPyC: %s", context.get("message"))
-        else:
-            _stop(runtime, str(error) if isinstance(error, MpcPeerError) else f"{context.get('message')}: {error!r}")
+    def __init__(self, runtime, party: MpcParty, *, max_message_bytes: int) -> None:
+        self.runtime, self.party, self.limit = runtime, party, max_message_bytes
+        self.aborts: list[str] = []
+        self.connected = False  # every peer once: from then on a connection that ends ends the round
+        self.strangers = 0  # connections accepted whose party is not known yet
+        runtime._loop.set_exception_handler(self._exception)
 
-    runtime._loop.set_exception_handler(record)
-    return _aborts
-
-
-async def connect(runtime, party: MpcParty, max_message_bytes: int, deadline_s: float) -> None:
-    """Connect this tallier to every other, as the module docstring's point 1 says;
-    ``asyncio.TimeoutError`` if that cannot be done within ``deadline_s``."""
-    loop, me = runtime._loop, runtime.pid
-    for peer in runtime.parties:
-        peer.protocol = asyncio.Future(loop=loop) if peer.pid == me else None
-    listener = None
-    if me:
-        host, port = party.addresses[me]
-        context = _context(ssl.PROTOCOL_TLS_SERVER, party, trusted=party.certificates[:me])
-        factory = lambda: _PinnedExchanger(runtime, party, None, max_message_bytes)  # noqa: E731
-        listener = await loop.create_server(factory, host=host, port=port, ssl=context, ssl_handshake_timeout=_HANDSHAKE_S)
-    try:
-        ends = time.monotonic() + deadline_s
-        for pid in range(me + 1, len(party.names)):
-            await _dial(runtime, party, pid, max_message_bytes, ends)
-        await asyncio.wait_for(asyncio.shield(runtime.parties[me].protocol), max(0.0, ends - time.monotonic()))
-    finally:
-        if listener is not None:
-            listener.close()
-    runtime.start_time = time.time()
-
-
-async def _dial(runtime, party: MpcParty, pid: int, max_message_bytes: int, ends: float) -> None:
-    host, port = party.addresses[pid]
-    context = _context(ssl.PROTOCOL_TLS_CLIENT, party, trusted=(party.certificates[pid],))
-    name = party.names[pid]
-    while True:
+    async def connect(self, deadline_s: float) -> None:
+        """Connect to every other tallier; ``asyncio.TimeoutError`` if that cannot be done within ``deadline_s``."""
+        runtime, party, loop, me = self.runtime, self.party, self.runtime._loop, self.runtime.pid
+        for peer in runtime.parties:
+            peer.protocol = asyncio.Future(loop=loop) if peer.pid == me else None
+        listener = None
+        if me:
+            host, port = party.addresses[me]
+            context = _context(ssl.PROTOCOL_TLS_SERVER, party, trusted=party.certificates[:me])
+            listener = await loop.create_server(
+                lambda: _PinnedExchanger(self, None), host=host, port=port, ssl=context, ssl_handshake_timeout=_HANDSHAKE_S
+            )
         try:
-            await runtime._loop.create_connection(lambda: _PinnedExchanger(runtime, party, pid, max_message_bytes), host, port, ssl=context)
+            ends = time.monotonic() + deadline_s
+            for pid in range(me + 1, len(party.names)):
+                await self._dial(pid, ends)
+            await asyncio.wait_for(asyncio.shield(runtime.parties[me].protocol), max(0.0, ends - time.monotonic()))
+        finally:
+            if listener is not None:
+                listener.close()
+        self.connected = True
+        runtime.start_time = time.time()
+
+    async def _dial(self, pid: int, ends: float) -> None:
+        party = self.party
+        (host, port), name = party.addresses[pid], party.names[pid]
+        context = _context(ssl.PROTOCOL_TLS_CLIENT, party, trusted=(party.certificates[pid],))
+        while True:
+            try:
+                await self.runtime._loop.create_connection(lambda: _PinnedExchanger(self, pid), host, port, ssl=context)
+                return
+            except ssl.SSLCertVerificationError:
+                log.warning("refused %s:%d as %s: it did not present %s's pinned certificate", host, port, name, name)
+            except OSError as error:
+                log.debug("%s not reachable yet: %s", name, error)
+            if time.monotonic() >= ends:
+                raise asyncio.TimeoutError
+            await asyncio.sleep(_RETRY_S)
+
+    def stop(self, reason: str, *, tell_peers: bool = True) -> None:
+        """End the round now, and (unless the reason came from a peer) tell every connected peer why."""
+        self.aborts.append(reason)
+        if tell_peers and len(self.aborts) == 1:
+            notice = reason.encode("utf-8", "replace")[:_ABORT_TEXT]
+            for peer in self.runtime.parties:
+                if isinstance(peer.protocol, _PinnedExchanger) and not peer.protocol.transport.is_closing():
+                    peer.protocol.send(_ABORT, notice)
+        self.runtime._loop.stop()
+
+    def _exception(self, loop, context: dict) -> None:
+        """An exception in one of MPyC's steps (which MPyC would print as a traceback) ends the round;
+        one about a single connection (say, out of descriptors on accept) is logged and does not."""
+        error = context.get("exception")
+        if isinstance(error, MpcPeerError):
+            self.stop(str(error))
+        elif error is not None and "mpc_coro" in str(context.get("message")):  # one of MPyC's coroutines failed
+            self.stop(f"a step of the MPC failed on a peer's message (of the wrong size?): {error!r}")
+        elif error is not None:
+            log.warning("the MPC's event loop: %s (%r)", context.get("message"), error)
+        else:  # e.g. a pending task collected after the round stopped
+            log.debug("the MPC's event loop: %s", context.get("message"))
+
+
+class _PinnedExchanger(asyncoro.MessageExchanger):
+    """MPyC's connection to one peer, which knows for sure which peer that is."""
+
+    __slots__ = ("network", "unread", "counted")
+
+    def __init__(self, network: MpcNetwork, peer_pid: int | None) -> None:
+        super().__init__(network.runtime, peer_pid)
+        self.network = network
+        self.unread = 0  # bytes a peer sent that the protocol has not read yet, each message at _MESSAGE_COST at least
+        self.counted = False  # among the network's strangers
+
+    def connection_made(self, transport) -> None:
+        network = self.network
+        if self.peer_pid is not None:  # this tallier dialled: the listener's pin, once more, exactly
+            if _certificate(transport) != network.party.certificates[self.peer_pid]:
+                log.warning("refused the connection to %s: not its pinned certificate", network.party.names[self.peer_pid])
+                self.peer_pid = None
+                transport.abort()
+                return
+            super().connection_made(transport)
             return
-        except ssl.SSLCertVerificationError:
-            log.warning("refused %s:%d as %s: it did not present %s's pinned certificate", host, port, name, name)
-        except OSError as error:
-            log.debug("%s not reachable yet: %s", name, error)
-        if time.monotonic() >= ends:
-            raise asyncio.TimeoutError
-        await asyncio.sleep(_RETRY_S)
+        self.transport = transport
+        if network.strangers >= _STRANGERS:
+            log.warning("refused an MPC connection from %s: %d are unidentified already", _address(transport), _STRANGERS)
+            transport.abort()
+            return
+        network.strangers += 1
+        self.counted = True
+
+    def data_received(self, data: bytes) -> None:
+        self.bytes.extend(data)
+        if self.peer_pid is None and not self._identify():
+            return
+        name, limit = self.network.party.names[self.peer_pid], self.network.limit
+        while len(self.bytes) >= _HEADER.size:
+            pc, size = _HEADER.unpack_from(self.bytes)
+            if size > limit:
+                return self._abort(f"{name} announced an MPC message of {size} bytes, more than the round's {limit}")
+            if len(self.bytes) < _HEADER.size + size:
+                break
+            payload = _FromPeer(self.bytes[_HEADER.size : _HEADER.size + size])
+            payload.sender = name
+            del self.bytes[: _HEADER.size + size]
+            if pc == _ABORT:
+                text = "".join(c if c.isprintable() else "?" for c in payload.decode("utf-8", "replace"))[:_ABORT_TEXT]
+                return self.network.stop(f"{name} aborted the round: {text}", tell_peers=False)
+            waiting = self.buffers.pop(pc, None)
+            if isinstance(waiting, asyncio.Future):
+                waiting.set_result(payload)
+            elif waiting is None:
+                self.buffers[pc] = payload
+                self.unread += _cost(payload)
+            else:
+                return self._abort(f"{name} sent two MPC messages for one step")
+        if len(self.buffers) > _BUFFERED_MESSAGES or self.unread + len(self.bytes) > _BUFFERED_LIMITS * limit:
+            self._abort(f"{name} sent more MPC messages ahead of the protocol than an honest tallier does")
+
+    def receive(self, pc: int):
+        """MPyC's read of the message for step ``pc`` (a Future until it arrives), keeping the count of unread bytes."""
+        payload = self.buffers.pop(pc, None)
+        if payload is None:
+            payload = self.buffers[pc] = asyncio.Future(loop=self.runtime._loop)
+        elif isinstance(payload, bytes):
+            self.unread -= _cost(payload)
+        return payload
+
+    def _identify(self) -> bool:
+        """A client's claimed party number, checked (module docstring, point 1); whether it is registered."""
+        if len(self.bytes) < 2:
+            return False
+        runtime, names, claimed = self.runtime, self.network.party.names, int.from_bytes(self.bytes[:2], "little")
+        refusal = None
+        if not claimed < runtime.pid:
+            refusal = f"claimed party {claimed}, which dials higher-numbered parties only"
+        elif runtime.parties[claimed].protocol is not None:
+            refusal = f"claimed party {claimed} ({names[claimed]}), which is connected already"
+        elif _certificate(self.transport) != self.network.party.certificates[claimed]:
+            refusal = f"claimed party {claimed} ({names[claimed]}) without its pinned certificate"
+        if refusal:
+            log.warning("refused an MPC connection from %s: it %s", _address(self.transport), refusal)
+            self.transport.abort()
+            self.bytes.clear()
+            return False
+        keys = 0 if runtime.options.no_prss else runtime._prss_keys_from_peer(claimed)
+        if len(self.bytes) < 2 + keys:
+            return False
+        self.peer_pid = claimed
+        self._uncount()
+        if keys:
+            runtime._prss_keys_from_peer(claimed, self.bytes[2 : 2 + keys])
+        del self.bytes[: 2 + keys]
+        runtime.set_protocol(claimed, self)
+        return True
+
+    def _uncount(self) -> None:
+        if self.counted:
+            self.counted = False
+            self.network.strangers -= 1
+
+    def _abort(self, reason: str) -> None:
+        self.network.stop(reason)
+        self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._uncount()
+        runtime, network = self.runtime, self.network
+        if self.peer_pid is None or runtime.parties[self.peer_pid].protocol is not self:
+            return  # refused before it was registered
+        name = network.party.names[self.peer_pid]
+        if not network.connected:  # not every peer is in yet: its place opens again, and the round waits on
+            runtime.parties[self.peer_pid].protocol = None
+            log.warning("%s's MPC connection ended before every tallier was connected (%s)", name, exc or "closed")
+            return
+        own = runtime.parties[runtime.pid].protocol
+        waiting = any(isinstance(b, asyncio.Future) and not b.done() for b in self.buffers.values())
+        if exc is not None or own.done() or waiting:  # shutdown() gives this party a fresh future before connections close
+            network.stop(f"{name} left the MPC before the round ended ({exc or 'connection closed'})")
+            return
+        runtime.unset_protocol(self.peer_pid)
+
+
+def _cost(payload: bytes) -> int:
+    return _HEADER.size + max(len(payload), _MESSAGE_COST)
 
 
 def _context(purpose: ssl._SSLMethod, party: MpcParty, trusted: tuple[bytes, ...]) -> ssl.SSLContext:
@@ -163,99 +316,6 @@ def _context(purpose: ssl._SSLMethod, party: MpcParty, trusted: tuple[bytes, ...
     return context
 
 
-class _PinnedExchanger(asyncoro.MessageExchanger):
-    """MPyC's connection to one peer, which knows for sure which peer that is."""
-
-    __slots__ = ("party", "limit")
-
-    def __init__(self, runtime, party: MpcParty, peer_pid: int | None, limit: int) -> None:
-        super().__init__(runtime, peer_pid)
-        self.party = party
-        self.limit = limit
-
-    def connection_made(self, transport) -> None:
-        if self.peer_pid is not None and _certificate(transport) != self.party.certificates[self.peer_pid]:
-            log.warning("refused the connection to %s: not its pinned certificate", self.party.names[self.peer_pid])
-            self.peer_pid = None
-            transport.abort()
-            return
-        super().connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        self.bytes.extend(data)
-        if self.peer_pid is None and not self._identify():
-            return
-        name, limit = self.party.names[self.peer_pid], self.limit
-        while len(self.bytes) >= _HEADER.size:
-            pc, size = _HEADER.unpack_from(self.bytes)
-            if size > limit:
-                return self._abort(f"{name} announced an MPC message of {size} bytes, more than the round's {limit}")
-            if len(self.bytes) < _HEADER.size + size:
-                break
-            payload = _FromPeer(self.bytes[_HEADER.size : _HEADER.size + size])
-            payload.sender = name
-            del self.bytes[: _HEADER.size + size]
-            waiting = self.buffers.pop(pc, None)
-            if isinstance(waiting, asyncio.Future):
-                waiting.set_result(payload)
-            elif waiting is None:
-                self.buffers[pc] = payload
-            else:
-                return self._abort(f"{name} sent two MPC messages for one step")
-        unread = sum(len(b) for b in self.buffers.values() if isinstance(b, bytes)) + len(self.bytes)
-        if unread > _BUFFERED_MESSAGES * limit:
-            self._abort(f"{name} sent more than {_BUFFERED_MESSAGES} messages' worth ahead of the protocol")
-
-    def _identify(self) -> bool:
-        """A client's claimed party number, checked (module docstring, point 1); whether it is registered."""
-        if len(self.bytes) < 2:
-            return False
-        runtime, claimed = self.runtime, int.from_bytes(self.bytes[:2], "little")
-        refusal = None
-        if not claimed < runtime.pid:
-            refusal = f"claimed party {claimed}, which dials higher-numbered parties only"
-        elif runtime.parties[claimed].protocol is not None:
-            refusal = f"claimed party {claimed} ({self.party.names[claimed]}), which is connected already"
-        elif _certificate(self.transport) != self.party.certificates[claimed]:
-            refusal = f"claimed party {claimed} ({self.party.names[claimed]}) without its pinned certificate"
-        if refusal:
-            log.warning("refused an MPC connection from %s: it %s", _address(self.transport), refusal)
-            self.transport.abort()
-            self.bytes.clear()
-            return False
-        keys = 0 if runtime.options.no_prss else runtime._prss_keys_from_peer(claimed)
-        if len(self.bytes) < 2 + keys:
-            return False
-        self.peer_pid = claimed
-        if keys:
-            runtime._prss_keys_from_peer(claimed, self.bytes[2 : 2 + keys])
-        del self.bytes[: 2 + keys]
-        runtime.set_protocol(claimed, self)
-        return True
-
-    def _abort(self, reason: str) -> None:
-        _stop(self.runtime, reason)
-        self.transport.abort()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.peer_pid is None or self.runtime.parties[self.peer_pid].protocol is not self:
-            return  # refused before it was registered
-        own = self.runtime.parties[self.runtime.pid].protocol
-        if exc is not None or own.done():  # shutdown() gives this party a fresh future before connections close
-            _stop(self.runtime, f"{self.party.names[self.peer_pid]} left the MPC before the round ended ({exc or 'connection closed'})")
-            return
-        self.runtime.unset_protocol(self.peer_pid)
-
-
-_aborts: list[str] = []
-
-
-def _stop(runtime, reason: str) -> None:
-    """End the round now; ``tallier.mpc`` reports the first reason (``watch``)."""
-    _aborts.append(reason)
-    runtime._loop.stop()
-
-
 def _certificate(transport) -> bytes | None:
     tls = transport.get_extra_info("ssl_object")
     return tls.getpeercert(binary_form=True) if tls is not None else None
@@ -266,20 +326,18 @@ def _address(transport) -> str:
     return "%s:%s" % peer[:2] if peer else "an unknown address"
 
 
-class _NoGlobals(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        raise pickle.UnpicklingError(f"names {module}.{name}")
-
-    def persistent_load(self, pid):
-        raise pickle.UnpicklingError("holds a persistent reference")
-
-
-def _data_only(data: bytes):
-    """``pickle.loads`` for a peer's bytes: plain data, never a global (so never code)."""
+def _integer_only(data: bytes) -> int:
+    """``pickle.loads`` for a peer's bytes, where MPyC expects one small integer (``transfer`` at shutdown):
+    anything but a short pickle of an integer alone is refused before it is parsed."""
     try:
-        return _NoGlobals(io.BytesIO(data)).load()
+        if len(data) > _INTEGER_PICKLE_BYTES or any(op.name not in _INTEGER_OPCODES for op, _, _ in pickletools.genops(data)):
+            raise ValueError("not a short pickle of one integer")
+        value = pickle.loads(data)
+        if type(value) is not int:
+            raise ValueError("not an integer")
     except Exception as error:  # any failure to parse a peer's bytes is the peer's
         raise MpcPeerError(f"{_sender(data)} sent an MPC message that is not plain data ({error})") from None
+    return value
 
 
 def _field_elements(cls, data: bytes) -> list[int]:

@@ -150,18 +150,23 @@ def test_a_version_2_ledger_keeps_counting(tmp_path):
     header = {"format": "consilium-privacy-ledger", "version": 2}
     step = {"sample_rate": 0.1, "noise_multipliers": {"server": 2.1, "peer_hospital": 1.7}}
     path.write_text("".join(json.dumps(r) + "\n" for r in [header, {"key": "old/1", **step}, {"key": "old/2", **step}]))
-    ledger = PrivacyLedger(path, key=KEY)
+    with pytest.raises(LedgerError, match="written before ledgers were chained"):
+        PrivacyLedger(path, key=KEY)  # or a chained ledger replaced by an unchained one: read only when its party says so
+    ledger = PrivacyLedger(path, key=KEY, accept_unchained=True)
     central = RDPAccountant()
     central.history = [(2.1, 0.1, 2)]
     assert ledger.steps == 2 and ledger.epsilon(1e-5) == pytest.approx(central.get_epsilon(1e-5), rel=1e-3)
     path.write_text(path.read_text() + json.dumps({"key": "old/2", **step}) + "\n")  # a key replaced by the server
-    ledger = PrivacyLedger(path, key=KEY)
+    ledger = PrivacyLedger(path, key=KEY, accept_unchained=True)
     assert ledger.steps == 3  # every version 2 line counts
     assert ledger.epsilon(1e-5, view="collusion") == math.inf  # version 2 did not record it
     ledger.begin_run("0123abcd", "0123abcd:settings")
     ledger.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
     del ledger
-    assert PrivacyLedger(path, key=KEY).steps == 4
+    assert PrivacyLedger(path, key=KEY).steps == 4  # chained from then on, the old lines under a digest
+    path.write_text(path.read_text().replace('"old/1"', '"old/3"'))
+    with pytest.raises(LedgerError, match="lines before its chained header were altered"):
+        PrivacyLedger(path, key=KEY)
 
 
 def test_an_unreadable_ledger_stops_everything(tmp_path):
@@ -232,14 +237,59 @@ def test_a_ledger_s_head_must_be_there_and_its_own_and_a_forged_chain_fails(tmp_
         PrivacyLedger(path)
 
 
-def test_a_record_written_before_a_crash_left_its_head_behind_still_counts(tmp_path):
-    """Written, fsynced, then the process died before the head moved: over-counting is the safe side."""
-    path = tmp_path / "ledger.jsonl"
+def _after_one_round(path):
+    """A ledger charged for one round, its release, its head file and the head's bytes then."""
     ledger = _ledger(path)
     release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
     ledger.record(release, run_id="0123abcd", round_number=1)
     head = path.with_name(path.name + ".head")
-    before = head.read_bytes()
+    return ledger, release, head, head.read_bytes()
+
+
+def test_an_old_head_put_back_or_another_ledger_s_file_is_refused(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger, release, head, old_head = _after_one_round(path)
+    for round_number in (2, 3, 4):
+        ledger.record(release, run_id="0123abcd", round_number=round_number)
+    del ledger
+    head.write_bytes(old_head)  # from a backup: the chain still passes through it
+    with pytest.raises(LedgerError, match="an old head was put back"):
+        PrivacyLedger(path, key=KEY)
+    head.unlink()
+    path.write_text(json.dumps({"format": "consilium-privacy-ledger", "version": 3}) + "\n")  # "a fresh, old ledger"
+    with pytest.raises(LedgerError, match="written before ledgers were chained"):
+        PrivacyLedger(path, key=KEY)
+    other = tmp_path / "other.jsonl"  # the same party's other ledger, moved in under this name
+    _three_rounds(other)
+    path.write_bytes(other.read_bytes())
+    head.write_bytes(other.with_name(other.name + ".head").read_bytes())
+    with pytest.raises(LedgerError, match="altered"):
+        PrivacyLedger(path, key=KEY)
+
+
+def test_a_new_ledger_s_first_line_cut_short_by_a_full_disk_is_dropped(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = PrivacyLedger(path, key=KEY)
+    original = ledger._append
+
+    def short_write(record):  # the first line reaches the disk only in part
+        path.write_bytes(json.dumps(record).encode()[:20])
+        raise LedgerError("no space left on device")
+
+    ledger._append = short_write
+    with pytest.raises(LedgerError):
+        ledger.begin_run("0123abcd", "0123abcd:settings")
+    del ledger, original
+    restarted = _ledger(path)
+    restarted.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
+    del restarted
+    assert PrivacyLedger(path, key=KEY).steps == 1
+
+
+def test_a_record_written_before_a_crash_left_its_head_behind_still_counts(tmp_path):
+    """Written, fsynced, then the process died before the head moved: over-counting is the safe side."""
+    path = tmp_path / "ledger.jsonl"
+    ledger, release, head, before = _after_one_round(path)
     ledger.record(release, run_id="0123abcd", round_number=2)
     del ledger
     head.write_bytes(before)

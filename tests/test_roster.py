@@ -1,5 +1,6 @@
 """Keys born where they are used, a roster assembled from public files, and every party's checks of it."""
 
+import base64
 import os
 import re
 import shutil
@@ -103,40 +104,74 @@ def test_a_roster_is_confirmed_by_its_fingerprint_once_then_kept(tmp_path):
 
 
 def test_a_new_roster_version_is_confirmed_by_the_signatures_of_every_party_that_stays(tmp_path):
-    """hospital-3 joins: the new version names the old one's digest and carries the signature of
-    every party of the old one; a party that confirmed the old one accepts it without a new fingerprint."""
-    public_files = _party_folders(tmp_path)
+    """hospital-3 leaves: the new version names the old one's digest and carries the signature of
+    every party that stays; a party that confirmed the old one accepts it without a new fingerprint.
+    Signatures never vouch for keys: a version that adds a party needs the fingerprint again."""
+    public_files = _party_folders(tmp_path, hospitals=3)
     first = assemble_roster(tmp_path / "v1", address=ADDRESS, public_files=public_files)
+    for name in ("server", "hospital-1", "hospital-2", "hospital-3"):  # each on its own machine
+        confirm_roster(tmp_path / "v1", Credentials.load(tmp_path / "machines" / name), first.fingerprint)
     federation = _install(tmp_path, tmp_path / "v1", "hospital-1")
     join_federation(federation, "hospital-1", first.fingerprint)
-    newcomer = generate_party_keys(tmp_path / "machines" / "hospital-3", name="hospital-3", role="hospital")
-    second = assemble_roster(tmp_path / "v2", address=ADDRESS, public_files=[*public_files, newcomer], previous=tmp_path / "v1" / ROSTER_FILE)
+    staying = [path for path in public_files if path.name != "hospital-3.public.toml"]
+    second = assemble_roster(tmp_path / "v2", address=ADDRESS, public_files=staying, previous=tmp_path / "v1" / ROSTER_FILE)
     assert (second.version, second.previous) == (2, first.digest)
     shutil.copy(tmp_path / "v2" / ROSTER_FILE, federation / ROSTER_FILE)
     for name in ("server", "hospital-1"):  # hospital-2 has not signed yet
-        sign_roster(tmp_path / "v2", Credentials.load(tmp_path / "machines" / name))
+        assert sign_roster(tmp_path / "v2", Credentials.load(tmp_path / "machines" / name)) == ["hospital-3 leaves"]
     shutil.copy(tmp_path / "v2" / SIGNATURES_FILE, federation / SIGNATURES_FILE)
     with pytest.raises(RosterError, match="lacks hospital-2's signature"):
         join_federation(federation, "hospital-1", None)
-    # A signature by another key (the newcomer's, say) under hospital-2's name does not count.
+    # A signature by another key (hospital-3's, which left) under hospital-2's name does not count.
     text = (federation / SIGNATURES_FILE).read_text()
-    sign_roster(tmp_path / "v2", Credentials.load(tmp_path / "machines" / "hospital-3"))
-    stolen = re.search(r"hospital-3 = ('.*')", (tmp_path / "v2" / SIGNATURES_FILE).read_text()).group(1)
-    (federation / SIGNATURES_FILE).write_text(text + f"hospital-2 = {stolen}\n")
+    stolen = Credentials.load(tmp_path / "machines" / "hospital-3").identity.signing.sign(b"anything")
+    (federation / SIGNATURES_FILE).write_text(text + f"hospital-2 = '{base64.b64encode(stolen).decode()}'\n")
     with pytest.raises(RosterError, match="hospital-2's signature .* does not verify"):
         join_federation(federation, "hospital-1", None)
     sign_roster(tmp_path / "v2", Credentials.load(tmp_path / "machines" / "hospital-2"))
     shutil.copy(tmp_path / "v2" / SIGNATURES_FILE, federation / SIGNATURES_FILE)
-    assert join_federation(federation, "hospital-1", None)[0].hospitals == ["hospital-1", "hospital-2", "hospital-3"]
-    # Every signature is there, but a third version that does not name the second is not the second's successor.
-    third = assemble_roster(tmp_path / "v3", address=ADDRESS, public_files=public_files, previous=tmp_path / "v1" / ROSTER_FILE)
+    assert join_federation(federation, "hospital-1", None)[0].hospitals == ["hospital-1", "hospital-2"]
+    for name in ("server", "hospital-2"):
+        confirm_roster(tmp_path / "v2", Credentials.load(tmp_path / "machines" / name), second.fingerprint)
+
+    # The provisioner brings "hospital-3" back under keys of its own, and every party that stays signs:
+    # each checked its own entry only, so none vouched for the newcomer's. Refused at signing and at start.
+    impostor = generate_party_keys(tmp_path / "impostor", name="hospital-3", role="hospital")
+    third = assemble_roster(tmp_path / "v3", address=ADDRESS, public_files=[*staying, impostor], previous=tmp_path / "v2" / ROSTER_FILE)
+    with pytest.raises(RosterError, match="hospital-3 joins.*signatures cannot confirm it"):
+        sign_roster(tmp_path / "v3", Credentials.load(tmp_path / "machines" / "server"))
     shutil.copy(tmp_path / "v3" / ROSTER_FILE, federation / ROSTER_FILE)
-    for name in ("server", "hospital-1", "hospital-2"):
-        sign_roster(tmp_path / "v3", Credentials.load(tmp_path / "machines" / name))
-    shutil.copy(tmp_path / "v3" / SIGNATURES_FILE, federation / SIGNATURES_FILE)
-    assert third.previous == first.digest
+    for name in ("server", "hospital-1", "hospital-2"):  # signatures made all the same, without the tool's check
+        credentials = Credentials.load(tmp_path / "machines" / name)
+        signed = credentials.identity.signing.sign(b"consilium roster signature\x00" + bytes.fromhex(third.digest))
+        text = (federation / SIGNATURES_FILE).read_text()
+        (federation / SIGNATURES_FILE).write_text(re.sub(rf"{name} = '.*'", f"{name} = '{base64.b64encode(signed).decode()}'", text))
+    with pytest.raises(RosterError, match="hospital-3 joins.*compare its fingerprint"):
+        join_federation(federation, "hospital-1", None)
+    # Every signature there, but a version that does not name the one confirmed is not its successor.
+    other = assemble_roster(tmp_path / "v3b", address=ADDRESS, public_files=staying[:2], previous=tmp_path / "v1" / ROSTER_FILE)
+    shutil.copy(tmp_path / "v3b" / ROSTER_FILE, federation / ROSTER_FILE)
+    assert other.previous == first.digest
     with pytest.raises(RosterError, match="nor does it name that one as previous"):
         join_federation(federation, "hospital-1", None)
+    # The first version put back, with the fingerprint of the command that started it once: refused.
+    shutil.copy(tmp_path / "v1" / ROSTER_FILE, federation / ROSTER_FILE)
+    with pytest.raises(RosterError, match="older than version 2, which this party confirmed"):
+        join_federation(federation, "hospital-1", first.fingerprint)
+
+
+def test_a_replaced_copy_of_the_confirmed_roster_is_refused(tmp_path):
+    """Someone who can write the party's folder, not its secret key, puts a roster of its own in both places."""
+    public_files = _party_folders(tmp_path)
+    honest = assemble_roster(tmp_path / "fed", address=ADDRESS, public_files=public_files)
+    federation = _install(tmp_path, tmp_path / "fed", "hospital-1")
+    join_federation(federation, "hospital-1", honest.fingerprint)
+    rogue = assemble_roster(tmp_path / "rogue", address="tcp://evil.example.org:5555", public_files=public_files)
+    for place in (federation / ROSTER_FILE, federation / "hospital-1" / ACCEPTED_ROSTER_FILE):
+        shutil.copy(tmp_path / "rogue" / ROSTER_FILE, place)
+    with pytest.raises(RosterError, match="damaged or was replaced"):
+        join_federation(federation, "hospital-1", None)
+    assert join_federation(federation, "hospital-1", rogue.fingerprint)[0].server_address.startswith("tcp://evil")  # only if confirmed
 
 
 def test_a_party_refuses_a_roster_without_its_keys_or_with_shared_keys(tmp_path):
@@ -170,6 +205,7 @@ def test_missing_or_malformed_files_are_named(tmp_path):
         ("[server\n", "cannot read"),
         (text.replace("version = 1", "version = 2"), "must name a previous roster"),
         (text.replace("role = 'hospital'", "role = 'auditor'"), "has role 'auditor'"),
+        (text.replace("name = 'hospital-1'", 'name = "hospital-1\\n"'), "a party name must be"),  # prints as the real one
         (text.replace("[server]", "[servers]"), "needs \\[roster\\], \\[server\\]"),
     ):
         roster_file.write_text(broken)
@@ -207,6 +243,6 @@ def test_the_launchers_make_a_federation_as_the_readme_says(tmp_path):
     at_hospital = _install(tmp_path, tmp_path / "fed", "hospital-1")
     checked = run_launcher("roster", "fingerprint", "--federation", at_hospital, "--name", "hospital-1")
     assert checked.returncode == 0 and f"fingerprint: {fingerprint}" in checked.stdout
-    signed = run_launcher("roster", "sign", "--federation", at_hospital, "--name", "hospital-1")
-    assert signed.returncode == 0 and (at_hospital / SIGNATURES_FILE).exists()
     assert confirm_roster(at_hospital, Credentials.load(at_hospital / "hospital-1"), fingerprint).fingerprint == fingerprint
+    signed = run_launcher("roster", "sign", "--federation", at_hospital, "--name", "hospital-1")  # a first roster is never signed
+    assert signed.returncode == 2 and "follows the roster it confirmed last" in signed.stderr and "Traceback" not in signed.stderr

@@ -69,7 +69,6 @@ _HEADER = {"format": "consilium-privacy-ledger", "version": 4}
 _V3_HEADER = {"format": "consilium-privacy-ledger", "version": 3}
 _LEGACY_HEADER = {"format": "consilium-privacy-ledger", "version": 2}
 _HEAD_SUFFIX = ".head"
-_GENESIS = bytes(32)
 
 log = logging.getLogger("consilium.accounting")
 
@@ -170,11 +169,12 @@ class PrivacyLedger:
     """Releases a party's data took part in, keyed by identifiers the ledger draws, optionally in a file
     (then tamper-evident under ``key``, a secret only its party holds)."""
 
-    def __init__(self, path: Path | None = None, *, key: bytes | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, key: bytes | None = None, accept_unchained: bool = False) -> None:
         if path is not None and (key is None or len(key) < 32):
             raise ValueError("a ledger file needs its party's 32-byte MAC key")
         self._path = path
         self._key = key
+        self._accept_unchained = accept_unchained  # a version 2 or 3 ledger, read once to be chained on
         self._entries: dict[str, Release | _GaussianRelease] = {}
         self._runs: dict[str, str | None] = {}  # run id -> its fingerprint (None in older ledgers)
         self._last_round: dict[str, int] = {}
@@ -257,9 +257,9 @@ class PrivacyLedger:
                 os.truncate(self._path, self._complete_size)
             if self._chain is None:
                 # The head exists before the first chained line: from then on a missing head is damage.
-                replace_file(head, _head_text(self._key, 0, _GENESIS))
+                replace_file(head, _head_text(self._key, 0, _genesis(self._key, self._path)))
                 legacy = self._path.read_bytes()[: self._complete_size] if self._complete_size else b""
-                self._chain = _GENESIS
+                self._chain = _genesis(self._key, self._path)
                 self._append({**_HEADER, "legacy_sha256": hashlib.sha256(legacy).hexdigest()})
             self._append(record)
             replace_file(head, _head_text(self._key, self._chained_lines, self._chain))
@@ -308,10 +308,11 @@ class PrivacyLedger:
         lines = complete.split(b"\n") if complete else []
         start = next((i for i, line in enumerate(lines) if _is_chained_header(line)), None)
         if torn:
-            # An unterminated last line is a record cut short by a crash, which was never acknowledged
-            # (its head was not updated), so nothing was released on its strength. Anything else
-            # unreadable is refused below.
-            if not lines and not any(_line(h).startswith(torn) for h in (_HEADER, _V3_HEADER, _LEGACY_HEADER)):
+            # An unterminated last line is a record cut short by a crash (a short write on a full
+            # disk, zeros after a power loss), which was never acknowledged: its head was not moved
+            # over it, so nothing was released on its strength. Anything else unreadable is refused below.
+            first_write = head is not None and head[0] == 0  # a new ledger's head comes before its first line
+            if not lines and not first_write and not any(_line(h).startswith(torn) for h in (_V3_HEADER, _LEGACY_HEADER)):
                 raise _unreadable(path, "not a privacy ledger")
             log.warning("privacy ledger %s: dropping an incomplete last record", path)
             self._complete_size = len(complete) + 1 if complete else 0
@@ -319,12 +320,19 @@ class PrivacyLedger:
             legacy = lines if start is None else lines[:start]
             if head is not None and start is None and head[0]:
                 raise ValueError(f"its head counts {head[0]} chained records, but none is left: truncated")
+            if legacy and head is None and not self._accept_unchained:
+                raise ValueError(
+                    "it was written before ledgers were chained, or its head was deleted and the file replaced; "
+                    "if it is this party's own, older ledger, upgrade it once (consilium-hospital --upgrade-ledger)"
+                )
             if legacy:
                 self._read_legacy(legacy)
             if start is not None:
                 self._read_chained(lines[start:], b"".join(line + b"\n" for line in legacy), head)
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
             raise _unreadable(path, str(error)) from None
+        except RecursionError:
+            raise _unreadable(path, "a record is nested too deeply") from None
 
     def _read_legacy(self, lines: list[bytes]) -> None:
         """Version 2 and 3 lines, written before records were chained: read as they are."""
@@ -348,7 +356,7 @@ class PrivacyLedger:
         breaks the chain, and the head (kept beside the file) shows where the chain must reach."""
         if head is None:
             raise ValueError(f"its head ({_HEAD_SUFFIX}) is missing: a chained ledger always has one")
-        chain = _GENESIS
+        chain = _genesis(self._key, self._path)
         for number, line in enumerate(lines):
             record = json.loads(line)
             mac = bytes.fromhex(record.pop("mac"))
@@ -364,6 +372,8 @@ class PrivacyLedger:
                 self._replay(record)
         if len(lines) < head[0]:
             raise ValueError(f"it holds {len(lines)} chained records, but its head counts {head[0]}: truncated")
+        if len(lines) > head[0] + 1:  # one more is a record whose head a crash left behind; more is an old head
+            raise ValueError(f"it holds {len(lines)} chained records, but its head counts {head[0]}: an old head was put back")
         self._chain, self._chained_lines = chain, len(lines)
 
     def _replay(self, record: dict) -> None:
@@ -395,10 +405,15 @@ def _mac(key: bytes, previous: bytes, record: dict) -> bytes:
     return hmac.new(key, previous + json.dumps(record, sort_keys=True, separators=(",", ":")).encode(), hashlib.sha256).digest()
 
 
+def _genesis(key: bytes, path: Path) -> bytes:
+    """Where a ledger's chain starts: bound to its file's name, so a party's ledgers cannot stand in for one another."""
+    return hmac.new(key, b"consilium ledger genesis|" + path.name.encode(), hashlib.sha256).digest()
+
+
 def _is_chained_header(line: bytes) -> bool:
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(record, dict) and all(record.get(k) == v for k, v in _HEADER.items())
 
@@ -425,6 +440,6 @@ def _read_head(path: Path, key: bytes) -> tuple[int, bytes] | None:
         lines, chain = record["lines"], bytes.fromhex(record["mac"])
         if type(lines) is not int or lines < 0 or not hmac.compare_digest(bytes.fromhex(record["tag"]), _head_tag(key, lines, chain)):
             raise ValueError("its MAC does not verify")
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise _unreadable(path, f"its head {head.name} is damaged: {error}") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
+        raise _unreadable(path, f"its head {head.name} is damaged: {error!s:.200}") from None
     return lines, chain

@@ -117,6 +117,9 @@ _MAX_CLIP_LEARNING_RATE = 10.0
 # Adaptive C stays within these powers of two, exact in float32 (as C travels), so that it stays a number.
 _LEAST_CLIP, _MOST_CLIP = 2.0**-20, 2.0**20
 _MAX_LOCAL_EPOCHS = 100  # settings come from the server: a bound on the work they ask of a hospital
+_MAX_SUBCLIENTS = 1024
+_MAX_ROW_VALUES = 1 << 27  # v rows of the model's size held at once: 512 MiB of float32
+_MAX_LOCAL_STEPS = 1_000_000  # local optimiser steps a round, over all sub-clients
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,8 @@ class DpFedAvgSettings:
             raise FedAvgError(f"unknown sub-client rule {self.subclient_rule!r}; choose one of {', '.join(SUBCLIENT_RULES)}")
         if self.subclients > self.max_subclients:
             raise FedAvgError(f"v = {self.subclients} sub-clients is more than the most v may reach, {self.max_subclients}")
+        if self.max_subclients > _MAX_SUBCLIENTS:
+            raise FedAvgError(f"at most {_MAX_SUBCLIENTS} sub-clients a hospital, got {self.max_subclients}")
         if self.subclient_rule == "fixed" and self.subclients != self.max_subclients:
             raise FedAvgError(f"with fixed v, max_subclients must be v = {self.subclients}, got {self.max_subclients}")
         if self.server_optimizer not in SERVER_OPTIMIZERS:
@@ -302,6 +307,12 @@ class SubclientStep:
         self._model, self._data, self.settings = model, data, settings
         self._local = settings.local_training
         self.mechanism = settings.mechanism(parameter_count(model))
+        # What a round asks of this hospital, bounded before any round: a server chose the settings.
+        if settings.max_subclients * self.mechanism.dimension > _MAX_ROW_VALUES:
+            raise FedAvgError(f"{settings.max_subclients} sub-client updates of {self.mechanism.dimension:,} values exceed the {_MAX_ROW_VALUES:,} a hospital holds")
+        steps = settings.local_epochs * (math.ceil(len(data) / settings.local_batch_size) + settings.max_subclients)
+        if steps > _MAX_LOCAL_STEPS:
+            raise FedAvgError(f"{steps:,} local steps a round exceed the {_MAX_LOCAL_STEPS:,} a hospital takes")
 
     def __call__(self) -> tuple[np.ndarray, int]:
         """``(s_k, v)``: the share, and how many sub-client updates it sums."""

@@ -96,6 +96,10 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, fields: dict) -> "ModelSpec":
+        lengths = {"input_shape": 3, "hidden": MAX_HIDDEN_LAYERS, "input_mean": MAX_WIDTH, "input_std": MAX_WIDTH}
+        for name, most in lengths.items():  # before anything of their length is made
+            if not isinstance(fields, dict) or not isinstance(fields.get(name, []), (list, tuple)) or len(fields.get(name, [])) > most:
+                raise ValueError(f"malformed model spec: {name} must be a list of at most {most} numbers")
         try:
             return cls(
                 architecture=str(fields["architecture"]),
