@@ -47,7 +47,7 @@ from crypto.mpc_field import MpcField, mpyc_runtime
 from crypto.secret_sharing import add
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
-from tallier.mpc_network import MPYC_ARGUMENTS, MpcNetwork, MpcParty, MpcPeerError, harden_mpyc
+from tallier.mpc_network import MpcNetwork, MpcParty, MpcPeerError, harden_mpyc
 from training.vote_privacy import REVEAL_MODES
 
 __all__ = ["MpcError", "MpcParty", "MpcResult", "VoterError", "mpc_party", "run_round"]
@@ -109,8 +109,9 @@ def run_round(
         raise ValueError(f"shares from {sorted(set(shares) - set(hospitals))}, not hospitals of the run")
     if any(len(vector) != queries * classes for vector in shares.values()):
         raise ValueError(f"every share must hold {queries * classes} values")
-    harden_mpyc()
-    runtime = mpyc_runtime([f"-P{host}:{port}" for host, port in party.addresses] + ["-I", str(party.index), *MPYC_ARGUMENTS])
+    harden_mpyc(field.modulus)
+    # No --ssl: MPyC reads it only in Runtime.start, which MpcNetwork.connect replaces with pinned TLS.
+    runtime = mpyc_runtime([f"-P{host}:{port}" for host, port in party.addresses] + ["-I", str(party.index)])
     secint = runtime.SecInt(field.bit_length)
     if secint.field.modulus != field.modulus:  # the hospitals shared over another field: the sums would be noise
         raise ValueError(f"the hospitals shared modulo {field.modulus}, but {field.bit_length}-bit MPC computes modulo {secint.field.modulus}")

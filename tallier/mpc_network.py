@@ -19,10 +19,12 @@ This module replaces those parts, and nothing else of MPyC. A round's ``MpcNetwo
    and logged (the real party can still connect); at most ``_STRANGERS`` connections may be
    unidentified at once, each for at most ``_HANDSHAKE_S``. Once every peer is connected, the
    listener closes.
-2. **Decodes only data.** Arrays travel as fixed-width field elements (MPyC's ``--mix32-64bit``,
-   which ``MPYC_ARGUMENTS`` sets), each checked to lie in the field (``_field_elements``). What
-   MPyC still unpickles, the party numbers ``shutdown`` exchanges through ``transfer``, must be a
-   short pickle of one integer (``_integer_only``): nothing else is parsed.
+2. **Decodes only data.** Where MPyC would pickle (secure arrays' shares in ``_distribute``,
+   ``output`` and ``_reshare``; the party numbers ``shutdown`` exchanges through ``transfer``), it
+   gets ``_Codec`` instead: a one-dimensional array of field elements as fixed-width little-endian
+   numbers, each checked to lie below the round's modulus, or one integer. Nothing else is parsed,
+   and nothing a peer sends is ever unpickled. Single field elements travel as MPyC's fixed-width
+   bytes, checked the same way (``_field_elements``).
 3. **Bounds what a peer sends**: a message of at most the round's ``max_message_bytes``, and at
    most ``_BUFFERED_MESSAGES`` messages (each counted at ``_MESSAGE_COST`` bytes at least) waiting
    unread, within ``_BUFFERED_LIMITS`` times the round's limit in bytes.
@@ -31,33 +33,31 @@ This module replaces those parts, and nothing else of MPyC. A round's ``MpcNetwo
    once; this tallier then tells its peers why (``_ABORT``), so that each names the cause rather
    than "a peer left". ``aborts`` holds the reasons; ``tallier.mpc`` reports the first.
 
-``harden_mpyc`` installs the decoders of 2 in this process; ``tests/test_mpc_network.py`` fails if
-an MPyC upgrade moves the places that unpickle.
+``harden_mpyc`` installs the decoders of 2 in this process, for the round's field;
+``tests/test_mpc_network.py`` fails if an MPyC upgrade moves the places that unpickle.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import pickle
-import pickletools
 import ssl
 import struct
 import time
-import types
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from crypto.mpc_field import MIN_PARTIES, import_mpyc
 
 _mpyc_runtime = import_mpyc()
 from mpyc import asyncoro, finfields  # noqa: E402  (imported safely on the line above)
 
-__all__ = ["MPYC_ARGUMENTS", "MpcNetwork", "MpcParty", "MpcPeerError", "harden_mpyc"]
+__all__ = ["MpcNetwork", "MpcParty", "MpcPeerError", "harden_mpyc"]
 
 log = logging.getLogger("consilium.mpc")
 
-MPYC_ARGUMENTS = ("--mix32-64bit",)  # no --ssl: MPyC reads it only in Runtime.start, which connect replaces
 _HEADER = struct.Struct("<qI")  # MPyC's framing: program counter, payload size
 _ABORT = -(2**63)  # a program counter MPyC never uses (its counters are hashes): "I abort the round, because..."
 _ABORT_TEXT = 300
@@ -67,8 +67,7 @@ _MESSAGE_COST = 256  # what a buffered message costs at least, in memory
 _STRANGERS = 64
 _HANDSHAKE_S = 5.0
 _RETRY_S = 0.1
-_INTEGER_OPCODES = {"PROTO", "FRAME", "BININT", "BININT1", "BININT2", "LONG1", "STOP"}
-_INTEGER_PICKLE_BYTES = 64
+_ARRAY, _INTEGER = b"A", b"I"
 
 
 class MpcPeerError(RuntimeError):
@@ -101,9 +100,10 @@ class _FromPeer(bytes):
     sender: str
 
 
-def harden_mpyc() -> None:
-    """Make every decoder MPyC applies to a peer's bytes refuse what is not data (point 2 above)."""
-    _mpyc_runtime.pickle = types.SimpleNamespace(dumps=pickle.dumps, loads=_integer_only)
+def harden_mpyc(modulus: int) -> None:
+    """Make every decoder MPyC applies to a peer's bytes refuse what is not data (point 2 above),
+    for a round computing modulo ``modulus``."""
+    _mpyc_runtime.pickle = _Codec(modulus)
     finfields.FiniteFieldElement.from_bytes = classmethod(_field_elements)
 
 
@@ -326,18 +326,38 @@ def _address(transport) -> str:
     return "%s:%s" % peer[:2] if peer else "an unknown address"
 
 
-def _integer_only(data: bytes) -> int:
-    """``pickle.loads`` for a peer's bytes, where MPyC expects one small integer (``transfer`` at shutdown):
-    anything but a short pickle of an integer alone is refused before it is parsed."""
-    try:
-        if len(data) > _INTEGER_PICKLE_BYTES or any(op.name not in _INTEGER_OPCODES for op, _, _ in pickletools.genops(data)):
-            raise ValueError("not a short pickle of one integer")
-        value = pickle.loads(data)
-        if type(value) is not int:
-            raise ValueError("not an integer")
-    except Exception as error:  # any failure to parse a peer's bytes is the peer's
-        raise MpcPeerError(f"{_sender(data)} sent an MPC message that is not plain data ({error})") from None
-    return value
+class _Codec:
+    """What MPyC's ``pickle.dumps`` and ``pickle.loads`` become: shares as fixed-width numbers, or one integer.
+
+    ``A`` then ``n`` numbers of ``width`` bytes (the modulus's), little-endian, each below the
+    modulus: a one-dimensional array of field elements, as NumPy object arrays hold them. ``I``
+    then eight bytes, signed: an integer (a party number). Anything else is refused unread."""
+
+    def __init__(self, modulus: int) -> None:
+        if not 1 < modulus < 2**64:
+            raise ValueError(f"shares travel as at most 64-bit numbers; the modulus has {modulus.bit_length()} bits")
+        self.modulus, self.width = modulus, (modulus.bit_length() + 7) // 8
+
+    def dumps(self, value) -> bytes:
+        if isinstance(value, np.ndarray) and value.ndim == 1:
+            words = value.astype(np.uint64).astype("<u8").view(np.uint8).reshape(-1, 8)[:, : self.width]
+            return _ARRAY + words.tobytes()
+        if type(value) is int:
+            return _INTEGER + value.to_bytes(8, "little", signed=True)
+        raise TypeError(f"the MPC sends arrays of field elements and integers only, not {type(value).__name__}")
+
+    def loads(self, data: bytes):
+        kind, body = data[:1], data[1:]
+        if kind == _INTEGER and len(body) == 8:
+            return int.from_bytes(body, "little", signed=True)
+        if kind != _ARRAY or len(body) % self.width:
+            raise MpcPeerError(f"{_sender(data)} sent an MPC message that is neither whole field elements nor an integer")
+        words = np.zeros((len(body) // self.width, 8), dtype=np.uint8)
+        words[:, : self.width] = np.frombuffer(body, dtype=np.uint8).reshape(-1, self.width)
+        values = words.view("<u8").reshape(-1)
+        if values.size and int(values.max()) >= self.modulus:
+            raise MpcPeerError(f"{_sender(data)} sent a value outside the field")
+        return values.astype(object)
 
 
 def _field_elements(cls, data: bytes) -> list[int]:

@@ -21,6 +21,7 @@ import pytest
 from crypto.mpc_field import MpcField, import_mpyc
 from crypto.secret_sharing import share
 from crypto.tls import certificate_pem, make_mpc_certificate
+from tallier.mpc_network import harden_mpyc
 from protocol.party_keys import MPC_CERTIFICATE_FILE, MPC_KEY_FILE
 from protocol.roster import local_federation
 from scripts._mpc_party import command, write_input
@@ -108,10 +109,12 @@ def test_mpyc_unpickles_a_peer_s_bytes_only_where_consilium_refuses_globals():
     assert _deserializers(Path(runtime.__file__).parent) == {
         ("runtime", "transfer"), ("runtime", "_distribute"), ("runtime", "output"), ("runtime", "_reshare")
     }  # fmt: skip
-    for name in ("_distribute", "output", "_reshare"):  # arrays: pickle only without --mix32-64bit, which a tallier sets
+    for name in ("_distribute", "output", "_reshare"):  # arrays through the module's `pickle`, single values through from_bytes
         source = inspect.getsource(getattr(runtime.Runtime, name))
-        assert "if shape is None or self.options.mix32_64bit:" in source and "unmarshal = field.from_bytes" in source
+        assert "unmarshal = pickle.loads" in source and "unmarshal = field.from_bytes" in source
     assert "outdata = list(map(pickle.loads, outdata))" in inspect.getsource(runtime.Runtime.transfer)
+    harden_mpyc(MpcField.for_bound(40).modulus)  # what every round does first: `pickle` there is no longer pickle
+    assert type(runtime.pickle).__name__ == "_Codec" and runtime.finfields.FiniteFieldElement.from_bytes.__name__ == "_field_elements"
 
 
 @pytest.mark.slow
