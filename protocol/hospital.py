@@ -38,22 +38,18 @@ sees when each update arrives.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 from torch import nn
 
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-
 from crypto.bfv import BfvError, SecretContext
 from crypto.insecure_plaintext import InsecurePlaintextUploads
 from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements, endorse
-from crypto.sealed_box import SealedBoxError, certify_key, open_box, seal, verify_certified_key
 from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig, check_aggregation
 from protocol.messages import (
     TO_HOSPITAL,
@@ -64,7 +60,6 @@ from protocol.messages import (
     Hello,
     KeyReady,
     KeyRequest,
-    KeySetup,
     MeanRequest,
     Message,
     MessageError,
@@ -72,8 +67,6 @@ from protocol.messages import (
     Released,
     RoundAbort,
     RoundStart,
-    RunKey,
-    SealedKey,
     Update,
     Welcome,
     Withdraw,
@@ -82,17 +75,20 @@ from protocol.messages import (
     release_digest,
 )
 from protocol.channel import ServerChannel
+from protocol.hospital_metrics import Contribution, HospitalMetrics
+from protocol.key_ceremony import HospitalKeys
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.transport import Reconnected
-from training.accounting import LEDGER_FILE, PrivacyLedger, Release
+from training.accounting import Release
+from training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
 from training.datasets import Split
 from training.dopamine import NoisyGradientStep
 from training.dp_fedavg import SubclientStep
 from training.methods import METHODS, SharedState, TrainingSettings, ledger_release
 from training.models import build_model, parameter_count, set_flat_parameters
 
-__all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital", "PrivacyBudget", "run_key_context", "sealed_key_context"]
+__all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital"]
 
 log = logging.getLogger("consilium.hospital")
 
@@ -104,55 +100,11 @@ M = TypeVar("M", bound=Message)
 DEFAULT_SEND_OFFSET_S = 0.25
 
 
-@dataclass(frozen=True)
-class PrivacyBudget:
-    epsilon: float
-    delta: float
-
-    def refusal(self, ledger: PrivacyLedger, charge: Release, round_number: int) -> str:
-        """Why a hospital must not take part in the round, or "" if it may (Dopamine's Algorithm 1, line 17)."""
-        projected, view = ledger.worst_epsilon(self.delta, extra=charge)
-        if projected <= self.epsilon:
-            return ""
-        return (
-            f"privacy budget: round {round_number} would bring epsilon against the {view.replace('_', ' ')} "
-            f"to {projected:.3f} > {self.epsilon:g} at delta {self.delta:g}"
-        )
-
-
-@dataclass
-class _Contribution:
-    """What a hospital remembers of its update while the round is open."""
-
-    round: int
-    bytes_sent_before: int
-    bytes_received_before: int
-    bytes_received_aggregate: int = 0
-    update_bytes: int = 0
-    overran_send_offset: bool = False
-    seconds: dict[str, float] = field(default_factory=dict)
-    # Set once this hospital has endorsed an aggregate of the round: it endorses no other.
-    endorsed: tuple[str, ...] | None = None  # that aggregate's contributors
-    statement: bytes = b""
-    mean: np.ndarray | None = None  # the released vector: the mean's direction, then the method's statistics
-    settings: TrainingSettings | None = None  # the round's (training.methods.SharedState)
-
-
 def _float32s(payload: bytes, count: int, what: str) -> np.ndarray:
     try:
         return float32_values(payload, count, f"{what} from the server")
     except MessageError as error:
         raise ProtocolError(str(error)) from None
-
-
-def sealed_key_context(run: str, recipient: str) -> bytes:
-    """What a sealed BFV secret context is bound to: this run (``RunConfig.fingerprint``), this recipient."""
-    return f"consilium/bfv-secret-context/v2|{run}|{recipient}".encode()
-
-
-def run_key_context(run: str, owner: str) -> bytes:
-    """What a hospital's per-run box key is certified for: this run (``RunConfig.fingerprint``), this hospital."""
-    return f"consilium/run-box-key/v2|{run}|{owner}".encode()
 
 
 class Hospital:
@@ -191,12 +143,12 @@ class Hospital:
         self._model: nn.Module | None = None
         self._step: NoisyGradientStep | SubclientStep | None = None
         self._shared: SharedState | None = None
+        self._keys: HospitalKeys | None = None
         self._secret: SecretContext | None = None
         self._uploads: SecretContext | InsecurePlaintextUploads | None = None  # the secret, unless benchmarking
         self._last_round = 0  # the last round this hospital was charged for: it takes part only in later ones
         self._released: Released | None = None  # the last release, with the mean, should the server ask for it
-        self._joins = 0
-        self._rounds: list[dict] = []
+        self._metrics = HospitalMetrics(state_dir, self._name)
         self._channel = ServerChannel.connect(roster, credentials, accept=TO_HOSPITAL, timeout_s=timeout_s, log=log)
 
     def run(self) -> dict:
@@ -213,9 +165,10 @@ class Hospital:
                     log.warning("%s: the connection to the server was made again; joining again", self._name)
                     self._send(Hello())
         finally:
-            self._write_metrics(finish_reason)
+            if self._config is not None:
+                self._metrics.write(self._config, finish_reason, rejected=self._channel.rejections.total)
             self._channel.close()
-        return {"finish_reason": finish_reason, "rounds": self._rounds}
+        return {"finish_reason": finish_reason, "rounds": self._metrics.rounds}
 
     def _join(self, welcome: Welcome) -> None:
         """Take the run's settings (the first time) and the model as it is now; then hold the run's key."""
@@ -234,7 +187,7 @@ class Hospital:
             self._begin(config, run, welcome.initial_parameters)
         elif run != self._run:
             raise ProtocolError(f"the server welcomed {self._name} to run {run}, not to the run it takes part in ({self._run})")
-        self._joins += 1
+        self._metrics.joins += 1
         set_flat_parameters(self._model, _float32s(welcome.parameters, self._shared.parameter_count, "the model"))
         try:
             self._shared.load_state(_float32s(welcome.optimizer_state, self._shared.state().size, "the optimizer state"))
@@ -245,7 +198,7 @@ class Hospital:
                 raise ProtocolError(f"the server asks {self._name} to create the run's key; only {config.key_holder} does")
             self._secret = SecretContext.generate(config.bfv_parameters(), run_id=config.run_id)
         if self._secret is None:
-            self._secret = self._receive_key()
+            self._secret = self._keys.receive(self._channel)
         self._uploads = (
             InsecurePlaintextUploads(config.bfv_parameters()) if self._aggregation == INSECURE_PLAINTEXT else self._secret
         )
@@ -263,9 +216,10 @@ class Hospital:
         self._last_round = self._ledger.begin_run(config.run_id, run)
         if self._last_round:
             log.warning("%s resumes run %s after round %d, the last its ledger charged", self._name, config.run_id, self._last_round)
-            self._continue_metrics(config.run_id)
+            self._metrics.continue_run(config.run_id)
         self._channel.limit = config.message_limit()
         self._config, self._run = config, run
+        self._keys = HospitalKeys(self._credentials, self._roster, config, run)
         self._model = model
         self._step = self._local_step(config.training)
         self._shared = SharedState(config.training, model)
@@ -276,64 +230,8 @@ class Hospital:
         except ValueError as error:  # e.g. more sub-clients than this hospital has records
             raise ProtocolError(f"{self._name} cannot train in this run: {error}") from None
 
-    def _receive_key(self) -> SecretContext:
-        """The run's BFV key, sealed by a hospital that holds it to a box key made for this run alone."""
-        # Never written anywhere: once the box is open the key is gone, and no later leak of this
-        # hospital's long-term keys opens the box in anyone's records.
-        run_key = X25519PrivateKey.generate()
-        certified = certify_key(
-            run_key.public_key(), signer=self._credentials.identity.signing, context=run_key_context(self._run, self._name)
-        )
-        self._send(RunKey(certified_key=certified))
-        sealed = self._expect(SealedKey)
-        if sealed.sealer not in self._config.hospitals or sealed.sealer == self._name:
-            raise ProtocolError(f"the BFV key is said to be sealed by {sealed.sealer!r}, not another hospital of the run")
-        try:
-            secret_bytes = open_box(
-                sealed.box,
-                recipient=run_key,
-                sender=self._roster.party(sealed.sealer).identity.signing,
-                context=sealed_key_context(self._run, self._name),
-            )
-            return SecretContext.from_bytes(secret_bytes, self._config.bfv_parameters(), run_id=self._config.run_id)
-        except (SealedBoxError, BfvError) as error:
-            raise ProtocolError(f"the BFV key from {sealed.sealer} is unusable: {error}") from None
-        finally:
-            del run_key
-
-    def _seal_key(self, request: KeyRequest) -> None:
-        """Seal the run's key to each hospital whose run key the server relays, once its certificate checks."""
-        secret_bytes = self._secret.to_bytes()
-        sealed = {
-            name: seal(
-                secret_bytes,
-                recipient=run_key,
-                sender=self._credentials.identity.signing,
-                context=sealed_key_context(self._run, name),
-            )
-            for name, run_key in self._certified_run_keys(request.run_keys).items()
-        }
-        self._send(KeySetup(sealed_keys=sealed))
-
-    def _certified_run_keys(self, run_keys: dict[str, bytes]) -> dict[str, X25519PublicKey]:
-        """The other hospitals' run keys, each checked against its owner's identity in the roster."""
-        expected = set(self._config.hospitals) - {self._name}
-        if not run_keys:
-            raise ProtocolError("the server asks to seal the key to no hospital")
-        if not set(run_keys) <= expected:
-            raise ProtocolError(f"the server asks to seal the key to {sorted(set(run_keys) - expected)}, not in this run")
-        keys = {}
-        for name, certified in run_keys.items():
-            try:
-                keys[name] = verify_certified_key(
-                    certified, signer=self._roster.party(name).identity.signing, context=run_key_context(self._run, name)
-                )
-            except SealedBoxError as error:
-                raise ProtocolError(f"the run key the server relays for {name} is not {name}'s: {error}") from None
-        return keys
-
     def _rounds_loop(self) -> str:
-        pending: _Contribution | None = None
+        pending: Contribution | None = None
         while True:
             message = self._expect(RoundStart, Aggregate, Endorsements, RoundAbort, KeyRequest, MeanRequest, Finish)
             received = time.monotonic()
@@ -341,7 +239,7 @@ class Hospital:
                 return message.reason
             if isinstance(message, KeyRequest):
                 try:
-                    self._seal_key(message)
+                    self._send(self._keys.seal(self._secret, message))
                 except ProtocolError as error:  # nothing sealed; the run goes on without the newcomer
                     self._channel.rejections.reject("the server", message.TYPE, str(error))
             elif isinstance(message, MeanRequest):
@@ -382,12 +280,12 @@ class Hospital:
                 self._release(message, pending)
                 pending = None
 
-    def _contribute(self, training: TrainingSettings, charge: Release, round_number: int, *, send_at: float) -> "_Contribution":
+    def _contribute(self, training: TrainingSettings, charge: Release, round_number: int, *, send_at: float) -> "Contribution":
         # Durable before the update leaves: a crash can only over-count.
         self._ledger.record(charge, run_id=self._config.run_id, round_number=round_number)
         if self._step.settings != training:  # adaptive v moved on
             self._step = self._local_step(training)
-        contribution = _Contribution(
+        contribution = Contribution(
             round=round_number,
             settings=training,
             bytes_sent_before=self._channel.transport.bytes_sent,
@@ -416,7 +314,7 @@ class Hospital:
         self._channel.transport.send(update)
         return contribution
 
-    def _endorse(self, message: Aggregate, pending: "_Contribution") -> None:
+    def _endorse(self, message: Aggregate, pending: "Contribution") -> None:
         """Check the aggregate and decrypt it for this hospital alone; then sign it: the one endorsement of the round."""
         contributors = list(message.contributors)
         if (
@@ -442,7 +340,7 @@ class Hospital:
         )  # fmt: skip
         self._send(Endorsement(round=message.round, signature=endorse(pending.statement, self._credentials.identity.signing)))
 
-    def _release(self, message: Endorsements, pending: "_Contribution") -> None:
+    def _release(self, message: Endorsements, pending: "Contribution") -> None:
         """Use and release the sum, once every contributor has endorsed the aggregate this hospital endorsed."""
         contributors = pending.endorsed
         signers = {name: self._roster.party(name).identity.signing for name in contributors}
@@ -455,52 +353,11 @@ class Hospital:
         self._released = Released(round=message.round, digest=release_digest(message.round, payload), mean_gradient=payload)
         releaser = contributors[0] == self._name
         self._send(self._released if releaser else replace(self._released, mean_gradient=b""))
-        self._rounds.append(
-            {
-                "round": message.round,
-                "contributors": len(contributors),
-                "round_state": pending.settings.round_state(),
-                "overran_send_offset": pending.overran_send_offset,
-                "seconds": pending.seconds,
-                "update_bytes": pending.update_bytes,
-                "received_bytes": pending.bytes_received_aggregate,
-                "sent_bytes": self._channel.transport.bytes_sent - pending.bytes_sent_before,
-                "epsilon": self._ledger.epsilons(self._budget.delta),
-            }
-        )
+        sent_bytes = self._channel.transport.bytes_sent - pending.bytes_sent_before
+        self._metrics.released(pending, len(contributors), sent_bytes, self._ledger.epsilons(self._budget.delta))
 
     def _send(self, message: Message) -> None:
         self._channel.send(message)
 
     def _expect(self, *types: type[M]) -> M:
         return self._channel.expect(*types)
-
-    def _continue_metrics(self, run_id: str) -> None:
-        """Keep what an earlier process of this hospital recorded for the run (one killed wrote nothing)."""
-        path = self._metrics_path(run_id)
-        if not path.exists():
-            return
-        try:
-            earlier = json.loads(path.read_text())
-            self._rounds, self._joins = list(earlier["rounds"]), int(earlier["joins"])
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            log.warning("%s: the metrics of its earlier process are unreadable (%s); starting them afresh", self._name, error)
-
-    def _write_metrics(self, finish_reason: str) -> None:
-        config = self._config
-        if config is None:
-            return
-        self._state_dir.mkdir(parents=True, exist_ok=True)
-        metrics = {
-            "hospital": self._name,
-            "run_id": config.run_id,
-            "aggregation": config.aggregation,  # with insecure-plaintext-benchmark, no epsilon here holds
-            "finish_reason": finish_reason,
-            "rejected_messages": self._channel.rejections.total,
-            "joins": self._joins,
-            "rounds": self._rounds,
-        }
-        self._metrics_path(config.run_id).write_text(json.dumps(metrics, indent=1))
-
-    def _metrics_path(self, run_id: str) -> Path:
-        return self._state_dir / f"metrics-{run_id}.json"

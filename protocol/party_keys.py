@@ -106,7 +106,7 @@ class Credentials:
 
     @property
     def ledger_key(self) -> bytes:
-        """The key of this party's privacy ledger's MACs (``training.accounting``)."""
+        """The key of this party's privacy ledger's MACs (``training.ledger``)."""
         return self.mac_key(_LEDGER_KEY_LABEL)
 
     def mac_key(self, label: bytes) -> bytes:

@@ -29,13 +29,12 @@ from crypto.sealed_box import SealedBoxError, verify_certified_key
 from protocol.ballots import seal_ballot, tallier_key_context
 from protocol.channel import ServerChannel
 from protocol.config import ConfigError
-from protocol.hospital import PrivacyBudget
 from protocol.messages import TO_VOTING_HOSPITAL, Ballot, Finish, Hello, ProtocolError, VoteRequest, VotingWelcome, Withdraw
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.transport import TransportError
 from protocol.voting_config import VotingConfig
-from training.accounting import LEDGER_FILE, PrivacyLedger
+from training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
 from training.datasets import Split
 from training.secure_random import secure_generator
 from training.voting import PcaFeatures, knn_votes, noisy_votes, teacher_votes, train_classifier

@@ -8,7 +8,7 @@ the labels (``tallier.mpc``).
 A run: every hospital and tallier says Hello (all talliers must: the MPC needs each of them);
 the talliers get the run's ``VotingWelcome`` and answer with a certified box key, which the
 hospitals then get in theirs. A tallier that refuses the run stops it; a hospital that refuses it
-(``Withdraw``) leaves it. Per round the server picks ``Q`` queries from the pool, sends them
+(``Withdraw``) leaves it. Per round (``protocol.voting_round``) the server picks ``Q`` queries from the pool, sends them
 to the hospitals, and relays the ballots that arrive in time and carry a box of the right length
 for each tallier. A round with fewer ballots than the quorum is aborted: nothing is relayed. Every
 tallier must answer with the same voters and labels (with a label threshold, ``C`` for a query
@@ -30,38 +30,33 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from protocol.ballots import box_bytes
 from protocol.channel import PartyChannels
 from protocol.config import ConfigError
 from protocol.messages import (
     TO_VOTING_SERVER,
-    Ballot,
-    Finish,
     Hello,
-    Labels,
     ProtocolError,
     RunKey,
     Shares,
     TallyFailed,
     VoteRequest,
     VotingWelcome,
-    Withdraw,
 )
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
-from protocol.server import Timeouts
 from protocol.transcript import Transcript
-from protocol.checkpoint import write_at_the_end, write_report, write_retrying
+from protocol.checkpoint import write_report, write_retrying
+from protocol.participants import Participants, Timeouts, run_to_the_end
 from protocol.transport import ServerTransport
 from protocol.voting_config import VotingConfig
-from training.accounting import PrivacyLedger
+from protocol.voting_round import RoundRecord, collect_ballots, collect_labels
+from training.ledger import PrivacyLedger
 from training.datasets import Split
 from training.models import accuracy
 from training.vote_privacy import ACCOUNTANT, LEVELS
@@ -70,20 +65,6 @@ from training.voting import train_student
 __all__ = ["VotingServer"]
 
 log = logging.getLogger("consilium.voting_server")
-
-
-@dataclass
-class _RoundRecord:
-    round: int
-    status: str  # "labelled" or "aborted"
-    voters: list[str] = field(default_factory=list)
-    label_accuracy: float | None = None  # of the released labels
-    labels_withheld: int = 0  # queries whose noisy top total was below the label threshold
-    epsilon: dict[str, dict[str, float]] = field(default_factory=dict)  # level -> view -> epsilon
-    mpc_seconds: float | None = None  # the slowest tallier's, shares opened and MPC
-    mpc_bytes: dict[str, int] = field(default_factory=dict)  # per tallier, sent to the others
-    seconds: dict[str, float] = field(default_factory=dict)
-    reason: str = ""
 
 
 class VotingServer:
@@ -123,17 +104,17 @@ class VotingServer:
         self._timeouts = timeouts
         self._on_round = on_round or (lambda record: None)
         self._ledgers = {level: PrivacyLedger(path, key=credentials.ledger_key) for level, path in ledgers.items()}
-        self._rounds: list[_RoundRecord] = []
+        self._rounds: list[RoundRecord] = []
         self._labelled: list[tuple[np.ndarray, np.ndarray]] = []  # (pool indices, labels) of each labelled round
-        self._active: list[str] = []
-        self._departures: dict[str, str] = {}
+        self._student: torch.nn.Module | None = None
         self._phase_seconds: dict[str, float] = {}
         limit = config.message_limit()
         parties = list(config.hospitals) + list(config.talliers)
         enrolled = {roster.party(name).curve_public: name for name in parties}
         self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, limit)
         self._transcript = Transcript(transcript, payloads=True, max_payload_bytes=limit) if transcript else None
-        self._parties = PartyChannels(self._transport, accept=TO_VOTING_SERVER, limit=limit, log=log, transcript=self._transcript)
+        parties = PartyChannels(self._transport, accept=TO_VOTING_SERVER, limit=limit, log=log, transcript=self._transcript)
+        self._participants = Participants(parties, config.hospitals, log)
 
     @property
     def config(self) -> VotingConfig:
@@ -141,38 +122,32 @@ class VotingServer:
 
     def run(self) -> dict:
         """Run the vote to its end; returns (and writes) the server's report."""
+        return run_to_the_end(
+            self._run_all,
+            finish=lambda reason: self._participants.finish(reason, others=self._config.talliers),
+            report=self._report,
+            write_outputs=self._write_outputs,
+            close=self._close,
+        )
+
+    def _run_all(self) -> str:
+        """Join, then the rounds; returns why the run ended."""
+        started = time.perf_counter()
+        self._join()
+        self._phase_seconds["join"] = time.perf_counter() - started
+        order = np.random.default_rng().permutation(len(self._pool))  # the queries are public: no secret randomness needed
+        quorum, q = self._config.voting.quorum, self._config.queries_per_round
         finish_reason = "completed all rounds"
-        try:
-            started = time.perf_counter()
-            self._join()
-            self._phase_seconds["join"] = time.perf_counter() - started
-            order = np.random.default_rng().permutation(len(self._pool))  # the queries are public: no secret randomness needed
-            for round_number in range(1, self._config.rounds + 1):
-                if len(self._active) < self._config.voting.quorum:
-                    finish_reason = f"only {len(self._active)} hospitals remain, fewer than the quorum of {self._config.voting.quorum}"
-                    break
-                q = self._config.queries_per_round
-                self._run_round(round_number, order[(round_number - 1) * q : round_number * q])
-            started = time.perf_counter()
-            student = self._train_student()
-            self._phase_seconds["student"] = time.perf_counter() - started
-        except ProtocolError as error:
-            finish_reason, student = f"stopped: {error}", None
-            raise
-        except BaseException as error:  # a bug or an interrupt: the report must not claim success
-            finish_reason, student = f"stopped by an unexpected {type(error).__name__}: {error}", None
-            raise
-        finally:
-            for name in self._active + list(self._config.talliers):
-                self._parties.send(name, Finish(reason=finish_reason))
-            report = self._report(finish_reason, student)
-            try:
-                write_at_the_end(lambda: self._write_outputs(report), run_failed=finish_reason.startswith("stopped"))
-            finally:
-                self._transport.close()
-                if self._transcript:
-                    self._transcript.close()
-        return report
+        for round_number in range(1, self._config.rounds + 1):
+            if len(self._participants.active) < quorum:
+                finish_reason = f"only {len(self._participants.active)} hospitals remain, fewer than the quorum of {quorum}"
+                break
+            self._run_round(round_number, order[(round_number - 1) * q : round_number * q])
+        started = time.perf_counter()
+        student = self._train_student()
+        self._phase_seconds["student"] = time.perf_counter() - started
+        self._student = student
+        return finish_reason
 
     # -- phases ---------------------------------------------------------------------------------
 
@@ -181,10 +156,10 @@ class VotingServer:
         deadline = time.monotonic() + self._timeouts.join_s
         joined: list[str] = []
         expected = set(config.hospitals) | set(config.talliers)
-        while set(joined) != expected and (got := self._parties.next_message(deadline)) is not None:
+        while set(joined) != expected and (got := self._participants.parties.next_message(deadline)) is not None:
             sender, message = got
             if not isinstance(message, Hello) or sender in joined:
-                self._parties.reject(sender, message, "expected one hello")
+                self._participants.parties.reject(sender, message, "expected one hello")
             else:
                 joined.append(sender)
         missing_talliers = sorted(set(config.talliers) - set(joined))
@@ -194,35 +169,36 @@ class VotingServer:
         if len(hospitals) < config.voting.quorum:
             raise ProtocolError(f"only {len(hospitals)} of {len(config.hospitals)} hospitals joined; the quorum is {config.voting.quorum}")
         self._config = dataclasses.replace(config, hospitals=hospitals)
-        self._active = list(hospitals)  # from here on each is told when the run ends, however it ends
+        self._participants.active = list(hospitals)  # from here on each is told when the run ends, however it ends
         self._run = self._config.fingerprint(self._feature_map)
         for ledger in self._ledgers.values():
             ledger.begin_run(self._config.run_id, self._run)
         welcome = dict(config=self._config.to_dict(), feature_map=self._feature_map)
         for name in self._config.talliers:
-            self._parties.send(name, VotingWelcome(**welcome, tallier_keys={}))
+            self._participants.parties.send(name, VotingWelcome(**welcome, tallier_keys={}))
         keys: dict[str, bytes] = {}
         deadline = time.monotonic() + self._timeouts.key_s
-        while set(keys) != set(self._config.talliers) and (got := self._parties.next_message(deadline)) is not None:
+        while set(keys) != set(self._config.talliers) and (got := self._participants.parties.next_message(deadline)) is not None:
             sender, message = got
             if isinstance(message, TallyFailed) and sender in self._config.talliers and message.round == 0:
                 raise ProtocolError(f"{sender} refuses the run: {message.reason}")
             if not isinstance(message, RunKey) or sender not in self._config.talliers or sender in keys:
-                self._parties.reject(sender, message, "expected a tallier's box key")
+                self._participants.parties.reject(sender, message, "expected a tallier's box key")
             else:
                 keys[sender] = message.certified_key  # the hospitals check it against the tallier's identity
         if set(keys) != set(self._config.talliers):
             raise ProtocolError(f"the talliers {sorted(set(self._config.talliers) - set(keys))} sent no box key in time")
         for name in hospitals:
-            self._parties.send(name, VotingWelcome(**welcome, tallier_keys=keys))
+            self._participants.parties.send(name, VotingWelcome(**welcome, tallier_keys=keys))
 
     def _run_round(self, round_number: int, indices: np.ndarray) -> None:
-        record = _RoundRecord(round=round_number, status="aborted")
+        record = RoundRecord(round=round_number, status="aborted")
         started = time.perf_counter()
         queries = np.ascontiguousarray(self._pool.x[indices], dtype="<f4").tobytes()
-        for name in self._active:
-            self._parties.send(name, VoteRequest(round=round_number, queries=queries))
-        ballots = self._collect_ballots(round_number)
+        for name in self._participants.active:
+            self._participants.parties.send(name, VoteRequest(round=round_number, queries=queries))
+        votes = self._config.votes_per_round
+        ballots = collect_ballots(self._participants, round_number, self._config.talliers, votes, self._timeouts.round_s)
         record.seconds["ballots"] = time.perf_counter() - started
         record.voters = sorted(ballots, key=self._config.hospitals.index)
         if len(ballots) < self._config.voting.quorum:
@@ -230,8 +206,8 @@ class VotingServer:
             return
         started = time.perf_counter()
         for tallier in self._config.talliers:
-            self._parties.send(tallier, Shares(round=round_number, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()}))
-        labels = self._collect_labels(round_number, record)
+            self._participants.parties.send(tallier, Shares(round=round_number, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()}))
+        labels = collect_labels(self._participants, self._config, record, self._timeouts.round_s)
         record.seconds["tally"] = time.perf_counter() - started
         if labels is None:
             self._abort(record, record.reason)
@@ -251,62 +227,6 @@ class VotingServer:
         record.status = "labelled"
         self._finish_round(record)
 
-    def _collect_ballots(self, round_number: int) -> dict[str, dict[str, bytes]]:
-        """Each active hospital's boxes, one of the right length per tallier; the late are dropped."""
-        ballots: dict[str, dict[str, bytes]] = {}
-        deadline = time.monotonic() + self._timeouts.round_s
-        length = box_bytes(self._config.votes_per_round)
-        while not set(self._active) <= set(ballots) and (got := self._parties.next_message(deadline)) is not None:
-            sender, message = got
-            if isinstance(message, Withdraw) and sender in self._active:
-                self._drop(sender, f"withdrew: {message.reason}", notify=False)
-            elif not (isinstance(message, Ballot) and sender in self._active and message.round == round_number):
-                self._parties.reject(sender, message, f"expected a ballot for round {round_number}")
-            elif sender in ballots:
-                self._parties.reject(sender, message, f"second ballot for round {round_number}")
-            elif set(message.boxes) != set(self._config.talliers) or any(len(box) != length for box in message.boxes.values()):
-                self._parties.reject(sender, message, f"a ballot needs one box of {length} bytes for each tallier")
-            else:
-                ballots[sender] = message.boxes
-        for name in set(self._active) - set(ballots):
-            self._drop(name, f"sent no ballot for round {round_number} within {self._timeouts.round_s:g} s")
-        return ballots
-
-    def _collect_labels(self, round_number: int, record: _RoundRecord) -> np.ndarray | None:
-        """The labels every tallier reports alike; None if every tallier reports that it could not tally
-        (too few agreed voters: the round is lost); ``ProtocolError`` for anything else, which stops the run."""
-        answers: dict[str, Labels | TallyFailed] = {}
-        deadline = time.monotonic() + self._timeouts.round_s
-        most_label = self._config.classes if self._config.label_threshold else self._config.classes - 1  # C: withheld
-        while set(answers) != set(self._config.talliers) and (got := self._parties.next_message(deadline)) is not None:
-            sender, message = got
-            if not (isinstance(message, (Labels, TallyFailed)) and sender in self._config.talliers and message.round == round_number):
-                self._parties.reject(sender, message, f"expected the labels of round {round_number}")
-            elif sender in answers:
-                self._parties.reject(sender, message, f"second answer for round {round_number}")
-            elif isinstance(message, Labels) and (
-                len(message.labels) != self._config.queries_per_round or max(message.labels, default=0) > most_label
-            ):
-                self._parties.reject(sender, message, f"labels must be {self._config.queries_per_round} values up to {most_label}")
-            else:
-                answers[sender] = message
-        failures = {name: a.reason for name, a in answers.items() if isinstance(a, TallyFailed)}
-        missing = sorted(set(self._config.talliers) - set(answers))
-        if failures and not missing and len(failures) == len(answers) and len(set(failures.values())) == 1:
-            record.reason = f"no labels: {next(iter(failures.values()))}"
-            return None
-        if failures or missing:
-            said = "; ".join(f"{name} could not tally round {round_number}: {reason}" for name, reason in failures.items())
-            silent = f"{', '.join(missing)} sent no labels for round {round_number} within {self._timeouts.round_s:g} s" if missing else ""
-            raise ProtocolError("; ".join(part for part in (said, silent) if part))
-        if len({(a.voters, a.labels, a.totals) for a in answers.values()}) != 1:
-            raise ProtocolError(f"the talliers disagree on the labels of round {round_number}")
-        first = next(iter(answers.values()))
-        record.voters = list(first.voters)
-        record.mpc_seconds = max(a.mpc_microseconds for a in answers.values()) / 1e6
-        record.mpc_bytes = {name: a.mpc_bytes for name, a in answers.items()}
-        return np.array(first.labels, dtype=np.int64)
-
     def _train_student(self) -> torch.nn.Module | None:
         if not any(len(indices) for indices, _ in self._labelled):  # no round, or every label withheld
             return None
@@ -317,24 +237,17 @@ class VotingServer:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _drop(self, name: str, reason: str, *, notify: bool = True) -> None:
-        if name in self._active:
-            self._active.remove(name)
-            self._departures[name] = reason
-            log.warning("%s leaves the run: %s", name, reason)
-            if notify:
-                self._parties.send(name, Finish(reason=reason))
-
-    def _abort(self, record: _RoundRecord, reason: str) -> None:
+    def _abort(self, record: RoundRecord, reason: str) -> None:
         record.reason = reason
         log.warning("round %d aborted: %s; no share is relayed", record.round, reason)
         self._finish_round(record)
 
-    def _finish_round(self, record: _RoundRecord) -> None:
+    def _finish_round(self, record: RoundRecord) -> None:
         self._rounds.append(record)
         self._on_round(dataclasses.asdict(record))
 
-    def _report(self, finish_reason: str, student: torch.nn.Module | None) -> dict:
+    def _report(self, finish_reason: str) -> dict:
+        student = self._student
         labelled = [r for r in self._rounds if r.status == "labelled"]
         queries = sum(len(indices) for indices, _ in self._labelled)
         asked = queries + sum(r.labels_withheld for r in labelled)
@@ -367,8 +280,8 @@ class VotingServer:
                 "mpc_seconds_per_query": mpc_seconds / asked if asked else None,
             },
             "phase_seconds": self._phase_seconds,
-            "rejected_messages": self._parties.rejections.total,
-            "departures": self._departures,
+            "rejected_messages": self._participants.parties.rejections.total,
+            "departures": self._participants.departures,
             "connection_limits": self._transport.limits,
             "bytes_received": dict(self._transport.bytes_received),
             "bytes_sent": dict(self._transport.bytes_sent),
@@ -376,3 +289,8 @@ class VotingServer:
 
     def _write_outputs(self, report: dict) -> None:
         write_retrying(lambda: write_report(self._out_dir, report), "the server's report")
+
+    def _close(self) -> None:
+        self._transport.close()
+        if self._transcript:
+            self._transcript.close()

@@ -20,7 +20,7 @@ from scripts._run import run_with
 from protocol.transcript import TranscriptError
 from protocol.transport import TransportError
 from tallier.mpc import MpcError
-from training.accounting import LedgerError
+from training.ledger import LedgerError
 from training.datasets import DatasetError
 from training.partition import PartitionError
 from training.fedavg import LOCAL_OPTIMIZERS, FedAvgError

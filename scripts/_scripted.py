@@ -16,7 +16,7 @@ from crypto.bfv import CiphertextSum, PublicContext, SecretContext
 from crypto.endorsement import aggregate_statement, endorse
 from crypto.sealed_box import certify_key, open_box, seal, verify_certified_key
 from protocol.config import RunConfig
-from protocol.hospital import run_key_context, sealed_key_context
+from protocol.key_ceremony import run_key_context, sealed_key_context
 from protocol.messages import (
     TO_HOSPITAL,
     TO_SERVER,

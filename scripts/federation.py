@@ -30,7 +30,7 @@ from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError,
 from protocol.messages import ProtocolError
 from protocol.party_keys import SERVER
 from protocol.roster import local_federation
-from protocol.hospital import DEFAULT_SEND_OFFSET_S, PrivacyBudget
+from protocol.hospital import DEFAULT_SEND_OFFSET_S
 from scripts._cli import (
     FEDERATION_METHODS,
     add_run_arguments,
@@ -45,7 +45,7 @@ from scripts._cli import (
 )
 from scripts.server import build_run_config, model_spec
 from training.baselines import BASELINES, DP_BASELINES, BaselineSettings, run_baseline
-from training.accounting import PrivacyLedger
+from training.ledger import PrivacyBudget, PrivacyLedger
 from training.datasets import Dataset, load_dataset
 from training.dp_fedavg import DpFedAvgSettings
 from training.methods import METHODS as TRAINING_METHODS, ledger_release

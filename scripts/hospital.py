@@ -8,10 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from protocol.config import ConfigError
-from protocol.hospital import DEFAULT_SEND_OFFSET_S, Hospital, PrivacyBudget
+from protocol.hospital import DEFAULT_SEND_OFFSET_S, Hospital
+from training.ledger import PrivacyBudget
 from protocol.messages import ProtocolError
 from protocol.party_keys import Credentials
-from protocol.roster import Roster, join_federation
+from protocol.roster import Roster
+from protocol.roster_confirmation import join_federation
 from protocol.voting_hospital import VotingHospital
 from scripts._cli import METHODS, USER_ERRORS, add_roster_fingerprint, chosen_aggregation, configure_logging, non_negative_float, positive_float, positive_int, probability, run
 from training.datasets import Split, load_dataset

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from protocol.party_keys import Credentials
-from protocol.roster import SIGNATURES_FILE, Roster, sign_roster
+from protocol.roster import Roster
+from protocol.roster_confirmation import SIGNATURES_FILE, sign_roster
 from protocol.key_files import KeyFileError
 from scripts._run import run_with
 

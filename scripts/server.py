@@ -10,8 +10,10 @@ from pathlib import Path
 from protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
 from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
 from protocol.party_keys import SERVER, Credentials
-from protocol.roster import Roster, join_federation
-from protocol.server import Server, Timeouts
+from protocol.roster import Roster
+from protocol.roster_confirmation import join_federation
+from protocol.participants import Timeouts
+from protocol.server import Server
 from protocol.voting_config import VotingConfig
 from protocol.voting_server import VotingServer
 from scripts._cli import (

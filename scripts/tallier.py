@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from protocol.roster import join_federation
+from protocol.roster_confirmation import join_federation
 from scripts._cli import add_roster_fingerprint, configure_logging, positive_float, run
 from tallier.tallier import Tallier
 

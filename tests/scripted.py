@@ -14,7 +14,7 @@ from conftest import child_environment, free_port, launcher, party_ledger
 from protocol.party_keys import SERVER, Credentials
 from protocol.roster import Roster, local_federation
 from scripts import _scripted
-from training.accounting import PrivacyLedger
+from training.ledger import PrivacyLedger
 
 
 class ServerProcess:

@@ -8,7 +8,8 @@ from opacus.accountants.analysis.rdp import compute_rdp
 from scipy.special import logsumexp
 from scipy.stats import skellam
 
-from training.accounting import LedgerError, PrivacyLedger, Release, release_of
+from training.accounting import Release, release_of
+from training.ledger import LedgerError, PrivacyLedger
 from training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
 from training.skellam import SkellamMechanism
 

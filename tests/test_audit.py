@@ -33,7 +33,8 @@ from protocol.config import RunConfig
 from protocol.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Released, Update
 from protocol.transcript import read_messages
 from protocol.voting_config import VotingConfig
-from training.accounting import PrivacyLedger, release_of
+from training.accounting import release_of
+from training.ledger import PrivacyLedger
 from training.dopamine import DopamineSettings, NoisyGradientStep
 from training.intermediaries import expected_noise_norm, next_subclient_count
 from training.methods import ledger_release

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from training.accounting import PrivacyLedger
+from training.ledger import PrivacyLedger
 from training.datasets import Split
 from training.dp_fedavg import COUNT_SLOT_WEIGHT, NORM_SLOT_WEIGHT, DpFedAvgSettings, SubclientStep
 from training.fedavg import FedAvgError, clip_update, local_update

@@ -13,7 +13,7 @@ from crypto.bfv import BfvError, PublicContext, SecretContext, upload_bytes
 from crypto.membership import CHECK_KEY_BYTES
 from crypto.sealed_box import SealedBoxError, open_box
 from protocol.config import RunConfig
-from protocol.hospital import sealed_key_context
+from protocol.key_ceremony import sealed_key_context
 from protocol.messages import TO_SERVER, KeySetup, Update
 from protocol.party_keys import Credentials
 from protocol.roster import Roster

@@ -10,10 +10,8 @@ import pytest
 
 from protocol.key_files import KeyFileError
 from protocol.party_keys import MPC_KEY_FILE, SECRET_FILE, Credentials, generate_party_keys
-from protocol.roster import (
-    ACCEPTED_ROSTER_FILE, ROSTER_FILE, SIGNATURES_FILE, Roster, RosterError, assemble_roster, confirm_roster, join_federation,
-    local_federation, sign_roster,
-)  # fmt: skip
+from protocol.roster import ROSTER_FILE, Roster, RosterError, assemble_roster, local_federation
+from protocol.roster_confirmation import ACCEPTED_ROSTER_FILE, SIGNATURES_FILE, confirm_roster, join_federation, sign_roster
 from tests.conftest import run_launcher
 
 ADDRESS = "tcp://127.0.0.1:6000"

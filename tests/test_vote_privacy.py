@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from opacus.accountants.analysis.rdp import compute_rdp
 
-from training.accounting import PrivacyLedger
+from training.ledger import PrivacyLedger
 from training.rdp import ORDERS, rdp_to_epsilon
 from training.vote_privacy import VotingSettings
 

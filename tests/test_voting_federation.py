@@ -29,7 +29,7 @@ from protocol.transcript import read_transcript
 from protocol.transport import ClientTransport
 from protocol.voting_config import VotingConfig
 from scripted import wait_for_text
-from training.accounting import PrivacyLedger
+from training.ledger import PrivacyLedger
 from training.vote_privacy import VotingSettings
 
 pytestmark = pytest.mark.slow
