@@ -67,7 +67,9 @@ class PublicContext:
     def __init__(self, params: BfvParameters) -> None:
         encryption = seal.EncryptionParameters(seal.SCHEME_TYPE.BFV)
         encryption.set_poly_modulus_degree(params.poly_modulus_degree)
-        encryption.set_coeff_modulus(seal.CoeffModulus.Create(params.poly_modulus_degree, list(params.coeff_mod_bit_sizes)))
+        encryption.set_coeff_modulus(
+            seal.CoeffModulus.Create(params.poly_modulus_degree, list(params.coeff_mod_bit_sizes))
+        )
         encryption.set_plain_modulus(params.plain_modulus)
         self.seal = seal.SEALContext(encryption, True, seal.SEC_LEVEL_TYPE.TC128)
         if not self.seal.parameters_set():
@@ -86,7 +88,9 @@ class PublicContext:
         return self._load(chunks, self._seeded_prefix, self.params.poly_modulus_degree, seeded=True, what="upload")
 
     def load_aggregate(self, chunks: Sequence[bytes]) -> list[seal.Ciphertext]:
-        return self._load(chunks, self._full_prefix, 2 * self.params.poly_modulus_degree, seeded=False, what="aggregate")
+        return self._load(
+            chunks, self._full_prefix, 2 * self.params.poly_modulus_degree, seeded=False, what="aggregate"
+        )
 
     def pack_uploads(self, serialized: Sequence[bytes]) -> list[bytes]:
         """Our wire form of SEAL's own seeded serialisations (``Serializable.save``)."""
@@ -129,7 +133,9 @@ class PublicContext:
             words = _unpack(b"".join(chunk[:packed_bytes] for chunk in batch), coefficients * len(batch), self._bits)
             yield from (words[i : i + 8 * coefficients] for i in range(0, len(words), 8 * coefficients))
 
-    def _load(self, chunks: Sequence[bytes], prefix: bytes, coefficients: int, *, seeded: bool, what: str) -> list[seal.Ciphertext]:
+    def _load(
+        self, chunks: Sequence[bytes], prefix: bytes, coefficients: int, *, seeded: bool, what: str
+    ) -> list[seal.Ciphertext]:
         if len(chunks) != self.params.chunk_count:
             raise BfvError(f"an {what} has {self.params.chunk_count} ciphertexts, got {len(chunks)}")
         packed_bytes = _packed_bytes(coefficients, self.params)
@@ -221,7 +227,9 @@ class SecretContext:
         """The run's secrets. They only ever leave a hospital sealed to another hospital."""
         return self._check.to_bytes() + _save(self._secret_key)
 
-    def encrypt_update(self, values: np.ndarray, *, round_number: int, hospital: str, seeded: bool = True) -> list[bytes]:
+    def encrypt_update(
+        self, values: np.ndarray, *, round_number: int, hospital: str, seeded: bool = True
+    ) -> list[bytes]:
         """The upload of an integer vector, as slots (``crypto.slot_digits``) and their check slots.
 
         ``seeded=False`` sends both polynomials, in the aggregate's form: twice the bytes. The protocol
@@ -229,13 +237,17 @@ class SecretContext:
         """
         values = np.asarray(values)
         if values.shape != (self.params.vector_length,) or not np.issubdtype(values.dtype, np.integer):
-            raise BfvError(f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}")
+            raise BfvError(
+                f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}"
+            )
         slots = self._check.append(self.params.digits.to_slots(values), round_number=round_number, hospital=hospital)
         encrypted = []
         with _MemoryFile() as file:
             for start in range(0, slots.size, self.params.poly_modulus_degree):
                 plaintext = seal.Plaintext()
-                self._encoder.encode(slots[start : start + self.params.poly_modulus_degree].tolist(), plaintext)  # slots in [0, t) as they are
+                self._encoder.encode(
+                    slots[start : start + self.params.poly_modulus_degree].tolist(), plaintext
+                )  # slots in [0, t) as they are
                 if seeded:
                     encrypted.append(file.save(self._encryptor.encrypt_symmetric(plaintext)))
                 else:
@@ -276,7 +288,9 @@ class CiphertextSum:
 
     def add(self, chunks: Sequence[bytes]) -> None:
         if self.contributions >= self._context.params.max_contributors:
-            raise BfvError(f"this sum already holds {self.contributions} contributions, the most these parameters allow")
+            raise BfvError(
+                f"this sum already holds {self.contributions} contributions, the most these parameters allow"
+            )
         incoming = self._load(chunks)
         if self._totals is not None:
             added = []

@@ -134,11 +134,15 @@ def select_bfv_parameters(*, max_contributors: int, vector_length: int, sum_boun
     return min(candidates, key=lambda p: (_upload_bits(p), p.chunk_count))
 
 
-def _parameters_for_degree(degree: int, per_slot: int, contributors: int, vector_length: int, sum_bound: int) -> BfvParameters:
+def _parameters_for_degree(
+    degree: int, per_slot: int, contributors: int, vector_length: int, sum_bound: int
+) -> BfvParameters:
     base = 2 * sum_bound + 1
     plain_modulus = _smallest_batching_prime_at_least(base**per_slot, degree)
     if plain_modulus.bit_length() > MAX_PLAIN_MODULUS_BITS:
-        raise ParameterError(f"the plaintext modulus would need {plain_modulus.bit_length()} bits (max {MAX_PLAIN_MODULUS_BITS})")
+        raise ParameterError(
+            f"the plaintext modulus would need {plain_modulus.bit_length()} bits (max {MAX_PLAIN_MODULUS_BITS})"
+        )
 
     digits = SlotDigits(base=base, per_slot=per_slot, modulus=plain_modulus)
     coefficients = _chunk_count(digits, vector_length, degree) * degree
@@ -219,7 +223,9 @@ def _seal_coeff_modulus(degree: int, bit_sizes: tuple[int, ...]) -> list[int]:
     """The primes SEAL's CoeffModulus::Create picks: for each bit size, the largest primes = 1 mod 2N
     below 2^bits in descending order, handed out from the smallest, so [b, b] puts the second-largest
     b-bit prime first."""
-    descending = {bits: _largest_batching_primes_below(2**bits, degree, bit_sizes.count(bits)) for bits in set(bit_sizes)}
+    descending = {
+        bits: _largest_batching_primes_below(2**bits, degree, bit_sizes.count(bits)) for bits in set(bit_sizes)
+    }
     return [descending[bits].pop() for bits in bit_sizes]
 
 

@@ -44,7 +44,12 @@ class EndorsementError(ValueError):
 
 
 def aggregate_statement(
-    *, run: str, round_number: int, contributors: Sequence[str], chunks: Sequence[bytes], round_state: Mapping[str, float]
+    *,
+    run: str,
+    round_number: int,
+    contributors: Sequence[str],
+    chunks: Sequence[bytes],
+    round_state: Mapping[str, float],
 ) -> bytes:
     """The 32 bytes a contributor signs for one aggregate: unambiguous, as every part is length-prefixed.
 
@@ -55,7 +60,9 @@ def aggregate_statement(
     parts = [_LABEL, run.encode(), b"%d" % round_number, b"%d" % len(contributors)]
     parts += [name.encode() for name in contributors]
     parts += [b"%d" % len(chunks)] + [hashlib.sha256(chunk).digest() for chunk in chunks]
-    parts += [b"%d" % len(round_state)] + [name.encode() + b"=" + struct.pack(">d", value) for name, value in sorted(round_state.items())]
+    parts += [b"%d" % len(round_state)] + [
+        name.encode() + b"=" + struct.pack(">d", value) for name, value in sorted(round_state.items())
+    ]
     for part in parts:
         statement.update(struct.pack(">Q", len(part)) + part)
     return statement.digest()

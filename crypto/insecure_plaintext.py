@@ -37,7 +37,9 @@ class InsecurePlaintextUploads:
         """The update itself, modulo 2^32. Nothing is encrypted."""
         values = np.asarray(values)
         if values.shape != (self.params.vector_length,) or not np.issubdtype(values.dtype, np.integer):
-            raise BfvError(f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}")
+            raise BfvError(
+                f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}"
+            )
         return [values.astype(_WORD).tobytes()]  # numpy's cast to uint32 is the reduction modulo 2^32
 
     def decrypt_sum(self, chunks: Sequence[bytes], *, round_number: int, contributors: Sequence[str]) -> np.ndarray:
@@ -55,7 +57,9 @@ class InsecurePlaintextSum:
 
     def add(self, chunks: Sequence[bytes]) -> None:
         if self.contributions >= self._params.max_contributors:
-            raise BfvError(f"this sum already holds {self.contributions} contributions, the most these parameters allow")
+            raise BfvError(
+                f"this sum already holds {self.contributions} contributions, the most these parameters allow"
+            )
         self._total += _words(chunks, self._params)  # uint32 wraps: the sum modulo 2^32
         self.contributions += 1
 

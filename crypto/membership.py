@@ -89,7 +89,9 @@ class CheckKey:
         if len(key) != CHECK_KEY_BYTES:
             raise MembershipError(f"a check key has {CHECK_KEY_BYTES} bytes, got {len(key)}")
         if not (2 < plain_modulus < 2**MAX_PLAIN_MODULUS_BITS and is_prime(plain_modulus)):
-            raise MembershipError(f"check slots need a prime plaintext modulus below 2^{MAX_PLAIN_MODULUS_BITS}, got {plain_modulus}")
+            raise MembershipError(
+                f"check slots need a prime plaintext modulus below 2^{MAX_PLAIN_MODULUS_BITS}, got {plain_modulus}"
+            )
         self._key = key
         self._run_id = run_id
         self._t = plain_modulus
@@ -128,7 +130,10 @@ class CheckKey:
         """``<a_l, x> mod t`` for each ``l``, exactly: ``x`` is cut into 16-bit limbs, and ``np.dot`` (which
         wraps) sums at most ``2^16`` products of a limb and a 32-bit coefficient at a time."""
         x = reduced.astype(np.uint64)
-        limbs = [(x >> np.uint64(shift)) & np.uint64(2**_LIMB_BITS - 1) for shift in range(0, self._t.bit_length(), _LIMB_BITS)]
+        limbs = [
+            (x >> np.uint64(shift)) & np.uint64(2**_LIMB_BITS - 1)
+            for shift in range(0, self._t.bit_length(), _LIMB_BITS)
+        ]
         block = 2 ** (64 - _COEFFICIENT_BITS - _LIMB_BITS)
         products = []
         for l in range(self.slots):
@@ -146,7 +151,9 @@ class CheckKey:
     def _tags(self, round_number: int, hospital: str) -> list[int]:
         size = _TAG_BITS // 8
         words = self._keystream(b"tags|%d|" % round_number + hospital.encode(), size * self.slots)
-        return [int.from_bytes(words[i : i + size], "little") * self._t >> _TAG_BITS for i in range(0, len(words), size)]
+        return [
+            int.from_bytes(words[i : i + size], "little") * self._t >> _TAG_BITS for i in range(0, len(words), size)
+        ]
 
     def _coefficients(self, label: bytes, size: int) -> np.ndarray:
         """``size`` coefficients in ``[0, min(t, 2^32))`` from the keystream of ``label``'s key (module docstring)."""

@@ -36,7 +36,9 @@ class MpcField:
         """The smallest field whose comparisons are right for totals in ``[-bound, bound]``."""
         length = max(_MIN_BIT_LENGTH, (2 * bound).bit_length() + 1)
         if length > _MAX_BIT_LENGTH:
-            raise ValueError(f"totals up to {bound} need {length}-bit comparisons; at most {_MAX_BIT_LENGTH} are supported")
+            raise ValueError(
+                f"totals up to {bound} need {length}-bit comparisons; at most {_MAX_BIT_LENGTH} are supported"
+            )
         return cls(length, mpyc_runtime([]).SecInt(length).field.modulus)
 
     def holds(self, bound: int) -> bool:

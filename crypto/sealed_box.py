@@ -48,9 +48,7 @@ class SealedBoxError(ValueError):
     """A sealed box that cannot be opened as asked."""
 
 
-def seal(
-    plaintext: bytes, *, recipient: X25519PublicKey, sender: Ed25519PrivateKey, context: bytes
-) -> bytes:
+def seal(plaintext: bytes, *, recipient: X25519PublicKey, sender: Ed25519PrivateKey, context: bytes) -> bytes:
     ephemeral = X25519PrivateKey.generate()
     ephemeral_public = _raw(ephemeral.public_key())
     recipient_public = _raw(recipient)
@@ -60,9 +58,7 @@ def seal(
     return body + sender.sign(_signed_message(body, context, recipient_public))
 
 
-def open_box(
-    box: bytes, *, recipient: X25519PrivateKey, sender: Ed25519PublicKey, context: bytes
-) -> bytes:
+def open_box(box: bytes, *, recipient: X25519PrivateKey, sender: Ed25519PublicKey, context: bytes) -> bytes:
     if len(box) < _HEADER_BYTES + _TAG_BYTES + _SIGNATURE_BYTES:
         raise SealedBoxError(f"sealed box too short ({len(box)} bytes)")
     if not box.startswith(_VERSION):
@@ -100,7 +96,9 @@ def verify_certified_key(certified: bytes, *, signer: Ed25519PublicKey, context:
     try:
         signer.verify(signature, _certified_message(raw, context))
     except InvalidSignature:
-        raise SealedBoxError("the key's certificate does not verify: from another party or for another purpose") from None
+        raise SealedBoxError(
+            "the key's certificate does not verify: from another party or for another purpose"
+        ) from None
     return X25519PublicKey.from_public_bytes(raw)
 
 

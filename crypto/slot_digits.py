@@ -41,7 +41,9 @@ class SlotDigits:
         shifted = (rows + half).view(np.uint64)  # in [0, M) exactly for values in [-S, S], even where int64 wraps
         outside = np.unique(np.flatnonzero(shifted >= self.base) // self.per_slot)
         powers = np.array([pow(self.base, digit, self.modulus) for digit in range(self.per_slot)], dtype=object)
-        exact = (np.mod(rows[outside], self.modulus).astype(object) @ powers) % self.modulus  # Python integers: no overflow
+        exact = (
+            np.mod(rows[outside], self.modulus).astype(object) @ powers
+        ) % self.modulus  # Python integers: no overflow
         rows[outside] = 0
         slots = rows[:, -1].copy()
         for digit in reversed(range(self.per_slot - 1)):  # Horner: |slots| <= (M^k - 1) / 2 < t / 2

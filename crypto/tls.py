@@ -22,9 +22,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 __all__ = [
-    "CertificateError", "MpcCertificate", "certificate_from_pem", "certificate_from_text", "certificate_pem", "certificate_text",
+    "CertificateError",
+    "MpcCertificate",
+    "certificate_from_pem",
+    "certificate_from_text",
+    "certificate_pem",
+    "certificate_text",
     "make_mpc_certificate",
-]  # fmt: skip
+]
 
 _VALIDITY = datetime.timedelta(days=3650)
 
@@ -57,7 +62,9 @@ def make_mpc_certificate(subject: str) -> MpcCertificate:
     )
     return MpcCertificate(
         certificate=certificate.public_bytes(serialization.Encoding.DER),
-        private_key=key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        private_key=key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ),
     )
 
 

@@ -51,7 +51,9 @@ def seal_ballot(
     """``noisy_votes`` shared among the talliers (in the order of ``tallier_keys``), each share sealed to its tallier."""
     shares = share(noisy_votes, len(tallier_keys), field.modulus)
     return {
-        tallier: seal(to_bytes(vector), recipient=key, sender=sender, context=_share_context(run, round_number, hospital, tallier))
+        tallier: seal(
+            to_bytes(vector), recipient=key, sender=sender, context=_share_context(run, round_number, hospital, tallier)
+        )
         for (tallier, key), vector in zip(tallier_keys.items(), shares, strict=True)
     }
 
@@ -70,7 +72,9 @@ def open_share(
 ) -> np.ndarray:
     """The share ``hospital`` sealed to ``tallier`` for this round: ``values`` elements of the field, or ``BallotError``."""
     try:
-        plaintext = open_box(box, recipient=recipient, sender=hospital_key, context=_share_context(run, round_number, hospital, tallier))
+        plaintext = open_box(
+            box, recipient=recipient, sender=hospital_key, context=_share_context(run, round_number, hospital, tallier)
+        )
         return from_bytes(plaintext, values, field.modulus)
     except (SealedBoxError, ShareError) as error:
         raise BallotError(f"the share from {hospital} for round {round_number} is refused: {error}") from None

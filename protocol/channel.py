@@ -58,8 +58,12 @@ class ServerChannel:
         transcript: Transcript | None = None,
     ) -> "ServerChannel":
         """A channel to the roster's server, authenticated with ``credentials``."""
-        transport = ClientTransport(roster.server_address, roster.server.curve_public, credentials.curve, MAX_MESSAGE_BYTES)
-        return cls(transport, accept=accept, limit=MAX_MESSAGE_BYTES, timeout_s=timeout_s, log=log, transcript=transcript)
+        transport = ClientTransport(
+            roster.server_address, roster.server.curve_public, credentials.curve, MAX_MESSAGE_BYTES
+        )
+        return cls(
+            transport, accept=accept, limit=MAX_MESSAGE_BYTES, timeout_s=timeout_s, log=log, transcript=transcript
+        )
 
     def send(self, message: Message) -> None:
         self.transport.send(encode(message))
@@ -93,7 +97,13 @@ class ServerChannel:
 
 class PartyChannels:
     def __init__(
-        self, transport: ServerTransport, *, accept: frozenset[type], limit: int, log: logging.Logger, transcript: Transcript | None
+        self,
+        transport: ServerTransport,
+        *,
+        accept: frozenset[type],
+        limit: int,
+        log: logging.Logger,
+        transcript: Transcript | None,
     ) -> None:
         self.rejections = RejectionLog(log)
         self._transport = transport

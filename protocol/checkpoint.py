@@ -26,7 +26,15 @@ from typing import Callable
 
 from training.durable import replace_file
 
-__all__ = ["CHECKPOINT_FILE", "REPORT_FILE", "Checkpoint", "CheckpointError", "write_at_the_end", "write_report", "write_retrying"]
+__all__ = [
+    "CHECKPOINT_FILE",
+    "REPORT_FILE",
+    "Checkpoint",
+    "CheckpointError",
+    "write_at_the_end",
+    "write_report",
+    "write_retrying",
+]
 
 CHECKPOINT_FILE = "checkpoint.json"
 REPORT_FILE = "server_report.json"

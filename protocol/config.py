@@ -20,7 +20,15 @@ from training.methods import TrainingSettings, settings_from_dict
 from training.models import ModelSpec
 from training.skellam import SkellamMechanism
 
-__all__ = ["INSECURE_PLAINTEXT", "SECURE_AGGREGATION", "ConfigError", "RunConfig", "check_aggregation", "check_run", "run_fingerprint"]
+__all__ = [
+    "INSECURE_PLAINTEXT",
+    "SECURE_AGGREGATION",
+    "ConfigError",
+    "RunConfig",
+    "check_aggregation",
+    "check_run",
+    "run_fingerprint",
+]
 
 SECURE_AGGREGATION = "bfv"
 INSECURE_PLAINTEXT = "insecure-plaintext-benchmark"  # crypto.insecure_plaintext: no privacy holds
@@ -115,11 +123,17 @@ class RunConfig:
         params = self.bfv_parameters()
         ciphertexts = params.chunk_count * aggregate_bytes(params)
         # A sealed secret key: N coefficients of 8 bytes for each prime of the key level.
-        sealed_keys = len(self.hospitals) * (len(params.coeff_mod_bit_sizes) * params.poly_modulus_degree * 8 + _SEALED_KEY_SLACK_BYTES)
-        welcome = _WELCOME_VECTORS * 4 * params.vector_length + len(json.dumps(self.to_dict()))  # msgpack is no longer than JSON here
+        sealed_keys = len(self.hospitals) * (
+            len(params.coeff_mod_bit_sizes) * params.poly_modulus_degree * 8 + _SEALED_KEY_SLACK_BYTES
+        )
+        welcome = _WELCOME_VECTORS * 4 * params.vector_length + len(
+            json.dumps(self.to_dict())
+        )  # msgpack is no longer than JSON here
         limit = max(ciphertexts, sealed_keys, welcome) + _MESSAGE_SLACK_BYTES
         if limit > MAX_MESSAGE_BYTES:
-            raise ConfigError(f"this run's largest message would take {limit:,} bytes, over the {MAX_MESSAGE_BYTES:,} a party accepts")
+            raise ConfigError(
+                f"this run's largest message would take {limit:,} bytes, over the {MAX_MESSAGE_BYTES:,} a party accepts"
+            )
         return limit
 
     def fingerprint(self, initial_parameters: bytes) -> str:
@@ -144,7 +158,11 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunConfig":
-        if not isinstance(values, dict) or not isinstance(values.get("hospitals"), list) or len(values["hospitals"]) > MAX_HOSPITALS:
+        if (
+            not isinstance(values, dict)
+            or not isinstance(values.get("hospitals"), list)
+            or len(values["hospitals"]) > MAX_HOSPITALS
+        ):
             raise ConfigError(f"malformed run configuration: hospitals must be a list of at most {MAX_HOSPITALS} names")
         try:
             config = cls(

@@ -42,7 +42,6 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 from torch import nn
@@ -61,7 +60,6 @@ from protocol.messages import (
     KeyReady,
     KeyRequest,
     MeanRequest,
-    Message,
     MessageError,
     ProtocolError,
     Released,
@@ -91,8 +89,6 @@ from training.models import build_model, parameter_count, set_flat_parameters
 __all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital"]
 
 log = logging.getLogger("consilium.hospital")
-
-M = TypeVar("M", bound=Message)
 
 
 # Measured: the default run's slowest train + encrypt step on a 2-core machine took 0.04 s (its
@@ -155,15 +151,15 @@ class Hospital:
         """Take part until the server finishes the run or the budget is spent; returns the metrics."""
         finish_reason = ""
         try:
-            self._send(Hello())
+            self._channel.send(Hello())
             while not finish_reason:
                 try:
-                    self._join(self._expect(Welcome))
+                    self._join(self._channel.expect(Welcome))
                     finish_reason = self._rounds_loop()
                 except Reconnected:
                     # The server may have restarted and forgotten us; what was in flight is lost.
                     log.warning("%s: the connection to the server was made again; joining again", self._name)
-                    self._send(Hello())
+                    self._channel.send(Hello())
         finally:
             if self._config is not None:
                 self._metrics.write(self._config, finish_reason, rejected=self._channel.rejections.total)
@@ -177,7 +173,9 @@ class Hospital:
         except ConfigError as error:
             raise ProtocolError(f"the server's run configuration is unusable: {error}") from None
         if config.training.METHOD != self._method:
-            raise ProtocolError(f"the server's run trains with {config.training.METHOD!r}; {self._name} was started for {self._method!r}")
+            raise ProtocolError(
+                f"the server's run trains with {config.training.METHOD!r}; {self._name} was started for {self._method!r}"
+            )
         if config.aggregation != self._aggregation:
             raise ProtocolError(
                 f"the server's run uses {config.aggregation!r} aggregation; {self._name} was started for {self._aggregation!r}"
@@ -186,23 +184,31 @@ class Hospital:
         if self._config is None:
             self._begin(config, run, welcome.initial_parameters)
         elif run != self._run:
-            raise ProtocolError(f"the server welcomed {self._name} to run {run}, not to the run it takes part in ({self._run})")
+            raise ProtocolError(
+                f"the server welcomed {self._name} to run {run}, not to the run it takes part in ({self._run})"
+            )
         self._metrics.joins += 1
         set_flat_parameters(self._model, _float32s(welcome.parameters, self._shared.parameter_count, "the model"))
         try:
-            self._shared.load_state(_float32s(welcome.optimizer_state, self._shared.state().size, "the optimizer state"))
+            self._shared.load_state(
+                _float32s(welcome.optimizer_state, self._shared.state().size, "the optimizer state")
+            )
         except ValueError as error:
             raise ProtocolError(f"the server's optimizer state is unusable: {error}") from None
         if self._secret is None and welcome.generate_key:
             if self._name != config.key_holder:
-                raise ProtocolError(f"the server asks {self._name} to create the run's key; only {config.key_holder} does")
+                raise ProtocolError(
+                    f"the server asks {self._name} to create the run's key; only {config.key_holder} does"
+                )
             self._secret = SecretContext.generate(config.bfv_parameters(), run_id=config.run_id)
         if self._secret is None:
             self._secret = self._keys.receive(self._channel)
         self._uploads = (
-            InsecurePlaintextUploads(config.bfv_parameters()) if self._aggregation == INSECURE_PLAINTEXT else self._secret
+            InsecurePlaintextUploads(config.bfv_parameters())
+            if self._aggregation == INSECURE_PLAINTEXT
+            else self._secret
         )
-        self._send(KeyReady())
+        self._channel.send(KeyReady())
 
     def _begin(self, config: RunConfig, run: str, initial_parameters: bytes) -> None:
         if self._name not in config.hospitals:
@@ -212,10 +218,17 @@ class Hospital:
             raise ProtocolError(f"the run names {sorted(strangers)} as hospitals; the roster does not")
         model = build_model(config.model)
         set_flat_parameters(model, _float32s(initial_parameters, parameter_count(model), "the initial parameters"))
-        self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key, accept_unchained=self._upgrade_ledger)
+        self._ledger = PrivacyLedger(
+            self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key, accept_unchained=self._upgrade_ledger
+        )
         self._last_round = self._ledger.begin_run(config.run_id, run)
         if self._last_round:
-            log.warning("%s resumes run %s after round %d, the last its ledger charged", self._name, config.run_id, self._last_round)
+            log.warning(
+                "%s resumes run %s after round %d, the last its ledger charged",
+                self._name,
+                config.run_id,
+                self._last_round,
+            )
             self._metrics.continue_run(config.run_id)
         self._channel.limit = config.message_limit()
         self._config, self._run = config, run
@@ -233,25 +246,33 @@ class Hospital:
     def _rounds_loop(self) -> str:
         pending: Contribution | None = None
         while True:
-            message = self._expect(RoundStart, Aggregate, Endorsements, RoundAbort, KeyRequest, MeanRequest, Finish)
+            message = self._channel.expect(
+                RoundStart, Aggregate, Endorsements, RoundAbort, KeyRequest, MeanRequest, Finish
+            )
             received = time.monotonic()
             if isinstance(message, Finish):
                 return message.reason
             if isinstance(message, KeyRequest):
                 try:
-                    self._send(self._keys.seal(self._secret, message))
+                    self._channel.send(self._keys.seal(self._secret, message))
                 except ProtocolError as error:  # nothing sealed; the run goes on without the newcomer
                     self._channel.rejections.reject("the server", message.TYPE, str(error))
             elif isinstance(message, MeanRequest):
                 if self._released is None or self._released.round != message.round:
-                    self._channel.rejections.reject("the server", message.TYPE, f"we released no mean gradient for round {message.round}")
+                    self._channel.rejections.reject(
+                        "the server", message.TYPE, f"we released no mean gradient for round {message.round}"
+                    )
                 else:
-                    self._send(self._released)  # the same release again, now with the mean itself
+                    self._channel.send(self._released)  # the same release again, now with the mean itself
             elif isinstance(message, RoundStart):
                 if message.round <= self._last_round:
-                    raise ProtocolError(f"the server started round {message.round} again after round {self._last_round}")
+                    raise ProtocolError(
+                        f"the server started round {message.round} again after round {self._last_round}"
+                    )
                 if message.round > self._config.rounds:
-                    raise ProtocolError(f"the server started round {message.round} of a run of {self._config.rounds} rounds")
+                    raise ProtocolError(
+                        f"the server started round {message.round} of a run of {self._config.rounds} rounds"
+                    )
                 self._last_round = message.round
                 # What every update is charged: the least noise its sum can carry, a quorum's, at this round's settings.
                 training = self._shared.settings
@@ -259,19 +280,23 @@ class Hospital:
                 refusal = self._budget.refusal(self._ledger, least_noise, message.round)
                 if refusal:
                     log.warning("%s withdraws: %s", self._name, refusal)
-                    self._send(Withdraw(round=message.round, reason=refusal))
+                    self._channel.send(Withdraw(round=message.round, reason=refusal))
                     self._ledger.finish_run(self._config.run_id)
                     return refusal
                 pending = self._contribute(training, least_noise, message.round, send_at=received + self._send_offset_s)
                 if message.round == self._config.rounds:  # no later round exists: a replayed Welcome begins nothing
                     self._ledger.finish_run(self._config.run_id)
             elif pending is None or message.round != pending.round:
-                self._channel.rejections.reject("the server", message.TYPE, f"no update of ours is pending for round {message.round}")
+                self._channel.rejections.reject(
+                    "the server", message.TYPE, f"no update of ours is pending for round {message.round}"
+                )
             elif isinstance(message, RoundAbort):
                 log.warning("round %d aborted by the server: %s", message.round, message.reason)
                 pending = None
             elif isinstance(message, Aggregate) and pending.endorsed is not None:
-                self._channel.rejections.reject("the server", message.TYPE, "a second aggregate: a hospital endorses one per round")
+                self._channel.rejections.reject(
+                    "the server", message.TYPE, "a second aggregate: a hospital endorses one per round"
+                )
             elif isinstance(message, Aggregate):
                 self._endorse(message, pending)
             elif pending.endorsed is None:
@@ -280,7 +305,9 @@ class Hospital:
                 self._release(message, pending)
                 pending = None
 
-    def _contribute(self, training: TrainingSettings, charge: Release, round_number: int, *, send_at: float) -> "Contribution":
+    def _contribute(
+        self, training: TrainingSettings, charge: Release, round_number: int, *, send_at: float
+    ) -> "Contribution":
         # Durable before the update leaves: a crash can only over-count.
         self._ledger.record(charge, run_id=self._config.run_id, round_number=round_number)
         if self._step.settings != training:  # adaptive v moved on
@@ -309,7 +336,10 @@ class Hospital:
             contribution.overran_send_offset = True
             log.warning(
                 "round %d: the update took %.3f s longer than the send offset of %g s; its send time may "
-                "reveal the batch size (raise --send-offset)", round_number, -wait, self._send_offset_s
+                "reveal the batch size (raise --send-offset)",
+                round_number,
+                -wait,
+                self._send_offset_s,
             )
         self._channel.transport.send(update)
         return contribution
@@ -335,10 +365,15 @@ class Hospital:
         pending.seconds["decrypt"] = time.perf_counter() - started
         pending.endorsed = message.contributors
         pending.statement = aggregate_statement(
-            run=self._run, round_number=message.round, contributors=message.contributors, chunks=message.chunks,
+            run=self._run,
+            round_number=message.round,
+            contributors=message.contributors,
+            chunks=message.chunks,
             round_state=pending.settings.round_state(),
-        )  # fmt: skip
-        self._send(Endorsement(round=message.round, signature=endorse(pending.statement, self._credentials.identity.signing)))
+        )
+        self._channel.send(
+            Endorsement(round=message.round, signature=endorse(pending.statement, self._credentials.identity.signing))
+        )
 
     def _release(self, message: Endorsements, pending: "Contribution") -> None:
         """Use and release the sum, once every contributor has endorsed the aggregate this hospital endorsed."""
@@ -350,14 +385,10 @@ class Hospital:
             raise ProtocolError(f"round {message.round}: refusing to release the sum: {error}") from None
         self._shared.apply(pending.mean, len(contributors))
         payload = pending.mean.tobytes()
-        self._released = Released(round=message.round, digest=release_digest(message.round, payload), mean_gradient=payload)
+        self._released = Released(
+            round=message.round, digest=release_digest(message.round, payload), mean_gradient=payload
+        )
         releaser = contributors[0] == self._name
-        self._send(self._released if releaser else replace(self._released, mean_gradient=b""))
+        self._channel.send(self._released if releaser else replace(self._released, mean_gradient=b""))
         sent_bytes = self._channel.transport.bytes_sent - pending.bytes_sent_before
         self._metrics.released(pending, len(contributors), sent_bytes, self._ledger.epsilons(self._budget.delta))
-
-    def _send(self, message: Message) -> None:
-        self._channel.send(message)
-
-    def _expect(self, *types: type[M]) -> M:
-        return self._channel.expect(*types)

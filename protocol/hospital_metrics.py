@@ -57,9 +57,13 @@ class HospitalMetrics:
             earlier = json.loads(path.read_text())
             self.rounds, self.joins = list(earlier["rounds"]), int(earlier["joins"])
         except (OSError, ValueError, KeyError, TypeError) as error:
-            log.warning("%s: the metrics of its earlier process are unreadable (%s); starting them afresh", self._name, error)
+            log.warning(
+                "%s: the metrics of its earlier process are unreadable (%s); starting them afresh", self._name, error
+            )
 
-    def released(self, contribution: Contribution, contributors: int, sent_bytes: int, epsilon: dict[str, float]) -> None:
+    def released(
+        self, contribution: Contribution, contributors: int, sent_bytes: int, epsilon: dict[str, float]
+    ) -> None:
         self.rounds.append(
             {
                 "round": contribution.round,

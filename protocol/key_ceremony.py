@@ -90,7 +90,9 @@ def hand_out_key(
     sealers = participants.active + sorted(ready, key=lambda name: name != key_holder)
     if run_keys and sealers:
         ready += _relay_key(participants, sealers[0], run_keys, deadline, timeout_s)
-    for name in set(newcomers) - set(ready) - set(participants.joining):  # (one that said Hello again is welcomed again)
+    for name in (
+        set(newcomers) - set(ready) - set(participants.joining)
+    ):  # (one that said Hello again is welcomed again)
         participants.turn_away(name, f"did not take the run's key within {timeout_s:g} s")
     return ready
 
@@ -110,7 +112,9 @@ def _relay_key(
         if not (isinstance(message, KeySetup) and sender == sealer):
             parties.reject(sender, message, f"expected {sealer}'s key setup")
         elif set(message.sealed_keys) != set(run_keys):
-            parties.reject(sender, message, f"sealed keys are for {sorted(message.sealed_keys)}, not {sorted(run_keys)}")
+            parties.reject(
+                sender, message, f"sealed keys are for {sorted(message.sealed_keys)}, not {sorted(run_keys)}"
+            )
         else:
             break
     for name, box in message.sealed_keys.items():
@@ -152,7 +156,9 @@ class HospitalKeys:
         channel.send(RunKey(certified_key=certified))
         sealed = channel.expect(SealedKey)
         if sealed.sealer not in self._config.hospitals or sealed.sealer == name:
-            raise ProtocolError(f"the BFV key is said to be sealed by {sealed.sealer!r}, not another hospital of the run")
+            raise ProtocolError(
+                f"the BFV key is said to be sealed by {sealed.sealer!r}, not another hospital of the run"
+            )
         try:
             secret_bytes = open_box(
                 sealed.box,
@@ -186,12 +192,16 @@ class HospitalKeys:
         if not run_keys:
             raise ProtocolError("the server asks to seal the key to no hospital")
         if not set(run_keys) <= expected:
-            raise ProtocolError(f"the server asks to seal the key to {sorted(set(run_keys) - expected)}, not in this run")
+            raise ProtocolError(
+                f"the server asks to seal the key to {sorted(set(run_keys) - expected)}, not in this run"
+            )
         keys = {}
         for name, certified in run_keys.items():
             try:
                 keys[name] = verify_certified_key(
-                    certified, signer=self._roster.party(name).identity.signing, context=run_key_context(self._run, name)
+                    certified,
+                    signer=self._roster.party(name).identity.signing,
+                    context=run_key_context(self._run, name),
                 )
             except SealedBoxError as error:
                 raise ProtocolError(f"the run key the server relays for {name} is not {name}'s: {error}") from None

@@ -209,7 +209,9 @@ class Released(Message):
     TYPE = "released"
     round: int
     digest: bytes  # release_digest(round, mean gradient)
-    mean_gradient: bytes  # float32; sent by the first contributor only (or one asked by MeanRequest), empty from the others
+    mean_gradient: (
+        bytes  # float32; sent by the first contributor only (or one asked by MeanRequest), empty from the others
+    )
 
 
 @dataclass(frozen=True)
@@ -276,7 +278,9 @@ class TallyFailed(Message):
 
 # What each role accepts: a message of another type is refused by ``decode``.
 TO_SERVER = frozenset({Hello, RunKey, KeySetup, KeyReady, Update, Withdraw, Endorsement, Released})
-TO_HOSPITAL = frozenset({Welcome, KeyRequest, SealedKey, RoundStart, Aggregate, Endorsements, RoundAbort, MeanRequest, Finish})
+TO_HOSPITAL = frozenset(
+    {Welcome, KeyRequest, SealedKey, RoundStart, Aggregate, Endorsements, RoundAbort, MeanRequest, Finish}
+)
 TO_VOTING_SERVER = frozenset({Hello, RunKey, Ballot, Withdraw, Labels, TallyFailed})
 TO_VOTING_HOSPITAL = frozenset({VotingWelcome, VoteRequest, Finish})
 TO_TALLIER = frozenset({VotingWelcome, Shares, Finish})
@@ -316,7 +320,9 @@ def decode(raw: bytes, *, accept: frozenset[type], max_bytes: int) -> Message:
     try:
         # Containers stay within what any message holds (a round's labels, a model's input statistics), so
         # that a message within its size limit cannot expand into a billion small objects.
-        body = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_array_len=_MAX_ARRAY_ITEMS, max_map_len=_MAX_MAP_ITEMS)
+        body = msgpack.unpackb(
+            raw, raw=False, strict_map_key=True, max_array_len=_MAX_ARRAY_ITEMS, max_map_len=_MAX_MAP_ITEMS
+        )
     except (ValueError, msgpack.UnpackException) as error:  # ValueError covers ExtraData, FormatError, bad UTF-8
         raise MessageError(f"not a msgpack message: {error}") from None
     if type(body) is not dict:

@@ -24,13 +24,28 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
-from crypto.tls import CertificateError, certificate_from_pem, certificate_from_text, certificate_pem, certificate_text, make_mpc_certificate
+from crypto.tls import (
+    CertificateError,
+    certificate_from_pem,
+    certificate_from_text,
+    certificate_pem,
+    certificate_text,
+    make_mpc_certificate,
+)
 from protocol.key_files import KeyFileError, read_toml, shown, toml_table, write_private
 
 __all__ = [
-    "Credentials", "CurveKeyPair", "MPC_CERTIFICATE_FILE", "MPC_KEY_FILE", "Party", "ROLES", "SECRET_FILE", "SERVER",
-    "generate_party_keys", "public_file_name",
-]  # fmt: skip
+    "Credentials",
+    "CurveKeyPair",
+    "MPC_CERTIFICATE_FILE",
+    "MPC_KEY_FILE",
+    "Party",
+    "ROLES",
+    "SECRET_FILE",
+    "SERVER",
+    "generate_party_keys",
+    "public_file_name",
+]
 
 SECRET_FILE = "secret_keys.toml"
 MPC_KEY_FILE = "mpc.key"
@@ -61,7 +76,12 @@ class Party:
     mpc_certificate: bytes | None = None  # talliers only: DER, self-signed, pinned
 
     def to_entry(self) -> dict[str, str]:
-        entry = {"name": self.name, "role": self.role, "curve_public": self.curve_public.decode(), **self.identity.to_text()}
+        entry = {
+            "name": self.name,
+            "role": self.role,
+            "curve_public": self.curve_public.decode(),
+            **self.identity.to_text(),
+        }
         if self.role == "tallier":
             entry["mpc_address"] = "%s:%d" % self.mpc_address
             entry["mpc_certificate"] = certificate_text(self.mpc_certificate)
@@ -74,10 +94,16 @@ class Party:
             raise KeyFileError(f"{where}: a party entry must be a table")
         name, role = entry.get("name"), entry.get("role")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise KeyFileError(f"{where}: a party name must be 1 to 63 lower-case letters, digits or dashes, got {shown(name)}")
+            raise KeyFileError(
+                f"{where}: a party name must be 1 to 63 lower-case letters, digits or dashes, got {shown(name)}"
+            )
         if role not in ROLES or (name == SERVER) != (role == "server"):
-            raise KeyFileError(f"{where}: {name} has role {shown(role)}; the server is named {SERVER!r}, the others are hospitals or talliers")
-        expected = {"name", "role", "curve_public", "sign_public", "box_public"} | ({"mpc_address", "mpc_certificate"} if role == "tallier" else set())
+            raise KeyFileError(
+                f"{where}: {name} has role {shown(role)}; the server is named {SERVER!r}, the others are hospitals or talliers"
+            )
+        expected = {"name", "role", "curve_public", "sign_public", "box_public"} | (
+            {"mpc_address", "mpc_certificate"} if role == "tallier" else set()
+        )
         if set(entry) != expected:
             raise KeyFileError(f"{where}: {name}'s entry must hold exactly {', '.join(sorted(expected))}")
         try:
@@ -112,7 +138,9 @@ class Credentials:
     def mac_key(self, label: bytes) -> bytes:
         """A key for MACs over this party's own files, one per ``label``, derived from its identity so
         that it lives and dies with the party's secret file and nobody else can make one."""
-        raw = self.identity.signing.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+        raw = self.identity.signing.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
         return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label).derive(raw)
 
     @property
@@ -134,7 +162,9 @@ class Credentials:
 
     def public(self) -> Party:
         """The public entry these keys make: what the roster must list for this party, exactly."""
-        return Party(self.name, self.role, self.curve.public, self.identity.public, self.mpc_address, self.mpc_certificate())
+        return Party(
+            self.name, self.role, self.curve.public, self.identity.public, self.mpc_address, self.mpc_certificate()
+        )
 
     @classmethod
     def load(cls, folder: Path) -> "Credentials":
@@ -144,11 +174,20 @@ class Credentials:
             name, role = document["name"], document["role"]
             if not isinstance(name, str) or not _NAME.fullmatch(name) or role not in ROLES:
                 raise KeyFileError(f"{path}: bad name or role")
-            curve = CurveKeyPair(public=_curve_key(document["curve_public"], name), secret=_curve_key(document["curve_secret"], name))
+            curve = CurveKeyPair(
+                public=_curve_key(document["curve_public"], name), secret=_curve_key(document["curve_secret"], name)
+            )
             if zmq.curve_public(curve.secret) != curve.public:
                 raise KeyFileError(f"{path}: the CurveZMQ secret key does not match its public key")
             address = mpc_address(document["mpc_address"], name) if role == "tallier" else None
-            return cls(name=name, role=role, folder=folder, curve=curve, identity=PrivateIdentity.from_text(document), mpc_address=address)
+            return cls(
+                name=name,
+                role=role,
+                folder=folder,
+                curve=curve,
+                identity=PrivateIdentity.from_text(document),
+                mpc_address=address,
+            )
         except KeyError as error:
             raise KeyFileError(f"{path} is missing {error}") from None
         except (IdentityKeyError, zmq.ZMQError) as error:
@@ -185,7 +224,13 @@ def generate_party_keys(folder: Path, *, name: str, role: str, mpc_address_text:
     if mpc:
         write_private(folder / MPC_KEY_FILE, mpc.private_key)
         write_private(folder / MPC_CERTIFICATE_FILE, certificate_pem(mpc.certificate))
-    secrets_text = {"name": name, "role": role, "curve_public": public.decode(), "curve_secret": secret.decode(), **identity.to_text()}
+    secrets_text = {
+        "name": name,
+        "role": role,
+        "curve_public": public.decode(),
+        "curve_secret": secret.decode(),
+        **identity.to_text(),
+    }
     if mpc:
         secrets_text["mpc_address"] = entry["mpc_address"]
     write_private(folder / SECRET_FILE, toml_table(secrets_text))

@@ -53,7 +53,9 @@ class Roster:
     def fingerprint(self) -> str:
         """The digest as 60 decimal digits in groups of five, to be read aloud."""
         raw = bytes.fromhex(self.digest)
-        return " ".join(f"{int.from_bytes(raw[5 * i : 5 * i + 5], 'big') % 100_000:05d}" for i in range(_FINGERPRINT_GROUPS))
+        return " ".join(
+            f"{int.from_bytes(raw[5 * i : 5 * i + 5], 'big') % 100_000:05d}" for i in range(_FINGERPRINT_GROUPS)
+        )
 
     @property
     def hospitals(self) -> list[str]:
@@ -83,8 +85,11 @@ class Roster:
         listed = self.party(credentials.name)
         own = credentials.public()
         if (listed.role, listed.curve_public, listed.identity.to_text(), listed.mpc_certificate) != (
-            own.role, own.curve_public, own.identity.to_text(), own.mpc_certificate,
-        ):  # fmt: skip
+            own.role,
+            own.curve_public,
+            own.identity.to_text(),
+            own.mpc_certificate,
+        ):
             raise RosterError(
                 f"the roster's entry for {credentials.name} is not this party's keys: refusing it "
                 "(was a key swapped, or is this another federation's roster?)"
@@ -105,8 +110,15 @@ class Roster:
         if not isinstance(header, dict) or not isinstance(server, dict) or not isinstance(document.get("party"), list):
             raise RosterError(f"{path} is not a roster: it needs [roster], [server] and [[party]] tables")
         version, previous, address = header.get("version"), header.get("previous"), server.get("address")
-        if type(version) is not int or not 1 <= version < 2**31 or not isinstance(previous, str) or not _DIGEST.fullmatch(previous):
-            raise RosterError(f"{path}: [roster] needs a version (1, 2, ...) and the previous version's digest ('' for the first)")
+        if (
+            type(version) is not int
+            or not 1 <= version < 2**31
+            or not isinstance(previous, str)
+            or not _DIGEST.fullmatch(previous)
+        ):
+            raise RosterError(
+                f"{path}: [roster] needs a version (1, 2, ...) and the previous version's digest ('' for the first)"
+            )
         if (version == 1) != (previous == ""):
             raise RosterError(f"{path}: version {version} must {'not ' if version == 1 else ''}name a previous roster")
         if not isinstance(address, str) or not _SERVER_ADDRESS.fullmatch(address):
@@ -141,12 +153,16 @@ def assemble_roster(directory: Path, *, address: str, public_files: list[Path], 
     if previous is not None:
         before = Roster.parse(previous)
         version, previous_digest = before.version + 1, before.digest
-    ordered = sorted(parties.values(), key=lambda p: ({"server": 0, "hospital": 1, "tallier": 2}[p.role], _natural(p.name)))
+    ordered = sorted(
+        parties.values(), key=lambda p: ({"server": 0, "hospital": 1, "tallier": 2}[p.role], _natural(p.name))
+    )
     text = (
-        "[roster]\n" + toml_table({"version": version, "previous": previous_digest})
-        + "\n[server]\n" + toml_table({"address": address})
+        "[roster]\n"
+        + toml_table({"version": version, "previous": previous_digest})
+        + "\n[server]\n"
+        + toml_table({"address": address})
         + "".join("\n[[party]]\n" + toml_table(party.to_entry()) for party in ordered)
-    )  # fmt: skip
+    )
     # Public, but whoever can rewrite it can swap a party's keys: only its owner may write it.
     write_private(directory / ROSTER_FILE, text)
     return Roster.load(directory)
@@ -157,9 +173,10 @@ def roster_changes(before: Roster, after: Roster) -> list[str]:
     changes = [f"{name} joins" for name in after.parties if name not in before.parties]
     changes += [f"{name} leaves" for name in before.parties if name not in after.parties]
     changes += [
-        f"{name}'s keys or address change" for name, party in after.parties.items()
+        f"{name}'s keys or address change"
+        for name, party in after.parties.items()
         if name in before.parties and party != before.parties[name]
-    ]  # fmt: skip
+    ]
     if after.server_address != before.server_address:
         changes.append(f"the server's address changes from {before.server_address} to {after.server_address}")
     return changes
@@ -178,16 +195,22 @@ def local_federation(directory: Path, *, hospitals: int, address: str, mpc_addre
         raise RosterError("every tallier needs its own MPC address")
     parties = [(SERVER, "server", None)] + [(f"hospital-{i}", "hospital", None) for i in range(1, hospitals + 1)]
     parties += [(f"tallier-{i}", "tallier", a) for i, a in enumerate(mpc_addresses, start=1)]
-    public_files = [generate_party_keys(directory / name, name=name, role=role, mpc_address_text=a) for name, role, a in parties]
+    public_files = [
+        generate_party_keys(directory / name, name=name, role=role, mpc_address_text=a) for name, role, a in parties
+    ]
     return assemble_roster(directory, address=address, public_files=public_files)
 
 
 def _check_parties(parties: dict[str, Party], where: str) -> None:
-    if sum(party.role == "server" for party in parties.values()) != 1 or not any(p.role == "hospital" for p in parties.values()):
+    if sum(party.role == "server" for party in parties.values()) != 1 or not any(
+        p.role == "hospital" for p in parties.values()
+    ):
         raise RosterError(f"{where}: a federation needs one server and at least one hospital")
     talliers = [party for party in parties.values() if party.role == "tallier"]
     if 0 < len(talliers) < MIN_PARTIES:
-        raise RosterError(f"{where}: private voting needs at least {MIN_PARTIES} talliers, for an honest majority among them")
+        raise RosterError(
+            f"{where}: private voting needs at least {MIN_PARTIES} talliers, for an honest majority among them"
+        )
     keys = [key for party in parties.values() for key in _public_keys(party)]
     if len(set(keys)) != len(keys):
         raise RosterError(f"{where}: two parties share a key")

@@ -57,12 +57,16 @@ def sign_roster(directory: Path, credentials: Credentials) -> list[str]:
     roster.check_own_entry(credentials)
     accepted = _accepted(credentials)
     if accepted is None or roster.previous != accepted.digest:
-        raise RosterError("a party signs only the version that follows the roster it confirmed last (it names that one as previous)")
+        raise RosterError(
+            "a party signs only the version that follows the roster it confirmed last (it names that one as previous)"
+        )
     changes = roster_changes(accepted, roster)
     _check_signable(changes)
     signatures = _signatures(directory)
     signatures[credentials.name] = credentials.identity.signing.sign(_signed(roster))
-    text = "[signatures]\n" + toml_table({name: base64.b64encode(value).decode() for name, value in sorted(signatures.items())})
+    text = "[signatures]\n" + toml_table(
+        {name: base64.b64encode(value).decode() for name, value in sorted(signatures.items())}
+    )
     _replace_private(directory / SIGNATURES_FILE, text.encode())
     return changes
 
@@ -75,13 +79,19 @@ def confirm_roster(directory: Path, credentials: Credentials, fingerprint: str |
     accepted = _accepted(credentials, required=fingerprint is None)
     if fingerprint is not None:
         if not roster.has_fingerprint(fingerprint):
-            again = " (this party confirmed this roster before: start it without --roster-fingerprint)" if accepted and accepted.digest == roster.digest else ""
+            again = (
+                " (this party confirmed this roster before: start it without --roster-fingerprint)"
+                if accepted and accepted.digest == roster.digest
+                else ""
+            )
             raise RosterError(
                 f"the roster's fingerprint is {roster.fingerprint}, not the {shown(fingerprint)} given: refusing it "
                 f"(compare it again out of band; a key may have been swapped){again}"
             )
         if accepted is not None and roster.version < accepted.version:
-            raise RosterError(f"this is roster version {roster.version}, older than version {accepted.version}, which this party confirmed: refusing to go back")
+            raise RosterError(
+                f"this is roster version {roster.version}, older than version {accepted.version}, which this party confirmed: refusing to go back"
+            )
     elif accepted is not None and accepted.digest == roster.digest:
         return roster
     elif accepted is None:
@@ -92,7 +102,9 @@ def confirm_roster(directory: Path, credentials: Credentials, fingerprint: str |
     else:
         _check_signed_successor(directory, roster, accepted)
     _replace_private(credentials.folder / ACCEPTED_ROSTER_FILE, roster.raw)
-    _replace_private(credentials.folder / ACCEPTED_ROSTER_MAC_FILE, _accepted_mac(credentials, roster.raw).hex().encode())
+    _replace_private(
+        credentials.folder / ACCEPTED_ROSTER_MAC_FILE, _accepted_mac(credentials, roster.raw).hex().encode()
+    )
     return roster
 
 
@@ -122,7 +134,9 @@ def _check_signed_successor(directory: Path, roster: Roster, accepted: Roster) -
         try:
             party.identity.signing.verify(signature, message)
         except InvalidSignature:
-            raise RosterError(f"{name}'s signature over the new roster version does not verify under its confirmed key") from None
+            raise RosterError(
+                f"{name}'s signature over the new roster version does not verify under its confirmed key"
+            ) from None
 
 
 def _check_signable(changes: list[str]) -> None:

@@ -19,9 +19,10 @@ import time
 import numpy as np
 
 from crypto.bfv import BfvError, CiphertextSum
-from crypto.endorsement import EndorsementError, check_endorsements
+from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements
 from crypto.insecure_plaintext import InsecurePlaintextSum
 from protocol.messages import (
+    Aggregate,
     Endorsement,
     MeanRequest,
     MessageError,
@@ -83,16 +84,21 @@ def collect_updates(
 def collect_endorsements(
     participants: Participants,
     roster: Roster,
-    *,
-    round_number: int,
-    contributors: tuple[str, ...],
-    statement: bytes,
+    aggregate: Aggregate,
+    run: str,
     round_state: dict[str, float],
     timeout_s: float,
 ) -> dict[str, bytes]:
-    """Each contributor's signature on ``statement`` (``crypto.endorsement.aggregate_statement``)."""
-    parties = participants.parties
-    expected = set(contributors)
+    """Each contributor's signature on the aggregate of run ``run`` (``crypto.endorsement``)."""
+    parties, round_number = participants.parties, aggregate.round
+    expected = set(aggregate.contributors)
+    statement = aggregate_statement(
+        run=run,
+        round_number=round_number,
+        contributors=aggregate.contributors,
+        chunks=aggregate.chunks,
+        round_state=round_state,
+    )
     signatures: dict[str, bytes] = {}
     deadline = time.monotonic() + timeout_s
     complete = lambda: expected <= set(participants.active)  # noqa: E731 (one joining again will never endorse)

@@ -31,13 +31,21 @@ from pathlib import Path
 from typing import Callable
 
 from crypto.bfv import CiphertextSum, PublicContext
-from crypto.endorsement import aggregate_statement
 from crypto.insecure_plaintext import InsecurePlaintextSum
 from protocol.channel import PartyChannels
 from protocol.checkpoint import Checkpoint, CheckpointError, write_report, write_retrying
 from protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
 from protocol.key_ceremony import hand_out_key
-from protocol.messages import TO_SERVER, Aggregate, Endorsements, MessageError, ProtocolError, RoundAbort, RoundStart, float32_values
+from protocol.messages import (
+    TO_SERVER,
+    Aggregate,
+    Endorsements,
+    MessageError,
+    ProtocolError,
+    RoundAbort,
+    RoundStart,
+    float32_values,
+)
 from protocol.participants import Participants, Timeouts, run_to_the_end
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
@@ -75,7 +83,9 @@ class Server:
         roster.check_own_entry(credentials)
         ledger_path = out_dir / LEDGER_FILE
         if _checkpoint is None and ledger_path.exists():
-            raise ConfigError(f"{out_dir} already holds a run (its ledger would mix two runs); choose another --out, or --resume it")
+            raise ConfigError(
+                f"{out_dir} already holds a run (its ledger would mix two runs); choose another --out, or --resume it"
+            )
         self._config = config
         self._roster = roster
         self._validation = validation
@@ -100,8 +110,12 @@ class Server:
         else:
             membership = self._restore(_checkpoint)
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
-        self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, limit, max_messages_per_second)
-        self._transcript = Transcript(transcript, payloads=transcript_payloads, max_payload_bytes=limit) if transcript else None
+        self._transport = ServerTransport(
+            roster.server_address, credentials.curve, enrolled, limit, max_messages_per_second
+        )
+        self._transcript = (
+            Transcript(transcript, payloads=transcript_payloads, max_payload_bytes=limit) if transcript else None
+        )
         parties = PartyChannels(self._transport, accept=TO_SERVER, limit=limit, log=log, transcript=self._transcript)
         self._participants = Participants(parties, config.hospitals, log)
         self._participants.departures, self._participants.joins = membership
@@ -114,7 +128,9 @@ class Server:
     def resume(cls, *, out_dir: Path, **settings) -> "Server":
         """The server of the run checkpointed in ``out_dir``, to go on where it stopped (``protocol.checkpoint``)."""
         checkpoint = Checkpoint.load(out_dir)
-        return cls(config=_checkpointed_config(checkpoint, out_dir), out_dir=out_dir, _checkpoint=checkpoint, **settings)
+        return cls(
+            config=_checkpointed_config(checkpoint, out_dir), out_dir=out_dir, _checkpoint=checkpoint, **settings
+        )
 
     @staticmethod
     def checkpointed_config(out_dir: Path) -> RunConfig:
@@ -166,7 +182,9 @@ class Server:
                 f"only {len(joined)} of {len(self._config.hospitals)} hospitals joined within {self._timeouts.join_s:g} s; "
                 f"the quorum is {self._config.training.quorum}"
             )
-        self._config = dataclasses.replace(self._config, hospitals=tuple(h for h in self._config.hospitals if h in joined))
+        self._config = dataclasses.replace(
+            self._config, hospitals=tuple(h for h in self._config.hospitals if h in joined)
+        )
         self._participants.hospitals = self._config.hospitals
         self._params = self._config.bfv_parameters()
         self._public = PublicContext(self._params)
@@ -207,7 +225,9 @@ class Server:
             participants.parties.send(name, RoundStart(round=round_number))
         insecure = self._config.aggregation == INSECURE_PLAINTEXT
         total = InsecurePlaintextSum(self._params) if insecure else CiphertextSum(self._public)
-        contributors, record.update_bytes, aggregate_seconds = collect_updates(participants, total, round_number, timeout_s)
+        contributors, record.update_bytes, aggregate_seconds = collect_updates(
+            participants, total, round_number, timeout_s
+        )
         record.contributors = sorted(contributors, key=self._config.hospitals.index)
         record.seconds["collect"] = time.perf_counter() - started
         record.seconds["aggregate"] = aggregate_seconds
@@ -217,24 +237,13 @@ class Server:
             return
 
         started = time.perf_counter()
-        aggregate = Aggregate(round=round_number, contributors=tuple(record.contributors), chunks=tuple(total.to_chunks()))
+        aggregate = Aggregate(
+            round=round_number, contributors=tuple(record.contributors), chunks=tuple(total.to_chunks())
+        )
         for name in record.contributors:
             participants.parties.send(name, aggregate)
-        statement = aggregate_statement(
-            run=self._run,
-            round_number=round_number,
-            contributors=aggregate.contributors,
-            chunks=aggregate.chunks,
-            round_state=record.round_state,
-        )
         signatures = collect_endorsements(
-            participants,
-            self._roster,
-            round_number=round_number,
-            contributors=aggregate.contributors,
-            statement=statement,
-            round_state=record.round_state,
-            timeout_s=timeout_s,
+            participants, self._roster, aggregate, self._run, record.round_state, timeout_s
         )
         if set(signatures) != set(record.contributors):
             self._abort(record, f"{len(signatures)} of {len(record.contributors)} contributors endorsed the aggregate")
@@ -243,7 +252,9 @@ class Server:
         self._record.charge(ledger_release(training, self._mechanism, len(record.contributors)), round_number)
         for name in record.contributors:
             participants.parties.send(name, Endorsements(round=round_number, signatures=signatures))
-        mean_gradient = await_release(participants, round_number, record.contributors, self._mechanism.dimension, timeout_s)
+        mean_gradient = await_release(
+            participants, round_number, record.contributors, self._mechanism.dimension, timeout_s
+        )
         record.seconds["release"] = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -299,7 +310,9 @@ class Server:
         try:
             self._initial_parameters = float32_values(checkpoint.initial_parameters, count, "its initial model")
             set_flat_parameters(self._model, float32_values(checkpoint.parameters, count, "its model"))
-            self._shared.load_state(float32_values(checkpoint.optimizer_state, self._shared.state().size, "its optimizer state"))
+            self._shared.load_state(
+                float32_values(checkpoint.optimizer_state, self._shared.state().size, "its optimizer state")
+            )
             rounds = [RoundRecord(**record) for record in checkpoint.rounds]
             if not all(type(r.round) is int for r in rounds):
                 raise ValueError("round numbers must be integers")

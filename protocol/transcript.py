@@ -45,7 +45,12 @@ class Transcript:
         self.lost = 0  # records the system refused to write (a full disk): counted and reported, never fatal
 
     def record(self, sender: str, payload: bytes) -> None:
-        entry = {"time": time.time(), "sender": sender, "bytes": len(payload), "sha256": hashlib.sha256(payload).digest()}
+        entry = {
+            "time": time.time(),
+            "sender": sender,
+            "bytes": len(payload),
+            "sha256": hashlib.sha256(payload).digest(),
+        }
         if self._payloads and (self._max_payload_bytes is None or len(payload) <= self._max_payload_bytes):
             entry["payload"] = payload  # an oversized message is refused unread: its digest is enough
         record = msgpack.packb(entry, use_bin_type=True)

@@ -46,7 +46,14 @@ from zmq.utils import z85
 
 from protocol.party_keys import CurveKeyPair
 
-__all__ = ["ClientTransport", "Reconnected", "ServerTransport", "TransportError", "descriptor_limit", "raise_descriptor_limit"]
+__all__ = [
+    "ClientTransport",
+    "Reconnected",
+    "ServerTransport",
+    "TransportError",
+    "descriptor_limit",
+    "raise_descriptor_limit",
+]
 
 log = logging.getLogger("consilium.transport")
 
@@ -200,8 +207,9 @@ class _ConnectionWatch:
                 self._last_warning = now
                 log.warning(
                     "%d connections are open at once (a flood?); each that has not finished its handshake within %d s is dropped",
-                    len(self._open), _HANDSHAKE_S,
-                )  # fmt: skip
+                    len(self._open),
+                    _HANDSHAKE_S,
+                )
 
     def close(self) -> None:
         self._socket.disable_monitor()  # while the thread still drains: libzmq sends its last events first
@@ -335,8 +343,9 @@ class _RosterAuthenticator(ThreadAuthenticator):
             self._last_warning = now
             log.warning(
                 "refused a connection from an unenrolled CurveZMQ key %s (%d refused so far)",
-                key.decode("ascii", "replace"), self._refused,
-            )  # fmt: skip
+                key.decode("ascii", "replace"),
+                self._refused,
+            )
         return False
 
     def curve_user_id(self, client_public_key: bytes) -> str:

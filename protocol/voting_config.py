@@ -63,17 +63,25 @@ class VotingConfig:
             )
         if not 0 <= self.teacher_confidence < 1:
             raise ConfigError(f"the teacher confidence must be in [0, 1), got {self.teacher_confidence}")
-        for name, most in (("queries_per_round", _MAX_QUERIES_PER_ROUND), ("teacher_epochs", _MAX_TEACHER_EPOCHS),
-                           ("feature_dimensions", MAX_FEATURE_DIMENSIONS)):  # fmt: skip
+        for name, most in (
+            ("queries_per_round", _MAX_QUERIES_PER_ROUND),
+            ("teacher_epochs", _MAX_TEACHER_EPOCHS),
+            ("feature_dimensions", MAX_FEATURE_DIMENSIONS),
+        ):
             if not 1 <= getattr(self, name) <= most:  # a server's config must not make a hospital exhaust itself
                 raise ConfigError(f"{name.replace('_', ' ')} must be between 1 and {most}, got {getattr(self, name)}")
-        if self.votes_per_round > _MAX_VOTES_PER_ROUND or self.queries_per_round * self.features > _MAX_QUERY_VALUES_PER_ROUND:
+        if (
+            self.votes_per_round > _MAX_VOTES_PER_ROUND
+            or self.queries_per_round * self.features > _MAX_QUERY_VALUES_PER_ROUND
+        ):
             raise ConfigError(
                 f"a round of {self.queries_per_round} queries of {self.features} values over {self.classes} classes is too large "
                 f"(at most {_MAX_VOTES_PER_ROUND} votes and {_MAX_QUERY_VALUES_PER_ROUND} query values)"
             )
         if len(self.model.hidden) > _MAX_HIDDEN_LAYERS or max(self.model.hidden, default=1) > _MAX_HIDDEN_WIDTH:
-            raise ConfigError(f"at most {_MAX_HIDDEN_LAYERS} hidden layers of at most {_MAX_HIDDEN_WIDTH} units, got {self.model.hidden}")
+            raise ConfigError(
+                f"at most {_MAX_HIDDEN_LAYERS} hidden layers of at most {_MAX_HIDDEN_WIDTH} units, got {self.model.hidden}"
+            )
         self.field()  # a run whose totals no field can hold fails here, before anything runs
 
     @property
@@ -96,7 +104,9 @@ class VotingConfig:
 
     def sum_bound(self) -> int:
         """|every noisy total| of a round, but with probability below 2^-40 (``VotingSettings.sum_bound``)."""
-        return self.voting.sum_bound(queries=self.queries_per_round, classes=self.classes, hospitals=len(self.hospitals))
+        return self.voting.sum_bound(
+            queries=self.queries_per_round, classes=self.classes, hospitals=len(self.hospitals)
+        )
 
     def field(self) -> MpcField:
         try:
@@ -142,7 +152,10 @@ class VotingConfig:
             raise ConfigError(f"malformed voting configuration: {', '.join(integers)} must be integers")
         if type(values.get("teacher_confidence")) is not float:
             raise ConfigError("malformed voting configuration: teacher_confidence must be a float")
-        if not all(isinstance(values.get(name), list) and all(type(n) is str for n in values[name]) for name in ("hospitals", "talliers")):
+        if not all(
+            isinstance(values.get(name), list) and all(type(n) is str for n in values[name])
+            for name in ("hospitals", "talliers")
+        ):
             raise ConfigError("malformed voting configuration: hospitals and talliers must be lists of names")
         try:
             config = cls(
@@ -162,13 +175,17 @@ class VotingConfig:
                 feature_dimensions=int(values["feature_dimensions"]),
             )
         except (KeyError, TypeError, OverflowError, RecursionError) as error:
-            raise ConfigError(f"malformed voting configuration: missing or wrong {type(error).__name__} {error}") from None
+            raise ConfigError(
+                f"malformed voting configuration: missing or wrong {type(error).__name__} {error}"
+            ) from None
         except ConfigError:
             raise
         except ValueError as error:
             raise ConfigError(f"malformed voting configuration: {error}") from None
         if set(values) != set(config.to_dict()):
-            raise ConfigError(f"malformed voting configuration: unexpected fields {sorted(set(values) - set(config.to_dict()))}")
+            raise ConfigError(
+                f"malformed voting configuration: unexpected fields {sorted(set(values) - set(config.to_dict()))}"
+            )
         return config
 
 

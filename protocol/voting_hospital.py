@@ -29,7 +29,16 @@ from crypto.sealed_box import SealedBoxError, verify_certified_key
 from protocol.ballots import seal_ballot, tallier_key_context
 from protocol.channel import ServerChannel
 from protocol.config import ConfigError
-from protocol.messages import TO_VOTING_HOSPITAL, Ballot, Finish, Hello, ProtocolError, VoteRequest, VotingWelcome, Withdraw
+from protocol.messages import (
+    TO_VOTING_HOSPITAL,
+    Ballot,
+    Finish,
+    Hello,
+    ProtocolError,
+    VoteRequest,
+    VotingWelcome,
+    Withdraw,
+)
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.transport import TransportError
@@ -66,7 +75,9 @@ class VotingHospital:
         self._budget = budget
         self._state_dir = state_dir
         self._upgrade_ledger = upgrade_ledger  # read an unchained (older) ledger once: its operator's say
-        self._channel = ServerChannel.connect(roster, credentials, accept=TO_VOTING_HOSPITAL, timeout_s=timeout_s, log=log)
+        self._channel = ServerChannel.connect(
+            roster, credentials, accept=TO_VOTING_HOSPITAL, timeout_s=timeout_s, log=log
+        )
         self._generator = secure_generator()
         self._min_quorum = min_quorum
         self._allow_histogram = allow_histogram
@@ -90,7 +101,9 @@ class VotingHospital:
                 if isinstance(message, Finish):
                     finish_reason = message.reason
                 elif not last_round < message.round <= self._config.rounds:
-                    raise ProtocolError(f"the server asked for votes on round {message.round} after round {last_round} of {self._config.rounds}")
+                    raise ProtocolError(
+                        f"the server asked for votes on round {message.round} after round {last_round} of {self._config.rounds}"
+                    )
                 else:
                     last_round = message.round
                     finish_reason = self._vote(message)
@@ -106,44 +119,68 @@ class VotingHospital:
         except ConfigError as error:
             raise ProtocolError(f"the server's voting configuration is unusable: {error}") from None
         if self._name not in config.hospitals or not set(config.hospitals) <= set(self._roster.hospitals):
-            raise ProtocolError(f"the run's hospitals {list(config.hospitals)} do not include {self._name}, or are not all the roster's")
+            raise ProtocolError(
+                f"the run's hospitals {list(config.hospitals)} do not include {self._name}, or are not all the roster's"
+            )
         if config.talliers != tuple(self._roster.talliers):
-            raise ProtocolError(f"the run's talliers {list(config.talliers)} are not the roster's {self._roster.talliers}")
+            raise ProtocolError(
+                f"the run's talliers {list(config.talliers)} are not the roster's {self._roster.talliers}"
+            )
         if config.voting.quorum < self._min_quorum:
-            raise ProtocolError(f"the run's quorum of {config.voting.quorum} is below this hospital's minimum of {self._min_quorum}")
+            raise ProtocolError(
+                f"the run's quorum of {config.voting.quorum} is below this hospital's minimum of {self._min_quorum}"
+            )
         if config.reveal != "labels" and not self._allow_histogram:
-            raise ProtocolError(f"the run would reveal the noisy {config.reveal}; this hospital allows labels only (--allow-histogram)")
+            raise ProtocolError(
+                f"the run would reveal the noisy {config.reveal}; this hospital allows labels only (--allow-histogram)"
+            )
         if config.voting.method == "knn-dpfl" and config.voting.neighbours >= len(self._data):
             raise ProtocolError(f"{config.voting.neighbours} neighbours need more records than this hospital has")
         if self._data.x.shape[1:] != config.model.input_shape or not np.all(self._data.y < config.classes):
-            raise ProtocolError(f"this hospital's records do not fit the run's {config.model.input_shape} inputs and {config.classes} classes")
+            raise ProtocolError(
+                f"this hospital's records do not fit the run's {config.model.input_shape} inputs and {config.classes} classes"
+            )
         self._run = config.fingerprint(welcome.feature_map)
         self._tallier_keys = self._certified_tallier_keys(config, welcome.tallier_keys)
         if config.voting.method == "knn-dpfl":
             try:
-                features = PcaFeatures.from_bytes(welcome.feature_map, features=config.features, dimensions=config.feature_dimensions)
+                features = PcaFeatures.from_bytes(
+                    welcome.feature_map, features=config.features, dimensions=config.feature_dimensions
+                )
             except ValueError as error:
                 raise ProtocolError(f"the server's feature map is unusable: {error}") from None
-            self._votes = lambda queries: knn_votes(features, self._data, queries, neighbours=config.voting.neighbours, classes=config.classes)
+            self._votes = lambda queries: knn_votes(
+                features, self._data, queries, neighbours=config.voting.neighbours, classes=config.classes
+            )
         elif welcome.feature_map:
             raise ProtocolError("AE-DPFL takes no feature map")
         else:
             teacher = train_classifier(config.model, self._data, epochs=config.teacher_epochs)
-            self._votes = lambda queries: teacher_votes(teacher, queries, config.classes, min_confidence=config.teacher_confidence)
+            self._votes = lambda queries: teacher_votes(
+                teacher, queries, config.classes, min_confidence=config.teacher_confidence
+            )
         self._channel.limit = config.message_limit()
         self._field = config.field()
         self._config = config
-        self._ledger = PrivacyLedger(self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key, accept_unchained=self._upgrade_ledger)
+        self._ledger = PrivacyLedger(
+            self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key, accept_unchained=self._upgrade_ledger
+        )
 
-    def _certified_tallier_keys(self, config: VotingConfig, tallier_keys: dict[str, bytes]) -> dict[str, X25519PublicKey]:
+    def _certified_tallier_keys(
+        self, config: VotingConfig, tallier_keys: dict[str, bytes]
+    ) -> dict[str, X25519PublicKey]:
         """Each tallier's box key for this run, checked against its identity in the roster, in the run's order."""
         if set(tallier_keys) != set(config.talliers):
-            raise ProtocolError(f"the server relays box keys for {sorted(tallier_keys)}, not for the talliers {list(config.talliers)}")
+            raise ProtocolError(
+                f"the server relays box keys for {sorted(tallier_keys)}, not for the talliers {list(config.talliers)}"
+            )
         keys = {}
         for name in config.talliers:
             try:
                 keys[name] = verify_certified_key(
-                    tallier_keys[name], signer=self._roster.party(name).identity.signing, context=tallier_key_context(self._run, name)
+                    tallier_keys[name],
+                    signer=self._roster.party(name).identity.signing,
+                    context=tallier_key_context(self._run, name),
                 )
             except SealedBoxError as error:
                 raise ProtocolError(f"the box key the server relays for {name} is not {name}'s: {error}") from None
@@ -152,11 +189,18 @@ class VotingHospital:
     def _vote(self, request: VoteRequest) -> str:
         """Send this round's ballot, or withdraw for the budget; returns why it stops voting, or ""."""
         config = self._config
-        queries = np.frombuffer(request.queries, dtype="<f4") if len(request.queries) % 4 == 0 else np.empty(0, dtype="<f4")
+        queries = (
+            np.frombuffer(request.queries, dtype="<f4") if len(request.queries) % 4 == 0 else np.empty(0, dtype="<f4")
+        )
         if queries.size != config.queries_per_round * config.features or not np.all(np.isfinite(queries)):
-            raise ProtocolError(f"round {request.round}: the queries are not {config.queries_per_round} finite records of {config.features} values")
+            raise ProtocolError(
+                f"round {request.round}: the queries are not {config.queries_per_round} finite records of {config.features} values"
+            )
         least_noise = config.voting.release(
-            queries=config.queries_per_round, classes=config.classes, contributors=config.voting.quorum, level="instance"
+            queries=config.queries_per_round,
+            classes=config.classes,
+            contributors=config.voting.quorum,
+            level="instance",
         )
         refusal = self._budget.refusal(self._ledger, least_noise, request.round)
         if refusal:

@@ -62,7 +62,10 @@ def collect_ballots(
         participants.drop(name, f"sent no ballot for round {round_number} within {timeout_s:g} s")
     return ballots
 
-def collect_labels(participants: Participants, config: VotingConfig, record: RoundRecord, timeout_s: float) -> np.ndarray | None:
+
+def collect_labels(
+    participants: Participants, config: VotingConfig, record: RoundRecord, timeout_s: float
+) -> np.ndarray | None:
     """The labels every tallier reports alike; None if every tallier reports that it could not tally
     (too few agreed voters: the round is lost); ``ProtocolError`` for anything else, which stops the run."""
     parties, round_number = participants.parties, record.round
@@ -71,7 +74,9 @@ def collect_labels(participants: Participants, config: VotingConfig, record: Rou
     most_label = config.classes if config.label_threshold else config.classes - 1  # C: withheld
     while set(answers) != set(config.talliers) and (got := participants.next_message(deadline)) is not None:
         sender, message = got
-        if not (isinstance(message, (Labels, TallyFailed)) and sender in config.talliers and message.round == round_number):
+        if not (
+            isinstance(message, (Labels, TallyFailed)) and sender in config.talliers and message.round == round_number
+        ):
             parties.reject(sender, message, f"expected the labels of round {round_number}")
         elif sender in answers:
             parties.reject(sender, message, f"second answer for round {round_number}")
@@ -88,7 +93,9 @@ def collect_labels(participants: Participants, config: VotingConfig, record: Rou
         return None
     if failures or missing:
         said = "; ".join(f"{name} could not tally round {round_number}: {reason}" for name, reason in failures.items())
-        silent = f"{', '.join(missing)} sent no labels for round {round_number} within {timeout_s:g} s" if missing else ""
+        silent = (
+            f"{', '.join(missing)} sent no labels for round {round_number} within {timeout_s:g} s" if missing else ""
+        )
         raise ProtocolError("; ".join(part for part in (said, silent) if part))
     if len({(a.voters, a.labels, a.totals) for a in answers.values()}) != 1:
         raise ProtocolError(f"the talliers disagree on the labels of round {round_number}")

@@ -113,7 +113,9 @@ class VotingServer:
         enrolled = {roster.party(name).curve_public: name for name in parties}
         self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, limit)
         self._transcript = Transcript(transcript, payloads=True, max_payload_bytes=limit) if transcript else None
-        parties = PartyChannels(self._transport, accept=TO_VOTING_SERVER, limit=limit, log=log, transcript=self._transcript)
+        parties = PartyChannels(
+            self._transport, accept=TO_VOTING_SERVER, limit=limit, log=log, transcript=self._transcript
+        )
         self._participants = Participants(parties, config.hospitals, log)
 
     @property
@@ -135,12 +137,16 @@ class VotingServer:
         started = time.perf_counter()
         self._join()
         self._phase_seconds["join"] = time.perf_counter() - started
-        order = np.random.default_rng().permutation(len(self._pool))  # the queries are public: no secret randomness needed
+        order = np.random.default_rng().permutation(
+            len(self._pool)
+        )  # the queries are public: no secret randomness needed
         quorum, q = self._config.voting.quorum, self._config.queries_per_round
         finish_reason = "completed all rounds"
         for round_number in range(1, self._config.rounds + 1):
             if len(self._participants.active) < quorum:
-                finish_reason = f"only {len(self._participants.active)} hospitals remain, fewer than the quorum of {quorum}"
+                finish_reason = (
+                    f"only {len(self._participants.active)} hospitals remain, fewer than the quorum of {quorum}"
+                )
                 break
             self._run_round(round_number, order[(round_number - 1) * q : round_number * q])
         started = time.perf_counter()
@@ -164,10 +170,14 @@ class VotingServer:
                 joined.append(sender)
         missing_talliers = sorted(set(config.talliers) - set(joined))
         if missing_talliers:
-            raise ProtocolError(f"the talliers {missing_talliers} did not join within {self._timeouts.join_s:g} s; the MPC needs every one")
+            raise ProtocolError(
+                f"the talliers {missing_talliers} did not join within {self._timeouts.join_s:g} s; the MPC needs every one"
+            )
         hospitals = tuple(h for h in config.hospitals if h in joined)
         if len(hospitals) < config.voting.quorum:
-            raise ProtocolError(f"only {len(hospitals)} of {len(config.hospitals)} hospitals joined; the quorum is {config.voting.quorum}")
+            raise ProtocolError(
+                f"only {len(hospitals)} of {len(config.hospitals)} hospitals joined; the quorum is {config.voting.quorum}"
+            )
         self._config = dataclasses.replace(config, hospitals=hospitals)
         self._participants.active = list(hospitals)  # from here on each is told when the run ends, however it ends
         self._run = self._config.fingerprint(self._feature_map)
@@ -178,7 +188,10 @@ class VotingServer:
             self._participants.parties.send(name, VotingWelcome(**welcome, tallier_keys={}))
         keys: dict[str, bytes] = {}
         deadline = time.monotonic() + self._timeouts.key_s
-        while set(keys) != set(self._config.talliers) and (got := self._participants.parties.next_message(deadline)) is not None:
+        while (
+            set(keys) != set(self._config.talliers)
+            and (got := self._participants.parties.next_message(deadline)) is not None
+        ):
             sender, message = got
             if isinstance(message, TallyFailed) and sender in self._config.talliers and message.round == 0:
                 raise ProtocolError(f"{sender} refuses the run: {message.reason}")
@@ -187,7 +200,9 @@ class VotingServer:
             else:
                 keys[sender] = message.certified_key  # the hospitals check it against the tallier's identity
         if set(keys) != set(self._config.talliers):
-            raise ProtocolError(f"the talliers {sorted(set(self._config.talliers) - set(keys))} sent no box key in time")
+            raise ProtocolError(
+                f"the talliers {sorted(set(self._config.talliers) - set(keys))} sent no box key in time"
+            )
         for name in hospitals:
             self._participants.parties.send(name, VotingWelcome(**welcome, tallier_keys=keys))
 
@@ -198,7 +213,9 @@ class VotingServer:
         for name in self._participants.active:
             self._participants.parties.send(name, VoteRequest(round=round_number, queries=queries))
         votes = self._config.votes_per_round
-        ballots = collect_ballots(self._participants, round_number, self._config.talliers, votes, self._timeouts.round_s)
+        ballots = collect_ballots(
+            self._participants, round_number, self._config.talliers, votes, self._timeouts.round_s
+        )
         record.seconds["ballots"] = time.perf_counter() - started
         record.voters = sorted(ballots, key=self._config.hospitals.index)
         if len(ballots) < self._config.voting.quorum:
@@ -206,14 +223,18 @@ class VotingServer:
             return
         started = time.perf_counter()
         for tallier in self._config.talliers:
-            self._participants.parties.send(tallier, Shares(round=round_number, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()}))
+            self._participants.parties.send(
+                tallier, Shares(round=round_number, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()})
+            )
         labels = collect_labels(self._participants, self._config, record, self._timeouts.round_s)
         record.seconds["tally"] = time.perf_counter() - started
         if labels is None:
             self._abort(record, record.reason)
             return
         if set(record.voters) - set(ballots) or len(record.voters) < self._config.voting.quorum:
-            raise ProtocolError(f"round {round_number}: the talliers counted voters {record.voters}, not a quorum of those relayed")
+            raise ProtocolError(
+                f"round {round_number}: the talliers counted voters {record.voters}, not a quorum of those relayed"
+            )
         for level, ledger in self._ledgers.items():
             release = self._config.voting.release(
                 queries=len(indices), classes=self._config.classes, contributors=len(record.voters), level=level
@@ -223,7 +244,9 @@ class VotingServer:
         released = labels < self._config.classes
         self._labelled.append((indices[released], labels[released]))
         record.labels_withheld = int(np.sum(~released))
-        record.label_accuracy = float(np.mean(labels[released] == self._pool.y[indices[released]])) if released.any() else None
+        record.label_accuracy = (
+            float(np.mean(labels[released] == self._pool.y[indices[released]])) if released.any() else None
+        )
         record.status = "labelled"
         self._finish_round(record)
 
@@ -233,7 +256,12 @@ class VotingServer:
         indices = np.concatenate([indices for indices, _ in self._labelled])
         labels = np.concatenate([labels for _, labels in self._labelled])
         unlabelled = np.setdiff1d(np.arange(len(self._pool)), indices)
-        return train_student(self._config.model, Split(self._pool.x[indices], labels), self._pool.x[unlabelled], epochs=self._student_epochs)
+        return train_student(
+            self._config.model,
+            Split(self._pool.x[indices], labels),
+            self._pool.x[unlabelled],
+            epochs=self._student_epochs,
+        )
 
     # -- helpers --------------------------------------------------------------------------------
 

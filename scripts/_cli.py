@@ -152,35 +152,95 @@ FEDERATION_METHODS = (*METHODS, *BASELINES)  # and what consilium-federation als
 # the server it launches): (flag, type, default, help). A default of None depends on the method
 # (``METHOD_DEFAULTS``).
 RUN_FLAGS = (
-    ("--method", str, "dopamine", f"how the hospitals learn together: {', '.join(METHODS)}; consilium-federation also runs the baselines {', '.join(BASELINES)} in one process"),
-    ("--rounds", positive_int, None, "rounds: DP-SGD steps for Dopamine (default 100), FedAvg rounds for dp-fedavg (default 10), query batches for voting (default 2), epochs or FedAvg rounds for a baseline (default 20)"),
+    (
+        "--method",
+        str,
+        "dopamine",
+        f"how the hospitals learn together: {', '.join(METHODS)}; consilium-federation also runs the baselines {', '.join(BASELINES)} in one process",
+    ),
+    (
+        "--rounds",
+        positive_int,
+        None,
+        "rounds: DP-SGD steps for Dopamine (default 100), FedAvg rounds for dp-fedavg (default 10), query batches for voting (default 2), epochs or FedAvg rounds for a baseline (default 20)",
+    ),
     ("--sample-rate", rate, 0.1, "Dopamine: q, probability that a record is in a round's batch (Poisson sampling)"),
-    ("--noise-multiplier", non_negative_float, None, "sigma (Dopamine, default 2.3) or z (dp-fedavg, default 6): noise of a quorum's sum, in units of the sensitivity of one record or one sub-client"),
+    (
+        "--noise-multiplier",
+        non_negative_float,
+        None,
+        "sigma (Dopamine, default 2.3) or z (dp-fedavg, default 6): noise of a quorum's sum, in units of the sensitivity of one record or one sub-client",
+    ),
     ("--max-grad-norm", positive_float, 1.0, "Dopamine: C, per-example gradient clipping norm"),
     ("--lr", positive_float, None, "Dopamine: learning rate (default: 0.5 for images, 0.05 for other data)"),
     ("--momentum", below_one, 0.9, "Dopamine: momentum, applied to the decrypted mean gradient"),
-    ("--subclients", positive_int, 2, "dp-fedavg: v, sub-clients (intermediaries) per hospital (the first round's, with --adaptive-subclients)"),
-    ("--adaptive-subclients", positive_int, None, "dp-fedavg: re-estimate v each round from the release (Jiang et al., Sec. 2.2), up to this many; without it v is fixed"),
-    ("--max-update-norm", positive_float, 0.5, "dp-fedavg: C, clipping norm of each sub-client's update (the first round's, with --clip-quantile)"),
-    ("--clip-quantile", probability, None, "dp-fedavg: adapt C each round toward this quantile of the sub-client update norms (Andrew et al. 2021), from a count noised and released with the update; without it C is fixed"),
+    (
+        "--subclients",
+        positive_int,
+        2,
+        "dp-fedavg: v, sub-clients (intermediaries) per hospital (the first round's, with --adaptive-subclients)",
+    ),
+    (
+        "--adaptive-subclients",
+        positive_int,
+        None,
+        "dp-fedavg: re-estimate v each round from the release (Jiang et al., Sec. 2.2), up to this many; without it v is fixed",
+    ),
+    (
+        "--max-update-norm",
+        positive_float,
+        0.5,
+        "dp-fedavg: C, clipping norm of each sub-client's update (the first round's, with --clip-quantile)",
+    ),
+    (
+        "--clip-quantile",
+        probability,
+        None,
+        "dp-fedavg: adapt C each round toward this quantile of the sub-client update norms (Andrew et al. 2021), from a count noised and released with the update; without it C is fixed",
+    ),
     ("--clip-lr", positive_float, None, "dp-fedavg: eta_C, the geometric step of adaptive clipping (default 0.2)"),
     ("--local-epochs", positive_int, 1, "dp-fedavg: epochs each sub-client trains per round"),
     ("--local-batch-size", positive_int, 16, "dp-fedavg: sub-clients' batch size"),
     ("--local-lr", positive_float, 0.1, "dp-fedavg: sub-clients' learning rate"),
     ("--local-optimizer", str, "sgd", f"dp-fedavg: sub-clients' optimizer, {' or '.join(LOCAL_OPTIMIZERS)}"),
-    ("--server-optimizer", str, "fedavg", f"dp-fedavg: how every party applies the mean update, {' or '.join(SERVER_OPTIMIZERS)}"),
+    (
+        "--server-optimizer",
+        str,
+        "fedavg",
+        f"dp-fedavg: how every party applies the mean update, {' or '.join(SERVER_OPTIMIZERS)}",
+    ),
     ("--server-lr", positive_float, None, "dp-fedavg: server learning rate (default: 1 for fedavg, 0.03 for fedadam)"),
     ("--delta", probability, 1e-5, "delta at which epsilon is reported"),
-    ("--accountant", str, "prv", "central-dp, fedavg-local-dp: Opacus's accountant that sets sigma for --epsilon-budget, prv or rdp (the secure round's is Skellam RDP)"),
+    (
+        "--accountant",
+        str,
+        "prv",
+        "central-dp, fedavg-local-dp: Opacus's accountant that sets sigma for --epsilon-budget, prv or rdp (the secure round's is Skellam RDP)",
+    ),
     ("--model", str, None, "model architecture: mlp or cnn (default: cnn for images, mlp for other data)"),
     ("--hidden", widths, (48,), "MLP hidden widths, comma-separated (empty for a linear model)"),
     ("--queries-per-round", positive_int, 90, "voting: public records the hospitals label per round"),
-    ("--vote-noise", positive_float, None, "voting: sigma, noise on each summed count in votes (AE-DPFL 1, kNN-DPFL 15)"),
+    (
+        "--vote-noise",
+        positive_float,
+        None,
+        "voting: sigma, noise on each summed count in votes (AE-DPFL 1, kNN-DPFL 15)",
+    ),
     ("--neighbours", positive_int, None, "kNN-DPFL: k, the neighbours each hospital counts (default 30)"),
     ("--reveal", str, "labels", "voting: what the talliers open, labels or (trading privacy of the margins) histogram"),
-    ("--label-threshold", non_negative_int, 0, "voting: label a query only where its noisy top total reaches this many votes (0: all)"),
+    (
+        "--label-threshold",
+        non_negative_int,
+        0,
+        "voting: label a query only where its noisy top total reaches this many votes (0: all)",
+    ),
     ("--teacher-epochs", positive_int, 30, "AE-DPFL: epochs of each hospital's teacher"),
-    ("--teacher-confidence", below_one, 0.0, "AE-DPFL: a teacher abstains below this top softmax probability (0: always votes)"),
+    (
+        "--teacher-confidence",
+        below_one,
+        0.0,
+        "AE-DPFL: a teacher abstains below this top softmax probability (0: always votes)",
+    ),
     ("--feature-dimensions", positive_int, 30, "kNN-DPFL: dimensions of the public PCA feature map"),
     ("--student-epochs", positive_int, 100, "voting: epochs of the server's student on the labelled queries"),
     ("--public-fraction", rate, 0.5, "voting: share of the held-out records that form the public pool (the rest test)"),
@@ -195,7 +255,10 @@ METHOD_DEFAULTS = {
     "dp-fedavg": {"rounds": 10, "noise_multiplier": 6.0, "epsilon_budget": 10.0},
     "ae-dpfl": {"rounds": 2, "vote_noise": 1.0, "neighbours": 1, "epsilon_budget": 2000.0},
     "knn-dpfl": {"rounds": 2, "vote_noise": 15.0, "neighbours": 30, "epsilon_budget": 10.0},
-    **{baseline: {"rounds": 20, **({"epsilon_budget": 3.0} if baseline in DP_BASELINES else {})} for baseline in BASELINES},
+    **{
+        baseline: {"rounds": 20, **({"epsilon_budget": 3.0} if baseline in DP_BASELINES else {})}
+        for baseline in BASELINES
+    },
 }
 
 
@@ -206,14 +269,24 @@ _DP_SGD_FLAGS = ("sample_rate", "max_grad_norm", "lr", "momentum")
 METHOD_FLAGS = {
     "dopamine": ("noise_multiplier", *_DP_SGD_FLAGS),
     "dp-fedavg": (
-        "noise_multiplier", "subclients", "adaptive_subclients", "max_update_norm", "clip_quantile", "clip_lr", "local_epochs",
-        "local_batch_size", "local_lr", "local_optimizer", "server_optimizer", "server_lr",
+        "noise_multiplier",
+        "subclients",
+        "adaptive_subclients",
+        "max_update_norm",
+        "clip_quantile",
+        "clip_lr",
+        "local_epochs",
+        "local_batch_size",
+        "local_lr",
+        "local_optimizer",
+        "server_optimizer",
+        "server_lr",
     ),
     "central": ("local_batch_size", "local_lr"),
     "central-dp": (*_DP_SGD_FLAGS, "accountant"),
     "fedavg": ("local_epochs", "local_batch_size", "local_lr"),
     "fedavg-local-dp": ("local_epochs", *_DP_SGD_FLAGS, "accountant"),
-}  # fmt: skip
+}
 _FLAG_READERS: dict[str, list[str]] = {}  # flag -> the methods that read it
 for _method, _names in METHOD_FLAGS.items():
     for _name in _names:
@@ -230,9 +303,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     method_specific = {name for names in METHOD_FLAGS.values() for name in names}
     for flag, kind, default, help_text in RUN_FLAGS:
         shown = "" if default is None else f" (default: {_show(default)})"
-        parser_default = None if _destination(flag) in method_specific else default  # filled in once the method is known
+        parser_default = (
+            None if _destination(flag) in method_specific else default
+        )  # filled in once the method is known
         group.add_argument(flag, type=kind, default=parser_default, help=help_text + shown)
-    group.add_argument("--quorum", type=positive_int, help="K_min: contributions a round needs (default: all hospitals)")
+    group.add_argument(
+        "--quorum", type=positive_int, help="K_min: contributions a round needs (default: all hospitals)"
+    )
 
 
 def resolve_run_arguments(args: argparse.Namespace, methods: tuple[str, ...] = METHODS) -> None:

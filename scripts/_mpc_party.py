@@ -21,15 +21,34 @@ from tallier.mpc import MpcError, VoterError, mpc_party, run_round
 
 
 def write_input(
-    path: Path, shares: dict[tuple[int, str], np.ndarray], *, hospitals: tuple[str, ...], queries: int, classes: int,
-    quorum: int, field: MpcField, reveal: str, timeout: float, rounds: int, label_threshold: int,
-) -> None:  # fmt: skip
+    path: Path,
+    shares: dict[tuple[int, str], np.ndarray],
+    *,
+    hospitals: tuple[str, ...],
+    queries: int,
+    classes: int,
+    quorum: int,
+    field: MpcField,
+    reveal: str,
+    timeout: float,
+    rounds: int,
+    label_threshold: int,
+) -> None:
     """The file every party reads: ``shares[(tallier, hospital)]`` (pairs left out are shares withheld) and the round's settings."""
     np.savez(
-        path, **{f"share-{tallier}-{hospital}": vector for (tallier, hospital), vector in shares.items()},
-        hospitals=np.array(hospitals), queries=queries, classes=classes, quorum=quorum, bit_length=field.bit_length,
-        modulus=str(field.modulus), reveal=reveal, timeout=timeout, rounds=rounds, label_threshold=label_threshold,
-    )  # fmt: skip
+        path,
+        **{f"share-{tallier}-{hospital}": vector for (tallier, hospital), vector in shares.items()},
+        hospitals=np.array(hospitals),
+        queries=queries,
+        classes=classes,
+        quorum=quorum,
+        bit_length=field.bit_length,
+        modulus=str(field.modulus),
+        reveal=reveal,
+        timeout=timeout,
+        rounds=rounds,
+        label_threshold=label_threshold,
+    )
 
 
 def command(source: str, target: str, federation: Path, name: str) -> list[str]:
@@ -53,13 +72,24 @@ if __name__ == "__main__":
         started = time.perf_counter()
         try:
             result = run_round(
-                party, round_number, shares, hospitals=hospitals, **settings, field=field, reveal=reveal, timeout_s=timeout
+                party,
+                round_number,
+                shares,
+                hospitals=hospitals,
+                **settings,
+                field=field,
+                reveal=reveal,
+                timeout_s=timeout,
             )
         except (MpcError, VoterError) as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
         extra = {} if result.totals is None else {"totals": result.totals}
         np.savez(
-            f"{target}-{round_number}.npz", labels=result.labels, voters=np.array(result.voters), bytes_sent=result.bytes_sent,
-            seconds=time.perf_counter() - started, **extra,
-        )  # fmt: skip
+            f"{target}-{round_number}.npz",
+            labels=result.labels,
+            voters=np.array(result.voters),
+            bytes_sent=result.bytes_sent,
+            seconds=time.perf_counter() - started,
+            **extra,
+        )

@@ -60,10 +60,15 @@ def small_run_config(roster: Roster, *, quorum: int, rounds: int, run_id: str | 
         delta=1e-5,
         model=ModelSpec("mlp", (30,), 2, (4,)),
         training=DopamineSettings(
-            sample_rate=0.2, noise_multiplier=1.0, max_grad_norm=1.0, quorum=quorum,
-            expected_batch_size=10, learning_rate=0.05, momentum=0.9,
+            sample_rate=0.2,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            quorum=quorum,
+            expected_batch_size=10,
+            learning_rate=0.05,
+            momentum=0.9,
         ),
-    )  # fmt: skip
+    )
 
 
 class ScriptedHospital:
@@ -71,7 +76,9 @@ class ScriptedHospital:
         self.name = credentials.name
         self.roster = roster
         self.credentials = credentials
-        self.transport = ClientTransport(roster.server_address, roster.server.curve_public, credentials.curve, _MAX_BYTES)
+        self.transport = ClientTransport(
+            roster.server_address, roster.server.curve_public, credentials.curve, _MAX_BYTES
+        )
         self.secret: SecretContext | None = None
         self.config: RunConfig | None = None
 
@@ -121,7 +128,13 @@ class ScriptedHospital:
         """As a recipient: announce a fresh box key for this run, certified by this hospital's identity."""
         self.run_key = X25519PrivateKey.generate()
         context = run_key_context(self.run, self.name)
-        self.send(RunKey(certified_key=certify_key(self.run_key.public_key(), signer=self.credentials.identity.signing, context=context)))
+        self.send(
+            RunKey(
+                certified_key=certify_key(
+                    self.run_key.public_key(), signer=self.credentials.identity.signing, context=context
+                )
+            )
+        )
 
     def receive_key(self) -> None:
         sealed = self.expect(SealedKey)
@@ -136,9 +149,12 @@ class ScriptedHospital:
 
     def statement(self, aggregate: Aggregate) -> bytes:
         return aggregate_statement(
-            run=self.run, round_number=aggregate.round, contributors=aggregate.contributors, chunks=aggregate.chunks,
+            run=self.run,
+            round_number=aggregate.round,
+            contributors=aggregate.contributors,
+            chunks=aggregate.chunks,
             round_state=self.config.training.round_state(),  # a scripted hospital's run keeps its first round's settings
-        )  # fmt: skip
+        )
 
     def signature(self, aggregate: Aggregate) -> bytes:
         return endorse(self.statement(aggregate), self.credentials.identity.signing)

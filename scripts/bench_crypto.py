@@ -84,14 +84,29 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure upload, aggregation and download time and wire bytes of Consilium's BFV against "
         "plaintext float32, TenSEAL's default BFV and NVFlare-default CKKS; write results.md, results.json and plots.",
     )
-    parser.add_argument("--lengths", type=positive_int, nargs="+", default=[10**4, 10**5, 10**6, 10**7], help="vector lengths d")
-    parser.add_argument("--hospitals", type=positive_int, nargs="+", default=[2, 10, 100], help="numbers of hospitals K")
+    parser.add_argument(
+        "--lengths", type=positive_int, nargs="+", default=[10**4, 10**5, 10**6, 10**7], help="vector lengths d"
+    )
+    parser.add_argument(
+        "--hospitals", type=positive_int, nargs="+", default=[2, 10, 100], help="numbers of hospitals K"
+    )
     parser.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES), help="which schemes to measure")
-    parser.add_argument("--contributions", type=positive_int, default=5, help="distinct uploads per measurement (at most K)")
-    parser.add_argument("--noise-multiplier", type=positive_float, default=2.3, help="Dopamine's sigma, for Consilium's parameters")
+    parser.add_argument(
+        "--contributions", type=positive_int, default=5, help="distinct uploads per measurement (at most K)"
+    )
+    parser.add_argument(
+        "--noise-multiplier", type=positive_float, default=2.3, help="Dopamine's sigma, for Consilium's parameters"
+    )
     parser.add_argument("--max-grad-norm", type=positive_float, default=1.0, help="Dopamine's C")
-    parser.add_argument("--expected-batch-size", type=positive_float, default=15.0, help="Dopamine's B: records a hospital samples per round")
-    parser.add_argument("--out", type=Path, default=Path("results/bench_crypto"), help="where results.md, results.json and plots go")
+    parser.add_argument(
+        "--expected-batch-size",
+        type=positive_float,
+        default=15.0,
+        help="Dopamine's B: records a hospital samples per round",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("results/bench_crypto"), help="where results.md, results.json and plots go"
+    )
     return parser
 
 
@@ -102,15 +117,21 @@ def main(argv: list[str] | None = None) -> None:
 
 def benchmark(args: argparse.Namespace) -> list[Measurement]:
     _one_core()
-    cells = [(scheme, length, k) for length in args.lengths for scheme in args.schemes
-             for k in (args.hospitals if scheme.startswith("consilium") else [None])]  # fmt: skip
+    cells = [
+        (scheme, length, k)
+        for length in args.lengths
+        for scheme in args.schemes
+        for k in (args.hospitals if scheme.startswith("consilium") else [None])
+    ]
     measurements = []
     with tqdm(cells, desc="crypto benchmark", unit="cell", file=sys.stderr) as progress:
         for scheme, length, hospitals in progress:
             progress.set_postfix_str(f"{scheme} d={length:.0e}" + (f" K={hospitals}" if hospitals else ""))
             measurements.append(_measure(scheme, length, hospitals, args))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"argv": sys.argv[1:], "cpu": _cpu(), "measurements": [asdict(m) for m in measurements]}, indent=1))
+    (args.out / "results.json").write_text(
+        json.dumps({"argv": sys.argv[1:], "cpu": _cpu(), "measurements": [asdict(m) for m in measurements]}, indent=1)
+    )
     (args.out / "results.md").write_text(results_table(measurements, args))
     plot(measurements, args.out)
     print(f"results: {args.out / 'results.md'}")
@@ -203,17 +224,23 @@ class _TenSeal:
 
 
 class _TenSealBfv(_TenSeal):
-    parameters = f"N=4096, q=[36,36,37] (TenSEAL default), t={_TENSEAL_BFV_PLAIN_MODULUS}, fixed point x{_TENSEAL_BFV_SCALE}"
+    parameters = (
+        f"N=4096, q=[36,36,37] (TenSEAL default), t={_TENSEAL_BFV_PLAIN_MODULUS}, fixed point x{_TENSEAL_BFV_SCALE}"
+    )
 
     def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
-        super().__init__(length, tenseal.context(tenseal.SCHEME_TYPE.BFV, 4096, plain_modulus=_TENSEAL_BFV_PLAIN_MODULUS))
+        super().__init__(
+            length, tenseal.context(tenseal.SCHEME_TYPE.BFV, 4096, plain_modulus=_TENSEAL_BFV_PLAIN_MODULUS)
+        )
         self._bound = _TENSEAL_BFV_PLAIN_MODULUS // 2 // hospitals  # no sum of K values can wrap
 
     def update(self, rng: np.random.Generator) -> np.ndarray:
         return rng.integers(-self._bound, self._bound, self.length, endpoint=True) / _TENSEAL_BFV_SCALE
 
     def upload(self, update: np.ndarray, index: int) -> bytes:
-        return tenseal.bfv_vector(self._secret, np.rint(update * _TENSEAL_BFV_SCALE).astype(np.int64).tolist()).serialize()
+        return tenseal.bfv_vector(
+            self._secret, np.rint(update * _TENSEAL_BFV_SCALE).astype(np.int64).tolist()
+        ).serialize()
 
     def _vector_from(self, context, data: bytes):
         return tenseal.bfv_vector_from(context, data)
@@ -253,7 +280,9 @@ class _Consilium:
             dimension=length, max_grad_norm=args.max_grad_norm, noise_multiplier=args.noise_multiplier, quorum=hospitals
         )
         bound = mechanism.sum_bound(contributors=hospitals, expected_batch_size=args.expected_batch_size).levels
-        self.params: BfvParameters = select_bfv_parameters(max_contributors=hospitals, vector_length=length, sum_bound=bound)
+        self.params: BfvParameters = select_bfv_parameters(
+            max_contributors=hospitals, vector_length=length, sum_bound=bound
+        )
         self.length = length
         self._hospitals = hospitals
         self._secret = SecretContext.generate(self.params, run_id=_RUN_ID)

@@ -50,9 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
         "mode that exists only for this comparison), phase by phase; write results.md and results.json.",
     )
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS), help="which to run")
-    parser.add_argument("--rounds", type=positive_int, default=12, help="rounds per run, the first not counted (default: 12)")
+    parser.add_argument(
+        "--rounds", type=positive_int, default=12, help="rounds per run, the first not counted (default: 12)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the data split and partition (default: 0)")
-    parser.add_argument("--repeats", type=positive_int, default=3, help="secure/plaintext pairs per setting (default: 3)")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=3, help="secure/plaintext pairs per setting (default: 3)"
+    )
     parser.add_argument("--out", type=Path, default=Path("results/bench_round"), help="where the table goes")
     parser.add_argument("--work", type=Path, default=Path("runs/bench_round"), help="where each run's files go")
     return parser
@@ -72,10 +76,23 @@ def benchmark(args: argparse.Namespace) -> None:
             for mode in list(MODES)[:: 1 if repeat % 2 == 0 else -1]:  # secure first, then plaintext first, ...
                 out = args.work / f"{setting}-{mode}-{repeat + 1}"
                 argv = [
-                    *SETTINGS[setting]["argv"], *MODES[mode], "--rounds", str(args.rounds), "--seed", str(args.seed),
-                    "--send-offset", "0", "--epsilon-budget", "1000", "--out", str(out),
-                ]  # fmt: skip
-                print(f"== {setting}, {mode}, pair {repeat + 1} of {args.repeats}: consilium-federation {' '.join(argv)}", flush=True)
+                    *SETTINGS[setting]["argv"],
+                    *MODES[mode],
+                    "--rounds",
+                    str(args.rounds),
+                    "--seed",
+                    str(args.seed),
+                    "--send-offset",
+                    "0",
+                    "--epsilon-budget",
+                    "1000",
+                    "--out",
+                    str(out),
+                ]
+                print(
+                    f"== {setting}, {mode}, pair {repeat + 1} of {args.repeats}: consilium-federation {' '.join(argv)}",
+                    flush=True,
+                )
                 report = federation.run_federation(federation.build_parser().parse_args(argv))
                 runs.setdefault(setting, {}).setdefault(mode, []).append({"argv": argv, "summary": summarise(report)})
     args.out.mkdir(parents=True, exist_ok=True)
@@ -126,18 +143,31 @@ def results_table(runs: dict[str, dict[str, list[dict]]], args: argparse.Namespa
             s = [result["summary"] for result in results]
             ratio = f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if mode == "secure" else "1.00x"
             lines.append(
-                "| " + " | ".join([
-                    setting, mode, f"{median(x['round'] for x in s):.3f}", ratio,
-                    *(f"{median(x['hospital'][p] for x in s):.3f}" for p in _HOSPITAL_PHASES),
-                    *(f"{median(x['server'][p] for x in s):.3f}" for p in _SERVER_PHASES),
-                    f"{median(x['update_bytes'] for x in s):,.0f}", f"{median(x['validation_accuracy'] for x in s):.3f}",
-                ]) + " |"
-            )  # fmt: skip
+                "| "
+                + " | ".join(
+                    [
+                        setting,
+                        mode,
+                        f"{median(x['round'] for x in s):.3f}",
+                        ratio,
+                        *(f"{median(x['hospital'][p] for x in s):.3f}" for p in _HOSPITAL_PHASES),
+                        *(f"{median(x['server'][p] for x in s):.3f}" for p in _SERVER_PHASES),
+                        f"{median(x['update_bytes'] for x in s):,.0f}",
+                        f"{median(x['validation_accuracy'] for x in s):.3f}",
+                    ]
+                )
+                + " |"
+            )
         if setting == "1M":
-            verdicts.append(f"- Secure round at most {_TARGET_RATIO}x plaintext at about 1M parameters and K = 5: "
-                            f"{median(ratios):.2f}x, **{'met' if median(ratios) <= _TARGET_RATIO else 'not met'}**.")
+            verdicts.append(
+                f"- Secure round at most {_TARGET_RATIO}x plaintext at about 1M parameters and K = 5: "
+                f"{median(ratios):.2f}x, **{'met' if median(ratios) <= _TARGET_RATIO else 'not met'}**."
+            )
     lines += ["", *verdicts, "", "## Settings", ""]
-    lines += [f"- **{setting}**: {SETTINGS[setting]['what']}; `{' '.join(runs[setting]['secure'][0]['argv'])}`" for setting in runs]
+    lines += [
+        f"- **{setting}**: {SETTINGS[setting]['what']}; `{' '.join(runs[setting]['secure'][0]['argv'])}`"
+        for setting in runs
+    ]
     lines += [
         "",
         "Phases: `train` is the hospital's DP-SGD step with its noise share; `encrypt` encodes, encrypts and serialises "

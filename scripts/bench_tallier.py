@@ -69,10 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time the talliers' secure argmax (MPyC, real processes over TLS) against opening the noisy "
         "histogram, for several numbers of queries, classes and talliers; write results.md and results.json.",
     )
-    parser.add_argument("--queries", type=positive_int, nargs="+", default=[100, 500, 2000], help="Q values (default: 100 500 2000)")
-    parser.add_argument("--classes", type=positive_int, nargs="+", default=[2, 10, 50], help="C values (default: 2 10 50)")
+    parser.add_argument(
+        "--queries", type=positive_int, nargs="+", default=[100, 500, 2000], help="Q values (default: 100 500 2000)"
+    )
+    parser.add_argument(
+        "--classes", type=positive_int, nargs="+", default=[2, 10, 50], help="C values (default: 2 10 50)"
+    )
     parser.add_argument("--talliers", type=positive_int, nargs="+", default=[3, 5, 7], help="J values (default: 3 5 7)")
-    parser.add_argument("--out", type=Path, default=Path("results/bench_tallier"), help="where results.md and results.json go")
+    parser.add_argument(
+        "--out", type=Path, default=Path("results/bench_tallier"), help="where results.md and results.json go"
+    )
     return parser
 
 
@@ -84,14 +90,23 @@ def main(argv: list[str] | None = None) -> None:
 def benchmark(args: argparse.Namespace) -> list[Measurement]:
     cells = _grid(args)
     measurements = []
-    with tempfile.TemporaryDirectory(prefix="consilium-bench-tallier-") as work, tqdm(total=len(cells), unit="cell") as bar:
+    with (
+        tempfile.TemporaryDirectory(prefix="consilium-bench-tallier-") as work,
+        tqdm(total=len(cells), unit="cell") as bar,
+    ):
         for index, (queries, classes, talliers, reveal) in enumerate(cells):
             bar.set_postfix_str(f"Q={queries} C={classes} J={talliers} {reveal}")
             measurements.append(_measure(Path(work) / str(index), queries, classes, talliers, reveal))
             bar.update()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(
-        json.dumps({"argv": sys.argv[1:], "measurements": [{**asdict(m), "ms_per_query": m.ms_per_query} for m in measurements]}, indent=1)
+        json.dumps(
+            {
+                "argv": sys.argv[1:],
+                "measurements": [{**asdict(m), "ms_per_query": m.ms_per_query} for m in measurements],
+            },
+            indent=1,
+        )
     )
     (args.out / "results.md").write_text(results_table(measurements))
     print(f"results: {args.out / 'results.md'}")
@@ -109,7 +124,9 @@ def _grid(args: argparse.Namespace) -> list[tuple[int, int, int, str]]:
 
 def _measure(work: Path, queries: int, classes: int, talliers: int, reveal: str) -> Measurement:
     addresses = tuple(f"127.0.0.1:{free_port()}" for _ in range(talliers))
-    roster = local_federation(work / "federation", hospitals=1, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=addresses)
+    roster = local_federation(
+        work / "federation", hospitals=1, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=addresses
+    )
     bound = _VOTING.sum_bound(queries=queries, classes=classes, hospitals=len(_HOSPITALS))
     field = MpcField.for_bound(bound)
     rng = np.random.default_rng()  # the votes' values do not change the work; the shares' randomness is the OS's
@@ -119,14 +136,30 @@ def _measure(work: Path, queries: int, classes: int, talliers: int, reveal: str)
         for tallier, vector in enumerate(share(votes, talliers, field.modulus)):
             shares[tallier, hospital] = vector
     write_input(
-        work / "input.npz", shares, hospitals=_HOSPITALS, queries=queries, classes=classes, quorum=len(_HOSPITALS),
-        field=field, reveal=reveal, timeout=_TIMEOUT_S, rounds=2, label_threshold=0,
+        work / "input.npz",
+        shares,
+        hospitals=_HOSPITALS,
+        queries=queries,
+        classes=classes,
+        quorum=len(_HOSPITALS),
+        field=field,
+        reveal=reveal,
+        timeout=_TIMEOUT_S,
+        rounds=2,
+        label_threshold=0,
     )
-    environment = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    environment = {
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
     processes = [
         subprocess.Popen(
             command("input.npz", f"out-{index}", work / "federation", name),
-            cwd=work, env={**os.environ, **environment}, stderr=subprocess.PIPE, text=True,
+            cwd=work,
+            env={**os.environ, **environment},
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for index, name in enumerate(roster.talliers)
     ]

@@ -53,12 +53,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hospitals", type=positive_int, default=6, help="K (default: 6)")
     parser.add_argument("--seeds", type=positive_int, default=3, help="repetitions, seeds 0 .. n-1 (default: 3)")
     parser.add_argument("--epsilons", type=_numbers, default=(1.0, 4.0), help="record-level targets (default: 1,4)")
-    parser.add_argument("--hospital-epsilons", type=_numbers, default=(30.0,), help="hospital-level targets for dp-fedavg (default: 30)")
+    parser.add_argument(
+        "--hospital-epsilons", type=_numbers, default=(30.0,), help="hospital-level targets for dp-fedavg (default: 30)"
+    )
     parser.add_argument("--delta", type=probability, default=1e-5, help="delta of every epsilon (default: 1e-5)")
-    parser.add_argument("--rounds", type=positive_int, default=200, help="Dopamine's steps, and the DP baselines' (default: 200)")
-    parser.add_argument("--sample-rate", type=rate, default=0.1, help="q of Dopamine and the DP baselines (default: 0.1)")
-    parser.add_argument("--fedavg-rounds", type=positive_int, default=20, help="rounds of dp-fedavg and F, epochs of C (default: 20)")
-    parser.add_argument("--subclients", type=positive_int, default=4, help="dp-fedavg's fixed v, and the most adaptive v may reach (default: 4)")
+    parser.add_argument(
+        "--rounds", type=positive_int, default=200, help="Dopamine's steps, and the DP baselines' (default: 200)"
+    )
+    parser.add_argument(
+        "--sample-rate", type=rate, default=0.1, help="q of Dopamine and the DP baselines (default: 0.1)"
+    )
+    parser.add_argument(
+        "--fedavg-rounds", type=positive_int, default=20, help="rounds of dp-fedavg and F, epochs of C (default: 20)"
+    )
+    parser.add_argument(
+        "--subclients",
+        type=positive_int,
+        default=4,
+        help="dp-fedavg's fixed v, and the most adaptive v may reach (default: 4)",
+    )
     parser.add_argument("--model", help="model architecture (default: the data's, as consilium-federation chooses it)")
     parser.add_argument("--hidden", help="MLP hidden widths, comma-separated")
     parser.add_argument(
@@ -86,10 +99,21 @@ def compare(args: argparse.Namespace) -> dict:
     result = {"data": args.data, "hospitals": args.hospitals, "seeds": args.seeds, "delta": args.delta, "runs": []}
     for number, planned in enumerate(plan, start=1):
         out = args.out / "runs" / planned["name"]
-        argv = [*_common(args), "--seed", str(planned["seed"]), *planned["argv"], *_matched(planned, result["runs"]), "--out", str(out)]
+        argv = [
+            *_common(args),
+            "--seed",
+            str(planned["seed"]),
+            *planned["argv"],
+            *_matched(planned, result["runs"]),
+            "--out",
+            str(out),
+        ]
         result["runs"].append({**planned, "argv": argv, **_summary(_report(argv, out))})
         entry = result["runs"][-1]
-        print(f"[{number}/{len(plan)}] {planned['name']}: {_row_scores(entry)} ({entry['wall_seconds']:.0f} s)", flush=True)
+        print(
+            f"[{number}/{len(plan)}] {planned['name']}: {_row_scores(entry)} ({entry['wall_seconds']:.0f} s)",
+            flush=True,
+        )
         (args.out / "comparison.json").write_text(json.dumps(result, indent=1))
     (args.out / "comparison.md").write_text(table(result))
     plot(result, args.out / "comparison.png")
@@ -113,7 +137,16 @@ def _report(argv: list[str], out: Path) -> dict:
 
 def _methods(args: argparse.Namespace) -> tuple[str, ...]:
     v = args.subclients
-    return ("dopamine", "central-dp", "fedavg-local-dp", "dp-fedavg-v1", f"dp-fedavg-v{v}", f"dp-fedavg-adaptive-v{v}", "central", "fedavg")
+    return (
+        "dopamine",
+        "central-dp",
+        "fedavg-local-dp",
+        "dp-fedavg-v1",
+        f"dp-fedavg-v{v}",
+        f"dp-fedavg-adaptive-v{v}",
+        "central",
+        "fedavg",
+    )
 
 
 def _plan(args: argparse.Namespace, wanted: set[str]) -> list[dict]:
@@ -121,7 +154,9 @@ def _plan(args: argparse.Namespace, wanted: set[str]) -> list[dict]:
     steps_per_epoch = math.ceil(1 / args.sample_rate)
     dp_baselines = [name for name in ("central-dp", "fedavg-local-dp") if name in wanted]
     if dp_baselines and args.rounds % steps_per_epoch:
-        raise ConfigError(f"--rounds must be a multiple of 1/q = {steps_per_epoch}: the DP baselines take the same steps in whole epochs")
+        raise ConfigError(
+            f"--rounds must be a multiple of 1/q = {steps_per_epoch}: the DP baselines take the same steps in whole epochs"
+        )
     dp_sgd = ["--sample-rate", str(args.sample_rate), "--momentum", "0.9"]
     noise: dict[tuple, list[str]] = {}
 
@@ -139,20 +174,69 @@ def _plan(args: argparse.Namespace, wanted: set[str]) -> list[dict]:
                 argv = ["--method", "dopamine", "--rounds", str(args.rounds), "--epsilon-budget", _NO_BUDGET, *dp_sgd]
                 plan.append(_run("dopamine", dopamine, seed, "record", target, [*argv, *calibrated(argv, target)]))
             for baseline in dp_baselines:
-                argv = ["--method", baseline, "--rounds", str(args.rounds // steps_per_epoch), "--accountant", "rdp", *dp_sgd]
-                plan.append(_run(baseline, f"{baseline}-eps{target:g}-seed{seed}", seed, "record", target, argv, matched_to=dopamine))
+                argv = [
+                    "--method",
+                    baseline,
+                    "--rounds",
+                    str(args.rounds // steps_per_epoch),
+                    "--accountant",
+                    "rdp",
+                    *dp_sgd,
+                ]
+                plan.append(
+                    _run(
+                        baseline,
+                        f"{baseline}-eps{target:g}-seed{seed}",
+                        seed,
+                        "record",
+                        target,
+                        argv,
+                        matched_to=dopamine,
+                    )
+                )
         for target in args.hospital_epsilons:
             variants = {
                 "dp-fedavg-v1": ["--subclients", "1"],
                 f"dp-fedavg-v{args.subclients}": ["--subclients", str(args.subclients)],
-                f"dp-fedavg-adaptive-v{args.subclients}": ["--subclients", "1", "--adaptive-subclients", str(args.subclients)],
+                f"dp-fedavg-adaptive-v{args.subclients}": [
+                    "--subclients",
+                    "1",
+                    "--adaptive-subclients",
+                    str(args.subclients),
+                ],
             }
             for method, split in variants.items():
                 if method in wanted:
-                    argv = ["--method", "dp-fedavg", "--rounds", str(args.fedavg_rounds), "--epsilon-budget", _NO_BUDGET, *split]
-                    plan.append(_run(method, f"{method}-eps{target:g}-seed{seed}", seed, "hospital", target, [*argv, *calibrated(argv, target)]))
+                    argv = [
+                        "--method",
+                        "dp-fedavg",
+                        "--rounds",
+                        str(args.fedavg_rounds),
+                        "--epsilon-budget",
+                        _NO_BUDGET,
+                        *split,
+                    ]
+                    plan.append(
+                        _run(
+                            method,
+                            f"{method}-eps{target:g}-seed{seed}",
+                            seed,
+                            "hospital",
+                            target,
+                            [*argv, *calibrated(argv, target)],
+                        )
+                    )
         for baseline in [name for name in ("central", "fedavg") if name in wanted]:
-            plan.append(_run(baseline, f"{baseline}-seed{seed}", seed, "none", None, ["--method", baseline, "--rounds", str(args.fedavg_rounds)]))
+            plan.append(
+                _run(
+                    baseline,
+                    f"{baseline}-seed{seed}",
+                    seed,
+                    "none",
+                    None,
+                    ["--method", baseline, "--rounds", str(args.fedavg_rounds)],
+                )
+            )
     return plan
 
 
@@ -179,8 +263,18 @@ def _least_noise(argv: list[str], target: float) -> float:
     return high
 
 
-def _run(method: str, name: str, seed: int, level: str, target: float | None, argv: list[str], matched_to: str | None = None) -> dict:
-    return {"method": method, "name": name, "seed": seed, "level": level, "target_epsilon": target, "argv": argv, "matched_to": matched_to}
+def _run(
+    method: str, name: str, seed: int, level: str, target: float | None, argv: list[str], matched_to: str | None = None
+) -> dict:
+    return {
+        "method": method,
+        "name": name,
+        "seed": seed,
+        "level": level,
+        "target_epsilon": target,
+        "argv": argv,
+        "matched_to": matched_to,
+    }
 
 
 def _matched(planned: dict, done: list[dict]) -> list[str]:
@@ -252,7 +346,10 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    levels = {"record": "epsilon per record (against a fellow hospital)", "hospital": "epsilon per hospital (against a fellow hospital)"}
+    levels = {
+        "record": "epsilon per record (against a fellow hospital)",
+        "hospital": "epsilon per hospital (against a fellow hospital)",
+    }
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     without_privacy = {}
     for entry in result["runs"]:
@@ -267,16 +364,30 @@ def plot(result: dict, path: Path) -> None:
                     by_target.setdefault(entry["target_epsilon"], []).append(entry)
             # x: what every method reports, the fellow hospital's view (central-dp has no other)
             points = sorted(
-                (statistics.mean(e["epsilon"]["peer_hospital"] for e in group), statistics.mean(e["test_accuracy"] for e in group),
-                 _std([e["test_accuracy"] for e in group]))
+                (
+                    statistics.mean(e["epsilon"]["peer_hospital"] for e in group),
+                    statistics.mean(e["test_accuracy"] for e in group),
+                    _std([e["test_accuracy"] for e in group]),
+                )
                 for group in by_target.values()
-            )  # fmt: skip
+            )
             dodge = 1 + 0.04 * index  # methods at one epsilon side by side, not on top of each other
             xs += [x * dodge for x, _, _ in points]
-            axis.errorbar([x * dodge for x, _, _ in points], [y for _, y, _ in points], yerr=[s for _, _, s in points], marker="o",
-                          capsize=3, label=method)  # fmt: skip
+            axis.errorbar(
+                [x * dodge for x, _, _ in points],
+                [y for _, y, _ in points],
+                yerr=[s for _, _, s in points],
+                marker="o",
+                capsize=3,
+                label=method,
+            )
         for method, accuracy in without_privacy.items():
-            axis.axhline(statistics.mean(accuracy), linestyle=":", color="grey" if method == "central" else "black", label=f"{method} (no privacy)")
+            axis.axhline(
+                statistics.mean(accuracy),
+                linestyle=":",
+                color="grey" if method == "central" else "black",
+                label=f"{method} (no privacy)",
+            )
         axis.set_xscale("log")
         if xs:
             axis.set_xlim(min(xs) / 1.3, max(xs) * 1.3)
@@ -294,7 +405,11 @@ def plot(result: dict, path: Path) -> None:
 
 
 def _row_scores(entry: dict) -> str:
-    epsilon = "no privacy" if entry["epsilon"] is None else f"epsilon {entry['epsilon']['peer_hospital']:.2f} per {entry['level']} against a fellow hospital"
+    epsilon = (
+        "no privacy"
+        if entry["epsilon"] is None
+        else f"epsilon {entry['epsilon']['peer_hospital']:.2f} per {entry['level']} against a fellow hospital"
+    )
     stopped = "" if entry["complete"] else " (stopped early)"
     return f"test accuracy {_shown(entry['test_accuracy'], 3)}, AUC {_shown(entry['test_auc'], 3)}, {epsilon}{stopped}"
 
@@ -303,7 +418,11 @@ def _spread(values: list, digits: int) -> str:
     values = [v for v in values if v is not None]
     if not values:
         return "—"
-    return f"{statistics.mean(values):.{digits}f} ± {_std(values):.{digits}f}" if len(values) > 1 else f"{values[0]:.{digits}f}"
+    return (
+        f"{statistics.mean(values):.{digits}f} ± {_std(values):.{digits}f}"
+        if len(values) > 1
+        else f"{values[0]:.{digits}f}"
+    )
 
 
 def _std(values: list[float]) -> float:

@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", type=Path, help="output directory (default: runs/<date-time>)")
     parser.add_argument("--hospitals", type=positive_int, default=3, help="number of hospitals (default: 3)")
-    parser.add_argument("--data", help="breast_cancer, digits or an .npz path (default: breast_cancer; digits for voting)")
+    parser.add_argument(
+        "--data", help="breast_cancer, digits or an .npz path (default: breast_cancer; digits for voting)"
+    )
     parser.add_argument(
         "--hospitals-per-process",
         type=positive_int,
@@ -78,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="voting: simulate this many hospitals in each hospital process, each in its own thread with its own keys, "
         "ledger, noise and connection (default: 1, a process each)",
     )
-    parser.add_argument("--talliers", type=positive_int, default=3, help="voting: number of talliers, at least 3 (default: 3)")
+    parser.add_argument(
+        "--talliers", type=positive_int, default=3, help="voting: number of talliers, at least 3 (default: 3)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the data split and partition (default: 0)")
     parser.add_argument("--partition", default="iid", choices=PARTITION_SCHEMES, help="how hospitals split the data")
     parser.add_argument("--classes-per-part", type=positive_int, help="label_skew: classes each hospital sees")
@@ -121,9 +125,13 @@ def run_federation(args: argparse.Namespace) -> dict:
     resolve_run_arguments(args, FEDERATION_METHODS)
     voting = args.method in VOTING_METHODS
     if args.hospitals_per_process > 1 and not voting:
-        raise ConfigError("--hospitals-per-process is for voting runs; a hospital of the secure round needs its own process")
+        raise ConfigError(
+            "--hospitals-per-process is for voting runs; a hospital of the secure round needs its own process"
+        )
     if args.insecure_plaintext_benchmark and args.method not in TRAINING_METHODS:
-        raise ConfigError(f"--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for {args.method}")
+        raise ConfigError(
+            f"--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for {args.method}"
+        )
     if args.data is None:  # votes need classes to vote on and a public pool to label: the ten digits
         args.data = "digits" if voting else "breast_cancer"
     out = args.out or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -133,7 +141,12 @@ def run_federation(args: argparse.Namespace) -> dict:
     data = load_dataset(args.data, split_seed=args.seed)
     resolve_data_defaults(args, data.input_shape)
     parts = partition(  # each hospital partitions alike; a partition that cannot be made fails here, before any process starts
-        data.train.y, args.hospitals, args.partition, seed=args.seed, classes_per_part=args.classes_per_part, alpha=args.alpha
+        data.train.y,
+        args.hospitals,
+        args.partition,
+        seed=args.seed,
+        classes_per_part=args.classes_per_part,
+        alpha=args.alpha,
     )
     if args.method in BASELINES:
         return _run_baseline(args, data, parts, out)
@@ -151,7 +164,10 @@ def run_federation(args: argparse.Namespace) -> dict:
         flush=True,
     )
     if args.insecure_plaintext_benchmark:
-        print("WARNING: secure aggregation is OFF (--insecure-plaintext-benchmark): the epsilons below do not hold", flush=True)
+        print(
+            "WARNING: secure aggregation is OFF (--insecure-plaintext-benchmark): the epsilons below do not hold",
+            flush=True,
+        )
     if proposed_batch_size:
         print(
             f"B = {args.expected_batch_size:g}, proposed as q x {len(data.train)} (the data set's public training size) / "
@@ -165,25 +181,35 @@ def run_federation(args: argparse.Namespace) -> dict:
     server_argv = [
         *common,
         *run_argv(args),
-        "--out", str(out / SERVER),
-        "--transcript", str(out / SERVER / "transcript.msgpack"),
-        "--round-timeout", str(args.round_timeout),
+        "--out",
+        str(out / SERVER),
+        "--transcript",
+        str(out / SERVER / "transcript.msgpack"),
+        "--round-timeout",
+        str(args.round_timeout),
         *(["--transcript-payloads"] if args.transcript_payloads else []),
         *(["--expected-batch-size", repr(args.expected_batch_size)] if args.method == "dopamine" else []),
         *(["--insecure-plaintext-benchmark"] if args.insecure_plaintext_benchmark else []),
-    ]  # fmt: skip
+    ]
     started = time.monotonic()
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     server = _launch("scripts.server", server_argv, logs / "server.log", environment, stdout=subprocess.PIPE)
     talliers = {
         name: _launch(
             "scripts.tallier",
-            [*confirmed, "--name", name, "--timeout", str(3 * args.round_timeout),
-             "--transcript", str(out / name / "transcript.msgpack"),
-             *(["--allow-histogram"] if args.reveal == "histogram" else [])],
+            [
+                *confirmed,
+                "--name",
+                name,
+                "--timeout",
+                str(3 * args.round_timeout),
+                "--transcript",
+                str(out / name / "transcript.msgpack"),
+                *(["--allow-histogram"] if args.reveal == "histogram" else []),
+            ],
             logs / f"{name}.log",
             environment,
-        )  # fmt: skip
+        )
         for name in roster.talliers
     }
     hospitals = {}
@@ -193,19 +219,28 @@ def run_federation(args: argparse.Namespace) -> dict:
         hospital_argv = [
             *common,
             *[flag for name in group for flag in ("--name", name)],
-            "--method", args.method,
+            "--method",
+            args.method,
             *(["--allow-histogram"] if args.reveal == "histogram" else []),
-            "--parts", str(args.hospitals),
+            "--parts",
+            str(args.hospitals),
             *[flag for index in range(first + 1, first + len(group) + 1) for flag in ("--part", str(index))],
-            "--partition", args.partition,
-            "--partition-seed", str(args.seed),
-            "--alpha", str(args.alpha),
-            "--epsilon-budget", str(args.epsilon_budget),
-            "--delta", str(args.delta),
-            "--timeout", str(3 * args.round_timeout),
-            "--send-offset", str(args.send_offset),
+            "--partition",
+            args.partition,
+            "--partition-seed",
+            str(args.seed),
+            "--alpha",
+            str(args.alpha),
+            "--epsilon-budget",
+            str(args.epsilon_budget),
+            "--delta",
+            str(args.delta),
+            "--timeout",
+            str(3 * args.round_timeout),
+            "--send-offset",
+            str(args.send_offset),
             *(["--insecure-plaintext-benchmark"] if args.insecure_plaintext_benchmark else []),
-        ]  # fmt: skip
+        ]
         if args.classes_per_part:
             hospital_argv += ["--classes-per-part", str(args.classes_per_part)]
         process = group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}"
@@ -243,7 +278,9 @@ def run_federation(args: argparse.Namespace) -> dict:
             f"epsilon per {level} at delta {final['delta']:g}: {epsilon['server']:.3f} against the server, "
             f"{epsilon['peer_hospital']:.3f} against a fellow hospital, {epsilon['collusion']:.3f} if all the others "
             f"collude; "
-            + "".join(f"per {name}: {e['server']:.3f}, {e['peer_hospital']:.3f}, {e['collusion']:.3f}; " for name, e in others)
+            + "".join(
+                f"per {name}: {e['server']:.3f}, {e['peer_hospital']:.3f}, {e['collusion']:.3f}; " for name, e in others
+            )
             + "encrypted update"
         )
     else:
@@ -288,10 +325,14 @@ def _propose_batch_size(args: argparse.Namespace, data: Dataset) -> bool:
 def _run_baseline(args: argparse.Namespace, data: Dataset, parts: list[np.ndarray], out: Path) -> dict:
     """A baseline, in this process, on the same data, partition and model as a federation (``training.baselines``)."""
     if args.method not in DP_BASELINES and args.epsilon_budget is not None:
-        raise ConfigError(f"--epsilon-budget is the target of the DP baselines ({', '.join(DP_BASELINES)}); {args.method} spends none")
+        raise ConfigError(
+            f"--epsilon-budget is the target of the DP baselines ({', '.join(DP_BASELINES)}); {args.method} spends none"
+        )
     for flag in ("quorum", "expected_batch_size"):
         if getattr(args, flag) is not None:
-            raise ConfigError(f"--{flag.replace('_', '-')} is for the secure round; the baseline {args.method} runs in one process")
+            raise ConfigError(
+                f"--{flag.replace('_', '-')} is for the secure round; the baseline {args.method} runs in one process"
+            )
     fields = {
         "rounds": args.rounds,
         "learning_rate": args.lr if args.method in DP_BASELINES else args.local_lr,
@@ -308,19 +349,34 @@ def _run_baseline(args: argparse.Namespace, data: Dataset, parts: list[np.ndarra
         spec = model_spec(args, data, data.validation)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    print(f"{args.method}: {args.hospitals} hospitals' records of {data.name} ({args.partition}) in this process, outputs in {out}", flush=True)
+    print(
+        f"{args.method}: {args.hospitals} hospitals' records of {data.name} ({args.partition}) in this process, outputs in {out}",
+        flush=True,
+    )
     try:
-        result = run_baseline(args.method, data, parts, spec, BaselineSettings(**{k: v for k, v in fields.items() if v is not None}))
+        result = run_baseline(
+            args.method, data, parts, spec, BaselineSettings(**{k: v for k, v in fields.items() if v is not None})
+        )
     except ValueError as error:  # e.g. Opacus: a budget no noise multiplier can meet
         raise ConfigError(f"{args.method}: {error}") from None
     report = {
-        "config": {"dataset": data.name, "hospitals": args.hospitals, "partition": args.partition, "seed": args.seed, "model": spec.to_dict()},
+        "config": {
+            "dataset": data.name,
+            "hospitals": args.hospitals,
+            "partition": args.partition,
+            "seed": args.seed,
+            "model": spec.to_dict(),
+        },
         **result,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     final = report["final"]
-    privacy = "no privacy" if final["epsilon"] is None else f"epsilon per record {final['epsilon']:.3f} at delta {final['delta']:g}"
+    privacy = (
+        "no privacy"
+        if final["epsilon"] is None
+        else f"epsilon per record {final['epsilon']:.3f} at delta {final['delta']:g}"
+    )
     print(f"done in {report['wall_seconds']:.0f} s: {_scores(final)}; {privacy}", flush=True)
     print(f"report: {out / 'report.json'}", flush=True)
     return report
@@ -352,7 +408,9 @@ def _check_training(args: argparse.Namespace, data: Dataset, part_sizes: list[in
             f"{min(part_sizes)} records: more sub-clients than records"
         )
     budget = PrivacyBudget(epsilon=args.epsilon_budget, delta=args.delta)
-    refusal = budget.refusal(PrivacyLedger(), ledger_release(config.training, config.mechanism(), config.training.quorum), 1)
+    refusal = budget.refusal(
+        PrivacyLedger(), ledger_release(config.training, config.mechanism(), config.training.quorum), 1
+    )
     if refusal:
         raise ConfigError(f"{refusal}: the first round alone exceeds --epsilon-budget (raise the noise or the budget)")
 
@@ -400,7 +458,9 @@ def plot_vote_report(report: dict, path: Path) -> None:
     top.set_ylabel("label accuracy")
     top.grid(alpha=0.3)
     for level, label in (("instance", "per record"), ("agent", "per hospital")):
-        bottom.plot(rounds, [r["epsilon"][level]["server"] for r in labelled], marker="o", label=f"{label}, against the server")
+        bottom.plot(
+            rounds, [r["epsilon"][level]["server"] for r in labelled], marker="o", label=f"{label}, against the server"
+        )
     bottom.set_ylabel(f"epsilon (delta {report['final']['delta']:g})")
     bottom.set_xlabel("round")
     bottom.legend()
@@ -421,7 +481,9 @@ def build_report(server: dict, hospitals: dict[str, dict], *, wall_seconds: floa
     rounds = []
     for record in server["rounds"]:
         record = dict(record)
-        record["hospitals"] = {name: rounds_of[record["round"]] for name, rounds_of in by_round.items() if record["round"] in rounds_of}
+        record["hospitals"] = {
+            name: rounds_of[record["round"]] for name, rounds_of in by_round.items() if record["round"] in rounds_of
+        }
         rounds.append(record)
     hospital_rounds = [r for rounds_of in by_round.values() for r in rounds_of.values()]
     float32_bytes = 4 * server["parameter_count"]
@@ -452,9 +514,14 @@ def build_report(server: dict, hospitals: dict[str, dict], *, wall_seconds: floa
         "phase_seconds": {
             "server": {
                 **server["phase_seconds"],
-                **{f"{phase}_per_round": mean_seconds(server["rounds"], phase) for phase in ("collect", "aggregate", "release", "evaluate")},
+                **{
+                    f"{phase}_per_round": mean_seconds(server["rounds"], phase)
+                    for phase in ("collect", "aggregate", "release", "evaluate")
+                },
             },
-            "hospital_per_round": {phase: mean_seconds(hospital_rounds, phase) for phase in ("train", "encrypt", "decrypt")},
+            "hospital_per_round": {
+                phase: mean_seconds(hospital_rounds, phase) for phase in ("train", "encrypt", "decrypt")
+            },
         },
         "send_offset_overruns": sum(r["overran_send_offset"] for r in hospital_rounds),
         "rejected_messages": server["rejected_messages"],
@@ -475,7 +542,11 @@ def plot_report(report: dict, path: Path) -> None:
     top.plot(rounds, [r["validation_accuracy"] for r in released], color="tab:blue")
     top.set_ylabel("validation accuracy")
     top.grid(alpha=0.3)
-    views = (("server", "against the server", "-"), ("peer_hospital", "against a fellow hospital", "--"), ("collusion", "if all the others collude", ":"))
+    views = (
+        ("server", "against the server", "-"),
+        ("peer_hospital", "against a fellow hospital", "--"),
+        ("collusion", "if all the others collude", ":"),
+    )
     for view, label, style in views:
         bottom.plot(rounds, [r["epsilon"][view] for r in released], label=label, linestyle=style)
     level = next(iter(report["final"]["epsilon_levels"]))
@@ -485,9 +556,13 @@ def plot_report(report: dict, path: Path) -> None:
     bottom.grid(alpha=0.3)
     config = report["config"]
     aggregation = (
-        "secure aggregation OFF: the epsilons do NOT hold" if config["aggregation"] == INSECURE_PLAINTEXT else "BFV secure aggregation"
+        "secure aggregation OFF: the epsilons do NOT hold"
+        if config["aggregation"] == INSECURE_PLAINTEXT
+        else "BFV secure aggregation"
     )
-    figure.suptitle(f"{config['training']['method']} on {config['dataset']}: {len(config['hospitals'])} hospitals, {aggregation}")
+    figure.suptitle(
+        f"{config['training']['method']} on {config['dataset']}: {len(config['hospitals'])} hospitals, {aggregation}"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

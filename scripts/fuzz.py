@@ -94,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="consilium-fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=positive_int, default=100_000, help="fuzz messages in all (default: 100000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fuzzer's own choices (default: 0)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for fuzz.json and fuzz.md (and, after a failure, work/)")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for fuzz.json and fuzz.md (and, after a failure, work/)"
+    )
     parser.add_argument(
         "--targets", nargs="+", choices=list(_SHARES), default=list(_SHARES), help="what to fuzz (default: all three)"
     )
@@ -146,7 +148,11 @@ def fuzz(messages: int, seed: int, out: Path, targets: list[str] = list(_SHARES)
         target(quotas[name], _Mutator(rng), result, work / name)
         result.seconds = round(time.perf_counter() - started, 1)
         results[name] = result
-        print(f"\r{name}: {result.sent} sent, {'clean' if result.clean else 'FAILED'}" + " " * 20, file=sys.stderr, flush=True)
+        print(
+            f"\r{name}: {result.sent} sent, {'clean' if result.clean else 'FAILED'}" + " " * 20,
+            file=sys.stderr,
+            flush=True,
+        )
     report = {
         "messages_sent": sum(r.sent for r in results.values()),
         "seed": seed,
@@ -158,8 +164,10 @@ def fuzz(messages: int, seed: int, out: Path, targets: list[str] = list(_SHARES)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fuzz.json").write_text(json.dumps(report, indent=1))
     (out / "fuzz.md").write_text(_markdown(report))
-    print(f"{report['messages_sent']} messages, {'no crash, traceback or state change' if report['clean'] else 'FAILURES'}; "
-          f"results in {out}")  # fmt: skip
+    print(
+        f"{report['messages_sent']} messages, {'no crash, traceback or state change' if report['clean'] else 'FAILURES'}; "
+        f"results in {out}"
+    )
     if not report["clean"]:
         raise SystemExit(1)
     return report
@@ -172,7 +180,9 @@ class _Mutator:
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
 
-    def message(self, bases: list[bytes], ciphertexts: Callable[[list[bytes]], bytes], chunks: list[bytes]) -> tuple[str, bytes]:
+    def message(
+        self, bases: list[bytes], ciphertexts: Callable[[list[bytes]], bytes], chunks: list[bytes]
+    ) -> tuple[str, bytes]:
         """One fuzz message and its family; ``ciphertexts(chunks)`` wraps mutated chunks in a real message."""
         family = ("random_bytes", "generated", "byte_mutation", "structural", "ciphertext")[self.rng.integers(5)]
         if family == "random_bytes":
@@ -328,15 +338,36 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
     rounds = max(1, math.ceil(quota / (3 * _BATCH)))
     log_path = work / "server.log"
     command = [
-        sys.executable, "-m", "scripts.server", "--federation", work / "federation", "--roster-fingerprint", roster.fingerprint,
-        "--out", work / "server",
-        "--rounds", rounds, "--quorum", "2", "--expected-batch-size", "5", "--hidden", "4",
-        "--join-timeout", "60", "--round-timeout", "120", "--max-messages-per-second", "1e9",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "scripts.server",
+        "--federation",
+        work / "federation",
+        "--roster-fingerprint",
+        roster.fingerprint,
+        "--out",
+        work / "server",
+        "--rounds",
+        rounds,
+        "--quorum",
+        "2",
+        "--expected-batch-size",
+        "5",
+        "--hidden",
+        "4",
+        "--join-timeout",
+        "60",
+        "--round-timeout",
+        "120",
+        "--max-messages-per-second",
+        "1e9",
+    ]
     process = subprocess.Popen(
         [str(part) for part in command], stdout=subprocess.DEVNULL, stderr=log_path.open("w"), env=_environment()
     )
-    h1, h2 = (ScriptedHospital(roster, Credentials.load(work / "federation" / name)) for name in ("hospital-1", "hospital-2"))
+    h1, h2 = (
+        ScriptedHospital(roster, Credentials.load(work / "federation" / name)) for name in ("hospital-1", "hospital-2")
+    )
     try:
         h1.send(Hello())
         h2.send(Hello())
@@ -382,7 +413,9 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
 
             aggregate = h1.expect(Aggregate)
             h2.expect(Aggregate)
-            total = h1.secret.decrypt_sum(aggregate.chunks, round_number=round_number, contributors=aggregate.contributors)
+            total = h1.secret.decrypt_sum(
+                aggregate.chunks, round_number=round_number, contributors=aggregate.contributors
+            )
             if aggregate.contributors != ("hospital-1", "hospital-2") or not np.array_equal(total, x1 + x2):
                 result.state_changes += 1
             h1.endorse(aggregate)
@@ -405,7 +438,9 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
                     return False
                 return True
 
-            _send_batch(h2.send_raw, mutator, result, bases, as_update, u2, endorsement_accepted, TO_SERVER, limit, quota)
+            _send_batch(
+                h2.send_raw, mutator, result, bases, as_update, u2, endorsement_accepted, TO_SERVER, limit, quota
+            )
             h2.endorse(aggregate)
             everyone = {name: h1.roster.party(name).identity.signing for name in aggregate.contributors}
             for hospital in (h1, h2):  # what the real hospitals check before they use the sum
@@ -436,7 +471,9 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
         result.rejected = report["rejected_messages"]
         if report["final"]["rounds_released"] != rounds:
             result.state_changes += 1
-            result.notes.append(f"{report['final']['rounds_released']} of {rounds} rounds released: {report['finish_reason']}")
+            result.notes.append(
+                f"{report['final']['rounds_released']} of {rounds} rounds released: {report['finish_reason']}"
+            )
     except Exception as error:  # a server that stopped answering is the finding, not a fuzzer bug to hide
         result.notes.append(f"{type(error).__name__}: {error}")
         if process.poll() is not None:
@@ -462,12 +499,30 @@ def _fuzz_hospital(quota: int, mutator: _Mutator, result: TargetResult, work: Pa
     processes = {
         name: subprocess.Popen(
             [
-                sys.executable, "-m", "scripts.hospital", "--federation", str(federation), "--roster-fingerprint", roster.fingerprint,
-                "--name", name,
-                "--timeout", "120", "--send-offset", "0", "--epsilon-budget", "1e9", "--parts", "2", "--part", str(index),
+                sys.executable,
+                "-m",
+                "scripts.hospital",
+                "--federation",
+                str(federation),
+                "--roster-fingerprint",
+                roster.fingerprint,
+                "--name",
+                name,
+                "--timeout",
+                "120",
+                "--send-offset",
+                "0",
+                "--epsilon-budget",
+                "1e9",
+                "--parts",
+                "2",
+                "--part",
+                str(index),
             ],
-            stdout=subprocess.DEVNULL, stderr=logs[name].open("w"), env=_environment(),
-        )  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            stderr=logs[name].open("w"),
+            env=_environment(),
+        )
         for index, name in enumerate(config.hospitals, start=1)
     }
     target = "hospital-1"
@@ -608,10 +663,14 @@ def _markdown(report: dict) -> str:
             f"| {name} | {r['sent']:,} | {r['skipped_as_valid']:,} | {r['rejected'] if r['rejected'] is None else format(r['rejected'], ',')} | {r['accepted_unchanged']:,} | {r['crashes']} | {r['tracebacks']} "
             f"| {r['state_changes']} | {r['rounds']} | {rss} | {r['seconds']} |"
         )
-    lines += ["", "Families sent: " + "; ".join(
-        f"{name}: " + ", ".join(f"{family} {count:,}" for family, count in sorted(r["by_family"].items()))
-        for name, r in report["targets"].items()
-    )]  # fmt: skip
+    lines += [
+        "",
+        "Families sent: "
+        + "; ".join(
+            f"{name}: " + ", ".join(f"{family} {count:,}" for family, count in sorted(r["by_family"].items()))
+            for name, r in report["targets"].items()
+        ),
+    ]
     notes = [f"- {name}: {note}" for name, r in report["targets"].items() for note in r["notes"]]
     return "\n".join(lines + (["", "Notes:", *notes] if notes else [])) + "\n"
 

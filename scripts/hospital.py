@@ -15,7 +15,18 @@ from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.roster_confirmation import join_federation
 from protocol.voting_hospital import VotingHospital
-from scripts._cli import METHODS, USER_ERRORS, add_roster_fingerprint, chosen_aggregation, configure_logging, non_negative_float, positive_float, positive_int, probability, run
+from scripts._cli import (
+    METHODS,
+    USER_ERRORS,
+    add_roster_fingerprint,
+    chosen_aggregation,
+    configure_logging,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    probability,
+    run,
+)
 from training.datasets import Split, load_dataset
 from training.partition import PARTITION_SCHEMES, PartitionError, partition
 from training.vote_privacy import VOTING_METHODS
@@ -27,7 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a hospital: train or vote on local data, send only encrypted updates or sealed vote shares, "
         "enforce the privacy budget.",
     )
-    parser.add_argument("--federation", type=Path, required=True, help="federation directory: roster.toml, and this hospital's keys in NAME/")
+    parser.add_argument(
+        "--federation",
+        type=Path,
+        required=True,
+        help="federation directory: roster.toml, and this hospital's keys in NAME/",
+    )
     add_roster_fingerprint(parser)
     parser.add_argument(
         "--name",
@@ -37,13 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
         "hospital then runs in a thread of this process, with its own keys, ledger, noise and connection",
     )
     parser.add_argument(
-        "--method", default="dopamine", choices=METHODS, help="the kind of run this hospital takes part in (default: dopamine)"
+        "--method",
+        default="dopamine",
+        choices=METHODS,
+        help="the kind of run this hospital takes part in (default: dopamine)",
     )
     parser.add_argument("--data", default="breast_cancer", help="training data: breast_cancer, digits or an .npz path")
     parser.add_argument("--data-seed", type=int, default=0, help="train/validation split of built-in data (default: 0)")
     parser.add_argument("--epsilon-budget", type=positive_float, default=3.0, help="refuse rounds beyond this epsilon")
     parser.add_argument("--delta", type=probability, default=1e-5, help="delta of the budget (default: 1e-5)")
-    parser.add_argument("--state", type=Path, help="where the privacy ledger and metrics live (default: FEDERATION/NAME)")
+    parser.add_argument(
+        "--state", type=Path, help="where the privacy ledger and metrics live (default: FEDERATION/NAME)"
+    )
     parser.add_argument("--timeout", type=positive_float, default=180.0, help="seconds to wait for the server")
     parser.add_argument(
         "--upgrade-ledger",
@@ -74,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
     simulation = parser.add_argument_group("simulation: take one part of a shared dataset")
     simulation.add_argument("--parts", type=positive_int, help="split the training data into this many parts")
-    simulation.add_argument("--part", type=positive_int, action="append", help="which part (1-based) is this hospital's; one per --name")
+    simulation.add_argument(
+        "--part", type=positive_int, action="append", help="which part (1-based) is this hospital's; one per --name"
+    )
     simulation.add_argument("--partition", default="iid", choices=PARTITION_SCHEMES, help="how to split (default: iid)")
     simulation.add_argument("--partition-seed", type=int, default=0, help="seed of the split (default: 0)")
     simulation.add_argument("--classes-per-part", type=positive_int, help="label_skew: classes each part sees")
@@ -94,7 +117,9 @@ def take_part(args: argparse.Namespace) -> None:
     if len(set(args.name)) != len(args.name) or len(set(args.part or ())) != len(args.part or ()):
         raise ConfigError("each --name and each --part may be given once")
     if args.insecure_plaintext_benchmark and args.method in VOTING_METHODS:
-        raise ConfigError("--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting")
+        raise ConfigError(
+            "--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting"
+        )
     parties = {name: join_federation(args.federation, name, args.roster_fingerprint) for name in args.name}
     data = load_dataset(args.data, split_seed=args.data_seed).train
     shares = [data] * len(args.name)
@@ -102,7 +127,12 @@ def take_part(args: argparse.Namespace) -> None:
         if not args.part or len(args.part) != len(args.name) or max(args.part) > args.parts:
             raise PartitionError(f"give one --part between 1 and --parts ({args.parts}) for each --name")
         parts = partition(
-            data.y, args.parts, args.partition, seed=args.partition_seed, classes_per_part=args.classes_per_part, alpha=args.alpha
+            data.y,
+            args.parts,
+            args.partition,
+            seed=args.partition_seed,
+            classes_per_part=args.classes_per_part,
+            alpha=args.alpha,
         )
         shares = [data.subset(parts[part - 1]) for part in args.part]
     hospitals = {name: _hospital(args, *parties[name], share) for name, share in zip(args.name, shares)}
@@ -121,10 +151,14 @@ def take_part(args: argparse.Namespace) -> None:
             print(f"error: {name}: {error}", file=sys.stderr, flush=True)
             failed.append(name)
     if failed:
-        raise ProtocolError(f"{len(failed)} of the {len(hospitals)} hospitals of this process failed: {', '.join(failed)}")
+        raise ProtocolError(
+            f"{len(failed)} of the {len(hospitals)} hospitals of this process failed: {', '.join(failed)}"
+        )
 
 
-def _hospital(args: argparse.Namespace, roster: Roster, credentials: Credentials, data: Split) -> Hospital | VotingHospital:
+def _hospital(
+    args: argparse.Namespace, roster: Roster, credentials: Credentials, data: Split
+) -> Hospital | VotingHospital:
     name = credentials.name
     common = dict(
         roster=roster,
@@ -136,7 +170,9 @@ def _hospital(args: argparse.Namespace, roster: Roster, credentials: Credentials
         upgrade_ledger=args.upgrade_ledger,
     )
     if args.method not in VOTING_METHODS:
-        return Hospital(**common, send_offset_s=args.send_offset, method=args.method, aggregation=chosen_aggregation(args))
+        return Hospital(
+            **common, send_offset_s=args.send_offset, method=args.method, aggregation=chosen_aggregation(args)
+        )
     return VotingHospital(**common, min_quorum=args.min_quorum, allow_histogram=args.allow_histogram)
 
 

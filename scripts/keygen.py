@@ -19,8 +19,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--role", required=True, choices=ROLES, help="this party's role")
     parser.add_argument("--name", required=True, help="its name in the roster: server, hospital-1, tallier-1, ...")
-    parser.add_argument("--out", type=Path, required=True, help="its own folder, e.g. FEDERATION/NAME (must hold no keys yet)")
-    parser.add_argument("--mpc-address", metavar="HOST:PORT", help="a tallier's address, where the other talliers reach it for the MPC")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="its own folder, e.g. FEDERATION/NAME (must hold no keys yet)"
+    )
+    parser.add_argument(
+        "--mpc-address", metavar="HOST:PORT", help="a tallier's address, where the other talliers reach it for the MPC"
+    )
     return parser
 
 
@@ -29,7 +33,10 @@ def main(argv: list[str] | None = None) -> None:
 
     def keygen() -> None:
         public_file = generate_party_keys(args.out, name=args.name, role=args.role, mpc_address_text=args.mpc_address)
-        print(f"{args.name}: secret keys in {args.out / SECRET_FILE} (keep them here); public file {public_file}", flush=True)
+        print(
+            f"{args.name}: secret keys in {args.out / SECRET_FILE} (keep them here); public file {public_file}",
+            flush=True,
+        )
 
     sys.exit(run_with(keygen, (KeyFileError, OSError)))
 

@@ -29,26 +29,73 @@ SETTINGS = {
         "level": "agent",
         "target": (0.90, 4.3),  # (student accuracy, epsilon): the paper reports 86.1% (DP-FedAvg 84.2%) at 4.3
         "argv": [
-            "--hospitals", "100", "--hospitals-per-process", "50",
-            "--partition", "label_skew", "--classes-per-part", "6",
-            "--public-fraction", "0.3", "--delta", "1e-3",
-            "--model", "cnn", "--teacher-epochs", "20", "--teacher-confidence", "0.5",
-            "--rounds", "1", "--queries-per-round", "500", "--vote-noise", "20",
-            "--student-epochs", "60", "--epsilon-budget", "20", "--round-timeout", "1200",
+            "--hospitals",
+            "100",
+            "--hospitals-per-process",
+            "50",
+            "--partition",
+            "label_skew",
+            "--classes-per-part",
+            "6",
+            "--public-fraction",
+            "0.3",
+            "--delta",
+            "1e-3",
+            "--model",
+            "cnn",
+            "--teacher-epochs",
+            "20",
+            "--teacher-confidence",
+            "0.5",
+            "--rounds",
+            "1",
+            "--queries-per-round",
+            "500",
+            "--vote-noise",
+            "20",
+            "--student-epochs",
+            "60",
+            "--epsilon-budget",
+            "20",
+            "--round-timeout",
+            "1200",
         ],
     },
     "knn-dpfl": {
         "level": "instance",
         "target": (0.95, 2.0),
         "argv": [
-            "--hospitals", "3", "--partition", "iid",
-            "--public-fraction", "0.3", "--delta", "1e-4",
-            "--model", "cnn", "--neighbours", "400", "--feature-dimensions", "30",
-            "--rounds", "6", "--queries-per-round", "500", "--vote-noise", "148", "--label-threshold", "840",
-            "--student-epochs", "30", "--epsilon-budget", "4", "--round-timeout", "600",
+            "--hospitals",
+            "3",
+            "--partition",
+            "iid",
+            "--public-fraction",
+            "0.3",
+            "--delta",
+            "1e-4",
+            "--model",
+            "cnn",
+            "--neighbours",
+            "400",
+            "--feature-dimensions",
+            "30",
+            "--rounds",
+            "6",
+            "--queries-per-round",
+            "500",
+            "--vote-noise",
+            "148",
+            "--label-threshold",
+            "840",
+            "--student-epochs",
+            "30",
+            "--epsilon-budget",
+            "4",
+            "--round-timeout",
+            "600",
         ],
     },
-}  # fmt: skip
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data", default="../shared/data/mnist.npz", help="MNIST in the Keras .npz layout")
     parser.add_argument("--methods", nargs="+", default=list(SETTINGS), choices=list(SETTINGS), help="which to run")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the data split (default: 0 1 2)")
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the data split (default: 0 1 2)"
+    )
     parser.add_argument("--out", type=Path, default=Path("results/voting_mnist"), help="where the table goes")
     parser.add_argument("--work", type=Path, default=Path("runs/voting_mnist"), help="where each run's files go")
     return parser
@@ -76,7 +125,17 @@ def reproduce(args: argparse.Namespace) -> None:
         for seed in args.seeds:
             out = args.work / f"{method}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
             print(f"== {method}, seed {seed}: {out}", flush=True)
-            argv = ["--method", method, "--data", args.data, "--seed", str(seed), "--out", str(out), *SETTINGS[method]["argv"]]
+            argv = [
+                "--method",
+                method,
+                "--data",
+                args.data,
+                "--seed",
+                str(seed),
+                "--out",
+                str(out),
+                *SETTINGS[method]["argv"],
+            ]
             report = federation.run_federation(federation.build_parser().parse_args(argv))
             runs.setdefault(method, []).append({"seed": seed, "argv": argv, "report": report})
     args.out.mkdir(parents=True, exist_ok=True)
@@ -102,23 +161,34 @@ def results_table(runs: dict[str, list[dict]], *, data: str) -> str:
         other = "instance" if level == "agent" else "agent"
         finals = [r["report"]["final"] for r in results]
         lines.append(
-            "| " + " | ".join([
-                method,
-                ", ".join(str(r["seed"]) for r in results),
-                _spread([f["student_test_accuracy"] for f in finals], percent=True),
-                _spread([f["label_accuracy"] for f in finals], percent=True),
-                f"{_spread([f['queries_labelled'] for f in finals], digits=0)} "
-                f"(of {statistics.fmean(f['queries_labelled'] + f.get('queries_withheld', 0) for f in finals):.0f})",
-                f"{_spread([f['epsilon'][level]['server'] for f in finals])} ({level}, {finals[0]['delta']:g})",
-                f"{_spread([f['epsilon'][other]['server'] for f in finals])} ({other})",
-                _spread([None if f["mpc_seconds_per_query"] is None else 1000 * f["mpc_seconds_per_query"] for f in finals]),
-                _spread([r["report"]["wall_seconds"] for r in results], digits=0),
-                _verdict(finals, *SETTINGS[method]["target"], level=level),
-            ]) + " |"
-        )  # fmt: skip
+            "| "
+            + " | ".join(
+                [
+                    method,
+                    ", ".join(str(r["seed"]) for r in results),
+                    _spread([f["student_test_accuracy"] for f in finals], percent=True),
+                    _spread([f["label_accuracy"] for f in finals], percent=True),
+                    f"{_spread([f['queries_labelled'] for f in finals], digits=0)} "
+                    f"(of {statistics.fmean(f['queries_labelled'] + f.get('queries_withheld', 0) for f in finals):.0f})",
+                    f"{_spread([f['epsilon'][level]['server'] for f in finals])} ({level}, {finals[0]['delta']:g})",
+                    f"{_spread([f['epsilon'][other]['server'] for f in finals])} ({other})",
+                    _spread(
+                        [
+                            None if f["mpc_seconds_per_query"] is None else 1000 * f["mpc_seconds_per_query"]
+                            for f in finals
+                        ]
+                    ),
+                    _spread([r["report"]["wall_seconds"] for r in results], digits=0),
+                    _verdict(finals, *SETTINGS[method]["target"], level=level),
+                ]
+            )
+            + " |"
+        )
     lines += ["", "## Settings", ""]
     for method, results in runs.items():
-        lines.append(f"- **{method}**: `consilium-federation --method {method} --data {data} {' '.join(SETTINGS[method]['argv'])}`")
+        lines.append(
+            f"- **{method}**: `consilium-federation --method {method} --data {data} {' '.join(SETTINGS[method]['argv'])}`"
+        )
     lines += [
         "",
         "## How it runs",

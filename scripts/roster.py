@@ -20,7 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
         "with every other party; or sign a new roster version that only removes parties or moves the server, for the "
         "parties that confirmed the one before (a newcomer needs the fingerprint compared again).",
     )
-    parser.add_argument("action", choices=("fingerprint", "sign"), help="fingerprint: check, then print; sign: check, then sign")
+    parser.add_argument(
+        "action", choices=("fingerprint", "sign"), help="fingerprint: check, then print; sign: check, then sign"
+    )
     parser.add_argument("--federation", type=Path, required=True, help="federation directory holding roster.toml")
     parser.add_argument("--name", required=True, help="this party's name; its keys are in FEDERATION/NAME")
     return parser
@@ -35,10 +37,16 @@ def main(argv: list[str] | None = None) -> None:
         roster.check_own_entry(credentials)
         if args.action == "sign":
             changes = sign_roster(args.federation, credentials)
-            print(f"{args.name} signed roster version {roster.version} ({args.federation / SIGNATURES_FILE}); it changes the roster "
-                  f"{args.name} confirmed last: {'; '.join(changes) or 'nothing'}", flush=True)
+            print(
+                f"{args.name} signed roster version {roster.version} ({args.federation / SIGNATURES_FILE}); it changes the roster "
+                f"{args.name} confirmed last: {'; '.join(changes) or 'nothing'}",
+                flush=True,
+            )
         else:
-            print(f"{args.name}'s entry holds its own keys; roster version {roster.version} of {len(roster.parties)} parties", flush=True)
+            print(
+                f"{args.name}'s entry holds its own keys; roster version {roster.version} of {len(roster.parties)} parties",
+                flush=True,
+            )
             print(f"fingerprint: {roster.fingerprint}", flush=True)
 
     sys.exit(run_with(check, (KeyFileError, OSError)))

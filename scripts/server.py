@@ -41,10 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the server: it sums the hospitals' encrypted updates and evaluates the released model "
         "(Dopamine, DP-FedAvg), or has the hospitals label its public records by private vote and trains a student on them.",
     )
-    parser.add_argument("--federation", type=Path, required=True, help="federation directory: roster.toml, and the server's keys in server/")
+    parser.add_argument(
+        "--federation",
+        type=Path,
+        required=True,
+        help="federation directory: roster.toml, and the server's keys in server/",
+    )
     add_roster_fingerprint(parser)
     parser.add_argument("--out", type=Path, required=True, help="directory for the report, ledger and final model")
-    parser.add_argument("--data", default="breast_cancer", help="validation data: breast_cancer, digits or an .npz path")
+    parser.add_argument(
+        "--data", default="breast_cancer", help="validation data: breast_cancer, digits or an .npz path"
+    )
     parser.add_argument("--data-seed", type=int, default=0, help="train/validation split of built-in data (default: 0)")
     parser.add_argument(
         "--resume",
@@ -59,13 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(q times a typical hospital's record count, coarsely)",
     )
     add_run_arguments(parser)
-    parser.add_argument("--transcript", type=Path, help="append the digest of every received message to this audit file")
+    parser.add_argument(
+        "--transcript", type=Path, help="append the digest of every received message to this audit file"
+    )
     parser.add_argument(
         "--transcript-payloads",
         action="store_true",
         help="keep whole messages in the transcript, not digests (with any hospital's key, it opens every update)",
     )
-    parser.add_argument("--join-timeout", type=positive_float, default=60.0, help="seconds to wait for hospitals to join")
+    parser.add_argument(
+        "--join-timeout", type=positive_float, default=60.0, help="seconds to wait for hospitals to join"
+    )
     parser.add_argument("--round-timeout", type=positive_float, default=60.0, help="seconds a round waits for updates")
     parser.add_argument(
         "--max-messages-per-second",
@@ -98,7 +109,9 @@ def serve(args: argparse.Namespace) -> None:
     timeouts = Timeouts(join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout)
     if args.method in VOTING_METHODS:
         if args.insecure_plaintext_benchmark:
-            raise ConfigError("--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting")
+            raise ConfigError(
+                "--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting"
+            )
         _serve_vote(args, roster, credentials, dataset, timeouts)
         return
     settings = dict(
@@ -114,7 +127,9 @@ def serve(args: argparse.Namespace) -> None:
         on_round=lambda record: _print_round(record, server.config),
     )
     if args.resume:
-        checkpointed = Server.checkpointed_config(args.out)  # checked before the server binds its socket or begins its ledger
+        checkpointed = Server.checkpointed_config(
+            args.out
+        )  # checked before the server binds its socket or begins its ledger
         if checkpointed.dataset != dataset.name:
             raise ConfigError(f"the checkpointed run is on {checkpointed.dataset}; pass the same --data")
         if checkpointed.aggregation != chosen_aggregation(args):
@@ -128,7 +143,10 @@ def serve(args: argparse.Namespace) -> None:
         server = Server(config=_new_run(args, roster, dataset), **settings)
     report = server.run()
     final = report["final"]
-    print(f"finished ({report['finish_reason']}): {final['rounds_released']} rounds released, report in {args.out}", flush=True)
+    print(
+        f"finished ({report['finish_reason']}): {final['rounds_released']} rounds released, report in {args.out}",
+        flush=True,
+    )
 
 
 def build_run_config(args: argparse.Namespace, hospitals: tuple[str, ...], dataset: Dataset) -> RunConfig:
@@ -177,7 +195,11 @@ def _clip_rule(args: argparse.Namespace) -> dict:
     """``DpFedAvgSettings``' adaptive clipping fields as given, its defaults for the rest."""
     if args.clip_quantile is None:
         return {}
-    return {"clip_rule": "adaptive", "target_quantile": args.clip_quantile, **({"clip_learning_rate": args.clip_lr} if args.clip_lr else {})}
+    return {
+        "clip_rule": "adaptive",
+        "target_quantile": args.clip_quantile,
+        **({"clip_learning_rate": args.clip_lr} if args.clip_lr else {}),
+    }
 
 
 def _training_settings(args: argparse.Namespace, *, quorum: int) -> TrainingSettings:
@@ -214,7 +236,9 @@ def _training_settings(args: argparse.Namespace, *, quorum: int) -> TrainingSett
     )
 
 
-def _serve_vote(args: argparse.Namespace, roster: Roster, credentials: Credentials, dataset: Dataset, timeouts: Timeouts) -> None:
+def _serve_vote(
+    args: argparse.Namespace, roster: Roster, credentials: Credentials, dataset: Dataset, timeouts: Timeouts
+) -> None:
     if args.resume:
         raise ConfigError("a voting run cannot be resumed yet; start a new one")
     public_pool, test = split_public_pool(dataset.validation, args.public_fraction, seed=args.data_seed)
@@ -228,7 +252,10 @@ def _serve_vote(args: argparse.Namespace, roster: Roster, credentials: Credentia
             queries_per_round=args.queries_per_round,
             delta=args.delta,
             voting=VotingSettings(
-                method=args.method, noise_std=args.vote_noise, quorum=args.quorum or len(roster.hospitals), neighbours=args.neighbours
+                method=args.method,
+                noise_std=args.vote_noise,
+                quorum=args.quorum or len(roster.hospitals),
+                neighbours=args.neighbours,
             ),
             reveal=args.reveal,
             label_threshold=args.label_threshold,
@@ -237,7 +264,9 @@ def _serve_vote(args: argparse.Namespace, roster: Roster, credentials: Credentia
             teacher_confidence=args.teacher_confidence,
             feature_dimensions=args.feature_dimensions,
         )
-        feature_map = PcaFeatures.fit(public_pool.x, args.feature_dimensions).to_bytes() if args.method == "knn-dpfl" else b""
+        feature_map = (
+            PcaFeatures.fit(public_pool.x, args.feature_dimensions).to_bytes() if args.method == "knn-dpfl" else b""
+        )
     except ValueError as error:
         raise ConfigError(str(error)) from None
     server = VotingServer(

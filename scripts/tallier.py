@@ -17,14 +17,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a tallier: it sums its own shares of the hospitals' votes and, with the other talliers, "
         "reveals only each query's winning label (MPyC over mutual TLS).",
     )
-    parser.add_argument("--federation", type=Path, required=True, help="federation directory: roster.toml, and this tallier's keys in NAME/")
+    parser.add_argument(
+        "--federation",
+        type=Path,
+        required=True,
+        help="federation directory: roster.toml, and this tallier's keys in NAME/",
+    )
     parser.add_argument("--name", required=True, help="this tallier's name in the roster, e.g. tallier-1")
     add_roster_fingerprint(parser)
     parser.add_argument("--timeout", type=positive_float, default=180.0, help="seconds to wait for the server")
     parser.add_argument("--mpc-timeout", type=positive_float, default=120.0, help="seconds one round's MPC may take")
-    parser.add_argument("--transcript", type=Path, help="record every message the server sends this tallier, whole, in this file")
     parser.add_argument(
-        "--allow-histogram", action="store_true", help="take part in runs that open the noisy vote totals (--reveal histogram)"
+        "--transcript", type=Path, help="record every message the server sends this tallier, whole, in this file"
+    )
+    parser.add_argument(
+        "--allow-histogram",
+        action="store_true",
+        help="take part in runs that open the noisy vote totals (--reveal histogram)",
     )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
     return parser

@@ -114,14 +114,20 @@ def run_round(
     runtime = mpyc_runtime([f"-P{host}:{port}" for host, port in party.addresses] + ["-I", str(party.index)])
     secint = runtime.SecInt(field.bit_length)
     if secint.field.modulus != field.modulus:  # the hospitals shared over another field: the sums would be noise
-        raise ValueError(f"the hospitals shared modulo {field.modulus}, but {field.bit_length}-bit MPC computes modulo {secint.field.modulus}")
+        raise ValueError(
+            f"the hospitals shared modulo {field.modulus}, but {field.bit_length}-bit MPC computes modulo {secint.field.modulus}"
+        )
     if _failed:
         raise MpcError(f"an earlier MPC in this process failed ({_failed[0]}); restart the tallier")
 
     def public_input(values: list[int]) -> list:
         return runtime.input(secint.array(secint.field.array(np.array(values, dtype=object))))
 
-    network = MpcNetwork(runtime, party, max_message_bytes=_message_limit(queries, classes, len(hospitals), field, secint.field.byte_length))
+    network = MpcNetwork(
+        runtime,
+        party,
+        max_message_bytes=_message_limit(queries, classes, len(hospitals), field, secint.field.byte_length),
+    )
 
     async def protocol() -> MpcResult:
         await network.connect(timeout_s)
@@ -133,7 +139,9 @@ def run_round(
         voters = tuple(name for i, name in enumerate(hospitals, start=1) if all(int(v[i]) for v in opened))
         if len(voters) < quorum:
             await runtime.shutdown()
-            raise VoterError(f"the talliers share valid votes from {len(voters)} hospitals, fewer than the quorum of {quorum}")
+            raise VoterError(
+                f"the talliers share valid votes from {len(voters)} hospitals, fewer than the quorum of {quorum}"
+            )
         local_sum = [0] * (queries * classes)
         for name in voters:
             local_sum = add(local_sum, shares[name], field.modulus)

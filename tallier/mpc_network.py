@@ -87,7 +87,9 @@ class MpcParty:
 
     def __post_init__(self) -> None:
         if len(self.addresses) < MIN_PARTIES:
-            raise ValueError(f"the MPC needs at least {MIN_PARTIES} talliers for an honest majority, got {len(self.addresses)}")
+            raise ValueError(
+                f"the MPC needs at least {MIN_PARTIES} talliers for an honest majority, got {len(self.addresses)}"
+            )
         if not len(self.names) == len(self.addresses) == len(self.certificates):
             raise ValueError("every tallier needs a name, an address and a pinned certificate")
         if not 0 <= self.index < len(self.addresses):
@@ -127,7 +129,11 @@ class MpcNetwork:
             host, port = party.addresses[me]
             context = _context(ssl.PROTOCOL_TLS_SERVER, party, trusted=party.certificates[:me])
             listener = await loop.create_server(
-                lambda: _PinnedExchanger(self, None), host=host, port=port, ssl=context, ssl_handshake_timeout=_HANDSHAKE_S
+                lambda: _PinnedExchanger(self, None),
+                host=host,
+                port=port,
+                ssl=context,
+                ssl_handshake_timeout=_HANDSHAKE_S,
             )
         try:
             ends = time.monotonic() + deadline_s
@@ -195,7 +201,9 @@ class _PinnedExchanger(asyncoro.MessageExchanger):
         network = self.network
         if self.peer_pid is not None:  # this tallier dialled: the listener's pin, once more, exactly
             if _certificate(transport) != network.party.certificates[self.peer_pid]:
-                log.warning("refused the connection to %s: not its pinned certificate", network.party.names[self.peer_pid])
+                log.warning(
+                    "refused the connection to %s: not its pinned certificate", network.party.names[self.peer_pid]
+                )
                 self.peer_pid = None
                 transport.abort()
                 return
@@ -203,7 +211,9 @@ class _PinnedExchanger(asyncoro.MessageExchanger):
             return
         self.transport = transport
         if network.strangers >= _STRANGERS:
-            log.warning("refused an MPC connection from %s: %d are unidentified already", _address(transport), _STRANGERS)
+            log.warning(
+                "refused an MPC connection from %s: %d are unidentified already", _address(transport), _STRANGERS
+            )
             transport.abort()
             return
         network.strangers += 1
@@ -295,7 +305,9 @@ class _PinnedExchanger(asyncoro.MessageExchanger):
             return
         own = runtime.parties[runtime.pid].protocol
         waiting = any(isinstance(b, asyncio.Future) and not b.done() for b in self.buffers.values())
-        if exc is not None or own.done() or waiting:  # shutdown() gives this party a fresh future before connections close
+        if (
+            exc is not None or own.done() or waiting
+        ):  # shutdown() gives this party a fresh future before connections close
             network.stop(f"{name} left the MPC before the round ended ({exc or 'connection closed'})")
             return
         runtime.unset_protocol(self.peer_pid)
@@ -351,7 +363,9 @@ class _Codec:
         if kind == _INTEGER and len(body) == 8:
             return int.from_bytes(body, "little", signed=True)
         if kind != _ARRAY or len(body) % self.width:
-            raise MpcPeerError(f"{_sender(data)} sent an MPC message that is neither whole field elements nor an integer")
+            raise MpcPeerError(
+                f"{_sender(data)} sent an MPC message that is neither whole field elements nor an integer"
+            )
         words = np.zeros((len(body) // self.width, 8), dtype=np.uint8)
         words[:, : self.width] = np.frombuffer(body, dtype=np.uint8).reshape(-1, self.width)
         values = words.view("<u8").reshape(-1)

@@ -30,7 +30,17 @@ from crypto.sealed_box import certify_key
 from protocol.ballots import BallotError, open_share, tallier_key_context
 from protocol.channel import ServerChannel
 from protocol.config import ConfigError
-from protocol.messages import TO_TALLIER, Finish, Hello, Labels, ProtocolError, RunKey, Shares, TallyFailed, VotingWelcome
+from protocol.messages import (
+    TO_TALLIER,
+    Finish,
+    Hello,
+    Labels,
+    ProtocolError,
+    RunKey,
+    Shares,
+    TallyFailed,
+    VotingWelcome,
+)
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.transcript import Transcript
@@ -92,7 +102,9 @@ class Tallier:
                     finish_reason = message.reason
                 elif not last_round < message.round <= self._config.rounds:
                     self._channel.rejections.reject(
-                        "the server", message.TYPE, f"round {message.round} after round {last_round} of {self._config.rounds}"
+                        "the server",
+                        message.TYPE,
+                        f"round {message.round} after round {last_round} of {self._config.rounds}",
                     )
                 else:
                     last_round = message.round
@@ -107,17 +119,25 @@ class Tallier:
         except ConfigError as error:
             raise ProtocolError(f"the server's voting configuration is unusable: {error}") from None
         if config.talliers != tuple(self._roster.talliers):
-            raise ProtocolError(f"the run's talliers {list(config.talliers)} are not the roster's {self._roster.talliers}")
+            raise ProtocolError(
+                f"the run's talliers {list(config.talliers)} are not the roster's {self._roster.talliers}"
+            )
         if config.reveal != "labels" and not self._allow_histogram:
-            raise ProtocolError(f"the run would reveal the noisy {config.reveal}; this tallier opens labels only (--allow-histogram)")
+            raise ProtocolError(
+                f"the run would reveal the noisy {config.reveal}; this tallier opens labels only (--allow-histogram)"
+            )
         if not set(config.hospitals) <= set(self._roster.hospitals):
-            raise ProtocolError(f"the run names {sorted(set(config.hospitals) - set(self._roster.hospitals))} as hospitals; the roster does not")
+            raise ProtocolError(
+                f"the run names {sorted(set(config.hospitals) - set(self._roster.hospitals))} as hospitals; the roster does not"
+            )
         self._config, self._run, self._field = config, config.fingerprint(welcome.feature_map), config.field()
         self._channel.limit = config.message_limit()
         # Never written anywhere: a later leak of this tallier's long-term keys opens no recorded share.
         self._box_key = X25519PrivateKey.generate()
         certified = certify_key(
-            self._box_key.public_key(), signer=self._credentials.identity.signing, context=tallier_key_context(self._run, self._name)
+            self._box_key.public_key(),
+            signer=self._credentials.identity.signing,
+            context=tallier_key_context(self._run, self._name),
         )
         self._channel.send(RunKey(certified_key=certified))
         log.info("%s joined run %s and sent its box key", self._name, config.run_id)
@@ -127,7 +147,9 @@ class Tallier:
         shares = {}
         for hospital, box in message.boxes.items():
             if hospital not in config.hospitals:
-                self._channel.rejections.reject("the server", message.TYPE, f"a share from {hospital!r}, not a hospital of the run")
+                self._channel.rejections.reject(
+                    "the server", message.TYPE, f"a share from {hospital!r}, not a hospital of the run"
+                )
                 continue
             try:
                 shares[hospital] = open_share(
@@ -175,4 +197,6 @@ class Tallier:
                 mpc_bytes=result.bytes_sent,
             )
         )
-        self._rounds.append({"round": message.round, "voters": len(result.voters), "seconds": seconds, "bytes_sent": result.bytes_sent})
+        self._rounds.append(
+            {"round": message.round, "voters": len(result.voters), "seconds": seconds, "bytes_sent": result.bytes_sent}
+        )

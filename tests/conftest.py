@@ -24,7 +24,9 @@ def launcher(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", f"scripts.{module}", *map(str, args)]
 
 
-def run_launcher(module: str, *args: str, timeout: float = 240, environment: dict | None = None) -> subprocess.CompletedProcess:
+def run_launcher(
+    module: str, *args: str, timeout: float = 240, environment: dict | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         launcher(module, *args),
         capture_output=True,

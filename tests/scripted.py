@@ -26,16 +26,32 @@ class ServerProcess:
         self.roster = local_federation(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}")
         self.log = tmp_path / "server.log"
         self._command = launcher(
-            "server", *confirmed(self.federation), "--out", self.out, "--expected-batch-size", "5",
-            "--hidden", "4", "--join-timeout", "60", "--transcript", tmp_path / "transcript.msgpack", *args,
-        )  # fmt: skip
+            "server",
+            *confirmed(self.federation),
+            "--out",
+            self.out,
+            "--expected-batch-size",
+            "5",
+            "--hidden",
+            "4",
+            "--join-timeout",
+            "60",
+            "--transcript",
+            tmp_path / "transcript.msgpack",
+            *args,
+        )
         self.process = self._start()
         self.peers: list[ScriptedHospital] = []  # closed with the server, so that a failed test leaves no socket open
 
     def _start(self, *args: str) -> subprocess.Popen:
         with self.log.open("a") as log:
             return subprocess.Popen(
-                [*self._command, *args], stdout=log, stderr=log, text=True, env=child_environment(), preexec_fn=_interruptible
+                [*self._command, *args],
+                stdout=log,
+                stderr=log,
+                text=True,
+                env=child_environment(),
+                preexec_fn=_interruptible,
             )
 
     def restart(self) -> None:
@@ -71,7 +87,17 @@ class HospitalProcess:
         self.log = log
         self.state = federation / name
         self._command = launcher(
-            "hospital", *confirmed(federation), "--name", name, "--timeout", "60", "--parts", parts, "--part", part, *args
+            "hospital",
+            *confirmed(federation),
+            "--name",
+            name,
+            "--timeout",
+            "60",
+            "--parts",
+            parts,
+            "--part",
+            part,
+            *args,
         )
         self.process = self._start()
 
@@ -133,7 +159,9 @@ class ScriptedHospital(_scripted.ScriptedHospital):
 class ScriptedServer(_scripted.ScriptedServer):
     """A scripted server and a real hospital process for each hospital of a (new or existing) federation."""
 
-    def __init__(self, tmp_path: Path, hospitals: int, *, quorum: int, rounds: int = 5, run_id: str | None = None) -> None:
+    def __init__(
+        self, tmp_path: Path, hospitals: int, *, quorum: int, rounds: int = 5, run_id: str | None = None
+    ) -> None:
         self.federation = tmp_path / "federation"
         if (self.federation / "roster.toml").exists():
             roster = Roster.load(self.federation)
@@ -144,9 +172,16 @@ class ScriptedServer(_scripted.ScriptedServer):
         self.logs = {name: tmp_path / f"{name}-{config.run_id}.log" for name in config.hospitals}
         self.hospitals = {
             name: HospitalProcess(
-                self.federation, name, index, len(config.hospitals), self.logs[name],
-                "--send-offset", "0", "--epsilon-budget", "100",
-            )  # fmt: skip
+                self.federation,
+                name,
+                index,
+                len(config.hospitals),
+                self.logs[name],
+                "--send-offset",
+                "0",
+                "--epsilon-budget",
+                "100",
+            )
             for index, name in enumerate(config.hospitals, start=1)
         }
 

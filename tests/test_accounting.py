@@ -17,7 +17,9 @@ KEY = bytes(range(32))  # a party's ledger key (protocol.party_keys.Credentials.
 
 
 def _mechanism(noise_multiplier=2.1, quorum=3, dimension=1586):
-    return SkellamMechanism.calibrate(dimension=dimension, max_grad_norm=1.0, noise_multiplier=noise_multiplier, quorum=quorum)
+    return SkellamMechanism.calibrate(
+        dimension=dimension, max_grad_norm=1.0, noise_multiplier=noise_multiplier, quorum=quorum
+    )
 
 
 def _ledger(path=None, run="0123abcd"):
@@ -75,7 +77,9 @@ def test_views_know_zero_one_and_all_but_one_share():
 
 def test_no_noise_costs_everything_and_nothing_costs_nothing():
     ledger = _ledger()
-    ledger.record(release_of(_mechanism(noise_multiplier=0.0), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
+    ledger.record(
+        release_of(_mechanism(noise_multiplier=0.0), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1
+    )
     assert ledger.epsilon(1e-5) == math.inf
     assert PrivacyLedger().epsilon(1e-5) == 0.0
 
@@ -123,7 +127,9 @@ def test_a_reused_run_id_cannot_lower_a_ledgers_epsilon(tmp_path):
     del ledger
     with pytest.raises(LedgerError, match="already in this privacy ledger with other settings"):
         PrivacyLedger(path, key=KEY).begin_run("feedc0de", "feedc0de:other-settings")
-    assert PrivacyLedger(path, key=KEY).steps == 3 and PrivacyLedger(path, key=KEY).epsilon(1e-5) == pytest.approx(spent)
+    assert PrivacyLedger(path, key=KEY).steps == 3 and PrivacyLedger(path, key=KEY).epsilon(1e-5) == pytest.approx(
+        spent
+    )
 
 
 def test_a_run_resumes_after_its_last_recorded_round_and_keeps_its_charges(tmp_path):
@@ -152,7 +158,9 @@ def test_a_version_2_ledger_keeps_counting(tmp_path):
     step = {"sample_rate": 0.1, "noise_multipliers": {"server": 2.1, "peer_hospital": 1.7}}
     path.write_text("".join(json.dumps(r) + "\n" for r in [header, {"key": "old/1", **step}, {"key": "old/2", **step}]))
     with pytest.raises(LedgerError, match="written before ledgers were chained"):
-        PrivacyLedger(path, key=KEY)  # or a chained ledger replaced by an unchained one: read only when its party says so
+        PrivacyLedger(
+            path, key=KEY
+        )  # or a chained ledger replaced by an unchained one: read only when its party says so
     ledger = PrivacyLedger(path, key=KEY, accept_unchained=True)
     central = RDPAccountant()
     central.history = [(2.1, 0.1, 2)]
@@ -203,7 +211,10 @@ def _three_rounds(path):
         (lambda lines: lines[:-1], "truncated"),  # the last record cut off, at a line's end
         (lambda lines: lines[:2] + lines[3:], "altered"),  # a record in the middle deleted
         (lambda lines: [lines[0], lines[1], lines[3], lines[2], *lines[4:]], "altered"),  # two swapped
-        (lambda lines: [lines[0], lines[1], lines[2].replace('"round":1', '"round":9'), *lines[3:]], "altered"),  # edited
+        (
+            lambda lines: [lines[0], lines[1], lines[2].replace('"round":1', '"round":9'), *lines[3:]],
+            "altered",
+        ),  # edited
         (lambda lines: lines[:2], "truncated"),
         (lambda lines: [], "truncated"),
     ],
@@ -341,7 +352,11 @@ def test_each_record_is_one_appended_line(tmp_path):
 def test_malformed_releases_are_refused():
     record = Release(0.1, 10.0, 30.0, (("server", 5.0), ("peer_hospital", 4.0), ("collusion", 1.0))).to_record()
     assert Release.from_record(dict(record)) == Release.from_record(record)
-    for broken in ({**record, "mu": {"server": 1.0}}, {**record, "l2_sensitivity": float("nan")}, {**record, "mechanism": "x"}):
+    for broken in (
+        {**record, "mu": {"server": 1.0}},
+        {**record, "l2_sensitivity": float("nan")},
+        {**record, "mechanism": "x"},
+    ):
         with pytest.raises(ValueError):
             Release.from_record(broken)
     assert rdp_to_epsilon(ORDERS, np.full(len(ORDERS), np.inf), 1e-5) == math.inf
@@ -391,7 +406,9 @@ def _certificate_coefficients(alpha, k):
     m = np.zeros((3 * a - 1, 2 * a + 1), dtype=object)
     i = np.arange(2 * a)  # 3 w (w + r)^(2a-1) r^(a-1)
     m[i + a - 1, 2 * a - i] += 3 * _binomials(2 * a - 1)
-    i, j = np.meshgrid(np.arange(a + 1), np.arange(a), indexing="ij")  # k (w r)^i of (wr + 1)^a, r^j w^(a-1-j) of (w + r)^(a-1)
+    i, j = np.meshgrid(
+        np.arange(a + 1), np.arange(a), indexing="ij"
+    )  # k (w r)^i of (wr + 1)^a, r^j w^(a-1-j) of (w + r)^(a-1)
     m[i + j, i + a - 1 - j] += k * np.outer(_binomials(a), _binomials(a - 1))
     # slope (r - 1) r^(a-1) (w + r)^(a-1) u^(a-1): the slope's constant terms cancel, leaving s w
     s = (1 - a) * 3 - 3 * a - k

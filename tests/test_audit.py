@@ -49,15 +49,40 @@ DOPAMINE = ("--expected-batch-size", "15", "--noise-multiplier", "1.0", "--epsil
 # v = 1 it stays put only if the noisy norm sum S comes out 3.6 standard deviations above the most
 # it can be, in each of the first three rounds (odds below 1e-10).
 DP_FEDAVG = (
-    "--method", "dp-fedavg", "--subclients", "1", "--adaptive-subclients", "8", "--clip-quantile", "0.5", "--noise-multiplier", "1.0",
-    "--server-optimizer", "fedadam", "--epsilon-budget", "1000",
-)  # fmt: skip
-VOTING = ("--method", "knn-dpfl", "--rounds", "2", "--feature-dimensions", "10", "--student-epochs", "5", "--round-timeout", "60")
+    "--method",
+    "dp-fedavg",
+    "--subclients",
+    "1",
+    "--adaptive-subclients",
+    "8",
+    "--clip-quantile",
+    "0.5",
+    "--noise-multiplier",
+    "1.0",
+    "--server-optimizer",
+    "fedadam",
+    "--epsilon-budget",
+    "1000",
+)
+VOTING = (
+    "--method",
+    "knn-dpfl",
+    "--rounds",
+    "2",
+    "--feature-dimensions",
+    "10",
+    "--student-epochs",
+    "5",
+    "--round-timeout",
+    "60",
+)
 # Six-sigma bands: a correct run fails one of these checks with probability below 1e-8.
 SIGMAS = 6.0
 
 
-def _audited_run(tmp_path_factory, name: str, *argv: str, zero_votes: bool = False) -> tuple[Path, dict, list[dict], list[dict]]:
+def _audited_run(
+    tmp_path_factory, name: str, *argv: str, zero_votes: bool = False
+) -> tuple[Path, dict, list[dict], list[dict]]:
     """A federation run with ground truth: (out, report, what the hospitals kept secret, for each tallier process
     the MPC bytes it received and the values its code opened)."""
     base = tmp_path_factory.mktemp(name)
@@ -73,7 +98,8 @@ def _audited_run(tmp_path_factory, name: str, *argv: str, zero_votes: bool = Fal
     assert result.returncode == 0, result.stderr
     secrets = [entry for path in sorted(record.glob("*.pickle")) for entry in _pickled(path)]
     talliers = [
-        {"received": path.read_bytes(), "opened": _pickled(path.with_suffix(".opened"))} for path in sorted(record.glob("*.mpc"))
+        {"received": path.read_bytes(), "opened": _pickled(path.with_suffix(".opened"))}
+        for path in sorted(record.glob("*.mpc"))
     ]
     return out, json.loads((out / "report.json").read_text()), secrets, talliers
 
@@ -93,13 +119,29 @@ def _pickled(path: Path) -> list:
 @pytest.fixture(scope="module")
 def dopamine(tmp_path_factory):
     return _audited_run(
-        tmp_path_factory, "dopamine", "--rounds", str(DOPAMINE_ROUNDS), "--round-timeout", "30", "--transcript-payloads", *DOPAMINE
+        tmp_path_factory,
+        "dopamine",
+        "--rounds",
+        str(DOPAMINE_ROUNDS),
+        "--round-timeout",
+        "30",
+        "--transcript-payloads",
+        *DOPAMINE,
     )
 
 
 @pytest.fixture(scope="module")
 def dp_fedavg(tmp_path_factory):
-    return _audited_run(tmp_path_factory, "dp-fedavg", "--rounds", str(DOPAMINE_ROUNDS), "--round-timeout", "30", "--transcript-payloads", *DP_FEDAVG)
+    return _audited_run(
+        tmp_path_factory,
+        "dp-fedavg",
+        "--rounds",
+        str(DOPAMINE_ROUNDS),
+        "--round-timeout",
+        "30",
+        "--transcript-payloads",
+        *DP_FEDAVG,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +272,9 @@ def test_the_server_holds_ciphertexts_of_the_updates_that_only_the_run_key_opens
     public = PublicContext(params)
     run_key = SecretContext.from_bytes(updates[0]["secrets"], params, run_id=config.run_id)
     # The server's own BFV key, given even the run's check key: only the BFV key differs.
-    check_key = CheckKey(updates[0]["secrets"][:CHECK_KEY_BYTES], run_id=config.run_id, plain_modulus=params.plain_modulus)
+    check_key = CheckKey(
+        updates[0]["secrets"][:CHECK_KEY_BYTES], run_id=config.run_id, plain_modulus=params.plain_modulus
+    )
     own_key = SecretContext(public, seal.KeyGenerator(public.seal).secret_key(), check_key)
     truth = {(u["hospital"], u["round"]): u["values"] for u in updates}
     uploads = [(sender, m) for sender, m, _ in received if isinstance(m, Update)]
@@ -265,7 +309,9 @@ def test_the_released_noise_has_the_variance_the_accountant_assumes(method, requ
     for release in releases:
         contributors = rounds[release.round]["contributors"]
         training = config.training.with_round_state(rounds[release.round]["round_state"])
-        offset = training.read_sum(np.zeros(mechanism.dimension), len(contributors), config.parameter_count).astype(np.float64)
+        offset = training.read_sum(np.zeros(mechanism.dimension), len(contributors), config.parameter_count).astype(
+            np.float64
+        )
         c = training.read_sum(np.ones(mechanism.dimension), len(contributors), config.parameter_count) - offset
         total = np.rint((np.frombuffer(release.mean_gradient, dtype="<f4") - offset) / c).astype(np.int64)
         np.testing.assert_array_equal(total, sum(u["values"] for u in updates if u["round"] == release.round))
@@ -276,7 +322,11 @@ def test_the_released_noise_has_the_variance_the_accountant_assumes(method, requ
     charged = PrivacyLedger()
     charged.begin_run(config.run_id, report["run_fingerprint"])
     for release in releases:
-        charged.record(ledger_release(config.training, mechanism, len(config.hospitals)), run_id=config.run_id, round_number=release.round)
+        charged.record(
+            ledger_release(config.training, mechanism, len(config.hospitals)),
+            run_id=config.run_id,
+            round_number=release.round,
+        )
     server_ledger = party_ledger(out / "federation" / "server", out / "server")
     assert server_ledger.epsilon(config.delta) == pytest.approx(charged.epsilon(config.delta))
     assert _variance_in_band(np.concatenate(totals), 2 * mechanism.mu(len(config.hospitals)))
@@ -301,10 +351,14 @@ def test_dp_fedavg_reports_every_level_and_each_hospital_is_charged_at_the_hospi
     for record in report["rounds"]:
         for level, release in config.training.levels(config.mechanism(), len(record["contributors"])).items():
             expected[level].record(release, run_id=config.run_id, round_number=record["round"])
-    assert config.training.levels(config.mechanism(), 3)["hospital"].l2_sensitivity == pytest.approx(8 * config.mechanism().l2_sensitivity)
+    assert config.training.levels(config.mechanism(), 3)["hospital"].l2_sensitivity == pytest.approx(
+        8 * config.mechanism().l2_sensitivity
+    )
     for level, ledger in expected.items():
         assert levels[level] == pytest.approx(ledger.epsilons(config.delta))
-    assert all(0 < levels["subclient"][view] < levels["record"][view] < levels["hospital"][view] for view in levels["hospital"])
+    assert all(
+        0 < levels["subclient"][view] < levels["record"][view] < levels["hospital"][view] for view in levels["hospital"]
+    )
     for hospital in config.hospitals:
         ledger = party_ledger(out / "federation" / hospital)
         assert ledger.epsilons(config.delta) == pytest.approx(levels["hospital"])
@@ -330,17 +384,29 @@ def test_adaptive_v_and_c_are_computed_from_the_server_s_transcript_alone(dp_fed
     for round_number in sorted(releases):
         computed[round_number] = {"subclients": v, "max_update_norm": bound}
         mechanism = config.training.with_round_state(computed[round_number]).mechanism(dimension)
-        norm_sum, within = np.frombuffer(releases[round_number].mean_gradient, dtype="<f4")[dimension:].astype(np.float64)
+        norm_sum, within = np.frombuffer(releases[round_number].mean_gradient, dtype="<f4")[dimension:].astype(
+            np.float64
+        )
         contributors = len(uploads[round_number])
         sigma = np.sqrt(2 * contributors * mechanism.share_mu) / mechanism.scale / (v * contributors)
         fraction = min(max(within / (v * contributors), 0.0), 1.0)
-        bound = float(np.float32(bound * math.exp(-config.training.clip_learning_rate * (fraction - config.training.target_quantile))))
+        bound = float(
+            np.float32(
+                bound * math.exp(-config.training.clip_learning_rate * (fraction - config.training.target_quantile))
+            )
+        )
         v = next_subclient_count(
-            v, hospitals=contributors, noise_norm=expected_noise_norm(sigma, dimension),
-            update_norm_sum=norm_sum, most=config.training.max_subclients,
-        )  # fmt: skip
+            v,
+            hospitals=contributors,
+            noise_norm=expected_noise_norm(sigma, dimension),
+            update_norm_sum=norm_sum,
+            most=config.training.max_subclients,
+        )
     assert len(computed) == DOPAMINE_ROUNDS
-    assert len({c["subclients"] for c in computed.values()}) > 1 and len({c["max_update_norm"] for c in computed.values()}) > 1  # teeth
+    assert (
+        len({c["subclients"] for c in computed.values()}) > 1
+        and len({c["max_update_norm"] for c in computed.values()}) > 1
+    )  # teeth
     trained = {(u["hospital"], u["round"]): (u["rows"], u["scale"]) for u in updates}
     scales = {r: config.training.with_round_state(c).mechanism(dimension).scale for r, c in computed.items()}
     assert trained == {(h, r): (c["subclients"], scales[r]) for h in config.hospitals for r, c in computed.items()}
@@ -384,12 +450,21 @@ def test_no_vote_share_or_total_reaches_the_server_or_a_tallier(voting):
     ballots = _ballots(secrets)
     assert len(ballots) == 2 * len(report["config"]["hospitals"]) and all("shares" in b for b in ballots)
     modulus = ballots[0]["modulus"]
-    votes = {f"{b['hospital']} round {b['round']} votes ({form})": data
-             for b in ballots for form, data in _encodings(b["noisy_votes"], modulus).items()}  # fmt: skip
-    totals = {f"round {r} totals ({form})": data
-              for r in (1, 2) for form, data in _encodings(_noisy_totals(ballots, r, report["config"]["hospitals"]), modulus).items()}  # fmt: skip
-    shares = {f"{b['hospital']} round {b['round']} share for {t}": s.astype("<u8").tobytes()
-              for b in ballots for t, s in zip(b["talliers"], b["shares"])}  # fmt: skip
+    votes = {
+        f"{b['hospital']} round {b['round']} votes ({form})": data
+        for b in ballots
+        for form, data in _encodings(b["noisy_votes"], modulus).items()
+    }
+    totals = {
+        f"round {r} totals ({form})": data
+        for r in (1, 2)
+        for form, data in _encodings(_noisy_totals(ballots, r, report["config"]["hospitals"]), modulus).items()
+    }
+    shares = {
+        f"{b['hospital']} round {b['round']} share for {t}": s.astype("<u8").tobytes()
+        for b in ballots
+        for t, s in zip(b["talliers"], b["shares"])
+    }
     server = [raw for _, _, raw in read_messages(out / "server" / "transcript.msgpack", accept=TO_VOTING_SERVER)]
     assert server and _leaks(server, votes | totals | shares) == []
     for tallier in report["config"]["talliers"]:
@@ -423,8 +498,11 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
             assert all(m == [round_number, *[1] * len(config.hospitals)] for m in marks)
             totals = _noisy_totals(ballots, round_number, config.hospitals).reshape(-1, classes)
             assert labels == list(np.argmax(totals, axis=1))
-    from_talliers = [(s, m) for s, m, _ in read_messages(out / "server" / "transcript.msgpack", accept=TO_VOTING_SERVER)
-                     if s in report["config"]["talliers"] and isinstance(m, Labels)]  # fmt: skip
+    from_talliers = [
+        (s, m)
+        for s, m, _ in read_messages(out / "server" / "transcript.msgpack", accept=TO_VOTING_SERVER)
+        if s in report["config"]["talliers"] and isinstance(m, Labels)
+    ]
     assert len(from_talliers) == 2 * len(report["config"]["talliers"])
     for _, labels in from_talliers:
         totals = _noisy_totals(ballots, labels.round, labels.voters).reshape(-1, classes)
@@ -436,8 +514,11 @@ def test_the_opened_totals_of_zero_votes_carry_the_accountant_s_noise(zero_votes
     out, report, secrets, _ = zero_votes
     config = VotingConfig.from_dict(report["config"])
     ballots = _ballots(secrets)
-    opened = [m for s, m, _ in read_messages(out / "server" / "transcript.msgpack", accept=TO_VOTING_SERVER)
-              if isinstance(m, Labels) and s == config.talliers[0]]  # fmt: skip
+    opened = [
+        m
+        for s, m, _ in read_messages(out / "server" / "transcript.msgpack", accept=TO_VOTING_SERVER)
+        if isinstance(m, Labels) and s == config.talliers[0]
+    ]
     assert len(opened) == 2
     totals = []
     for labels in opened:
@@ -470,7 +551,9 @@ def test_an_empirical_lower_bound_on_epsilon_stays_below_the_accountant_s(record
     record_property("epsilon_lower_bound", bound)
     record_property("epsilon_lower_bound_95", at_95)
     record_property("epsilon_accountant", accountant)
-    print(f"canary audit (sigma {CANARY_NOISE}, one step): epsilon >= {bound:.2f} (or {at_95:.2f} at 95% confidence); accountant {accountant:.2f}")
+    print(
+        f"canary audit (sigma {CANARY_NOISE}, one step): epsilon >= {bound:.2f} (or {at_95:.2f} at 95% confidence); accountant {accountant:.2f}"
+    )
     assert _best_possible_bound(CANARY_TRIALS - CANARY_TRIALS // 2, delta=1e-5) > accountant  # the test can fail
     assert bound <= accountant
     assert _separation_within(inside, outside, CANARY_NOISE)
@@ -489,7 +572,9 @@ def _best_possible_bound(trials: int, *, delta: float, failure: float = FAILURE)
     return float(np.log((1 - delta - rate) / rate))
 
 
-def _canary_scores(noise_multiplier: float, trials: int, *, accountant_noise: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+def _canary_scores(
+    noise_multiplier: float, trials: int, *, accountant_noise: float | None = None
+) -> tuple[np.ndarray, np.ndarray, float]:
     """The canary's score in ``trials`` released sums with it and without it, and the accountant's epsilon.
 
     Two hospitals (quorum 2) each take Dopamine's step at sample rate 1 on a linear model and encrypt
@@ -500,8 +585,15 @@ def _canary_scores(noise_multiplier: float, trials: int, *, accountant_noise: fl
     import torch
 
     def settings(noise: float) -> DopamineSettings:
-        return DopamineSettings(sample_rate=1.0, noise_multiplier=noise, max_grad_norm=1.0, quorum=2,
-                                expected_batch_size=5.0, learning_rate=0.1, momentum=0.0)  # fmt: skip
+        return DopamineSettings(
+            sample_rate=1.0,
+            noise_multiplier=noise,
+            max_grad_norm=1.0,
+            quorum=2,
+            expected_batch_size=5.0,
+            learning_rate=0.1,
+            momentum=0.0,
+        )
 
     model = build_model(ModelSpec("mlp", (2,), 2, ()))
     rng = np.random.default_rng()
@@ -533,7 +625,9 @@ def _canary_scores(noise_multiplier: float, trials: int, *, accountant_noise: fl
             released = secret.decrypt_sum(total.to_chunks(), round_number=round_number, contributors=contributors)
             values.append(float(released @ direction))
         scores[world] = np.array(values)
-    charged = settings(noise_multiplier if accountant_noise is None else accountant_noise).mechanism(mechanism.dimension)
+    charged = settings(noise_multiplier if accountant_noise is None else accountant_noise).mechanism(
+        mechanism.dimension
+    )
     epsilon = PrivacyLedger().epsilon(1e-5, extra=release_of(charged, sample_rate=1.0, contributors=2))
     return scores["in"], scores["out"], epsilon
 

@@ -19,9 +19,14 @@ def ballot():
     hospital = PrivateIdentity.generate()
     votes = np.random.default_rng().integers(-50, 50, size=12)
     boxes = seal_ballot(
-        votes, tallier_keys={n: k.public_key() for n, k in keys.items()}, field=FIELD, sender=hospital.signing,
-        run="run:abc", round_number=3, hospital="hospital-1",
-    )  # fmt: skip
+        votes,
+        tallier_keys={n: k.public_key() for n, k in keys.items()},
+        field=FIELD,
+        sender=hospital.signing,
+        run="run:abc",
+        round_number=3,
+        hospital="hospital-1",
+    )
     return votes, keys, hospital, boxes
 
 

@@ -35,7 +35,11 @@ def small():
     digits = load_dataset("digits")
     half = len(digits.validation) // 2
     dataset = Dataset(
-        "digits", digits.train, digits.validation.subset(np.arange(half)), 10, test=digits.validation.subset(np.arange(half, len(digits.validation)))
+        "digits",
+        digits.train,
+        digits.validation.subset(np.arange(half)),
+        10,
+        test=digits.validation.subset(np.arange(half, len(digits.validation))),
     )
     mean, std = input_statistics(dataset.train.x)
     return dataset, partition(dataset.train.y, 3, seed=0), ModelSpec("mlp", (64,), 10, (16,), mean, std)
@@ -45,7 +49,9 @@ def small():
 def test_each_baseline_trains_and_reports_on_the_test_split(small, name):
     dataset, parts, spec = small
     torch.manual_seed(0)
-    result = run_baseline(name, dataset, parts, spec, BaselineSettings(rounds=4, epsilon=8.0, sample_rate=0.1, learning_rate=0.5))
+    result = run_baseline(
+        name, dataset, parts, spec, BaselineSettings(rounds=4, epsilon=8.0, sample_rate=0.1, learning_rate=0.5)
+    )
     final, selected = result["final"], result["final"]["selected"]
     assert result["method"] == name and selected["test"]["accuracy"] > 0.5  # ten classes: chance is 0.1
     assert [r["round"] for r in result["rounds"]] == [1, 2, 3, 4]

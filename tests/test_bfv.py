@@ -6,7 +6,16 @@ import tenseal.sealapi as seal
 
 import crypto.bfv
 
-from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext, _pack, _unpack, aggregate_bytes, upload_bytes
+from crypto.bfv import (
+    BfvError,
+    CiphertextSum,
+    PublicContext,
+    SecretContext,
+    _pack,
+    _unpack,
+    aggregate_bytes,
+    upload_bytes,
+)
 from crypto.bfv_parameters import select_bfv_parameters
 
 RUN = "0123abcd"
@@ -38,7 +47,9 @@ def _sum_of(public, secret, vectors, round_number=1):
 def test_encrypted_sum_equals_the_plaintext_sum(secret, public, small_params, contributors):
     count = small_params.max_contributors if contributors == "max" else contributors
     share = small_params.sum_bound // count
-    vectors = np.random.default_rng(count).integers(-share, share, size=(count, small_params.vector_length), endpoint=True)
+    vectors = np.random.default_rng(count).integers(
+        -share, share, size=(count, small_params.vector_length), endpoint=True
+    )
     assert np.array_equal(_sum_of(public, secret, vectors), vectors.sum(axis=0))
 
 
@@ -54,7 +65,9 @@ def test_a_vector_over_several_ciphertexts_sums_exactly(seeded, monkeypatch):
     total, names = CiphertextSum(public, seeded=seeded), _names(3)
     for vector, name in zip(vectors, names):
         total.add(secret.encrypt_update(vector, round_number=1, hospital=name, seeded=seeded))
-    assert np.array_equal(secret.decrypt_sum(total.to_chunks(), round_number=1, contributors=names), vectors.sum(axis=0))
+    assert np.array_equal(
+        secret.decrypt_sum(total.to_chunks(), round_number=1, contributors=names), vectors.sum(axis=0)
+    )
 
 
 @pytest.mark.parametrize("sign", [1, -1])
@@ -79,11 +92,15 @@ def test_only_integer_vectors_of_the_agreed_length_are_encrypted(secret, small_p
     with pytest.raises(BfvError, match="integers"):
         secret.encrypt_update(np.ones(small_params.vector_length), round_number=1, hospital="hospital-1")
     with pytest.raises(BfvError, match="integers"):
-        secret.encrypt_update(np.ones(small_params.vector_length - 1, dtype=np.int64), round_number=1, hospital="hospital-1")
+        secret.encrypt_update(
+            np.ones(small_params.vector_length - 1, dtype=np.int64), round_number=1, hospital="hospital-1"
+        )
 
 
 def test_a_sum_refuses_more_than_max_contributors(secret, public, small_params):
-    chunks = secret.encrypt_update(np.zeros(small_params.vector_length, dtype=np.int64), round_number=1, hospital="hospital-1")
+    chunks = secret.encrypt_update(
+        np.zeros(small_params.vector_length, dtype=np.int64), round_number=1, hospital="hospital-1"
+    )
     total = CiphertextSum(public)
     for _ in range(small_params.max_contributors):
         total.add(chunks)
@@ -97,27 +114,35 @@ def test_the_aggregator_holds_no_key(public):
 
 
 def test_uploads_are_seeded_and_packed_below_float32(secret, small_params):
-    chunks = secret.encrypt_update(np.zeros(small_params.vector_length, dtype=np.int64), round_number=1, hospital="hospital-1")
+    chunks = secret.encrypt_update(
+        np.zeros(small_params.vector_length, dtype=np.int64), round_number=1, hospital="hospital-1"
+    )
     assert [len(chunk) for chunk in chunks] == [upload_bytes(small_params)] * small_params.chunk_count
     assert upload_bytes(small_params) < aggregate_bytes(small_params) / 1.9  # the second polynomial is a seed
-
 
 
 @pytest.mark.parametrize("bits", range(1, 61))
 def test_coefficients_are_packed_to_exactly_their_bits(bits):
     coefficients = [secrets.randbits(bits) for _ in range(64)]
-    packed = sum(c << (i * bits) for i, c in enumerate(coefficients)).to_bytes(8 * bits, "little")  # a bit string, by hand
+    packed = sum(c << (i * bits) for i, c in enumerate(coefficients)).to_bytes(
+        8 * bits, "little"
+    )  # a bit string, by hand
     words = np.array(coefficients, dtype="<u8").tobytes()
     assert _pack(words, bits) == packed
     assert _unpack(packed, len(coefficients), bits) == words
 
+
 def _other_uploads(small_params):
     other_params = select_bfv_parameters(max_contributors=500, vector_length=300, sum_bound=2_000_000)
-    return SecretContext.generate(other_params, run_id=RUN).encrypt_update(np.ones(300, dtype=np.int64), round_number=1, hospital="hospital-1")
+    return SecretContext.generate(other_params, run_id=RUN).encrypt_update(
+        np.ones(300, dtype=np.int64), round_number=1, hospital="hospital-1"
+    )
 
 
 def test_malformed_uploads_are_rejected_without_changing_the_sum(secret, public, small_params):
-    good = secret.encrypt_update(np.ones(small_params.vector_length, dtype=np.int64), round_number=1, hospital="hospital-1")
+    good = secret.encrypt_update(
+        np.ones(small_params.vector_length, dtype=np.int64), round_number=1, hospital="hospital-1"
+    )
     size = upload_bytes(small_params)
     total = CiphertextSum(public)
     total.add(good)
@@ -239,9 +264,13 @@ def test_transparent_and_arbitrary_aggregates_are_refused(secret, public, small_
     size = aggregate_bytes(small_params)
     half = size // 2
     ones = np.ones(small_params.vector_length, dtype=np.int64)
-    forged = SecretContext.generate(small_params, run_id=RUN).encrypt_update(ones, round_number=1, hospital="hospital-1")
+    forged = SecretContext.generate(small_params, run_id=RUN).encrypt_update(
+        ones, round_number=1, hospital="hospital-1"
+    )
     (other_key,) = public.pack_aggregate(public.load_upload(forged))
-    (honest,) = public.pack_aggregate(public.load_upload(secret.encrypt_update(ones, round_number=1, hospital="hospital-1")))
+    (honest,) = public.pack_aggregate(
+        public.load_upload(secret.encrypt_update(ones, round_number=1, hospital="hospital-1"))
+    )
     q, bits = small_params.ciphertext_modulus, small_params.ciphertext_modulus.bit_length()
     coefficients = np.frombuffer(_unpack(honest, 2 * small_params.poly_modulus_degree, bits), dtype="<u8")
     halved = [p * ((q + 1) // 2) % q for p in coefficients.tolist()]  # below the plaintext level: no slot-wise map
@@ -260,7 +289,9 @@ def test_transparent_and_arbitrary_aggregates_are_refused(secret, public, small_
 
 def test_secrets_round_trip_and_garbage_is_refused(secret, small_params):
     copy = SecretContext.from_bytes(secret.to_bytes(), small_params, run_id=RUN)
-    chunks = secret.encrypt_update(np.full(small_params.vector_length, 5, dtype=np.int64), round_number=1, hospital="hospital-1")
+    chunks = secret.encrypt_update(
+        np.full(small_params.vector_length, 5, dtype=np.int64), round_number=1, hospital="hospital-1"
+    )
     public = PublicContext(small_params)
     aggregate = public.pack_aggregate(public.load_upload(chunks))
     assert np.all(copy.decrypt_sum(aggregate, round_number=1, contributors=["hospital-1"]) == 5)

@@ -56,7 +56,9 @@ def _exact_error_quantile(contributors, coefficients):
 
 def test_the_computed_primes_are_the_ones_seal_builds():
     for contributors in (2, 10, 100, 1000):
-        params = select_bfv_parameters(max_contributors=contributors, vector_length=500, sum_bound=10_000 * contributors)
+        params = select_bfv_parameters(
+            max_contributors=contributors, vector_length=500, sum_bound=10_000 * contributors
+        )
         PublicContext(params)  # raises BfvError if SEAL's (N, t, q) differ from ours
 
 

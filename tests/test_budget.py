@@ -17,15 +17,35 @@ TRAINING = ("--sample-rate", "0.1", "--noise-multiplier", "1.0", "--hidden", "4"
 
 def _run(federation, out, rounds, budgets):
     server = subprocess.Popen(
-        launcher("server", *confirmed(federation), "--out", out, "--rounds", rounds, "--round-timeout", "30", *TRAINING),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(),
-    )  # fmt: skip
+        launcher(
+            "server", *confirmed(federation), "--out", out, "--rounds", rounds, "--round-timeout", "30", *TRAINING
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_environment(),
+    )
     hospitals = {
         name: subprocess.Popen(
-            launcher("hospital", *confirmed(federation), "--name", name, "--parts", "2", "--part", index,
-                     "--epsilon-budget", budget, "--timeout", "60"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(),
-        )  # fmt: skip
+            launcher(
+                "hospital",
+                *confirmed(federation),
+                "--name",
+                name,
+                "--parts",
+                "2",
+                "--part",
+                index,
+                "--epsilon-budget",
+                budget,
+                "--timeout",
+                "60",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_environment(),
+        )
         for index, (name, budget) in enumerate(budgets.items(), start=1)
     }
     outputs = {name: process.communicate(timeout=120) for name, process in hospitals.items()}

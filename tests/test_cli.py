@@ -19,7 +19,22 @@ from training.datasets import load_dataset
 from training.models import build_model, get_flat_parameters
 
 
-@pytest.mark.parametrize("module", ["keygen", "provision", "roster", "server", "tallier", "hospital", "federation", "compare", "bench_crypto", "bench_round", "bench_tallier"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "keygen",
+        "provision",
+        "roster",
+        "server",
+        "tallier",
+        "hospital",
+        "federation",
+        "compare",
+        "bench_crypto",
+        "bench_round",
+        "bench_tallier",
+    ],
+)
 def test_every_launcher_has_help(module):
     result = run_launcher(module, "--help")
     assert result.returncode == 0 and "usage:" in result.stdout
@@ -81,7 +96,11 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
     model = get_flat_parameters(build_model(config.model)).tobytes()
     Checkpoint(config.to_dict(), model, model, bytes(len(model)), 0, list(config.hospitals), [], {}, []).save(secure)
     damaged = {}  # checkpoints a disk or a hand damaged: each resume refused in one line
-    for label, change in (("negative", {"hidden": [-1]}), ("huge", {"hidden": [2**64]}), ("wide", {"input_shape": [10**9]})):
+    for label, change in (
+        ("negative", {"hidden": [-1]}),
+        ("huge", {"hidden": [2**64]}),
+        ("wide", {"input_shape": [10**9]}),
+    ):
         damaged[label] = tmp_path / label
         bad = config.to_dict()
         bad["model"].update(change)
@@ -91,25 +110,55 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
     (damaged["cut"] / "checkpoint.json").write_bytes((secure / "checkpoint.json").read_bytes()[:-40])
     cases = [
         (("hospital", *hospital, "--data", tmp_path / "missing.npz"), "no dataset file"),
-        (("hospital", "--federation", tmp_path / "nowhere", "--name", "hospital-1"), "make this party's keys with consilium-keygen"),
-        (("hospital", *hospital, "--parts", "2", "--part", "3"), "give one --part between 1 and --parts (2) for each --name"),
-        (("hospital", *hospital, "--name", "hospital-2"), "several --name in one process are for simulating voting runs"),
-        (("federation", "--out", tmp_path / "many", "--hospitals-per-process", "2"), "--hospitals-per-process is for voting runs"),
-        (("federation", "--out", tmp_path / "vote", "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "not for knn-dpfl"),
+        (
+            ("hospital", "--federation", tmp_path / "nowhere", "--name", "hospital-1"),
+            "make this party's keys with consilium-keygen",
+        ),
+        (
+            ("hospital", *hospital, "--parts", "2", "--part", "3"),
+            "give one --part between 1 and --parts (2) for each --name",
+        ),
+        (
+            ("hospital", *hospital, "--name", "hospital-2"),
+            "several --name in one process are for simulating voting runs",
+        ),
+        (
+            ("federation", "--out", tmp_path / "many", "--hospitals-per-process", "2"),
+            "--hospitals-per-process is for voting runs",
+        ),
+        (
+            ("federation", "--out", tmp_path / "vote", "--method", "knn-dpfl", "--insecure-plaintext-benchmark"),
+            "not for knn-dpfl",
+        ),
         (("hospital", *hospital, "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "not for voting"),
         (("hospital", *confirmed, "--name", "hospital-7"), "hospital-7/secret_keys.toml (make this party's keys"),
         (("hospital", "--federation", federation, "--name", "hospital-2"), "the roster is not confirmed"),
-        (("hospital", *confirmed[:2], "--roster-fingerprint", "12345", "--name", "hospital-2"), "the roster's fingerprint is"),
+        (
+            ("hospital", *confirmed[:2], "--roster-fingerprint", "12345", "--name", "hospital-2"),
+            "the roster's fingerprint is",
+        ),
         (("server", *server, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("server", *server, "--model", "cnn"), "the CNN needs"),
         (("server", *server, "--quorum", "3"), "exceeds the 2 hospitals"),
-        (("provision", "--out", federation, "--address", "tcp://h:1", federation / "server" / "server.public.toml"), "already holds a roster"),
-        (("keygen", "--role", "hospital", "--name", "hospital-1", "--out", federation / "hospital-1"), "holds a party's keys already"),
-        (("keygen", "--role", "tallier", "--name", "tallier-1", "--out", tmp_path / "t1"), "a tallier needs its MPC address"),
+        (
+            ("provision", "--out", federation, "--address", "tcp://h:1", federation / "server" / "server.public.toml"),
+            "already holds a roster",
+        ),
+        (
+            ("keygen", "--role", "hospital", "--name", "hospital-1", "--out", federation / "hospital-1"),
+            "holds a party's keys already",
+        ),
+        (
+            ("keygen", "--role", "tallier", "--name", "tallier-1", "--out", tmp_path / "t1"),
+            "a tallier needs its MPC address",
+        ),
         (("server", *confirmed, "--out", used, "--expected-batch-size", "5"), "already holds a run"),
         (("server", *confirmed, "--out", used, "--resume"), "holds no checkpoint"),
         (("server", *confirmed, "--out", torn, "--resume"), "checkpoint.json is unreadable"),
-        *[(("server", *confirmed, "--out", folder, "--resume"), "holds an unusable configuration") for folder in list(damaged.values())[:3]],
+        *[
+            (("server", *confirmed, "--out", folder, "--resume"), "holds an unusable configuration")
+            for folder in list(damaged.values())[:3]
+        ],
         (("server", *confirmed, "--out", damaged["cut"], "--resume"), "checkpoint.json is unreadable"),
         (
             ("server", *confirmed, "--out", secure, "--resume", "--insecure-plaintext-benchmark"),
@@ -118,27 +167,83 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
         (("server", *confirmed, "--out", tmp_path / "new"), "--expected-batch-size is required"),
         (("federation", "--out", tmp_path / "run", "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("federation", "--out", tmp_path / "fedsgd", "--method", "fedsgd"), "unknown method 'fedsgd'"),
-        (("federation", "--out", tmp_path / "v", "--method", "dp-fedavg", "--subclients", "200"), "more sub-clients than records"),
-        (("federation", "--out", tmp_path / "most-v", "--method", "dp-fedavg", "--adaptive-subclients", "500"), "up to v = 500 sub-clients"),
         (
-            ("federation", "--out", tmp_path / "first-v", "--method", "dp-fedavg", "--subclients", "3", "--adaptive-subclients", "2"),
+            ("federation", "--out", tmp_path / "v", "--method", "dp-fedavg", "--subclients", "200"),
+            "more sub-clients than records",
+        ),
+        (
+            ("federation", "--out", tmp_path / "most-v", "--method", "dp-fedavg", "--adaptive-subclients", "500"),
+            "up to v = 500 sub-clients",
+        ),
+        (
+            (
+                "federation",
+                "--out",
+                tmp_path / "first-v",
+                "--method",
+                "dp-fedavg",
+                "--subclients",
+                "3",
+                "--adaptive-subclients",
+                "2",
+            ),
             "v = 3 sub-clients is more than the most v may reach, 2",
         ),
-        (("federation", "--out", tmp_path / "adaptive", "--adaptive-subclients", "4"), "--adaptive-subclients is for dp-fedavg runs"),
-        (("federation", "--out", tmp_path / "opt", "--method", "dp-fedavg", "--server-optimizer", "fedprox"), "unknown server optimizer 'fedprox'"),
-        (("federation", "--out", tmp_path / "local", "--method", "dp-fedavg", "--local-optimizer", "lbfgs"), "unknown local optimizer 'lbfgs'"),
         (
-            ("federation", "--out", tmp_path / "budget", "--method", "dp-fedavg", "--noise-multiplier", "0.5", "--epsilon-budget", "1"),
+            ("federation", "--out", tmp_path / "adaptive", "--adaptive-subclients", "4"),
+            "--adaptive-subclients is for dp-fedavg runs",
+        ),
+        (
+            ("federation", "--out", tmp_path / "opt", "--method", "dp-fedavg", "--server-optimizer", "fedprox"),
+            "unknown server optimizer 'fedprox'",
+        ),
+        (
+            ("federation", "--out", tmp_path / "local", "--method", "dp-fedavg", "--local-optimizer", "lbfgs"),
+            "unknown local optimizer 'lbfgs'",
+        ),
+        (
+            (
+                "federation",
+                "--out",
+                tmp_path / "budget",
+                "--method",
+                "dp-fedavg",
+                "--noise-multiplier",
+                "0.5",
+                "--epsilon-budget",
+                "1",
+            ),
             "the first round alone exceeds --epsilon-budget",
         ),
-        (("federation", "--out", tmp_path / "dopamine-budget", "--noise-multiplier", "0.3"), "the first round alone exceeds"),
-        (("federation", "--out", tmp_path / "cross", "--method", "dp-fedavg", "--lr", "0.1"), "--lr is for dopamine, central-dp, fedavg-local-dp runs, not dp-fedavg"),
-        (("federation", "--out", tmp_path / "c", "--method", "central", "--noise-multiplier", "3"), "--noise-multiplier is for dopamine, dp-fedavg runs, not central"),
+        (
+            ("federation", "--out", tmp_path / "dopamine-budget", "--noise-multiplier", "0.3"),
+            "the first round alone exceeds",
+        ),
+        (
+            ("federation", "--out", tmp_path / "cross", "--method", "dp-fedavg", "--lr", "0.1"),
+            "--lr is for dopamine, central-dp, fedavg-local-dp runs, not dp-fedavg",
+        ),
+        (
+            ("federation", "--out", tmp_path / "c", "--method", "central", "--noise-multiplier", "3"),
+            "--noise-multiplier is for dopamine, dp-fedavg runs, not central",
+        ),
         (("federation", "--out", tmp_path / "f", "--method", "fedavg", "--epsilon-budget", "3"), "fedavg spends none"),
-        (("federation", "--out", tmp_path / "cdp", "--method", "central-dp", "--insecure-plaintext-benchmark"), "not for central-dp"),
-        (("federation", "--out", tmp_path / "q", "--method", "central", "--quorum", "2"), "--quorum is for the secure round"),
-        (("federation", "--out", tmp_path / "clip", "--method", "dp-fedavg", "--clip-lr", "0.1"), "give --clip-quantile too"),
-        (("federation", "--out", tmp_path / "clip-d", "--clip-quantile", "0.5"), "--clip-quantile is for dp-fedavg runs, not dopamine"),
+        (
+            ("federation", "--out", tmp_path / "cdp", "--method", "central-dp", "--insecure-plaintext-benchmark"),
+            "not for central-dp",
+        ),
+        (
+            ("federation", "--out", tmp_path / "q", "--method", "central", "--quorum", "2"),
+            "--quorum is for the secure round",
+        ),
+        (
+            ("federation", "--out", tmp_path / "clip", "--method", "dp-fedavg", "--clip-lr", "0.1"),
+            "give --clip-quantile too",
+        ),
+        (
+            ("federation", "--out", tmp_path / "clip-d", "--clip-quantile", "0.5"),
+            "--clip-quantile is for dp-fedavg runs, not dopamine",
+        ),
         (("server", *server, "--method", "dp-fedavg"), "--expected-batch-size is for dopamine runs"),
     ]
     for args, fragment in cases:

@@ -16,20 +16,48 @@ def medmnist_format(tmp_path_factory):
     x, y = load_digits(return_X_y=True)
     images, labels = (x.reshape(-1, 8, 8) * 16).clip(0, 255).astype(np.uint8), (y >= 5).astype(np.int64)[:, None]
     path = tmp_path_factory.mktemp("data") / "digits_binary.npz"
-    np.savez(path, train_images=images[:1200], train_labels=labels[:1200], val_images=images[1200:1500], val_labels=labels[1200:1500],
-             test_images=images[1500:], test_labels=labels[1500:])  # fmt: skip
+    np.savez(
+        path,
+        train_images=images[:1200],
+        train_labels=labels[:1200],
+        val_images=images[1200:1500],
+        val_labels=labels[1200:1500],
+        test_images=images[1500:],
+        test_labels=labels[1500:],
+    )
     return path
 
 
 def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spent(medmnist_format, tmp_path):
-    argv = ["--data", str(medmnist_format), "--out", str(tmp_path / "cmp"), "--hospitals", "2", "--seeds", "1", "--epsilons", "4",
-            "--rounds", "10", "--model", "mlp", "--hidden", "16", "--methods", "dopamine,central-dp"]  # fmt: skip
+    argv = [
+        "--data",
+        str(medmnist_format),
+        "--out",
+        str(tmp_path / "cmp"),
+        "--hospitals",
+        "2",
+        "--seeds",
+        "1",
+        "--epsilons",
+        "4",
+        "--rounds",
+        "10",
+        "--model",
+        "mlp",
+        "--hidden",
+        "16",
+        "--methods",
+        "dopamine,central-dp",
+    ]
     result = compare.compare(compare.build_parser().parse_args(argv))
     dopamine, central_dp = result["runs"]
     assert (dopamine["method"], central_dp["method"]) == ("dopamine", "central-dp")
     # the least noise within the target, as the run's own ledger counted it; the baseline under the same accountant family
     assert 3.9 < dopamine["epsilon"]["server"] <= 4.0 and dopamine["complete"]
-    assert central_dp["epsilon"] == {"server": None, "peer_hospital": pytest.approx(dopamine["epsilon"]["server"], abs=0.02)}
+    assert central_dp["epsilon"] == {
+        "server": None,
+        "peer_hospital": pytest.approx(dopamine["epsilon"]["server"], abs=0.02),
+    }
     assert (dopamine["accountant"], central_dp["accountant"]) == ("Skellam RDP", "Gaussian RDP (Opacus)")
 
     report = json.loads((tmp_path / "cmp" / "runs" / dopamine["name"] / "report.json").read_text())

@@ -28,11 +28,16 @@ def test_medmnist_and_keras_npz_files_load(tmp_path):
     images = lambda n: rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)  # noqa: E731
     np.savez(
         tmp_path / "med.npz",
-        train_images=images(20), train_labels=rng.integers(0, 2, (20, 1)),
-        val_images=images(5), val_labels=rng.integers(0, 2, (5, 1)),
-        test_images=images(5), test_labels=rng.integers(0, 2, (5, 1)),
-    )  # fmt: skip
-    np.savez(tmp_path / "keras.npz", x_train=images(20), y_train=np.arange(20) % 10, x_test=images(5), y_test=np.arange(5))
+        train_images=images(20),
+        train_labels=rng.integers(0, 2, (20, 1)),
+        val_images=images(5),
+        val_labels=rng.integers(0, 2, (5, 1)),
+        test_images=images(5),
+        test_labels=rng.integers(0, 2, (5, 1)),
+    )
+    np.savez(
+        tmp_path / "keras.npz", x_train=images(20), y_train=np.arange(20) % 10, x_test=images(5), y_test=np.arange(5)
+    )
     med = load_dataset(str(tmp_path / "med.npz"))
     keras = load_dataset(str(tmp_path / "keras.npz"))
     assert med.input_shape == (1, 28, 28) and len(med.validation) == 5 and len(med.test) == 5
@@ -58,7 +63,9 @@ def test_the_shared_pneumoniamnist_file_loads():
     assert len(data.train) == 3882 and len(data.validation) == 524 and len(data.test) == 624
 
 
-@pytest.mark.parametrize("scheme, options", [("iid", {}), ("label_skew", {"classes_per_part": 6}), ("dirichlet", {"alpha": 0.3})])
+@pytest.mark.parametrize(
+    "scheme, options", [("iid", {}), ("label_skew", {"classes_per_part": 6}), ("dirichlet", {"alpha": 0.3})]
+)
 def test_partitions_are_disjoint_complete_and_non_empty(scheme, options):
     labels = load_dataset("digits").train.y
     parts = partition(labels, 5, scheme, seed=3, **options)

@@ -42,7 +42,11 @@ def test_the_sum_of_zero_updates_has_the_law_the_accountant_assumes():
     support = np.arange(values.min(), values.max() + 1)
     empirical = np.zeros(support.size)
     empirical[values - support[0]] = counts / sums.size
-    total_variation = 0.5 * (np.abs(empirical - skellam.pmf(support, mu, mu)).sum() + skellam.sf(support[-1], mu, mu) + skellam.cdf(support[0] - 1, mu, mu))
+    total_variation = 0.5 * (
+        np.abs(empirical - skellam.pmf(support, mu, mu)).sum()
+        + skellam.sf(support[-1], mu, mu)
+        + skellam.cdf(support[0] - 1, mu, mu)
+    )
     assert total_variation < 0.03
 
 
@@ -116,7 +120,12 @@ def test_momentum_carried_over_continues_the_same_trajectory():
 
 @pytest.mark.parametrize(
     "generator",
-    [torch.Generator(), np.random.default_rng(), np.random.Generator(np.random.PCG64(2**127)), np.random.Generator(ChaCha(rounds=8))],
+    [
+        torch.Generator(),
+        np.random.default_rng(),
+        np.random.Generator(np.random.PCG64(2**127)),
+        np.random.Generator(ChaCha(rounds=8)),
+    ],
     ids=["torch", "pcg64-default", "pcg64", "chacha8"],
 )
 def test_the_private_path_refuses_a_statistical_generator(generator):
@@ -153,7 +162,11 @@ def test_settings_are_validated():
     with pytest.raises(ValueError, match="exactly"):
         DopamineSettings.from_dict({"sample_rate": 0.1})
     with pytest.raises(ValueError, match="per-example"):
-        NoisyGradientStep(torch.nn.Sequential(torch.nn.BatchNorm1d(30), torch.nn.Linear(30, 2)), *_data(), DopamineSettings(sample_rate=0.1, noise_multiplier=1.0, **SETTINGS))
+        NoisyGradientStep(
+            torch.nn.Sequential(torch.nn.BatchNorm1d(30), torch.nn.Linear(30, 2)),
+            *_data(),
+            DopamineSettings(sample_rate=0.1, noise_multiplier=1.0, **SETTINGS),
+        )
 
 
 # -- Dopamine learns what central DP-SGD learns ----------------------------------------------------
@@ -177,7 +190,12 @@ def _opacus_central(data, initial) -> float:
     assert len(loader) == round(1 / SAMPLE_RATE)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     model, optimizer, loader = PrivacyEngine().make_private(
-        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=SIGMA, max_grad_norm=CLIP, poisson_sampling=True
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        poisson_sampling=True,
     )
     steps = 0
     while steps < STEPS:
@@ -198,11 +216,18 @@ def _dopamine(data, initial, hospitals: int) -> float:
         set_flat_parameters(model, initial[1])
     parts = np.array_split(np.random.default_rng(0).permutation(len(data.train)), hospitals)
     settings = DopamineSettings(
-        sample_rate=SAMPLE_RATE, noise_multiplier=SIGMA, max_grad_norm=CLIP, quorum=hospitals,
-        expected_batch_size=SAMPLE_RATE * len(data.train) / hospitals, learning_rate=LR, momentum=MOMENTUM,
-    )  # fmt: skip
+        sample_rate=SAMPLE_RATE,
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        quorum=hospitals,
+        expected_batch_size=SAMPLE_RATE * len(data.train) / hospitals,
+        learning_rate=LR,
+        momentum=MOMENTUM,
+    )
     steps = [NoisyGradientStep(m, data.train.x[p], data.train.y[p], settings) for m, p in zip(models, parts)]
-    updates = [MomentumUpdate(model, learning_rate=settings.learning_rate, momentum=settings.momentum) for model in models]
+    updates = [
+        MomentumUpdate(model, learning_rate=settings.learning_rate, momentum=settings.momentum) for model in models
+    ]
     for _ in range(STEPS):
         total = sum(step()[0] for step in steps)  # what the hospitals decrypt
         mean = mean_gradient(total, hospitals, mechanism=steps[0].mechanism, settings=settings)

@@ -14,9 +14,17 @@ from training.secure_random import secure_generator
 from training.update_rules import FedAdamUpdate
 
 SETTINGS = dict(
-    noise_multiplier=1.0, max_update_norm=0.5, quorum=3, subclients=2, local_epochs=1, local_batch_size=8,
-    local_learning_rate=0.5, local_optimizer="sgd", server_optimizer="fedavg", server_learning_rate=1.0,
-)  # fmt: skip
+    noise_multiplier=1.0,
+    max_update_norm=0.5,
+    quorum=3,
+    subclients=2,
+    local_epochs=1,
+    local_batch_size=8,
+    local_learning_rate=0.5,
+    local_optimizer="sgd",
+    server_optimizer="fedavg",
+    server_learning_rate=1.0,
+)
 
 
 def _settings(**changes) -> DpFedAvgSettings:
@@ -77,7 +85,9 @@ def test_a_noiseless_share_is_the_sum_of_the_clipped_sub_client_updates():
     before = get_flat_parameters(model)
     # One sub-client, one full batch: its update is -lr times the gradient on all records, clipped.
     whole = _settings(noise_multiplier=0.0, subclients=1, local_batch_size=len(data))
-    expected, _ = clip_update(local_update(model, data, whole.local_training, secure_generator()), whole.max_update_norm)
+    expected, _ = clip_update(
+        local_update(model, data, whole.local_training, secure_generator()), whole.max_update_norm
+    )
     step = SubclientStep(model, data, whole, secure_generator())
     share, rows = step()
     assert rows == 1
@@ -164,13 +174,17 @@ def test_with_adaptive_v_each_row_carries_its_weighted_norm_within_the_calibrate
     settings = _adaptive(noise_multiplier=0.0, subclients=4, max_update_norm=bound)
     step = SubclientStep(model, data, settings, secure_generator())
     dimension = get_flat_parameters(model).size
-    assert step.mechanism == _settings(noise_multiplier=0.0, max_update_norm=bound * np.hypot(1, NORM_SLOT_WEIGHT)).mechanism(dimension + 1)
+    assert step.mechanism == _settings(
+        noise_multiplier=0.0, max_update_norm=bound * np.hypot(1, NORM_SLOT_WEIGHT)
+    ).mechanism(dimension + 1)
     share, rows = step()
     assert rows == 4
     released = settings.read_sum(share, 1, dimension)
     rounding = 4 / step.mechanism.scale  # at most one level per row and coordinate
     assert released[-1] == pytest.approx(4 * bound, abs=rounding / NORM_SLOT_WEIGHT)
-    assert np.linalg.norm(released[:-1]) <= bound + rounding * np.sqrt(dimension) / 4  # the mean of four clipped updates
+    assert (
+        np.linalg.norm(released[:-1]) <= bound + rounding * np.sqrt(dimension) / 4
+    )  # the mean of four clipped updates
 
 
 def test_adaptive_v_is_re_estimated_from_the_released_norm_sum_and_public_values_alone():
@@ -186,7 +200,9 @@ def test_adaptive_v_is_re_estimated_from_the_released_norm_sum_and_public_values
         shared.apply(released, 3)
         assert shared.settings.subclients == expected
     norm_sum = 1.5
-    want = next_subclient_count(2, hospitals=3, noise_norm=expected_noise_norm(sigma, dimension), update_norm_sum=norm_sum, most=6)
+    want = next_subclient_count(
+        2, hospitals=3, noise_norm=expected_noise_norm(sigma, dimension), update_norm_sum=norm_sum, most=6
+    )
     shared = SharedState(settings, model)
     shared.apply(np.concatenate([np.zeros(dimension), [norm_sum]]).astype("<f4"), 3)
     assert shared.settings == settings.after_release(np.array([norm_sum]), 3, dimension)
@@ -238,8 +254,12 @@ def test_with_adaptive_v_every_round_is_charged_at_the_most_sub_clients_v_may_re
 def test_an_empty_sub_client_sends_a_zero_update():
     """With as many sub-clients as records, some come out empty (independent draws): their rows are zero, never NaN."""
     data = _data(5)
-    assert not np.any(local_update(_model(), data.subset(np.array([], dtype=int)), _settings().local_training, secure_generator()))
-    step = SubclientStep(_model(), data, _settings(noise_multiplier=0.0, subclients=5, subclient_rule="adaptive"), secure_generator())
+    assert not np.any(
+        local_update(_model(), data.subset(np.array([], dtype=int)), _settings().local_training, secure_generator())
+    )
+    step = SubclientStep(
+        _model(), data, _settings(noise_multiplier=0.0, subclients=5, subclient_rule="adaptive"), secure_generator()
+    )
     for _ in range(20):  # an empty sub-client in most of them: P(none) = 5!/5^5, under 4%
         share, rows = step()
         assert rows == 5 and np.all(np.isfinite(share))
@@ -257,17 +277,25 @@ def test_with_adaptive_clipping_each_row_says_whether_its_update_was_within_c_an
         step = SubclientStep(model, data, settings, secure_generator())
         # calibrated to the rows' bound, C sqrt(1 + beta^2 / 4): only the scale follows C
         bound = settings.max_update_norm  # in float32, as round state travels
-        assert step.mechanism == _settings(noise_multiplier=0.0, max_update_norm=bound * np.hypot(1, COUNT_SLOT_WEIGHT / 2)).mechanism(dimension + 1)
+        assert step.mechanism == _settings(
+            noise_multiplier=0.0, max_update_norm=bound * np.hypot(1, COUNT_SLOT_WEIGHT / 2)
+        ).mechanism(dimension + 1)
         share, rows = step()
         released = settings.read_sum(share, 1, dimension)
-        assert rows == 4 and released[-1] == pytest.approx(within, abs=4 * 4 / (step.mechanism.scale * COUNT_SLOT_WEIGHT * bound))
+        assert rows == 4 and released[-1] == pytest.approx(
+            within, abs=4 * 4 / (step.mechanism.scale * COUNT_SLOT_WEIGHT * bound)
+        )
 
 
 def test_adaptive_clipping_takes_the_geometric_step_toward_the_target_quantile_from_the_release_alone():
     settings = _adaptive_clip(noise_multiplier=2.0, subclients=2, max_update_norm=0.5)
     model = _model()
     dimension = get_flat_parameters(model).size
-    for within, expected in ((6.0, 0.5 * np.exp(-0.2 * 0.5)), (0.0, 0.5 * np.exp(0.2 * 0.5)), (3.0, 0.5)):  # of v K_c = 6
+    for within, expected in (
+        (6.0, 0.5 * np.exp(-0.2 * 0.5)),
+        (0.0, 0.5 * np.exp(0.2 * 0.5)),
+        (3.0, 0.5),
+    ):  # of v K_c = 6
         shared = SharedState(settings, model)
         shared.apply(np.concatenate([np.zeros(dimension), [within]]).astype("<f4"), 3)
         assert shared.settings.max_update_norm == np.float32(expected)
@@ -291,7 +319,11 @@ def test_adaptive_clipping_changes_neither_the_charge_nor_the_noise_in_levels():
         moved = settings.with_round_state({"subclients": 2, "max_update_norm": bound})
         mechanism = moved.mechanism(62)
         assert mechanism.scale * moved.max_update_norm == pytest.approx(first.scale * settings.max_update_norm)
-        assert (mechanism.l2_sensitivity, mechanism.l1_sensitivity, mechanism.share_mu) == (first.l2_sensitivity, first.l1_sensitivity, first.share_mu)
+        assert (mechanism.l2_sensitivity, mechanism.l1_sensitivity, mechanism.share_mu) == (
+            first.l2_sensitivity,
+            first.l1_sensitivity,
+            first.share_mu,
+        )
         assert ledger_release(moved, mechanism, 3) == ledger_release(settings, first, 3)
 
 
@@ -338,7 +370,11 @@ def test_adaptive_c_stays_a_bound_its_own_loader_accepts_whatever_the_count():
         shared = SharedState(settings, model)
         shared.apply(np.concatenate([np.zeros(dimension), [count]]).astype("<f4"), 3)
         bound = shared.settings.max_update_norm
-        assert 2.0**-20 <= bound <= 2.0**20 and 0.999 * np.exp(-5.0) <= bound / start <= 1.001 * np.exp(5.0), (start, count, bound)
+        assert 2.0**-20 <= bound <= 2.0**20 and 0.999 * np.exp(-5.0) <= bound / start <= 1.001 * np.exp(5.0), (
+            start,
+            count,
+            bound,
+        )
         joined = SharedState(settings, _model())
         joined.load_state(shared.state())
         assert joined.settings == shared.settings

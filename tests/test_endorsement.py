@@ -7,7 +7,11 @@ from crypto.endorsement import EndorsementError, aggregate_statement, check_endo
 KEYS = {name: Ed25519PrivateKey.generate() for name in ("hospital-1", "hospital-2", "hospital-3")}
 PUBLIC = {name: key.public_key() for name, key in KEYS.items()}
 BASE = dict(
-    run="0123abcd:00ff", round_number=4, contributors=("hospital-1", "hospital-2"), chunks=(b"c0", b"c1"), round_state={}
+    run="0123abcd:00ff",
+    round_number=4,
+    contributors=("hospital-1", "hospital-2"),
+    chunks=(b"c0", b"c1"),
+    round_state={},
 )
 
 

@@ -36,7 +36,10 @@ class _Flood:
         self.dropped_idle = 0
         self.dropped_slow = 0
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._idle, daemon=True), threading.Thread(target=self._slow, daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._idle, daemon=True),
+            threading.Thread(target=self._slow, daemon=True),
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -104,7 +107,9 @@ def _service_limit() -> None:
 def test_thousands_of_idle_and_slow_connections_cost_the_run_nothing(tmp_path):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or hard < 2 * IDLE + 1000:
-        pytest.skip(f"a flood of {IDLE} connections needs a finite hard limit of open files above {2 * IDLE + 1000}, not {hard}")
+        pytest.skip(
+            f"a flood of {IDLE} connections needs a finite hard limit of open files above {2 * IDLE + 1000}, not {hard}"
+        )
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process holds the flood
     federation = tmp_path / "federation"
     roster = local_federation(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
@@ -112,10 +117,25 @@ def test_thousands_of_idle_and_slow_connections_cost_the_run_nothing(tmp_path):
     log = tmp_path / "server.log"
     with log.open("w") as handle:
         server = subprocess.Popen(
-            launcher("server", *confirmed(federation), "--out", tmp_path / "out", "--rounds", ROUNDS, "--round-timeout", "60",
-                     "--join-timeout", "120", *TRAINING),
-            stdout=handle, stderr=handle, text=True, env=child_environment(), preexec_fn=_service_limit,
-        )  # fmt: skip
+            launcher(
+                "server",
+                *confirmed(federation),
+                "--out",
+                tmp_path / "out",
+                "--rounds",
+                ROUNDS,
+                "--round-timeout",
+                "60",
+                "--join-timeout",
+                "120",
+                *TRAINING,
+            ),
+            stdout=handle,
+            stderr=handle,
+            text=True,
+            env=child_environment(),
+            preexec_fn=_service_limit,
+        )
     flood = None
     try:
         wait_until_listening((host, int(port)), server)
@@ -123,10 +143,26 @@ def test_thousands_of_idle_and_slow_connections_cost_the_run_nothing(tmp_path):
         wait_for_text(log, "connections are open at once", server, timeout=120)
         hospitals = [
             subprocess.Popen(
-                launcher("hospital", *confirmed(federation), "--name", name, "--parts", "2", "--part", index, "--timeout", "120",
-                         "--epsilon-budget", "100"),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(), preexec_fn=_service_limit,
-            )  # fmt: skip
+                launcher(
+                    "hospital",
+                    *confirmed(federation),
+                    "--name",
+                    name,
+                    "--parts",
+                    "2",
+                    "--part",
+                    index,
+                    "--timeout",
+                    "120",
+                    "--epsilon-budget",
+                    "100",
+                ),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=child_environment(),
+                preexec_fn=_service_limit,
+            )
             for index, name in enumerate(roster.hospitals, start=1)
         ]
         outputs = [hospital.communicate(timeout=300) for hospital in hospitals]
@@ -153,13 +189,21 @@ def test_a_checkpoint_the_disk_refuses_ends_the_run_with_its_report_before_any_r
     (out / "checkpoint.json.tmp").mkdir(parents=True)  # where the checkpoint is written first: nothing can be
     server = subprocess.Popen(
         launcher("server", *confirmed(federation), "--out", out, "--rounds", "2", "--round-timeout", "30", *TRAINING),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(),
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_environment(),
+    )
     hospitals = [
         subprocess.Popen(
-            launcher("hospital", *confirmed(federation), "--name", name, "--parts", "2", "--part", index, "--timeout", "60"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(),
-        )  # fmt: skip
+            launcher(
+                "hospital", *confirmed(federation), "--name", name, "--parts", "2", "--part", index, "--timeout", "60"
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_environment(),
+        )
         for index, name in enumerate(roster.hospitals, start=1)
     ]
     _, stderr = server.communicate(timeout=180)
@@ -167,7 +211,11 @@ def test_a_checkpoint_the_disk_refuses_ends_the_run_with_its_report_before_any_r
         hospital.communicate(timeout=60)
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert server.returncode == 2 and "Traceback" not in stderr
-    assert len(errors) == 1 and "cannot write the checkpoint" in errors[0] and "no round starts before its number is on disk" in errors[0]
+    assert (
+        len(errors) == 1
+        and "cannot write the checkpoint" in errors[0]
+        and "no round starts before its number is on disk" in errors[0]
+    )
     report = json.loads((out / "server_report.json").read_text())
     assert report["rounds"] == [] and report["finish_reason"].startswith("stopped: cannot write the checkpoint")
     assert any("cannot write the checkpoint" in failure for failure in report["write_failures"])

@@ -28,7 +28,9 @@ ROUNDS = 4
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("federation")
-    result = run_launcher("federation", "--out", out, "--rounds", ROUNDS, "--round-timeout", "30", "--transcript-payloads")
+    result = run_launcher(
+        "federation", "--out", out, "--rounds", ROUNDS, "--round-timeout", "30", "--transcript-payloads"
+    )
     assert result.returncode == 0, result.stderr
     return out, result
 
@@ -60,7 +62,9 @@ def test_the_run_prints_a_line_per_round_and_writes_its_report(run):
     assert report["rejected_messages"] == 0
     # An overrun depends on the machine's load, not on the code: it must be counted and logged, not absent.
     overruns = sum(h["overran_send_offset"] for r in report["rounds"] for h in r["hospitals"].values())
-    warnings = sum(log.read_text().count("longer than the send offset") for log in (out / "logs").glob("hospital-*.log"))
+    warnings = sum(
+        log.read_text().count("longer than the send offset") for log in (out / "logs").glob("hospital-*.log")
+    )
     assert report["send_offset_overruns"] == overruns == warnings
     # Updates leave a fixed 0.25 s after RoundStart, so the server waits at least that long for them.
     assert all(r["seconds"]["collect"] >= 0.25 for r in report["rounds"])
@@ -153,6 +157,8 @@ def test_the_saved_models_are_the_ones_whose_accuracy_was_reported(run):
     assert accuracy(model, validation.x, validation.y) == pytest.approx(report["final"]["validation_accuracy"])
     # and the round selected on validation: its model is saved beside, scored as reported
     selected = report["final"]["selected"]
-    assert selected["validation_accuracy"] == max(r["validation_accuracy"] for r in report["rounds"] if r["status"] == "released")
+    assert selected["validation_accuracy"] == max(
+        r["validation_accuracy"] for r in report["rounds"] if r["status"] == "released"
+    )
     model.load_state_dict(torch.load(out / "server" / selected["model"]))
     assert accuracy(model, validation.x, validation.y) == pytest.approx(selected["validation_accuracy"])

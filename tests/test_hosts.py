@@ -28,7 +28,18 @@ HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
 TALLIERS = ("tallier-1", "tallier-2", "tallier-3")
 SUBNET = "10.77.0"
 DOPAMINE = ("--rounds", "3", "--sample-rate", "0.1", "--noise-multiplier", "2.3", "--hidden", "8")
-KNN = ("--method", "knn-dpfl", "--rounds", "1", "--queries-per-round", "20", "--feature-dimensions", "10", "--student-epochs", "5")
+KNN = (
+    "--method",
+    "knn-dpfl",
+    "--rounds",
+    "1",
+    "--queries-per-round",
+    "20",
+    "--feature-dimensions",
+    "10",
+    "--student-epochs",
+    "5",
+)
 
 
 def _ip(*args: str) -> None:
@@ -66,7 +77,20 @@ def hosts():
             namespace = f"cs{tag}-{party}"
             _ip("netns", "add", namespace)
             made.append(namespace)
-            _ip("link", "add", "eth0", "netns", namespace, "type", "veth", "peer", "name", f"port{number}", "netns", switch)
+            _ip(
+                "link",
+                "add",
+                "eth0",
+                "netns",
+                namespace,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"port{number}",
+                "netns",
+                switch,
+            )
             _ip("-n", namespace, "address", "add", f"{SUBNET}.{number}/24", "dev", "eth0")
             for link in ("lo", "eth0"):
                 _ip("-n", namespace, "link", "set", link, "up")
@@ -78,7 +102,9 @@ def hosts():
 
 
 def _run(command: list, *, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    done = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=timeout, env=child_environment())
+    done = subprocess.run(
+        [str(part) for part in command], capture_output=True, text=True, timeout=timeout, env=child_environment()
+    )
     assert not check or done.returncode == 0, done.stderr
     return done
 
@@ -94,41 +120,93 @@ def _federate(root: Path, hosts: Hosts, talliers: tuple[str, ...]) -> tuple[str,
         role = "server" if party == "server" else party.rsplit("-", 1)[0]
         folders[party] = root / party / "fed"
         mpc = ["--mpc-address", f"{hosts.addresses[party]}:{free_port()}"] if role == "tallier" else []
-        _run([*hosts.prefix(party), *launcher("keygen", "--role", role, "--name", party, "--out", folders[party] / party, *mpc)])
+        _run(
+            [
+                *hosts.prefix(party),
+                *launcher("keygen", "--role", role, "--name", party, "--out", folders[party] / party, *mpc),
+            ]
+        )
         shutil.copy(folders[party] / party / f"{party}.public.toml", public_files)  # what it sends the provisioner
     provisioned = _run(
-        launcher("provision", "--out", root / "provisioner" / "fed", "--address", f"tcp://{hosts.addresses['server']}:{port}",
-                 *sorted(public_files.iterdir()))
-    )  # fmt: skip
+        launcher(
+            "provision",
+            "--out",
+            root / "provisioner" / "fed",
+            "--address",
+            f"tcp://{hosts.addresses['server']}:{port}",
+            *sorted(public_files.iterdir()),
+        )
+    )
     assert "secret" not in " ".join(path.name for path in (root / "provisioner").rglob("*"))
     fingerprints = set()
     for party, folder in folders.items():
         shutil.copy(root / "provisioner" / "fed" / "roster.toml", folder)  # what the provisioner sends back
-        checked = _run([*hosts.prefix(party), *launcher("roster", "fingerprint", "--federation", folder, "--name", party)])
+        checked = _run(
+            [*hosts.prefix(party), *launcher("roster", "fingerprint", "--federation", folder, "--name", party)]
+        )
         fingerprints.add(re.search(r"fingerprint: ([\d ]+)", checked.stdout).group(1).strip())
-    assert fingerprints == {re.search(r"fingerprint: ([\d ]+)", provisioned.stdout).group(1).strip()}  # read aloud: all the same
+    assert fingerprints == {
+        re.search(r"fingerprint: ([\d ]+)", provisioned.stdout).group(1).strip()
+    }  # read aloud: all the same
     return fingerprints.pop(), folders
 
 
-def _launch(hosts: Hosts, party: str, module: str, folder: Path, fingerprint: str, *args, log: Path) -> subprocess.Popen:
+def _launch(
+    hosts: Hosts, party: str, module: str, folder: Path, fingerprint: str, *args, log: Path
+) -> subprocess.Popen:
     with log.open("w") as handle:
         return subprocess.Popen(
-            [*hosts.prefix(party), *map(str, launcher(module, "--federation", folder, "--roster-fingerprint", fingerprint, *args))],
-            stdout=handle, stderr=handle, text=True, env=child_environment(),
-        )  # fmt: skip
+            [
+                *hosts.prefix(party),
+                *map(str, launcher(module, "--federation", folder, "--roster-fingerprint", fingerprint, *args)),
+            ],
+            stdout=handle,
+            stderr=handle,
+            text=True,
+            env=child_environment(),
+        )
 
 
 def _dopamine(root: Path, hosts: Hosts) -> dict:
     fingerprint, folders = _federate(root, hosts, ())
     server = _launch(
-        hosts, "server", "server", folders["server"], fingerprint, "--out", root / "run", "--data", "breast_cancer",
-        "--expected-batch-size", "15", "--round-timeout", "60", *DOPAMINE, log=root / "server.log",
-    )  # fmt: skip
+        hosts,
+        "server",
+        "server",
+        folders["server"],
+        fingerprint,
+        "--out",
+        root / "run",
+        "--data",
+        "breast_cancer",
+        "--expected-batch-size",
+        "15",
+        "--round-timeout",
+        "60",
+        *DOPAMINE,
+        log=root / "server.log",
+    )
     hospitals = [
         _launch(
-            hosts, name, "hospital", folders[name], fingerprint, "--name", name, "--data", "breast_cancer", "--parts", "3",
-            "--part", index, "--epsilon-budget", "10", "--timeout", "120", log=root / f"{name}.log",
-        )  # fmt: skip
+            hosts,
+            name,
+            "hospital",
+            folders[name],
+            fingerprint,
+            "--name",
+            name,
+            "--data",
+            "breast_cancer",
+            "--parts",
+            "3",
+            "--part",
+            index,
+            "--epsilon-budget",
+            "10",
+            "--timeout",
+            "120",
+            log=root / f"{name}.log",
+        )
         for index, name in enumerate(HOSPITALS, start=1)
     ]
     for process in (server, *hospitals):
@@ -139,18 +217,58 @@ def _dopamine(root: Path, hosts: Hosts) -> dict:
 def _knn(root: Path, hosts: Hosts) -> dict:
     fingerprint, folders = _federate(root, hosts, TALLIERS)
     server = _launch(
-        hosts, "server", "server", folders["server"], fingerprint, "--out", root / "run", "--data", "digits",
-        "--round-timeout", "120", *KNN, log=root / "server.log",
-    )  # fmt: skip
+        hosts,
+        "server",
+        "server",
+        folders["server"],
+        fingerprint,
+        "--out",
+        root / "run",
+        "--data",
+        "digits",
+        "--round-timeout",
+        "120",
+        *KNN,
+        log=root / "server.log",
+    )
     talliers = [
-        _launch(hosts, name, "tallier", folders[name], fingerprint, "--name", name, "--timeout", "300", log=root / f"{name}.log")
+        _launch(
+            hosts,
+            name,
+            "tallier",
+            folders[name],
+            fingerprint,
+            "--name",
+            name,
+            "--timeout",
+            "300",
+            log=root / f"{name}.log",
+        )
         for name in TALLIERS
     ]
     hospitals = [
         _launch(
-            hosts, name, "hospital", folders[name], fingerprint, "--name", name, "--method", "knn-dpfl", "--data", "digits",
-            "--parts", "3", "--part", index, "--epsilon-budget", "20", "--timeout", "300", log=root / f"{name}.log",
-        )  # fmt: skip
+            hosts,
+            name,
+            "hospital",
+            folders[name],
+            fingerprint,
+            "--name",
+            name,
+            "--method",
+            "knn-dpfl",
+            "--data",
+            "digits",
+            "--parts",
+            "3",
+            "--part",
+            index,
+            "--epsilon-budget",
+            "20",
+            "--timeout",
+            "300",
+            log=root / f"{name}.log",
+        )
         for index, name in enumerate(HOSPITALS, start=1)
     ]
     for process in (server, *talliers, *hospitals):

@@ -17,7 +17,9 @@ def test_the_plaintext_sum_is_the_sum_modulo_2_to_the_32():
     total = InsecurePlaintextSum(params)
     for index, update in enumerate(updates):
         total.add(uploads.encrypt_update(update, round_number=1, hospital=f"hospital-{index}"))
-    decoded = uploads.decrypt_sum(total.to_chunks(), round_number=1, contributors=["hospital-0", "hospital-1", "hospital-2"])
+    decoded = uploads.decrypt_sum(
+        total.to_chunks(), round_number=1, contributors=["hospital-0", "hospital-1", "hospital-2"]
+    )
     np.testing.assert_array_equal(decoded, np.sum(updates, axis=0))
     assert total.contributions == 3
     with pytest.raises(BfvError, match="the most these parameters allow"):  # t holds no more than K_max of them

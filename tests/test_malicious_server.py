@@ -11,7 +11,18 @@ import pytest
 
 from crypto.bfv import aggregate_bytes
 from protocol.config import INSECURE_PLAINTEXT
-from protocol.messages import Aggregate, Endorsement, Endorsements, Finish, Hello, KeyReady, KeyRequest, Released, RoundStart, RunKey
+from protocol.messages import (
+    Aggregate,
+    Endorsement,
+    Endorsements,
+    Finish,
+    Hello,
+    KeyReady,
+    KeyRequest,
+    Released,
+    RoundStart,
+    RunKey,
+)
 from scripted import ScriptedServer
 from training.dp_fedavg import DpFedAvgSettings
 
@@ -75,9 +86,7 @@ def test_a_server_cannot_release_one_update_in_two_sums(server):
         server.send(name, aggregate)
     endorsements = server.receive_from_each(Endorsement, (H1, H2, H3))
     server.send(H2, second)  # hospital-2 has endorsed an aggregate of round 1: it endorses no other
-    server.send(
-        H3, Endorsements(round=1, signatures={H2: endorsements[H2].signature, H3: endorsements[H3].signature})
-    )
+    server.send(H3, Endorsements(round=1, signatures={H2: endorsements[H2].signature, H3: endorsements[H3].signature}))
     assert "hospital-2's endorsement is not its signature" in _refusal(server, H3)
 
     honest = Endorsements(round=1, signatures={H1: endorsements[H1].signature, H2: endorsements[H2].signature})
@@ -146,15 +155,28 @@ def test_hospitals_given_different_settings_get_no_key_through(server):
 
 
 DP_FEDAVG = DpFedAvgSettings(
-    noise_multiplier=1.0, max_update_norm=0.5, quorum=2, subclients=1, subclient_rule="fixed", max_subclients=1,
-    local_epochs=1, local_batch_size=16, local_learning_rate=0.1, local_optimizer="sgd", server_optimizer="fedavg", server_learning_rate=1.0,
-)  # fmt: skip
+    noise_multiplier=1.0,
+    max_update_norm=0.5,
+    quorum=2,
+    subclients=1,
+    subclient_rule="fixed",
+    max_subclients=1,
+    local_epochs=1,
+    local_batch_size=16,
+    local_learning_rate=0.1,
+    local_optimizer="sgd",
+    server_optimizer="fedavg",
+    server_learning_rate=1.0,
+)
 
 
 @pytest.mark.parametrize(
     "change, refusal",
     [
-        ({"aggregation": INSECURE_PLAINTEXT}, "uses 'insecure-plaintext-benchmark' aggregation; {name} was started for 'bfv'"),
+        (
+            {"aggregation": INSECURE_PLAINTEXT},
+            "uses 'insecure-plaintext-benchmark' aggregation; {name} was started for 'bfv'",
+        ),
         ({"training": DP_FEDAVG}, "trains with 'dp-fedavg'; {name} was started for 'dopamine'"),
     ],
 )
@@ -181,7 +203,11 @@ def test_a_welcome_with_absurd_sizes_is_refused_in_one_line_before_anything_is_a
             server.send(name, dataclasses.replace(server.welcome(name), config=config))
         for name in (H1, H2):
             errors = [line for line in _refusal(server, name).splitlines() if line.startswith("error:")]
-            assert len(errors) == 1 and "the server's run configuration is unusable" in errors[0] and "hidden layers" in errors[0]
+            assert (
+                len(errors) == 1
+                and "the server's run configuration is unusable" in errors[0]
+                and "hidden layers" in errors[0]
+            )
     finally:
         server.close()
 
@@ -194,7 +220,9 @@ def test_a_finished_run_s_welcome_replayed_and_a_round_past_the_last_are_refused
         aggregate = Aggregate(round=1, contributors=(H1, H2), chunks=tuple(server.add(*uploads.values())))
         for name in (H1, H2):
             server.send(name, aggregate)
-        signatures = {name: message.signature for name, message in server.receive_from_each(Endorsement, (H1, H2)).items()}
+        signatures = {
+            name: message.signature for name, message in server.receive_from_each(Endorsement, (H1, H2)).items()
+        }
         for name in (H1, H2):
             server.send(name, Endorsements(round=1, signatures=signatures))
         server.receive_from_each(Released, (H1, H2))

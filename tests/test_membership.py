@@ -39,7 +39,9 @@ def test_a_sum_verifies_for_its_contributors_only():
     rng = np.random.default_rng()
     first, second = rng.integers(-1000, 1000, size=300), rng.integers(-1000, 1000, size=300)
     total = key.append(first, round_number=1, hospital="a") + key.append(second, round_number=1, hospital="b")
-    np.testing.assert_array_equal(key.verify(total, round_number=1, contributors=["a", "b"]), np.mod(first + second, 40353793))
+    np.testing.assert_array_equal(
+        key.verify(total, round_number=1, contributors=["a", "b"]), np.mod(first + second, 40353793)
+    )
     for contributors, round_number in ((["a"], 1), (["a", "b", "c"], 1), (["a", "b"], 2), (["a", "a"], 1)):
         with pytest.raises(MembershipError):
             key.verify(total, round_number=round_number, contributors=contributors)
@@ -72,8 +74,12 @@ def test_the_check_slots_are_pinned_to_their_derivation(t, known):
     assert slots.tolist() == known
 
     def stream(label: bytes, size: int, bits: int, modulus: int) -> list[int]:
-        digest = hmac.new(bytes(range(32)), b"consilium/check-slots/v5|0123456789abcdef|" + label, hashlib.sha256).digest()
-        keystream = Cipher(algorithms.ChaCha20(digest, bytes(16)), mode=None).encryptor().update(bytes(bits // 8 * size))
+        digest = hmac.new(
+            bytes(range(32)), b"consilium/check-slots/v5|0123456789abcdef|" + label, hashlib.sha256
+        ).digest()
+        keystream = (
+            Cipher(algorithms.ChaCha20(digest, bytes(16)), mode=None).encryptor().update(bytes(bits // 8 * size))
+        )
         words = [int.from_bytes(keystream[i : i + bits // 8], "little") for i in range(0, len(keystream), bits // 8)]
         return [word * modulus >> bits for word in words]
 

@@ -47,9 +47,12 @@ SAMPLES = [
     Withdraw(round=3, reason="budget"),
     Released(round=3, digest=b"d" * 32, mean_gradient=b""),
     Welcome(
-        config={"run_id": "abc", "nested": {"x": [1, 2.5]}}, initial_parameters=b"\x00" * 8,
-        parameters=b"\x01" * 8, optimizer_state=b"\x02" * 8, generate_key=True,
-    ),  # fmt: skip
+        config={"run_id": "abc", "nested": {"x": [1, 2.5]}},
+        initial_parameters=b"\x00" * 8,
+        parameters=b"\x01" * 8,
+        optimizer_state=b"\x02" * 8,
+        generate_key=True,
+    ),
     KeyRequest(run_keys={"hospital-2": b"k" * 96}),
     RunKey(certified_key=b"k" * 96),
     SealedKey(box=b"box", sealer="hospital-2"),
@@ -140,7 +143,11 @@ def test_float32_fields_need_the_count_and_finite_values(payload):
 def test_our_own_texts_are_made_printable_and_short_before_they_leave():
     sent = Withdraw(round=1, reason="Traceback:\n  line 1\n" * 100)
     received = decode(encode(sent), accept=TO_SERVER, max_bytes=LIMIT)
-    assert received.reason.isprintable() and len(received.reason) == 500 and received.reason.startswith("Traceback:   line 1")
+    assert (
+        received.reason.isprintable()
+        and len(received.reason) == 500
+        and received.reason.startswith("Traceback:   line 1")
+    )
 
 
 def test_release_digest_binds_the_round_and_the_values():
@@ -173,11 +180,24 @@ def test_any_structure_or_byte_string_raises_only_message_error():
     """Generated maps around real message shapes, and random bytes, never raise anything else."""
     rng = np.random.default_rng(11)
     for _ in range(3000):
-        body = {"v": rng.choice([1, 1, True, 1.0, 2]), "type": _random_value(rng) if rng.random() < 0.3 else
-                rng.choice(["update", "key_setup", "released", "hello", "run_key"])}
-        body.update({rng.choice(["round", "chunks", "sealed_keys", "digest", "mean_gradient",
-                                 "reason", "certified_key"]): _random_value(rng) for _ in range(rng.integers(0, 4))})
-        for raw in (msgpack.packb(body, use_bin_type=True), bytes(rng.integers(0, 256, rng.integers(0, 40), dtype=np.uint8))):
+        body = {
+            "v": rng.choice([1, 1, True, 1.0, 2]),
+            "type": _random_value(rng)
+            if rng.random() < 0.3
+            else rng.choice(["update", "key_setup", "released", "hello", "run_key"]),
+        }
+        body.update(
+            {
+                rng.choice(
+                    ["round", "chunks", "sealed_keys", "digest", "mean_gradient", "reason", "certified_key"]
+                ): _random_value(rng)
+                for _ in range(rng.integers(0, 4))
+            }
+        )
+        for raw in (
+            msgpack.packb(body, use_bin_type=True),
+            bytes(rng.integers(0, 256, rng.integers(0, 40), dtype=np.uint8)),
+        ):
             try:
                 decode(raw, accept=TO_SERVER, max_bytes=LIMIT)
                 decode(raw, accept=TO_HOSPITAL, max_bytes=LIMIT)

@@ -72,9 +72,18 @@ def _input(tmp_path: Path, timeout: float, queries: int = 20, classes: int = 4) 
         for tallier, vector in enumerate(share(votes.reshape(-1), 3, field.modulus)):
             shares[tallier, name] = vector
     write_input(
-        tmp_path / "input.npz", shares, hospitals=HOSPITALS, queries=queries, classes=classes, quorum=2, field=field,
-        reveal="labels", timeout=timeout, rounds=1, label_threshold=0,
-    )  # fmt: skip
+        tmp_path / "input.npz",
+        shares,
+        hospitals=HOSPITALS,
+        queries=queries,
+        classes=classes,
+        quorum=2,
+        field=field,
+        reveal="labels",
+        timeout=timeout,
+        rounds=1,
+        label_threshold=0,
+    )
 
 
 def _tallier(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
@@ -83,8 +92,12 @@ def _tallier(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
     with log.open("w") as handle:
         process = subprocess.Popen(
             command("input.npz", f"out-{name}", tmp_path / "federation", name),
-            cwd=tmp_path, env={**child_environment(), "PYTHONPATH": str(REPO)}, stdout=handle, stderr=handle, text=True,
-        )  # fmt: skip
+            cwd=tmp_path,
+            env={**child_environment(), "PYTHONPATH": str(REPO)},
+            stdout=handle,
+            stderr=handle,
+            text=True,
+        )
     return process, log
 
 
@@ -96,9 +109,11 @@ def _deserializers(package: Path) -> set[tuple[str, str]]:
         for function in (node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)):
             for node in ast.walk(function):
                 if (
-                    isinstance(node, ast.Attribute) and node.attr in {"load", "loads", "Unpickler"}
-                    and isinstance(node.value, ast.Name) and node.value.id in {"pickle", "marshal", "dill", "cloudpickle"}
-                ):  # fmt: skip
+                    isinstance(node, ast.Attribute)
+                    and node.attr in {"load", "loads", "Unpickler"}
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id in {"pickle", "marshal", "dill", "cloudpickle"}
+                ):
                     found.add((path.stem, function.name))
     return found
 
@@ -107,14 +122,24 @@ def test_mpyc_unpickles_a_peer_s_bytes_only_where_consilium_refuses_globals():
     """The places ``tallier.mpc_network`` covers: if an MPyC upgrade moves them, this fails first."""
     runtime = import_mpyc()
     assert _deserializers(Path(runtime.__file__).parent) == {
-        ("runtime", "transfer"), ("runtime", "_distribute"), ("runtime", "output"), ("runtime", "_reshare")
-    }  # fmt: skip
-    for name in ("_distribute", "output", "_reshare"):  # arrays through the module's `pickle`, single values through from_bytes
+        ("runtime", "transfer"),
+        ("runtime", "_distribute"),
+        ("runtime", "output"),
+        ("runtime", "_reshare"),
+    }
+    for name in (
+        "_distribute",
+        "output",
+        "_reshare",
+    ):  # arrays through the module's `pickle`, single values through from_bytes
         source = inspect.getsource(getattr(runtime.Runtime, name))
         assert "unmarshal = pickle.loads" in source and "unmarshal = field.from_bytes" in source
     assert "outdata = list(map(pickle.loads, outdata))" in inspect.getsource(runtime.Runtime.transfer)
     harden_mpyc(MpcField.for_bound(40).modulus)  # what every round does first: `pickle` there is no longer pickle
-    assert type(runtime.pickle).__name__ == "_Codec" and runtime.finfields.FiniteFieldElement.from_bytes.__name__ == "_field_elements"
+    assert (
+        type(runtime.pickle).__name__ == "_Codec"
+        and runtime.finfields.FiniteFieldElement.from_bytes.__name__ == "_field_elements"
+    )
 
 
 @pytest.mark.slow
@@ -129,9 +154,22 @@ def test_a_crafted_pickle_in_any_mpc_message_runs_nothing_and_aborts_the_round(t
     _input(tmp_path, timeout=60.0)
     marker = tmp_path / "code-ran"
     rogue = subprocess.Popen(
-        [sys.executable, "-c", _ROGUE, kind, str(marker), "input.npz", "out-rogue", str(tmp_path / "federation"), "tallier-1"],
-        cwd=tmp_path, env={**child_environment(), "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            _ROGUE,
+            kind,
+            str(marker),
+            "input.npz",
+            "out-rogue",
+            str(tmp_path / "federation"),
+            "tallier-1",
+        ],
+        cwd=tmp_path,
+        env={**child_environment(), "PYTHONPATH": str(REPO)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     honest = {name: _tallier(tmp_path, name) for name in roster.talliers[1:]}
     codes = {name: process.wait(timeout=120) for name, (process, _) in honest.items()}
     errors = {name: log.read_text() for name, (_, log) in honest.items()}

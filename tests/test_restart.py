@@ -21,9 +21,16 @@ def _federation(tmp_path, *, quorum: int, send_offset: str) -> tuple[ServerProce
     server = ServerProcess(tmp_path, 3, "--rounds", str(ROUNDS), "--quorum", str(quorum), "--round-timeout", "60")
     hospitals = [
         HospitalProcess(
-            server.federation, f"hospital-{i}", i, 3, tmp_path / f"hospital-{i}.log",
-            "--epsilon-budget", "100", "--send-offset", send_offset,
-        )  # fmt: skip
+            server.federation,
+            f"hospital-{i}",
+            i,
+            3,
+            tmp_path / f"hospital-{i}.log",
+            "--epsilon-budget",
+            "100",
+            "--send-offset",
+            send_offset,
+        )
         for i in (1, 2, 3)
     ]
     return server, hospitals

@@ -11,7 +11,13 @@ import pytest
 from protocol.key_files import KeyFileError
 from protocol.party_keys import MPC_KEY_FILE, SECRET_FILE, Credentials, generate_party_keys
 from protocol.roster import ROSTER_FILE, Roster, RosterError, assemble_roster, local_federation
-from protocol.roster_confirmation import ACCEPTED_ROSTER_FILE, SIGNATURES_FILE, confirm_roster, join_federation, sign_roster
+from protocol.roster_confirmation import (
+    ACCEPTED_ROSTER_FILE,
+    SIGNATURES_FILE,
+    confirm_roster,
+    join_federation,
+    sign_roster,
+)
 from tests.conftest import run_launcher
 
 ADDRESS = "tcp://127.0.0.1:6000"
@@ -21,7 +27,10 @@ def _party_folders(root, hospitals=2, talliers=0):
     """Each party's keys made in a folder of its own, as on its own machine; their public files."""
     parties = [("server", "server", None)] + [(f"hospital-{i}", "hospital", None) for i in range(1, hospitals + 1)]
     parties += [(f"tallier-{i}", "tallier", f"10.0.0.{i}:700{i}") for i in range(1, talliers + 1)]
-    return [generate_party_keys(root / "machines" / name, name=name, role=role, mpc_address_text=a) for name, role, a in parties]
+    return [
+        generate_party_keys(root / "machines" / name, name=name, role=role, mpc_address_text=a)
+        for name, role, a in parties
+    ]
 
 
 def _install(root, roster_dir, name):
@@ -54,7 +63,11 @@ def test_keygen_keeps_secrets_in_the_party_s_folder_and_provisioning_reads_only_
     roster = assemble_roster(tmp_path / "fed", address=ADDRESS, public_files=sorted(handed_over.iterdir()))
     assert sorted(p.name for p in (tmp_path / "fed").iterdir()) == [ROSTER_FILE]
     assert stat.S_IMODE((tmp_path / "fed" / ROSTER_FILE).stat().st_mode) == 0o600
-    assert roster.hospitals == ["hospital-1", "hospital-2"] and roster.talliers == ["tallier-1", "tallier-2", "tallier-3"]
+    assert roster.hospitals == ["hospital-1", "hospital-2"] and roster.talliers == [
+        "tallier-1",
+        "tallier-2",
+        "tallier-3",
+    ]
     assert roster.party("tallier-3").mpc_address == ("10.0.0.3", 7003)
     assert roster.party("hospital-2").curve_public == credentials.curve.public
     assert re.fullmatch(r"(\d{5} ){11}\d{5}", roster.fingerprint)
@@ -112,7 +125,9 @@ def test_a_new_roster_version_is_confirmed_by_the_signatures_of_every_party_that
     federation = _install(tmp_path, tmp_path / "v1", "hospital-1")
     join_federation(federation, "hospital-1", first.fingerprint)
     staying = [path for path in public_files if path.name != "hospital-3.public.toml"]
-    second = assemble_roster(tmp_path / "v2", address=ADDRESS, public_files=staying, previous=tmp_path / "v1" / ROSTER_FILE)
+    second = assemble_roster(
+        tmp_path / "v2", address=ADDRESS, public_files=staying, previous=tmp_path / "v1" / ROSTER_FILE
+    )
     assert (second.version, second.previous) == (2, first.digest)
     shutil.copy(tmp_path / "v2" / ROSTER_FILE, federation / ROSTER_FILE)
     for name in ("server", "hospital-1"):  # hospital-2 has not signed yet
@@ -135,7 +150,9 @@ def test_a_new_roster_version_is_confirmed_by_the_signatures_of_every_party_that
     # The provisioner brings "hospital-3" back under keys of its own, and every party that stays signs:
     # each checked its own entry only, so none vouched for the newcomer's. Refused at signing and at start.
     impostor = generate_party_keys(tmp_path / "impostor", name="hospital-3", role="hospital")
-    third = assemble_roster(tmp_path / "v3", address=ADDRESS, public_files=[*staying, impostor], previous=tmp_path / "v2" / ROSTER_FILE)
+    third = assemble_roster(
+        tmp_path / "v3", address=ADDRESS, public_files=[*staying, impostor], previous=tmp_path / "v2" / ROSTER_FILE
+    )
     with pytest.raises(RosterError, match="hospital-3 joins.*signatures cannot confirm it"):
         sign_roster(tmp_path / "v3", Credentials.load(tmp_path / "machines" / "server"))
     shutil.copy(tmp_path / "v3" / ROSTER_FILE, federation / ROSTER_FILE)
@@ -143,11 +160,15 @@ def test_a_new_roster_version_is_confirmed_by_the_signatures_of_every_party_that
         credentials = Credentials.load(tmp_path / "machines" / name)
         signed = credentials.identity.signing.sign(b"consilium roster signature\x00" + bytes.fromhex(third.digest))
         text = (federation / SIGNATURES_FILE).read_text()
-        (federation / SIGNATURES_FILE).write_text(re.sub(rf"{name} = '.*'", f"{name} = '{base64.b64encode(signed).decode()}'", text))
+        (federation / SIGNATURES_FILE).write_text(
+            re.sub(rf"{name} = '.*'", f"{name} = '{base64.b64encode(signed).decode()}'", text)
+        )
     with pytest.raises(RosterError, match="hospital-3 joins.*compare its fingerprint"):
         join_federation(federation, "hospital-1", None)
     # Every signature there, but a version that does not name the one confirmed is not its successor.
-    other = assemble_roster(tmp_path / "v3b", address=ADDRESS, public_files=staying[:2], previous=tmp_path / "v1" / ROSTER_FILE)
+    other = assemble_roster(
+        tmp_path / "v3b", address=ADDRESS, public_files=staying[:2], previous=tmp_path / "v1" / ROSTER_FILE
+    )
     shutil.copy(tmp_path / "v3b" / ROSTER_FILE, federation / ROSTER_FILE)
     assert other.previous == first.digest
     with pytest.raises(RosterError, match="nor does it name that one as previous"):
@@ -169,7 +190,9 @@ def test_a_replaced_copy_of_the_confirmed_roster_is_refused(tmp_path):
         shutil.copy(tmp_path / "rogue" / ROSTER_FILE, place)
     with pytest.raises(RosterError, match="damaged or was replaced"):
         join_federation(federation, "hospital-1", None)
-    assert join_federation(federation, "hospital-1", rogue.fingerprint)[0].server_address.startswith("tcp://evil")  # only if confirmed
+    assert join_federation(federation, "hospital-1", rogue.fingerprint)[0].server_address.startswith(
+        "tcp://evil"
+    )  # only if confirmed
 
 
 def test_a_party_refuses_a_roster_without_its_keys_or_with_shared_keys(tmp_path):
@@ -203,7 +226,10 @@ def test_missing_or_malformed_files_are_named(tmp_path):
         ("[server\n", "cannot read"),
         (text.replace("version = 1", "version = 2"), "must name a previous roster"),
         (text.replace("role = 'hospital'", "role = 'auditor'"), "has role 'auditor'"),
-        (text.replace("name = 'hospital-1'", 'name = "hospital-1\\n"'), "a party name must be"),  # prints as the real one
+        (
+            text.replace("name = 'hospital-1'", 'name = "hospital-1\\n"'),
+            "a party name must be",
+        ),  # prints as the real one
         (text.replace("[server]", "[servers]"), "needs \\[roster\\], \\[server\\]"),
     ):
         roster_file.write_text(broken)
@@ -231,7 +257,11 @@ def test_local_federation_refuses_bad_input_before_making_any_key(tmp_path):
 def test_the_launchers_make_a_federation_as_the_readme_says(tmp_path):
     """consilium-keygen on each machine, consilium-provision from the public files, consilium-roster to check and sign."""
     machines = tmp_path / "machines"
-    for role, name, extra in (("server", "server", ()), ("hospital", "hospital-1", ()), ("tallier", "tallier-1", ("--mpc-address", "h:1"))):
+    for role, name, extra in (
+        ("server", "server", ()),
+        ("hospital", "hospital-1", ()),
+        ("tallier", "tallier-1", ("--mpc-address", "h:1")),
+    ):
         made = run_launcher("keygen", "--role", role, "--name", name, "--out", machines / name, *extra)
         assert made.returncode == 0, made.stderr
     public_files = [machines / name / f"{name}.public.toml" for name in ("server", "hospital-1")]
@@ -241,6 +271,15 @@ def test_the_launchers_make_a_federation_as_the_readme_says(tmp_path):
     at_hospital = _install(tmp_path, tmp_path / "fed", "hospital-1")
     checked = run_launcher("roster", "fingerprint", "--federation", at_hospital, "--name", "hospital-1")
     assert checked.returncode == 0 and f"fingerprint: {fingerprint}" in checked.stdout
-    assert confirm_roster(at_hospital, Credentials.load(at_hospital / "hospital-1"), fingerprint).fingerprint == fingerprint
-    signed = run_launcher("roster", "sign", "--federation", at_hospital, "--name", "hospital-1")  # a first roster is never signed
-    assert signed.returncode == 2 and "follows the roster it confirmed last" in signed.stderr and "Traceback" not in signed.stderr
+    assert (
+        confirm_roster(at_hospital, Credentials.load(at_hospital / "hospital-1"), fingerprint).fingerprint
+        == fingerprint
+    )
+    signed = run_launcher(
+        "roster", "sign", "--federation", at_hospital, "--name", "hospital-1"
+    )  # a first roster is never signed
+    assert (
+        signed.returncode == 2
+        and "follows the roster it confirmed last" in signed.stderr
+        and "Traceback" not in signed.stderr
+    )

@@ -24,11 +24,16 @@ def test_any_two_of_three_shares_are_independent_of_the_votes():
     extreme = share(np.full(count, 2**59, dtype=np.int64), 3, P)
     for i, j in ((0, 1), (0, 2), (1, 2)):
         for a, b in ((1, 0), (1, 1), (1, -1), (1, 2), (2, 1)):
-            combined = [np.array([(a * int(x) + b * int(y)) % P for x, y in zip(s[i], s[j])]) / P for s in (zeros, extreme)]
+            combined = [
+                np.array([(a * int(x) + b * int(y)) % P for x, y in zip(s[i], s[j])]) / P for s in (zeros, extreme)
+            ]
             # 45 tests at 1e-9 each: a false failure about once in 20 million runs. A reused mask makes
             # one combination constant, which every one of these tests rejects at p far below 1e-100.
             assert stats.ks_2samp(*combined).pvalue > 1e-9
-            assert stats.kstest(combined[0], "uniform").pvalue > 1e-9 and stats.kstest(combined[1], "uniform").pvalue > 1e-9
+            assert (
+                stats.kstest(combined[0], "uniform").pvalue > 1e-9
+                and stats.kstest(combined[1], "uniform").pvalue > 1e-9
+            )
 
 
 def test_a_value_outside_the_field_range_is_refused():

@@ -74,7 +74,9 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
     h1.send(Update(round=1, chunks=tuple(good + good)))  # rejected 7: wrong number of ciphertexts
     h1.send_raw(b"\x00" * (config.message_limit() + 1))  # rejected 8: oversized
     h1.send_raw(msgpack.packb({"v": 1, "type": "update", "round": 1, "chunks": good, "sender": "hospital-2"}))  # 9
-    intruder = ClientTransport(server.roster.server_address, server.roster.server.curve_public, CurveKeyPair(*zmq.curve_keypair()), 1 << 24)
+    intruder = ClientTransport(
+        server.roster.server_address, server.roster.server.curve_public, CurveKeyPair(*zmq.curve_keypair()), 1 << 24
+    )
     intruder.send(encode(Update(round=1, chunks=tuple(good))))  # refused at the handshake: never counted
     h1.send(Update(round=1, chunks=tuple(good)))
     h1.send(Update(round=1, chunks=tuple(good)))  # rejected 10: a replay
@@ -108,9 +110,18 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
     assert [r["status"] for r in report["rounds"]] == ["released", "aborted"]
     assert "fewer than the quorum" in report["finish_reason"]
     log = server.log.read_text()
-    for reason in ("not a msgpack", "already joined", "exceeds the limit", "round 2 during round 1",
-                   "upload ciphertext 0 must be", "sealed keys are for", "unenrolled CurveZMQ key", "expected fields",
-                   "second endorsement", "hospital-2's endorsement is not its signature"):  # fmt: skip
+    for reason in (
+        "not a msgpack",
+        "already joined",
+        "exceeds the limit",
+        "round 2 during round 1",
+        "upload ciphertext 0 must be",
+        "sealed keys are for",
+        "unenrolled CurveZMQ key",
+        "expected fields",
+        "second endorsement",
+        "hospital-2's endorsement is not its signature",
+    ):
         assert reason in log, reason
     # The replay lands during the round (a second update) or after it closed (not an endorsement).
     assert "second update" in log or "expected an endorsement of the aggregate of round 1" in log
@@ -229,7 +240,11 @@ def test_a_releaser_that_joins_again_is_replaced_and_the_run_goes_on(server):
         assert hospital.expect(RoundStart).round == 1
     updates = [h.random_update(seed) for h, seed in ((h1, 1), (h2, 2))]
     for hospital, update in zip((h1, h2), updates):
-        hospital.send(Update(round=1, chunks=tuple(hospital.secret.encrypt_update(update, round_number=1, hospital=hospital.name))))
+        hospital.send(
+            Update(
+                round=1, chunks=tuple(hospital.secret.encrypt_update(update, round_number=1, hospital=hospital.name))
+            )
+        )
     aggregates = [hospital.expect(Aggregate) for hospital in (h1, h2)]
     for hospital, aggregate in zip((h1, h2), aggregates):
         hospital.endorse(aggregate)

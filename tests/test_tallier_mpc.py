@@ -24,9 +24,18 @@ def federation(root):
 
 
 def _run(
-    tmp_path, totals, *, reveal="labels", parties=range(TALLIERS), timeout=60.0, rounds=1, quorum=2, withheld=(),
-    first=None, label_threshold=0,
-):  # fmt: skip
+    tmp_path,
+    totals,
+    *,
+    reveal="labels",
+    parties=range(TALLIERS),
+    timeout=60.0,
+    rounds=1,
+    quorum=2,
+    withheld=(),
+    first=None,
+    label_threshold=0,
+):
     """Split ``totals`` (Q x C) into two hospitals' votes (``first`` and the rest), share each among the talliers (but not the
     ``(tallier, hospital)`` pairs in ``withheld``), and run the parties in ``parties``; their results
     and exit codes."""
@@ -39,14 +48,26 @@ def _run(
             if (tallier, name) not in withheld:
                 shares[tallier, name] = vector
     write_input(
-        tmp_path / "input.npz", shares, hospitals=HOSPITALS, queries=queries, classes=classes, quorum=quorum, field=field,
-        reveal=reveal, timeout=timeout, rounds=rounds, label_threshold=label_threshold,
+        tmp_path / "input.npz",
+        shares,
+        hospitals=HOSPITALS,
+        queries=queries,
+        classes=classes,
+        quorum=quorum,
+        field=field,
+        reveal=reveal,
+        timeout=timeout,
+        rounds=rounds,
+        label_threshold=label_threshold,
     )
     roster = federation(tmp_path / "federation")
     processes = {
         index: subprocess.Popen(
             command("input.npz", f"out-{index}", tmp_path / "federation", roster.talliers[index]),
-            cwd=tmp_path, env={**child_environment(), "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True,
+            cwd=tmp_path,
+            env={**child_environment(), "PYTHONPATH": str(REPO)},
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for index in parties
     }
@@ -146,16 +167,27 @@ for round_number in (1, 2):
     except MpcError as error:
         print(error)
 """
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=REPO, env=child_environment())
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=child_environment(),
+    )
     first, second = done.stdout.splitlines()
     assert "did not finish within 0.5 s" in first and "restart the tallier" in second
 
 
 def _party(talliers: int) -> MpcParty:
     return MpcParty(
-        index=0, names=("a", "b", "c")[:talliers], addresses=(("h", 1), ("h", 2), ("h", 3))[:talliers],
-        certificates=(b"", b"", b"")[:talliers], certificate_file=REPO, key_file=REPO,
-    )  # fmt: skip
+        index=0,
+        names=("a", "b", "c")[:talliers],
+        addresses=(("h", 1), ("h", 2), ("h", 3))[:talliers],
+        certificates=(b"", b"", b"")[:talliers],
+        certificate_file=REPO,
+        key_file=REPO,
+    )
 
 
 def test_fewer_than_three_talliers_or_another_field_are_refused():
@@ -164,4 +196,16 @@ def test_fewer_than_three_talliers_or_another_field_are_refused():
     party = _party(3)
     another = MpcField(8, MpcField.for_bound(200).modulus)
     with pytest.raises(ValueError, match="computes modulo"):
-        run_round(party, 1, {}, hospitals=("h",), quorum=1, queries=1, classes=2, field=another, reveal="labels", label_threshold=0, timeout_s=1)
+        run_round(
+            party,
+            1,
+            {},
+            hospitals=("h",),
+            quorum=1,
+            queries=1,
+            classes=2,
+            field=another,
+            reveal="labels",
+            label_threshold=0,
+            timeout_s=1,
+        )

@@ -16,8 +16,10 @@ def test_a_record_cut_short_by_a_kill_is_dropped_when_the_transcript_is_reopened
     resumed.record("hospital-3", b"third")
     resumed.close()
     assert [(r["sender"], r["payload"]) for r in read_transcript(path)] == [
-        ("hospital-1", b"first"), ("hospital-2", b"second"), ("hospital-3", b"third"),
-    ]  # fmt: skip
+        ("hospital-1", b"first"),
+        ("hospital-2", b"second"),
+        ("hospital-3", b"third"),
+    ]
     assert path.stat().st_mode & 0o777 == 0o600
 
 
@@ -50,5 +52,6 @@ def test_an_auditor_reads_every_kept_message_and_the_bytes_of_those_the_party_re
     transcript.record("hospital-3", bytes(101))  # too large to keep: its digest alone
     transcript.close()
     assert list(read_messages(path, accept=TO_SERVER)) == [
-        ("hospital-1", withdraw, encode(withdraw)), ("hospital-2", None, b"not a message"),
-    ]  # fmt: skip
+        ("hospital-1", withdraw, encode(withdraw)),
+        ("hospital-2", None, b"not a message"),
+    ]

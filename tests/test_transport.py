@@ -37,7 +37,11 @@ def test_an_unenrolled_key_is_refused_at_the_handshake():
     server = ServerTransport(address, server_keys, {enrolled.public: "hospital-1"}, 1 << 16)
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
-    socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = server_keys.public, intruder.public, intruder.secret
+    socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = (
+        server_keys.public,
+        intruder.public,
+        intruder.secret,
+    )
     monitor = socket.get_monitor_socket()
     try:
         socket.connect(address)

@@ -4,7 +4,15 @@ import torch
 
 from training.datasets import Split, load_dataset
 from training.models import ModelSpec, accuracy
-from training.voting import PcaFeatures, _jittered, knn_votes, noisy_votes, teacher_votes, train_classifier, train_student
+from training.voting import (
+    PcaFeatures,
+    _jittered,
+    knn_votes,
+    noisy_votes,
+    teacher_votes,
+    train_classifier,
+    train_student,
+)
 from training.vote_privacy import VotingSettings
 from training.secure_random import secure_generator
 
@@ -25,9 +33,13 @@ def test_removing_a_record_moves_at_most_one_neighbour_in_and_one_out():
     features = phi(data.x)  # each row alike in any batch: BLAS would sum in an order that depends on the batch
     assert all(np.array_equal(phi(data.x[i : i + 1]), features[i : i + 1]) for i in range(len(data)))
     votes = knn_votes(phi, data, queries, neighbours=7, classes=5)
-    assert np.array_equal(votes, np.concatenate([knn_votes(phi, data, q[None], neighbours=7, classes=5) for q in queries]))
+    assert np.array_equal(
+        votes, np.concatenate([knn_votes(phi, data, q[None], neighbours=7, classes=5) for q in queries])
+    )
     for removed in range(len(data)):
-        changed = knn_votes(phi, data.subset(np.delete(np.arange(len(data)), removed)), queries, neighbours=7, classes=5)
+        changed = knn_votes(
+            phi, data.subset(np.delete(np.arange(len(data)), removed)), queries, neighbours=7, classes=5
+        )
         assert np.abs(changed - votes).sum(axis=1).max() <= 2
 
 
@@ -52,8 +64,14 @@ def test_votes_on_digits_mostly_agree_with_the_true_labels():
 
 
 def test_a_teacher_abstains_where_it_is_unsure():
-    logits = np.array([[5.0, 0.0, 0.0], [0.1, 0.0, 0.0], [0.0, 0.0, 4.0]], dtype=np.float32)  # softmax tops 0.99, 0.36, 0.96
-    assert teacher_votes(torch.nn.Identity(), logits, 3, min_confidence=0.5).tolist() == [[1, 0, 0], [0, 0, 0], [0, 0, 1]]
+    logits = np.array(
+        [[5.0, 0.0, 0.0], [0.1, 0.0, 0.0], [0.0, 0.0, 4.0]], dtype=np.float32
+    )  # softmax tops 0.99, 0.36, 0.96
+    assert teacher_votes(torch.nn.Identity(), logits, 3, min_confidence=0.5).tolist() == [
+        [1, 0, 0],
+        [0, 0, 0],
+        [0, 0, 1],
+    ]
     assert teacher_votes(torch.nn.Identity(), logits, 3).sum() == 3
 
 
@@ -66,7 +84,10 @@ def test_the_student_learns_from_the_labelled_queries_and_the_rest_of_the_pool()
     torch.manual_seed(0)
     student = train_student(spec, labelled, unlabelled, epochs=30)
     assert accuracy(student, digits.validation.x, digits.validation.y) > 0.8
-    assert accuracy(train_student(spec, labelled, unlabelled[:0], epochs=30), digits.validation.x, digits.validation.y) > 0.8
+    assert (
+        accuracy(train_student(spec, labelled, unlabelled[:0], epochs=30), digits.validation.x, digits.validation.y)
+        > 0.8
+    )
 
 
 def test_jitter_moves_each_image_by_its_own_small_map_and_only_images():
@@ -85,7 +106,9 @@ def test_jitter_moves_each_image_by_its_own_small_map_and_only_images():
 
 
 def test_noisy_votes_need_the_cryptographic_generator():
-    mechanism = VotingSettings(method="ae-dpfl", noise_std=10.0, quorum=2).mechanism(queries=3, classes=4, level="agent")
+    mechanism = VotingSettings(method="ae-dpfl", noise_std=10.0, quorum=2).mechanism(
+        queries=3, classes=4, level="agent"
+    )
     votes = np.eye(4, dtype=np.int64)[[0, 1, 2]]
     noisy = noisy_votes(votes, mechanism, secure_generator())
     assert noisy.shape == (12,) and noisy.dtype == np.int64

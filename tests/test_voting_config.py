@@ -12,11 +12,21 @@ from training.vote_privacy import VotingSettings
 
 def _config(**changes):
     settings = dict(
-        run_id="0123abcd", dataset="digits", hospitals=("hospital-1", "hospital-2", "hospital-3"),
-        talliers=("tallier-1", "tallier-2", "tallier-3"), rounds=2, queries_per_round=20, delta=1e-5,
-        voting=VotingSettings("knn-dpfl", noise_std=15.0, quorum=3, neighbours=30), reveal="labels",
-        label_threshold=0, model=ModelSpec("mlp", (64,), 10), teacher_epochs=1, teacher_confidence=0.0, feature_dimensions=10,
-    )  # fmt: skip
+        run_id="0123abcd",
+        dataset="digits",
+        hospitals=("hospital-1", "hospital-2", "hospital-3"),
+        talliers=("tallier-1", "tallier-2", "tallier-3"),
+        rounds=2,
+        queries_per_round=20,
+        delta=1e-5,
+        voting=VotingSettings("knn-dpfl", noise_std=15.0, quorum=3, neighbours=30),
+        reveal="labels",
+        label_threshold=0,
+        model=ModelSpec("mlp", (64,), 10),
+        teacher_epochs=1,
+        teacher_confidence=0.0,
+        feature_dimensions=10,
+    )
     settings.update(changes)
     return VotingConfig(**settings)
 
@@ -54,7 +64,10 @@ def test_the_field_holds_every_total_the_bound_allows():
         ({"feature_dimensions": 0}, "feature dimensions must be between 1 and 1024"),
         ({"model": ModelSpec("mlp", (64,), 60_000)}, "over 60000 classes is too large"),
         ({"model": ModelSpec("mlp", (64,), 10, hidden=(5000,))}, "at most 8 hidden layers of at most 4096 units"),
-        ({"voting": VotingSettings("knn-dpfl", noise_std=15.0, quorum=3, neighbours=10**9)}, "at most 32 are supported"),
+        (
+            {"voting": VotingSettings("knn-dpfl", noise_std=15.0, quorum=3, neighbours=10**9)},
+            "at most 32 are supported",
+        ),
     ],
 )
 def test_a_run_that_cannot_be_run_is_refused_before_anything_runs(changes, reason):

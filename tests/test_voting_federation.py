@@ -45,7 +45,10 @@ def run(tmp_path_factory):
 
 
 def _messages(path, accept):
-    return [(record["sender"], decode(record["payload"], accept=accept, max_bytes=1 << 26)) for record in read_transcript(path)]
+    return [
+        (record["sender"], decode(record["payload"], accept=accept, max_bytes=1 << 26))
+        for record in read_transcript(path)
+    ]
 
 
 def test_the_vote_labels_the_queries_and_reports_both_levels(run):
@@ -74,7 +77,11 @@ def test_the_server_receives_sealed_boxes_and_labels_only(run):
 
 def test_each_tallier_receives_its_own_boxes_and_nothing_else(run):
     out, report = run
-    ballots = [(sender, m) for sender, m in _messages(out / "server" / "transcript.msgpack", TO_VOTING_SERVER) if isinstance(m, Ballot)]
+    ballots = [
+        (sender, m)
+        for sender, m in _messages(out / "server" / "transcript.msgpack", TO_VOTING_SERVER)
+        if isinstance(m, Ballot)
+    ]
     for tallier in report["config"]["talliers"]:
         received = [m for _, m in _messages(out / tallier / "transcript.msgpack", TO_TALLIER)]
         assert {m.TYPE for m in received} == {"voting_welcome", "shares", "finish"}
@@ -94,26 +101,60 @@ class _Federation:
         self.tmp = tmp_path
         self.federation = tmp_path / "federation"
         mpc = tuple(f"127.0.0.1:{free_port()}" for _ in range(3))
-        self.roster = local_federation(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=mpc)
+        self.roster = local_federation(
+            self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=mpc
+        )
         self.processes = {}
 
     def launch(self, role, name, *args):
         log = self.tmp / f"{name}.log"
         with log.open("w") as handle:
             self.processes[name] = subprocess.Popen(
-                launcher(role, "--federation", self.federation, "--roster-fingerprint", self.roster.fingerprint, *args), stdout=handle, stderr=handle, text=True, env=child_environment()
+                launcher(role, "--federation", self.federation, "--roster-fingerprint", self.roster.fingerprint, *args),
+                stdout=handle,
+                stderr=handle,
+                text=True,
+                env=child_environment(),
             )
         return self.processes[name]
 
     def server(self, *args):
         return self.launch(
-            "server", "server", "--method", "knn-dpfl", "--data", "digits", "--out", self.tmp / "out", "--rounds", "1", *SMALL, *args
+            "server",
+            "server",
+            "--method",
+            "knn-dpfl",
+            "--data",
+            "digits",
+            "--out",
+            self.tmp / "out",
+            "--rounds",
+            "1",
+            *SMALL,
+            *args,
         )
 
     def hospital(self, name, part, *args):
         parts = str(len(self.roster.hospitals))
-        return self.launch("hospital", name, "--name", name, "--method", "knn-dpfl", "--data", "digits", "--parts", parts, "--part", part,
-                           "--epsilon-budget", "100", "--timeout", "60", *args)  # fmt: skip
+        return self.launch(
+            "hospital",
+            name,
+            "--name",
+            name,
+            "--method",
+            "knn-dpfl",
+            "--data",
+            "digits",
+            "--parts",
+            parts,
+            "--part",
+            part,
+            "--epsilon-budget",
+            "100",
+            "--timeout",
+            "60",
+            *args,
+        )
 
     def tallier(self, name, *args):
         return self.launch("tallier", name, "--name", name, "--timeout", "60", *args)
@@ -146,7 +187,14 @@ def test_a_histogram_run_opens_the_totals_and_keeps_only_the_hospitals_that_acce
     # Two voters with k = 30 give a clean top total of up to 60 (median about 41 on these queries),
     # sigma 15 on it: a threshold of 45 releases about half the labels.
     federation.server(
-        "--reveal", "histogram", "--quorum", "2", "--label-threshold", "45", "--transcript", federation.tmp / "transcript.msgpack"
+        "--reveal",
+        "histogram",
+        "--quorum",
+        "2",
+        "--label-threshold",
+        "45",
+        "--transcript",
+        federation.tmp / "transcript.msgpack",
     )
     for name in federation.roster.talliers:
         federation.tallier(name, "--allow-histogram")
@@ -160,7 +208,11 @@ def test_a_histogram_run_opens_the_totals_and_keeps_only_the_hospitals_that_acce
         "hospital-4": "the run's quorum of 2 is below this hospital's minimum of 3",
     }
     for name, reason in refusals.items():
-        assert federation.exit_code(name) == 2 and reason in federation.log(name) and "Traceback" not in federation.log(name)
+        assert (
+            federation.exit_code(name) == 2
+            and reason in federation.log(name)
+            and "Traceback" not in federation.log(name)
+        )
     report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
     assert report["reveal"] == "histogram" and "saw the noisy vote totals" in report["reveal_warning"]
     assert report["rounds"][0]["voters"] == ["hospital-1", "hospital-2"]
@@ -169,7 +221,10 @@ def test_a_histogram_run_opens_the_totals_and_keeps_only_the_hospitals_that_acce
     labels = [m for _, m in _messages(federation.tmp / "transcript.msgpack", TO_VOTING_SERVER) if isinstance(m, Labels)]
     assert len(labels) == 3  # one per tallier, alike
     totals = np.frombuffer(labels[0].totals, dtype="<i8").reshape(20, 10)
-    assert np.array_equal(np.where(totals.max(axis=1) >= 45, totals.argmax(axis=1), 10), labels[0].labels) and totals.sum() != 0
+    assert (
+        np.array_equal(np.where(totals.max(axis=1) >= 45, totals.argmax(axis=1), 10), labels[0].labels)
+        and totals.sum() != 0
+    )
     withheld = sum(label == 10 for label in labels[0].labels)
     assert 0 < withheld < 20  # both kinds, but for a chance of about 4e-6
     assert (report["final"]["queries_labelled"], report["final"]["queries_withheld"]) == (20 - withheld, withheld)
@@ -177,8 +232,12 @@ def test_a_histogram_run_opens_the_totals_and_keeps_only_the_hospitals_that_acce
     asked = PrivacyLedger()
     asked.begin_run("run", "fingerprint")
     settings = VotingSettings("knn-dpfl", noise_std=15.0, quorum=2, neighbours=30)
-    asked.record(settings.release(queries=20, classes=10, contributors=2, level="instance"), run_id="run", round_number=1)
-    assert report["final"]["epsilon"]["instance"]["server"] == pytest.approx(asked.epsilons(report["final"]["delta"])["server"])
+    asked.record(
+        settings.release(queries=20, classes=10, contributors=2, level="instance"), run_id="run", round_number=1
+    )
+    assert report["final"]["epsilon"]["instance"]["server"] == pytest.approx(
+        asked.epsilons(report["final"]["delta"])["server"]
+    )
 
 
 def test_a_tallier_that_opens_labels_only_stops_a_histogram_run(federation):
@@ -189,11 +248,15 @@ def test_a_tallier_that_opens_labels_only_stops_a_histogram_run(federation):
     federation.tallier("tallier-2")
     federation.tallier("tallier-3", "--allow-histogram")
     assert federation.exit_code("tallier-2") == 2
-    assert "this tallier opens labels only" in federation.log("tallier-2") and "Traceback" not in federation.log("tallier-2")
+    assert "this tallier opens labels only" in federation.log("tallier-2") and "Traceback" not in federation.log(
+        "tallier-2"
+    )
     assert federation.exit_code("server") == 2
     assert "tallier-2 refuses the run: the run would reveal the noisy histogram" in federation.log("server")
     for name in federation.roster.hospitals:  # told, not left waiting for a welcome
-        assert federation.exit_code(name) == 2 and "the server ended the run: stopped: tallier-2 refuses the run" in federation.log(name)
+        assert federation.exit_code(
+            name
+        ) == 2 and "the server ended the run: stopped: tallier-2 refuses the run" in federation.log(name)
 
 
 def test_a_tallier_killed_before_the_mpc_stops_the_run_with_no_labels(federation):
@@ -223,7 +286,9 @@ class _BadVoter:
         roster = federation.roster
         self.name, self.roster = name, roster
         self.credentials = Credentials.load(federation.federation / name)
-        self.transport = ClientTransport(roster.server_address, roster.server.curve_public, self.credentials.curve, 1 << 26)
+        self.transport = ClientTransport(
+            roster.server_address, roster.server.curve_public, self.credentials.curve, 1 << 26
+        )
 
     def vote_badly(self):
         self.transport.send(encode(Hello()))
@@ -232,7 +297,11 @@ class _BadVoter:
         config = VotingConfig.from_dict(welcome.config)
         run = config.fingerprint(welcome.feature_map)
         keys = {
-            t: verify_certified_key(welcome.tallier_keys[t], signer=self.roster.party(t).identity.signing, context=tallier_key_context(run, t))
+            t: verify_certified_key(
+                welcome.tallier_keys[t],
+                signer=self.roster.party(t).identity.signing,
+                context=tallier_key_context(run, t),
+            )
             for t in config.talliers
         }
         request = decode(self.transport.receive(60), accept=TO_VOTING_HOSPITAL, max_bytes=1 << 26)
@@ -241,7 +310,12 @@ class _BadVoter:
         shares = share(np.zeros(config.votes_per_round, dtype=np.int64), 3, field.modulus)
         shares[1] = np.full(config.votes_per_round, field.modulus, dtype=np.uint64)  # outside Z_p
         boxes = {
-            t: seal(to_bytes(s), recipient=keys[t], sender=self.credentials.identity.signing, context=_share_context(run, request.round, self.name, t))
+            t: seal(
+                to_bytes(s),
+                recipient=keys[t],
+                sender=self.credentials.identity.signing,
+                context=_share_context(run, request.round, self.name, t),
+            )
             for t, s in zip(config.talliers, shares)
         }
         self.transport.send(encode(Ballot(round=request.round, boxes=boxes)))
@@ -272,4 +346,6 @@ def test_a_share_outside_the_field_leaves_its_hospital_out_of_every_tallier_s_co
     else:
         assert report["final"]["queries_labelled"] == 0 and report["rounds"][0]["status"] == "aborted"
         assert "fewer than the quorum of 3" in report["rounds"][0]["reason"]
-    assert "share from hospital-3 for round 1 is refused: a share value lies outside the field" in federation.log("tallier-2")
+    assert "share from hospital-3 for round 1 is refused: a share value lies outside the field" in federation.log(
+        "tallier-2"
+    )

@@ -50,7 +50,9 @@ class BaselineSettings:
     accountant: str = "prv"  # Opacus's, for the DP baselines: "prv", or "rdp" to compare with an RDP-accounted method
 
 
-def run_baseline(name: str, dataset: Dataset, parts: list[np.ndarray], spec: ModelSpec, settings: BaselineSettings) -> dict:
+def run_baseline(
+    name: str, dataset: Dataset, parts: list[np.ndarray], spec: ModelSpec, settings: BaselineSettings
+) -> dict:
     """Train baseline ``name`` with the hospitals' records ``parts`` (indices into ``dataset.train``).
 
     The report has a record per round (validation accuracy, epsilon so far) and ``final``: the
@@ -63,11 +65,20 @@ def run_baseline(name: str, dataset: Dataset, parts: list[np.ndarray], spec: Mod
     model = build_model(spec)
     hospitals = [dataset.train.subset(part) for part in parts]
     pooled = dataset.train.subset(np.concatenate(parts))
-    rounds = {"central": _central, "central-dp": _central_dp, "fedavg": _fedavg, "fedavg-local-dp": _fedavg_local_dp}[name]
+    rounds = {"central": _central, "central-dp": _central_dp, "fedavg": _fedavg, "fedavg-local-dp": _fedavg_local_dp}[
+        name
+    ]
     records, best, epsilon = [], None, None
     for number, (parameters, epsilon) in enumerate(rounds(model, pooled, hospitals, settings), start=1):
         validation = evaluate(model, dataset.validation, num_classes=dataset.num_classes)
-        records.append({"round": number, "validation_accuracy": validation["accuracy"], "validation_auc": validation["auc"], "epsilon": epsilon})
+        records.append(
+            {
+                "round": number,
+                "validation_accuracy": validation["accuracy"],
+                "validation_auc": validation["auc"],
+                "epsilon": epsilon,
+            }
+        )
         if best is None or validation["accuracy"] > records[best[0] - 1]["validation_accuracy"]:
             best = (number, parameters)
     set_flat_parameters(model, best[1])
@@ -79,7 +90,9 @@ def run_baseline(name: str, dataset: Dataset, parts: list[np.ndarray], spec: Mod
             "selected": {
                 "round": best[0],
                 "validation_accuracy": records[best[0] - 1]["validation_accuracy"],
-                "test": evaluate(model, dataset.test, num_classes=dataset.num_classes) if dataset.test is not None else None,
+                "test": evaluate(model, dataset.test, num_classes=dataset.num_classes)
+                if dataset.test is not None
+                else None,
             },
             "epsilon": epsilon,  # per record, of the released model; None without DP
             "delta": settings.delta if epsilon is not None else None,
@@ -104,21 +117,36 @@ def _central_dp(model: nn.Module, pooled: Split, hospitals: list[Split], setting
 
 def _dp_sgd_rounds(model: nn.Module, data: Split, settings: BaselineSettings, steps_per_round: int):
     steps = settings.rounds * steps_per_round
-    sigma = noise_multiplier_for(settings.epsilon, settings.delta, sample_rate=settings.sample_rate, steps=steps, accountant=settings.accountant)
+    sigma = noise_multiplier_for(
+        settings.epsilon, settings.delta, sample_rate=settings.sample_rate, steps=steps, accountant=settings.accountant
+    )
     optimizer = GaussianDpSgd(
-        model, data, sample_rate=settings.sample_rate, noise_multiplier=sigma, max_grad_norm=settings.max_grad_norm,
-        learning_rate=settings.learning_rate, momentum=settings.momentum,
-    )  # fmt: skip
+        model,
+        data,
+        sample_rate=settings.sample_rate,
+        noise_multiplier=sigma,
+        max_grad_norm=settings.max_grad_norm,
+        learning_rate=settings.learning_rate,
+        momentum=settings.momentum,
+    )
     for _ in range(settings.rounds):
         for _ in range(steps_per_round):
             optimizer.step()
-        spent = dp_sgd_epsilon(settings.delta, noise_multiplier=sigma, sample_rate=settings.sample_rate, steps=optimizer.steps_taken, accountant=settings.accountant)
+        spent = dp_sgd_epsilon(
+            settings.delta,
+            noise_multiplier=sigma,
+            sample_rate=settings.sample_rate,
+            steps=optimizer.steps_taken,
+            accountant=settings.accountant,
+        )
         yield get_flat_parameters(model), spent
 
 
 def _fedavg(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings):
     generator = secure_generator()
-    training = LocalTraining(epochs=settings.local_epochs, batch_size=settings.batch_size, learning_rate=settings.learning_rate)
+    training = LocalTraining(
+        epochs=settings.local_epochs, batch_size=settings.batch_size, learning_rate=settings.learning_rate
+    )
     for _ in range(settings.rounds):
         updates = [local_update(model, hospital, training, generator) for hospital in hospitals]
         set_flat_parameters(model, get_flat_parameters(model) + _weighted_by_records(updates, hospitals))
@@ -129,7 +157,9 @@ def _fedavg_local_dp(model: nn.Module, pooled: Split, hospitals: list[Split], se
     """Each hospital keeps a DP-SGD optimizer over its own records for the whole run; its copy starts each round from the global model."""
     steps_per_round = settings.local_epochs * math.ceil(1 / settings.sample_rate)
     local_models = [copy.deepcopy(model) for _ in hospitals]
-    runs = [_dp_sgd_rounds(local, hospital, settings, steps_per_round) for local, hospital in zip(local_models, hospitals)]
+    runs = [
+        _dp_sgd_rounds(local, hospital, settings, steps_per_round) for local, hospital in zip(local_models, hospitals)
+    ]
     for _ in range(settings.rounds):
         start = get_flat_parameters(model)
         for local in local_models:

@@ -90,10 +90,15 @@ class DopamineSettings:
     def mechanism(self, dimension: int) -> SkellamMechanism:
         """The integer mechanism for a model of ``dimension`` parameters."""
         return SkellamMechanism.calibrate(
-            dimension=dimension, max_grad_norm=self.max_grad_norm, noise_multiplier=self.noise_multiplier, quorum=self.quorum
+            dimension=dimension,
+            max_grad_norm=self.max_grad_norm,
+            noise_multiplier=self.noise_multiplier,
+            quorum=self.quorum,
         )
 
-    def local_step(self, model: nn.Module, data: Split, generator: np.random.Generator | None = None) -> "NoisyGradientStep":
+    def local_step(
+        self, model: nn.Module, data: Split, generator: np.random.Generator | None = None
+    ) -> "NoisyGradientStep":
         return NoisyGradientStep(model, data.x, data.y, self, generator)
 
     def levels(self, mechanism: SkellamMechanism, contributors: int) -> dict[str, Release]:
@@ -153,7 +158,9 @@ class NoisyGradientStep:
         return share, len(indices)
 
 
-def mean_gradient(total: np.ndarray, contributors: int, *, mechanism: SkellamMechanism, settings: DopamineSettings) -> np.ndarray:
+def mean_gradient(
+    total: np.ndarray, contributors: int, *, mechanism: SkellamMechanism, settings: DopamineSettings
+) -> np.ndarray:
     """The mean gradient a decrypted sum of ``contributors`` shares stands for: ``sum / (gamma B K_c)``."""
     scale = mechanism.scale * settings.expected_batch_size * contributors
     return (np.asarray(total, dtype=np.float64) / scale).astype("<f4")

@@ -103,7 +103,15 @@ from training.skellam import SkellamMechanism
 from training.typed_fields import from_typed_dict
 from training.update_rules import MAX_LEARNING_RATE, FedAdamUpdate, MomentumUpdate, UpdateRule
 
-__all__ = ["CLIP_RULES", "COUNT_SLOT_WEIGHT", "NORM_SLOT_WEIGHT", "SERVER_OPTIMIZERS", "SUBCLIENT_RULES", "DpFedAvgSettings", "SubclientStep"]
+__all__ = [
+    "CLIP_RULES",
+    "COUNT_SLOT_WEIGHT",
+    "NORM_SLOT_WEIGHT",
+    "SERVER_OPTIMIZERS",
+    "SUBCLIENT_RULES",
+    "DpFedAvgSettings",
+    "SubclientStep",
+]
 
 SERVER_OPTIMIZERS = ("fedavg", "fedadam")
 SUBCLIENT_RULES = ("fixed", "adaptive")
@@ -158,17 +166,25 @@ class DpFedAvgSettings:
         if self.quorum < 1 or self.subclients < 1:
             raise FedAvgError(f"quorum and subclients must be at least 1, got {self.quorum} and {self.subclients}")
         if self.subclient_rule not in SUBCLIENT_RULES:
-            raise FedAvgError(f"unknown sub-client rule {self.subclient_rule!r}; choose one of {', '.join(SUBCLIENT_RULES)}")
+            raise FedAvgError(
+                f"unknown sub-client rule {self.subclient_rule!r}; choose one of {', '.join(SUBCLIENT_RULES)}"
+            )
         if self.subclients > self.max_subclients:
-            raise FedAvgError(f"v = {self.subclients} sub-clients is more than the most v may reach, {self.max_subclients}")
+            raise FedAvgError(
+                f"v = {self.subclients} sub-clients is more than the most v may reach, {self.max_subclients}"
+            )
         if self.max_subclients > _MAX_SUBCLIENTS:
             raise FedAvgError(f"at most {_MAX_SUBCLIENTS} sub-clients a hospital, got {self.max_subclients}")
         if self.subclient_rule == "fixed" and self.subclients != self.max_subclients:
             raise FedAvgError(f"with fixed v, max_subclients must be v = {self.subclients}, got {self.max_subclients}")
         if self.server_optimizer not in SERVER_OPTIMIZERS:
-            raise FedAvgError(f"unknown server optimizer {self.server_optimizer!r}; choose one of {', '.join(SERVER_OPTIMIZERS)}")
+            raise FedAvgError(
+                f"unknown server optimizer {self.server_optimizer!r}; choose one of {', '.join(SERVER_OPTIMIZERS)}"
+            )
         if not 0 < self.server_learning_rate <= MAX_LEARNING_RATE:
-            raise FedAvgError(f"the server learning rate must be in (0, {MAX_LEARNING_RATE:g}], got {self.server_learning_rate}")
+            raise FedAvgError(
+                f"the server learning rate must be in (0, {MAX_LEARNING_RATE:g}], got {self.server_learning_rate}"
+            )
         if self.local_epochs > _MAX_LOCAL_EPOCHS or self.local_learning_rate > MAX_LEARNING_RATE:
             raise FedAvgError(
                 f"local training is limited to {_MAX_LOCAL_EPOCHS} epochs and a learning rate of {MAX_LEARNING_RATE:g}, "
@@ -181,9 +197,11 @@ class DpFedAvgSettings:
     @property
     def local_training(self) -> LocalTraining:
         return LocalTraining(
-            epochs=self.local_epochs, batch_size=self.local_batch_size,
-            learning_rate=self.local_learning_rate, optimizer=self.local_optimizer,
-        )  # fmt: skip
+            epochs=self.local_epochs,
+            batch_size=self.local_batch_size,
+            learning_rate=self.local_learning_rate,
+            optimizer=self.local_optimizer,
+        )
 
     @property
     def rows_per_share(self) -> float:
@@ -213,13 +231,18 @@ class DpFedAvgSettings:
             quorum=self.quorum,
         )
 
-    def local_step(self, model: nn.Module, data: Split, generator: np.random.Generator | None = None) -> "SubclientStep":
+    def local_step(
+        self, model: nn.Module, data: Split, generator: np.random.Generator | None = None
+    ) -> "SubclientStep":
         return SubclientStep(model, data, self, generator)
 
     def levels(self, mechanism: SkellamMechanism, contributors: int) -> dict[str, Release]:
         """One round's release at each level (see the module's docstring for the group sizes)."""
         groups = {"hospital": max(self.max_subclients, 2), "record": 2, "subclient": 1}
-        return {level: release_of(mechanism, sample_rate=1.0, contributors=contributors, group_size=groups[level]) for level in self.LEVELS}
+        return {
+            level: release_of(mechanism, sample_rate=1.0, contributors=contributors, group_size=groups[level])
+            for level in self.LEVELS
+        }
 
     def read_sum(self, total: np.ndarray, contributors: int, parameter_count: int) -> np.ndarray:
         """The released vector a decrypted sum stands for: ``g = -sum / (gamma v K_c)``, then ``S`` (adaptive v), then ``B`` (adaptive C)."""
@@ -230,7 +253,9 @@ class DpFedAvgSettings:
         if self._adapts_v:
             released.append([next(slots) / (scale * NORM_SLOT_WEIGHT)])
         if self._adapts_clip:
-            released.append([next(slots) / (scale * COUNT_SLOT_WEIGHT * self.max_update_norm) + self.subclients * contributors / 2])
+            released.append(
+                [next(slots) / (scale * COUNT_SLOT_WEIGHT * self.max_update_norm) + self.subclients * contributors / 2]
+            )
         return np.concatenate(released).astype("<f4")
 
     def after_release(self, statistics: np.ndarray, contributors: int, parameter_count: int) -> "DpFedAvgSettings":
@@ -246,9 +271,12 @@ class DpFedAvgSettings:
             mechanism = self.mechanism(parameter_count)
             sigma = math.sqrt(2 * mechanism.mu(contributors)) / (mechanism.scale * self.subclients * contributors)
             changes["subclients"] = next_subclient_count(
-                self.subclients, hospitals=contributors, noise_norm=expected_noise_norm(sigma, parameter_count),
-                update_norm_sum=next(statistics), most=self.max_subclients,
-            )  # fmt: skip
+                self.subclients,
+                hospitals=contributors,
+                noise_norm=expected_noise_norm(sigma, parameter_count),
+                update_norm_sum=next(statistics),
+                most=self.max_subclients,
+            )
         if self._adapts_clip:
             # A fraction, whatever the noise (or a hostile contributor's slot) made of the count: post-processing
             # that bounds each round's step to the honest worst case, exp(eta max(q, 1 - q)).
@@ -301,15 +329,21 @@ def _clipping_bound(value: float, error: type[Exception]) -> float:
 class SubclientStep:
     """One hospital's integer share ``s_k`` of a DP-FedAvg round, for the model's current weights."""
 
-    def __init__(self, model: nn.Module, data: Split, settings: DpFedAvgSettings, generator: np.random.Generator | None = None) -> None:
+    def __init__(
+        self, model: nn.Module, data: Split, settings: DpFedAvgSettings, generator: np.random.Generator | None = None
+    ) -> None:
         self._generator = require_cryptographic(secure_generator() if generator is None else generator)
-        split_subclients(len(data), settings.max_subclients, self._generator)  # an impossible split is refused before any round
+        split_subclients(
+            len(data), settings.max_subclients, self._generator
+        )  # an impossible split is refused before any round
         self._model, self._data, self.settings = model, data, settings
         self._local = settings.local_training
         self.mechanism = settings.mechanism(parameter_count(model))
         # What a round asks of this hospital, bounded before any round: a server chose the settings.
         if settings.max_subclients * self.mechanism.dimension > _MAX_ROW_VALUES:
-            raise FedAvgError(f"{settings.max_subclients} sub-client updates of {self.mechanism.dimension:,} values exceed the {_MAX_ROW_VALUES:,} a hospital holds")
+            raise FedAvgError(
+                f"{settings.max_subclients} sub-client updates of {self.mechanism.dimension:,} values exceed the {_MAX_ROW_VALUES:,} a hospital holds"
+            )
         steps = settings.local_epochs * (math.ceil(len(data) / settings.local_batch_size) + settings.max_subclients)
         if steps > _MAX_LOCAL_STEPS:
             raise FedAvgError(f"{steps:,} local steps a round exceed the {_MAX_LOCAL_STEPS:,} a hospital takes")
@@ -319,9 +353,13 @@ class SubclientStep:
         settings, bound = self.settings, self.settings.max_update_norm
         rows = []
         for part in split_subclients(len(self._data), settings.subclients, self._generator):
-            clipped, norm = clip_update(local_update(self._model, self._data.subset(part), self._local, self._generator), bound)
+            clipped, norm = clip_update(
+                local_update(self._model, self._data.subset(part), self._local, self._generator), bound
+            )
             slots = [NORM_SLOT_WEIGHT * min(norm, bound)] if settings._adapts_v else []
             slots += [COUNT_SLOT_WEIGHT * bound * (float(norm <= bound) - 0.5)] if settings._adapts_clip else []
             rows.append(np.concatenate([clipped, np.asarray(slots, dtype=np.float32)]))
-        share = self.mechanism.round_examples(np.stack(rows), self._generator) + self.mechanism.noise_share(self._generator)
+        share = self.mechanism.round_examples(np.stack(rows), self._generator) + self.mechanism.noise_share(
+            self._generator
+        )
         return share, len(rows)

@@ -35,16 +35,22 @@ def gaussian_accountant(name: str) -> PRVAccountant | RDPAccountant:
     return PRVAccountant() if name == "prv" else RDPAccountant()
 
 
-def noise_multiplier_for(epsilon: float, delta: float, *, sample_rate: float, steps: int, accountant: str = "prv") -> float:
+def noise_multiplier_for(
+    epsilon: float, delta: float, *, sample_rate: float, steps: int, accountant: str = "prv"
+) -> float:
     """The noise multiplier that spends ``epsilon`` at ``delta`` over ``steps`` steps at rate ``sample_rate``."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Optimal order is the (largest|smallest) alpha")
         return float(
-            get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate, steps=steps, accountant=accountant)
+            get_noise_multiplier(
+                target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate, steps=steps, accountant=accountant
+            )
         )
 
 
-def dp_sgd_epsilon(delta: float, *, noise_multiplier: float, sample_rate: float, steps: int, accountant: str = "prv") -> float:
+def dp_sgd_epsilon(
+    delta: float, *, noise_multiplier: float, sample_rate: float, steps: int, accountant: str = "prv"
+) -> float:
     composed = gaussian_accountant(accountant)
     composed.history = [(noise_multiplier, sample_rate, steps)]
     return float(composed.get_epsilon(delta))
@@ -77,6 +83,8 @@ class GaussianDpSgd:
 
     def step(self) -> None:
         indices = np.flatnonzero(self._generator.random(self._gradients.records) < self._sample_rate)
-        total = self._gradients(indices).sum(axis=0) + self._generator.normal(0.0, self._noise_std, self._gradients.dimension)
+        total = self._gradients(indices).sum(axis=0) + self._generator.normal(
+            0.0, self._noise_std, self._gradients.dimension
+        )
         self._update.apply(total / self._divisor)
         self.steps_taken += 1

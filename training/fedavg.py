@@ -47,9 +47,13 @@ class LocalTraining:
 
     def __post_init__(self) -> None:
         if self.optimizer not in LOCAL_OPTIMIZERS:
-            raise FedAvgError(f"unknown local optimizer {self.optimizer!r}; choose one of {', '.join(LOCAL_OPTIMIZERS)}")
+            raise FedAvgError(
+                f"unknown local optimizer {self.optimizer!r}; choose one of {', '.join(LOCAL_OPTIMIZERS)}"
+            )
         if self.epochs < 1 or self.batch_size < 1 or not self.learning_rate > 0:
-            raise FedAvgError(f"local training needs epochs >= 1, batch size >= 1 and a positive learning rate, got {self}")
+            raise FedAvgError(
+                f"local training needs epochs >= 1, batch size >= 1 and a positive learning rate, got {self}"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)

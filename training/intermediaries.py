@@ -41,7 +41,9 @@ def next_subclient_count(current: int, *, hospitals: int, noise_norm: float, upd
     as much splitting as allowed.
     """
     if current < 1 or hospitals < 1 or most < 1 or noise_norm < 0:
-        raise ValueError(f"need v >= 1, hospitals >= 1, most >= 1 and a noise norm >= 0; got {current}, {hospitals}, {most}, {noise_norm}")
+        raise ValueError(
+            f"need v >= 1, hospitals >= 1, most >= 1 and a noise norm >= 0; got {current}, {hospitals}, {most}, {noise_norm}"
+        )
     if update_norm_sum <= 0:
         return most
     return max(1, min(most, round(current * math.sqrt(hospitals * noise_norm / update_norm_sum))))

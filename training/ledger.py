@@ -114,7 +114,9 @@ class PrivacyLedger:
         A run id seen before under another fingerprint is refused (a server may not reuse a run id),
         and so is a run this party finished (``finish_run``)."""
         if run_id in self._finished:
-            raise LedgerError(f"run {run_id} is over for this party (its ledger says so); a party takes part in a run once")
+            raise LedgerError(
+                f"run {run_id} is over for this party (its ledger says so); a party takes part in a run once"
+            )
         if run_id in self._runs:
             if self._runs[run_id] != fingerprint:
                 raise LedgerError(
@@ -214,7 +216,9 @@ class PrivacyLedger:
         head = _read_head(path, self._key)
         if not self._size:
             if head is not None and head[0]:
-                raise _unreadable(path, f"it is empty, but its head ({_head_path(path).name}) counts {head[0]} records: truncated")
+                raise _unreadable(
+                    path, f"it is empty, but its head ({_head_path(path).name}) counts {head[0]} records: truncated"
+                )
             return
         try:
             raw = path.read_bytes()
@@ -228,7 +232,11 @@ class PrivacyLedger:
             # disk, zeros after a power loss), which was never acknowledged: its head was not moved
             # over it, so nothing was released on its strength. Anything else unreadable is refused below.
             first_write = head is not None and head[0] == 0  # a new ledger's head comes before its first line
-            if not lines and not first_write and not any(_line(h).startswith(torn) for h in (_V3_HEADER, _LEGACY_HEADER)):
+            if (
+                not lines
+                and not first_write
+                and not any(_line(h).startswith(torn) for h in (_V3_HEADER, _LEGACY_HEADER))
+            ):
                 raise _unreadable(path, "not a privacy ledger")
             log.warning("privacy ledger %s: dropping an incomplete last record", path)
             self._complete_size = len(complete) + 1 if complete else 0
@@ -277,7 +285,9 @@ class PrivacyLedger:
             record = json.loads(line)
             mac = bytes.fromhex(record.pop("mac"))
             if not hmac.compare_digest(mac, _mac(self._key, chain, record)):
-                raise ValueError(f"record {number + 1} of its chain was altered, or a record before it was (the MACs do not verify)")
+                raise ValueError(
+                    f"record {number + 1} of its chain was altered, or a record before it was (the MACs do not verify)"
+                )
             chain = mac
             if number == head[0] - 1 and not hmac.compare_digest(chain, head[1]):
                 raise ValueError("its chain does not pass through its head: records were removed or replaced")
@@ -289,7 +299,9 @@ class PrivacyLedger:
         if len(lines) < head[0]:
             raise ValueError(f"it holds {len(lines)} chained records, but its head counts {head[0]}: truncated")
         if len(lines) > head[0] + 1:  # one more is a record whose head a crash left behind; more is an old head
-            raise ValueError(f"it holds {len(lines)} chained records, but its head counts {head[0]}: an old head was put back")
+            raise ValueError(
+                f"it holds {len(lines)} chained records, but its head counts {head[0]}: an old head was put back"
+            )
         self._chain, self._chained_lines = chain, len(lines)
 
     def _replay(self, record: dict) -> None:
@@ -299,7 +311,12 @@ class PrivacyLedger:
             self._finished.add(str(record["finished"]))
         else:
             key, run, round_number = record.pop("key"), record.pop("run"), record.pop("round")
-            if not isinstance(key, str) or key in self._entries or run not in self._runs or type(round_number) is not int:
+            if (
+                not isinstance(key, str)
+                or key in self._entries
+                or run not in self._runs
+                or type(round_number) is not int
+            ):
                 raise ValueError(f"malformed record {key!r}")
             self._entries[key] = Release.from_record(record)
             self._last_round[run] = max(self._last_round.get(run, 0), round_number)
@@ -321,7 +338,6 @@ class PrivacyBudget:
         )
 
 
-
 def _unreadable(path: Path, reason: str) -> LedgerError:
     return LedgerError(
         f"privacy ledger {path} is unreadable ({reason}); refusing to continue, as it is the only "
@@ -335,7 +351,9 @@ def _line(record: dict) -> bytes:
 
 def _mac(key: bytes, previous: bytes, record: dict) -> bytes:
     """HMAC-SHA256 of the previous MAC and a record (without its own MAC), in one canonical JSON form."""
-    return hmac.new(key, previous + json.dumps(record, sort_keys=True, separators=(",", ":")).encode(), hashlib.sha256).digest()
+    return hmac.new(
+        key, previous + json.dumps(record, sort_keys=True, separators=(",", ":")).encode(), hashlib.sha256
+    ).digest()
 
 
 def _genesis(key: bytes, path: Path) -> bytes:
@@ -371,7 +389,11 @@ def _read_head(path: Path, key: bytes) -> tuple[int, bytes] | None:
     try:
         record = json.loads(head.read_bytes())
         lines, chain = record["lines"], bytes.fromhex(record["mac"])
-        if type(lines) is not int or lines < 0 or not hmac.compare_digest(bytes.fromhex(record["tag"]), _head_tag(key, lines, chain)):
+        if (
+            type(lines) is not int
+            or lines < 0
+            or not hmac.compare_digest(bytes.fromhex(record["tag"]), _head_tag(key, lines, chain))
+        ):
             raise ValueError("its MAC does not verify")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
         raise _unreadable(path, f"its head {head.name} is damaged: {error!s:.200}") from None

@@ -77,12 +77,18 @@ class SharedState:
         """Move the model by the released direction, and on to the next round's settings."""
         released = np.asarray(released, dtype="<f4")
         if released.shape != (self.mechanism.dimension,):
-            raise ValueError(f"expected a released vector of {self.mechanism.dimension} values, got shape {released.shape}")
+            raise ValueError(
+                f"expected a released vector of {self.mechanism.dimension} values, got shape {released.shape}"
+            )
         self._rule.apply(released[: self.parameter_count])
-        self.settings = self.settings.after_release(released[self.parameter_count :], contributors, self.parameter_count)
+        self.settings = self.settings.after_release(
+            released[self.parameter_count :], contributors, self.parameter_count
+        )
 
     def state(self) -> np.ndarray:
-        return np.concatenate([self._rule.state(), np.array(list(self.settings.round_state().values()), dtype="<f4")]).astype("<f4")
+        return np.concatenate(
+            [self._rule.state(), np.array(list(self.settings.round_state().values()), dtype="<f4")]
+        ).astype("<f4")
 
     def load_state(self, values: np.ndarray) -> None:
         """Continue from ``state()``'s values, e.g. a Welcome's; ``ValueError`` if they cannot be."""

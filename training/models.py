@@ -63,13 +63,21 @@ class ModelSpec:
         if not 2 <= self.num_classes <= MAX_WIDTH:
             raise ValueError(f"need 2 to {MAX_WIDTH} classes, got {self.num_classes}")
         if len(self.hidden) > MAX_HIDDEN_LAYERS or not all(1 <= v <= MAX_WIDTH for v in self.hidden):
-            raise ValueError(f"an MLP has at most {MAX_HIDDEN_LAYERS} hidden layers of 1 to {MAX_WIDTH} units, got {self.hidden}")
+            raise ValueError(
+                f"an MLP has at most {MAX_HIDDEN_LAYERS} hidden layers of 1 to {MAX_WIDTH} units, got {self.hidden}"
+            )
         if len(self.input_mean) != len(self.input_std) or len(self.input_mean) not in (0, self.input_shape[0]):
-            raise ValueError(f"input_mean and input_std need one value per {'channel' if self.takes_images else 'feature'}, or none")
-        if not all(math.isfinite(v) for v in self.input_mean) or not all(math.isfinite(v) and v > 0 for v in self.input_std):
+            raise ValueError(
+                f"input_mean and input_std need one value per {'channel' if self.takes_images else 'feature'}, or none"
+            )
+        if not all(math.isfinite(v) for v in self.input_mean) or not all(
+            math.isfinite(v) and v > 0 for v in self.input_std
+        ):
             raise ValueError("input_mean must be finite and input_std positive")
         if self.parameter_count() > MAX_PARAMETERS:
-            raise ValueError(f"a model of {self.parameter_count():,} parameters exceeds the {MAX_PARAMETERS:,} a party builds")
+            raise ValueError(
+                f"a model of {self.parameter_count():,} parameters exceeds the {MAX_PARAMETERS:,} a party builds"
+            )
 
     def parameter_count(self) -> int:
         """How many parameters ``build_model`` makes of this spec, computed without building it."""
@@ -98,7 +106,11 @@ class ModelSpec:
     def from_dict(cls, fields: dict) -> "ModelSpec":
         lengths = {"input_shape": 3, "hidden": MAX_HIDDEN_LAYERS, "input_mean": MAX_WIDTH, "input_std": MAX_WIDTH}
         for name, most in lengths.items():  # before anything of their length is made
-            if not isinstance(fields, dict) or not isinstance(fields.get(name, []), (list, tuple)) or len(fields.get(name, [])) > most:
+            if (
+                not isinstance(fields, dict)
+                or not isinstance(fields.get(name, []), (list, tuple))
+                or len(fields.get(name, [])) > most
+            ):
                 raise ValueError(f"malformed model spec: {name} must be a list of at most {most} numbers")
         try:
             return cls(

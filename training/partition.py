@@ -63,9 +63,7 @@ def _label_skew(labels: np.ndarray, num_parts: int, classes_per_part: int | None
             owners[label].append(part)
     unowned = [c for c, parts in owners.items() if not parts]
     if unowned:
-        raise PartitionError(
-            f"{num_parts} parts of {classes_per_part} classes leave classes {unowned} to no one"
-        )
+        raise PartitionError(f"{num_parts} parts of {classes_per_part} classes leave classes {unowned} to no one")
     pieces: list[list[np.ndarray]] = [[] for _ in range(num_parts)]
     for label, parts in owners.items():
         members = rng.permutation(np.flatnonzero(labels == label))

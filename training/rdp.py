@@ -65,7 +65,9 @@ def skellam_rdp(orders: np.ndarray, *, l2_sensitivity: float, l1_sensitivity: fl
     if mu <= 0:
         return np.full(alpha.shape, np.inf)
     l2_squared = l2_sensitivity**2
-    correction = np.minimum(((2 * alpha - 1) * l2_squared + 6 * l1_sensitivity) / (16 * mu * mu), 3 * l1_sensitivity / (4 * mu))
+    correction = np.minimum(
+        ((2 * alpha - 1) * l2_squared + 6 * l1_sensitivity) / (16 * mu * mu), 3 * l1_sensitivity / (4 * mu)
+    )
     return alpha * l2_squared / (4 * mu) + correction
 
 

@@ -65,7 +65,9 @@ class SkellamMechanism:
     share_mu: float  # mu of one hospital's share: each coordinate gets Poisson(mu) - Poisson(mu)
 
     @classmethod
-    def calibrate(cls, *, dimension: int, max_grad_norm: float, noise_multiplier: float, quorum: int) -> "SkellamMechanism":
+    def calibrate(
+        cls, *, dimension: int, max_grad_norm: float, noise_multiplier: float, quorum: int
+    ) -> "SkellamMechanism":
         """Scale, sensitivities and noise for ``d`` coordinates, clipping norm C, sigma and K_min."""
         if dimension < 1 or quorum < 1 or not max_grad_norm > 0 or not noise_multiplier >= 0:
             raise ValueError("need dimension >= 1, quorum >= 1, max_grad_norm > 0 and noise_multiplier >= 0")
@@ -104,7 +106,9 @@ class SkellamMechanism:
             if draw @ draw <= self.l2_sensitivity**2:
                 return draw.astype(np.int64)
         # Each draw fails with probability below e^-2 for an example of norm <= C: 100 in a row never do.
-        raise ValueError(f"an example of norm above the clipping bound could not be rounded within {self.l2_sensitivity:.1f}")
+        raise ValueError(
+            f"an example of norm above the clipping bound could not be rounded within {self.l2_sensitivity:.1f}"
+        )
 
     def noise_share(self, generator: np.random.Generator) -> np.ndarray:
         """One hospital's noise: ``Sk(mu)`` in every coordinate."""

@@ -53,7 +53,9 @@ class MomentumUpdate:
         self._optimizer = torch.optim.SGD(self._flat.parameters, lr=learning_rate, momentum=momentum)
 
     def apply(self, direction: np.ndarray) -> None:
-        for parameter, values in zip(self._flat.parameters, self._flat.parts(self._flat.vector(direction, "a gradient"))):
+        for parameter, values in zip(
+            self._flat.parameters, self._flat.parts(self._flat.vector(direction, "a gradient"))
+        ):
             parameter.grad = values.clone()
         self._optimizer.step()
 
@@ -61,7 +63,10 @@ class MomentumUpdate:
         """``m`` as float32, zeros before the first step (where SGD's lazily created buffer starts)."""
         buffers = [self._optimizer.state.get(p, {}).get("momentum_buffer") for p in self._flat.parameters]
         return np.concatenate(
-            [(torch.zeros_like(p) if b is None else b).detach().reshape(-1).numpy() for p, b in zip(self._flat.parameters, buffers)]
+            [
+                (torch.zeros_like(p) if b is None else b).detach().reshape(-1).numpy()
+                for p, b in zip(self._flat.parameters, buffers)
+            ]
         ).astype("<f4")
 
     def load_state(self, values: np.ndarray) -> None:
@@ -73,7 +78,9 @@ class MomentumUpdate:
 class FedAdamUpdate:
     """FedAdam's server step on a flat descent direction ``g``; its state is ``m`` then ``s``."""
 
-    def __init__(self, model: nn.Module, *, learning_rate: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> None:
+    def __init__(
+        self, model: nn.Module, *, learning_rate: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3
+    ) -> None:
         self._flat = _Flat(model)
         self._lr, self._beta1, self._beta2, self._tau = learning_rate, beta1, beta2, tau
         self._first = torch.zeros(self._flat.dimension)

@@ -96,7 +96,9 @@ class VotingSettings:
         if set(values) != {f.name for f in fields(cls)}:
             raise ValueError(f"voting settings need exactly {sorted(kinds)}, got {sorted(values)}")
         if not all(isinstance(values[name], kind) and type(values[name]) is not bool for name, kind in kinds.items()):
-            raise ValueError("malformed voting settings: " + ", ".join(f"{n} must be {k.__name__}" for n, k in kinds.items()))
+            raise ValueError(
+                "malformed voting settings: " + ", ".join(f"{n} must be {k.__name__}" for n, k in kinds.items())
+            )
         return cls(**values)
 
     @property

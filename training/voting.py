@@ -72,7 +72,13 @@ def split_public_pool(records: Split, fraction: float, *, seed: int) -> tuple[Sp
 
 
 def train_classifier(
-    spec: ModelSpec, data: Split, *, epochs: int, learning_rate: float = 1e-3, seed: int | None = None, jitter: bool = False
+    spec: ModelSpec,
+    data: Split,
+    *,
+    epochs: int,
+    learning_rate: float = 1e-3,
+    seed: int | None = None,
+    jitter: bool = False,
 ) -> nn.Module:
     """A model trained on ``data`` with Adam, ``epochs`` passes in shuffled batches of 64: a
     hospital's teacher, or the server's student on the labelled queries. With ``jitter`` (images
@@ -121,9 +127,13 @@ def train_student(spec: ModelSpec, labelled: Split, unlabelled: np.ndarray, *, e
         sure = (confidence >= _PSEUDO_LABEL_CONFIDENCE).numpy()
         if not sure.any():
             break
-        both = Split(np.concatenate([labelled.x, unlabelled[sure]]), np.concatenate([labelled.y, guesses.numpy()[sure]]))
+        both = Split(
+            np.concatenate([labelled.x, unlabelled[sure]]), np.concatenate([labelled.y, guesses.numpy()[sure]])
+        )
         # About twice the first pass's steps: more records, fewer passes over each.
-        student = train_classifier(spec, both, epochs=max(3, 2 * round(epochs * len(labelled) / len(both))), jitter=jitter)
+        student = train_classifier(
+            spec, both, epochs=max(3, 2 * round(epochs * len(labelled) / len(both))), jitter=jitter
+        )
     return student
 
 
@@ -169,14 +179,22 @@ class PcaFeatures:
     def fit(cls, public_pool: np.ndarray, dimensions: int) -> "PcaFeatures":
         flat = public_pool.reshape(len(public_pool), -1).astype(np.float64)
         if not 1 <= dimensions <= min(flat.shape):
-            raise ValueError(f"PCA on {flat.shape[0]} records of {flat.shape[1]} features cannot keep {dimensions} dimensions")
+            raise ValueError(
+                f"PCA on {flat.shape[0]} records of {flat.shape[1]} features cannot keep {dimensions} dimensions"
+            )
         mean = flat.mean(axis=0)
         _, _, rows = np.linalg.svd(flat - mean, full_matrices=False)
         return cls(mean=mean, components=rows[:dimensions])
 
     def __post_init__(self) -> None:
-        if self.components.ndim != 2 or self.mean.shape != (self.components.shape[1],) or self.components.shape[1] > _MAX_PCA_INPUTS:
-            raise ValueError(f"a PCA needs a mean per input and at most {_MAX_PCA_INPUTS} inputs, got {self.components.shape}")
+        if (
+            self.components.ndim != 2
+            or self.mean.shape != (self.components.shape[1],)
+            or self.components.shape[1] > _MAX_PCA_INPUTS
+        ):
+            raise ValueError(
+                f"a PCA needs a mean per input and at most {_MAX_PCA_INPUTS} inputs, got {self.components.shape}"
+            )
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """Each row's projection, computed exactly on grids of ``2^-12`` (inputs, centred, clipped to
@@ -198,7 +216,9 @@ class PcaFeatures:
         """``ValueError`` unless ``data`` holds ``features (1 + dimensions)`` finite float64 values."""
         expected = 8 * features * (1 + dimensions)
         if len(data) != expected:
-            raise ValueError(f"a PCA of {dimensions} dimensions over {features} features has {expected} bytes, got {len(data)}")
+            raise ValueError(
+                f"a PCA of {dimensions} dimensions over {features} features has {expected} bytes, got {len(data)}"
+            )
         values = np.frombuffer(data, dtype="<f8").astype(np.float64)
         if not np.all(np.isfinite(values)):
             raise ValueError("a PCA with values that are not finite")
@@ -235,7 +255,9 @@ def _on_grid(features: np.ndarray) -> np.ndarray:
     stays below 2^52, where float64 is exact. (PCA coordinates of pixels in [0, 1] are at most the
     square root of the pixel count: 28 for MNIST.)"""
     if features.ndim != 2 or features.shape[1] > MAX_FEATURE_DIMENSIONS:
-        raise ValueError(f"a feature map must give rows of at most {MAX_FEATURE_DIMENSIONS} values, got shape {features.shape}")
+        raise ValueError(
+            f"a feature map must give rows of at most {MAX_FEATURE_DIMENSIONS} values, got shape {features.shape}"
+        )
     if not np.all(np.isfinite(features)):
         raise ValueError("the feature map gave values that are not finite")
     return np.round(np.clip(features.astype(np.float64), -_FEATURE_BOUND, _FEATURE_BOUND) * _GRID_STEPS_PER_UNIT)

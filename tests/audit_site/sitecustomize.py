@@ -65,8 +65,18 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     def _recorded_encrypt_update(self, values, *, round_number, hospital, **options):
         gradient, rows, scale = _gradient.pop() if _gradient else ([], 0, None)
-        _record({"kind": "update", "hospital": hospital, "round": round_number, "values": np.asarray(values, dtype=np.int64),
-                 "gradient": np.asarray(gradient, dtype=np.int64), "rows": rows, "scale": scale, "secrets": self.to_bytes()})  # fmt: skip
+        _record(
+            {
+                "kind": "update",
+                "hospital": hospital,
+                "round": round_number,
+                "values": np.asarray(values, dtype=np.int64),
+                "gradient": np.asarray(gradient, dtype=np.int64),
+                "rows": rows,
+                "scale": scale,
+                "secrets": self.to_bytes(),
+            }
+        )
         return _encrypt_update(self, values, round_number=round_number, hospital=hospital, **options)
 
     crypto.bfv.SecretContext.encrypt_update = _recorded_encrypt_update
@@ -75,8 +85,13 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
     _seal_ballot = protocol.voting_hospital.seal_ballot
 
     def _recorded_seal_ballot(noisy_votes, **options):
-        _ballot.entry = {"kind": "ballot", "hospital": options["hospital"], "round": options["round_number"],
-                         "talliers": list(options["tallier_keys"]), "noisy_votes": np.asarray(noisy_votes, dtype=np.int64)}  # fmt: skip
+        _ballot.entry = {
+            "kind": "ballot",
+            "hospital": options["hospital"],
+            "round": options["round_number"],
+            "talliers": list(options["tallier_keys"]),
+            "noisy_votes": np.asarray(noisy_votes, dtype=np.int64),
+        }
         boxes = _seal_ballot(noisy_votes, **options)
         _record(_ballot.entry)
         return boxes
