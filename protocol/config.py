@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from crypto.bfv import aggregate_bytes
 from crypto.bfv_parameters import BfvParameters, ParameterError, select_bfv_parameters
-from training.methods import TrainingSettings, settings_from_dict
+from training.methods import TrainingMethod, settings_from_dict
 from training.models import ModelSpec
 from training.skellam import SkellamMechanism
 
@@ -81,7 +81,7 @@ class RunConfig:
     rounds: int
     delta: float
     model: ModelSpec
-    training: TrainingSettings  # the method and its settings (training.methods)
+    training: TrainingMethod  # the method and its settings (training.methods)
     # Part of the fingerprint, so a hospital and a server in different modes never share a round:
     # each hospital refuses a run whose mode is not the one its own operator chose.
     aggregation: str = SECURE_AGGREGATION

@@ -60,6 +60,7 @@ from protocol.messages import (
     KeyReady,
     KeyRequest,
     MeanRequest,
+    Message,
     MessageError,
     ProtocolError,
     Released,
@@ -81,9 +82,7 @@ from protocol.transport import Reconnected
 from training.accounting import Release
 from training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
 from training.datasets import Split
-from training.dopamine import NoisyGradientStep
-from training.dp_fedavg import SubclientStep
-from training.methods import METHODS, SharedState, TrainingSettings, ledger_release
+from training.methods import METHODS, LocalStep, SharedState, TrainingMethod, ledger_release
 from training.models import build_model, parameter_count, set_flat_parameters
 
 __all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital"]
@@ -137,7 +136,7 @@ class Hospital:
         self._config: RunConfig | None = None
         self._run = ""  # RunConfig.fingerprint
         self._model: nn.Module | None = None
-        self._step: NoisyGradientStep | SubclientStep | None = None
+        self._step: LocalStep | None = None
         self._shared: SharedState | None = None
         self._keys: HospitalKeys | None = None
         self._secret: SecretContext | None = None
@@ -237,7 +236,7 @@ class Hospital:
         self._step = self._local_step(config.training)
         self._shared = SharedState(config.training, model)
 
-    def _local_step(self, training: TrainingSettings) -> NoisyGradientStep | SubclientStep:
+    def _local_step(self, training: TrainingMethod) -> LocalStep:
         try:
             return training.local_step(self._model, self._data)
         except ValueError as error:  # e.g. more sub-clients than this hospital has records
@@ -256,57 +255,54 @@ class Hospital:
                 try:
                     self._channel.send(self._keys.seal(self._secret, message))
                 except ProtocolError as error:  # nothing sealed; the run goes on without the newcomer
-                    self._channel.rejections.reject("the server", message.TYPE, str(error))
+                    self._reject(message, str(error))
             elif isinstance(message, MeanRequest):
                 if self._released is None or self._released.round != message.round:
-                    self._channel.rejections.reject(
-                        "the server", message.TYPE, f"we released no mean gradient for round {message.round}"
-                    )
+                    self._reject(message, f"we released no mean gradient for round {message.round}")
                 else:
                     self._channel.send(self._released)  # the same release again, now with the mean itself
             elif isinstance(message, RoundStart):
-                if message.round <= self._last_round:
-                    raise ProtocolError(
-                        f"the server started round {message.round} again after round {self._last_round}"
-                    )
-                if message.round > self._config.rounds:
-                    raise ProtocolError(
-                        f"the server started round {message.round} of a run of {self._config.rounds} rounds"
-                    )
-                self._last_round = message.round
-                # What every update is charged: the least noise its sum can carry, a quorum's, at this round's settings.
-                training = self._shared.settings
-                least_noise = ledger_release(training, self._shared.mechanism, training.quorum)
-                refusal = self._budget.refusal(self._ledger, least_noise, message.round)
+                pending, refusal = self._start_round(message, received)
                 if refusal:
-                    log.warning("%s withdraws: %s", self._name, refusal)
-                    self._channel.send(Withdraw(round=message.round, reason=refusal))
-                    self._ledger.finish_run(self._config.run_id)
                     return refusal
-                pending = self._contribute(training, least_noise, message.round, send_at=received + self._send_offset_s)
-                if message.round == self._config.rounds:  # no later round exists: a replayed Welcome begins nothing
-                    self._ledger.finish_run(self._config.run_id)
             elif pending is None or message.round != pending.round:
-                self._channel.rejections.reject(
-                    "the server", message.TYPE, f"no update of ours is pending for round {message.round}"
-                )
+                self._reject(message, f"no update of ours is pending for round {message.round}")
             elif isinstance(message, RoundAbort):
                 log.warning("round %d aborted by the server: %s", message.round, message.reason)
                 pending = None
             elif isinstance(message, Aggregate) and pending.endorsed is not None:
-                self._channel.rejections.reject(
-                    "the server", message.TYPE, "a second aggregate: a hospital endorses one per round"
-                )
+                self._reject(message, "a second aggregate: a hospital endorses one per round")
             elif isinstance(message, Aggregate):
                 self._endorse(message, pending)
             elif pending.endorsed is None:
-                self._channel.rejections.reject("the server", message.TYPE, "endorsements before the round's aggregate")
+                self._reject(message, "endorsements before the round's aggregate")
             else:
                 self._release(message, pending)
                 pending = None
 
+    def _start_round(self, message: RoundStart, received: float) -> tuple[Contribution | None, str]:
+        """Take part in the round, or say why not (its budget spent): the update, or the refusal."""
+        if message.round <= self._last_round:
+            raise ProtocolError(f"the server started round {message.round} again after round {self._last_round}")
+        if message.round > self._config.rounds:
+            raise ProtocolError(f"the server started round {message.round} of a run of {self._config.rounds} rounds")
+        self._last_round = message.round
+        # What every update is charged: the least noise its sum can carry, a quorum's, at this round's settings.
+        training = self._shared.settings
+        least_noise = ledger_release(training, self._shared.mechanism, training.quorum)
+        refusal = self._budget.refusal(self._ledger, least_noise, message.round)
+        if refusal:
+            log.warning("%s withdraws: %s", self._name, refusal)
+            self._channel.send(Withdraw(round=message.round, reason=refusal))
+            self._ledger.finish_run(self._config.run_id)
+            return None, refusal
+        pending = self._contribute(training, least_noise, message.round, send_at=received + self._send_offset_s)
+        if message.round == self._config.rounds:  # no later round exists: a replayed Welcome begins nothing
+            self._ledger.finish_run(self._config.run_id)
+        return pending, ""
+
     def _contribute(
-        self, training: TrainingSettings, charge: Release, round_number: int, *, send_at: float
+        self, training: TrainingMethod, charge: Release, round_number: int, *, send_at: float
     ) -> "Contribution":
         # Durable before the update leaves: a crash can only over-count.
         self._ledger.record(charge, run_id=self._config.run_id, round_number=round_number)
@@ -392,3 +388,6 @@ class Hospital:
         self._channel.send(self._released if releaser else replace(self._released, mean_gradient=b""))
         sent_bytes = self._channel.transport.bytes_sent - pending.bytes_sent_before
         self._metrics.released(pending, len(contributors), sent_bytes, self._ledger.epsilons(self._budget.delta))
+
+    def _reject(self, message: Message, reason: str) -> None:
+        self._channel.rejections.reject("the server", message.TYPE, reason)

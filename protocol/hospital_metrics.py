@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from protocol.config import RunConfig
-from training.methods import TrainingSettings
+from training.methods import TrainingMethod
 
 __all__ = ["Contribution", "HospitalMetrics"]
 
@@ -38,7 +38,7 @@ class Contribution:
     endorsed: tuple[str, ...] | None = None  # that aggregate's contributors
     statement: bytes = b""
     mean: np.ndarray | None = None  # the released vector: the mean's direction, then the method's statistics
-    settings: TrainingSettings | None = None  # the round's (training.methods.SharedState)
+    settings: TrainingMethod | None = None  # the round's (training.methods.SharedState)
 
 
 class HospitalMetrics:

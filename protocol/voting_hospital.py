@@ -5,7 +5,7 @@ each with a box key it certified for this run) and prepares its votes: AE-DPFL t
 its own records, kNN-DPFL takes the public feature map the server sent (``training.voting``).
 
 Per ``VoteRequest`` it charges its own durable ledger, before anything leaves, for the least noise
-the talliers' totals can carry (a quorum's, at the instance level: one of its records changes,
+the talliers' totals can carry (a quorum's, at the record level: one of its records changes,
 ``training.vote_privacy``), refusing once that would take it over its budget. It then adds its
 Skellam share of the noise to its votes, splits them into one share per tallier and sends each
 sealed to its tallier (``protocol.ballots``). Round numbers only go up, to the run's number of rounds,
@@ -200,7 +200,7 @@ class VotingHospital:
             queries=config.queries_per_round,
             classes=config.classes,
             contributors=config.voting.quorum,
-            level="instance",
+            level="record",
         )
         refusal = self._budget.refusal(self._ledger, least_noise, request.round)
         if refusal:
@@ -210,7 +210,7 @@ class VotingHospital:
         # Durable before the ballot leaves: a crash can only over-count.
         self._ledger.record(least_noise, run_id=config.run_id, round_number=request.round)
         votes = self._votes(queries.reshape(config.queries_per_round, *config.model.input_shape).copy())
-        mechanism = config.voting.mechanism(queries=config.queries_per_round, classes=config.classes, level="instance")
+        mechanism = config.voting.mechanism(queries=config.queries_per_round, classes=config.classes, level="record")
         boxes = seal_ballot(
             noisy_votes(votes, mechanism, self._generator),
             tallier_keys=self._tallier_keys,

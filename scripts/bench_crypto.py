@@ -45,7 +45,8 @@ from tqdm import tqdm
 
 from crypto.bfv import CiphertextSum, PublicContext, SecretContext
 from crypto.bfv_parameters import BfvParameters, select_bfv_parameters
-from scripts._cli import positive_float, positive_int, run
+from scripts._cli import run
+from training.flags import positive_float, positive_int
 from training.skellam import SkellamMechanism
 
 SCHEMES = ("plaintext-float32", "tenseal-bfv-default", "tenseal-ckks-nvflare", "consilium-seeded", "consilium-unseeded")

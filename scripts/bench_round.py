@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 
 from scripts import federation
-from scripts._cli import positive_int, run
+from scripts._cli import run
+from training.flags import positive_int
 
 SETTINGS = {
     "default": {"what": "the main job's model: MLP 30-48-2 on breast_cancer, K = 3", "argv": ["--hospitals", "3"]},

@@ -37,7 +37,8 @@ from tqdm import tqdm
 from crypto.mpc_field import MpcField
 from crypto.secret_sharing import share
 from protocol.roster import local_federation
-from scripts._cli import free_port, positive_int, run
+from scripts._cli import free_port, run
+from training.flags import positive_int
 from scripts._mpc_party import command, write_input
 from training.vote_privacy import REVEAL_MODES, VotingSettings
 

@@ -39,7 +39,8 @@ from pathlib import Path
 
 from protocol.config import ConfigError
 from scripts import federation
-from scripts._cli import positive_int, probability, rate, run
+from scripts._cli import run
+from training.flags import positive_int, probability, rate
 from training.datasets import load_dataset
 
 _NO_BUDGET = "1e9"  # the comparison fixes each run's noise and rounds; a hospital's budget must not stop it early

@@ -35,14 +35,12 @@ from scripts._cli import (
     FEDERATION_METHODS,
     add_run_arguments,
     free_port,
-    non_negative_float,
-    positive_float,
-    positive_int,
     resolve_data_defaults,
     resolve_run_arguments,
     run,
     run_argv,
 )
+from training.flags import non_negative_float, positive_float, positive_int
 from scripts.server import build_run_config, model_spec
 from training.baselines import BASELINES, DP_BASELINES, BaselineSettings, run_baseline
 from training.ledger import PrivacyBudget, PrivacyLedger
@@ -188,7 +186,7 @@ def run_federation(args: argparse.Namespace) -> dict:
         "--round-timeout",
         str(args.round_timeout),
         *(["--transcript-payloads"] if args.transcript_payloads else []),
-        *(["--expected-batch-size", repr(args.expected_batch_size)] if args.method == "dopamine" else []),
+        *(["--expected-batch-size", repr(args.expected_batch_size)] if args.expected_batch_size is not None else []),
         *(["--insecure-plaintext-benchmark"] if args.insecure_plaintext_benchmark else []),
     ]
     started = time.monotonic()
@@ -421,9 +419,9 @@ def _vote_report(out: Path, *, wall_seconds: float) -> dict:
     plot_vote_report(report, out / "report.png")
     final = report["final"]
     epsilon = final["epsilon"]
-    if epsilon["instance"]["server"] > _MEANINGFUL_EPSILON:
+    if epsilon["record"]["server"] > _MEANINGFUL_EPSILON:
         print(
-            f"warning: epsilon {epsilon['instance']['server']:.0f} per record protects no record meaningfully; "
+            f"warning: epsilon {epsilon['record']['server']:.0f} per record protects no record meaningfully; "
             "the data-independent guarantee of voting needs many hospitals (the voting paper's AE-DPFL uses 100) or more noise",
             flush=True,
         )
@@ -432,8 +430,8 @@ def _vote_report(out: Path, *, wall_seconds: float) -> dict:
         + (f" ({final['queries_withheld']} withheld under the label threshold)" if final["queries_withheld"] else "")
         + ", "
         f"label accuracy {_fraction(final['label_accuracy'])}, student test accuracy {_fraction(final['student_test_accuracy'])}; "
-        f"epsilon at delta {final['delta']:g} against the server: {epsilon['instance']['server']:.3f} per record, "
-        f"{epsilon['agent']['server']:.3f} per hospital; MPC {1000 * (final['mpc_seconds_per_query'] or 0):.1f} ms per query"
+        f"epsilon at delta {final['delta']:g} against the server: {epsilon['record']['server']:.3f} per record, "
+        f"{epsilon['hospital']['server']:.3f} per hospital; MPC {1000 * (final['mpc_seconds_per_query'] or 0):.1f} ms per query"
         + (f"; {report['reveal_warning']}" if report["reveal_warning"] else ""),
         flush=True,
     )
@@ -457,7 +455,7 @@ def plot_vote_report(report: dict, path: Path) -> None:
     top.plot(rounds, [r["label_accuracy"] for r in labelled], marker="o", color="tab:blue")
     top.set_ylabel("label accuracy")
     top.grid(alpha=0.3)
-    for level, label in (("instance", "per record"), ("agent", "per hospital")):
+    for level, label in (("record", "per record"), ("hospital", "per hospital")):
         bottom.plot(
             rounds, [r["epsilon"][level]["server"] for r in labelled], marker="o", label=f"{label}, against the server"
         )

@@ -80,7 +80,8 @@ from protocol.messages import (
 )
 from protocol.party_keys import SERVER, Credentials
 from protocol.roster import local_federation
-from scripts._cli import configure_logging, free_port, positive_int, run
+from scripts._cli import configure_logging, free_port, run
+from training.flags import positive_int
 from scripts._scripted import ScriptedHospital, ScriptedServer, small_run_config
 
 _BATCH = 300  # fuzz messages per phase of a round

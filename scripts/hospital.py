@@ -15,18 +15,8 @@ from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.roster_confirmation import join_federation
 from protocol.voting_hospital import VotingHospital
-from scripts._cli import (
-    METHODS,
-    USER_ERRORS,
-    add_roster_fingerprint,
-    chosen_aggregation,
-    configure_logging,
-    non_negative_float,
-    positive_float,
-    positive_int,
-    probability,
-    run,
-)
+from scripts._cli import METHODS, USER_ERRORS, add_roster_fingerprint, chosen_aggregation, configure_logging, run
+from training.flags import non_negative_float, positive_float, positive_int, probability
 from training.datasets import Split, load_dataset
 from training.partition import PARTITION_SCHEMES, PartitionError, partition
 from training.vote_privacy import VOTING_METHODS

@@ -26,7 +26,7 @@ from scripts._cli import run
 # kNN-DPFL), and the noise and query counts chosen here for each method's epsilon target.
 SETTINGS = {
     "ae-dpfl": {
-        "level": "agent",
+        "level": "hospital",
         "target": (0.90, 4.3),  # (student accuracy, epsilon): the paper reports 86.1% (DP-FedAvg 84.2%) at 4.3
         "argv": [
             "--hospitals",
@@ -62,7 +62,7 @@ SETTINGS = {
         ],
     },
     "knn-dpfl": {
-        "level": "instance",
+        "level": "record",
         "target": (0.95, 2.0),
         "argv": [
             "--hospitals",
@@ -158,7 +158,7 @@ def results_table(runs: dict[str, list[dict]], *, data: str) -> str:
     ]
     for method, results in runs.items():
         level = SETTINGS[method]["level"]
-        other = "instance" if level == "agent" else "agent"
+        other = "record" if level == "hospital" else "hospital"
         finals = [r["report"]["final"] for r in results]
         lines.append(
             "| "

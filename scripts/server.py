@@ -21,15 +21,13 @@ from scripts._cli import (
     add_run_arguments,
     chosen_aggregation,
     configure_logging,
-    positive_float,
     resolve_data_defaults,
     resolve_run_arguments,
     run,
 )
+from training.flags import positive_float
 from training.datasets import Dataset, Split, load_dataset
-from training.dopamine import DopamineSettings
-from training.dp_fedavg import DpFedAvgSettings
-from training.methods import TrainingSettings
+from training.methods import METHODS
 from training.models import ModelSpec, input_statistics
 from training.vote_privacy import VOTING_METHODS, VotingSettings
 from training.voting import PcaFeatures, split_public_pool
@@ -150,7 +148,7 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def build_run_config(args: argparse.Namespace, hospitals: tuple[str, ...], dataset: Dataset) -> RunConfig:
-    """A new run's configuration from the run flags (``scripts._cli.RUN_FLAGS``), or ``ConfigError``."""
+    """A new run's configuration from the run flags (``scripts._cli``), or ``ConfigError``."""
     try:
         return RunConfig(
             run_id=secrets.token_hex(8),
@@ -159,7 +157,7 @@ def build_run_config(args: argparse.Namespace, hospitals: tuple[str, ...], datas
             rounds=args.rounds,
             delta=args.delta,
             model=model_spec(args, dataset, dataset.validation),
-            training=_training_settings(args, quorum=args.quorum or len(hospitals)),
+            training=METHODS[args.method].from_flags(args, quorum=args.quorum or len(hospitals)),
             aggregation=chosen_aggregation(args),
         )
     except ValueError as error:
@@ -189,51 +187,6 @@ def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunC
         flush=True,
     )
     return config
-
-
-def _clip_rule(args: argparse.Namespace) -> dict:
-    """``DpFedAvgSettings``' adaptive clipping fields as given, its defaults for the rest."""
-    if args.clip_quantile is None:
-        return {}
-    return {
-        "clip_rule": "adaptive",
-        "target_quantile": args.clip_quantile,
-        **({"clip_learning_rate": args.clip_lr} if args.clip_lr else {}),
-    }
-
-
-def _training_settings(args: argparse.Namespace, *, quorum: int) -> TrainingSettings:
-    if args.method == DpFedAvgSettings.METHOD:
-        if args.expected_batch_size is not None:
-            raise ConfigError("--expected-batch-size is for dopamine runs, not dp-fedavg")
-        if args.clip_lr is not None and args.clip_quantile is None:
-            raise ConfigError("--clip-lr is the step of adaptive clipping: give --clip-quantile too")
-        return DpFedAvgSettings(
-            noise_multiplier=args.noise_multiplier,
-            max_update_norm=args.max_update_norm,
-            quorum=quorum,
-            subclients=args.subclients,
-            subclient_rule="fixed" if args.adaptive_subclients is None else "adaptive",
-            max_subclients=args.subclients if args.adaptive_subclients is None else args.adaptive_subclients,
-            local_epochs=args.local_epochs,
-            local_batch_size=args.local_batch_size,
-            local_learning_rate=args.local_lr,
-            local_optimizer=args.local_optimizer,
-            server_optimizer=args.server_optimizer,
-            server_learning_rate=args.server_lr,
-            **_clip_rule(args),
-        )
-    if args.expected_batch_size is None:
-        raise ConfigError("--expected-batch-size is required for a new Dopamine run")
-    return DopamineSettings(
-        sample_rate=args.sample_rate,
-        noise_multiplier=args.noise_multiplier,
-        max_grad_norm=args.max_grad_norm,
-        quorum=quorum,
-        expected_batch_size=args.expected_batch_size,
-        learning_rate=args.lr,
-        momentum=args.momentum,
-    )
 
 
 def _serve_vote(
@@ -306,7 +259,7 @@ def _print_vote(record: dict, config: VotingConfig) -> None:
         print(
             f"{prefix}  label_acc {_shown(record['label_accuracy'])}  withheld {record['labels_withheld']}  "
             f"voters {len(record['voters'])}/{len(config.hospitals)}  "
-            f"epsilon {epsilon['instance']['server']:.3f} per record, {epsilon['agent']['server']:.3f} per hospital "
+            f"epsilon {epsilon['record']['server']:.3f} per record, {epsilon['hospital']['server']:.3f} per hospital "
             f"(delta {config.delta:g})  MPC {record['mpc_seconds'] / config.queries_per_round * 1000:.1f} ms/query",
             flush=True,
         )

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from protocol.roster_confirmation import join_federation
-from scripts._cli import add_roster_fingerprint, configure_logging, positive_float, run
+from scripts._cli import add_roster_fingerprint, configure_logging, run
+from training.flags import positive_float
 from tallier.tallier import Tallier
 
 

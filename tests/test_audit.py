@@ -525,7 +525,7 @@ def test_the_opened_totals_of_zero_votes_carry_the_accountant_s_noise(zero_votes
         total = np.frombuffer(labels.totals, dtype="<i8")
         np.testing.assert_array_equal(total, _noisy_totals(ballots, labels.round, labels.voters))
         totals.append(total)
-    mechanism = config.voting.mechanism(queries=config.queries_per_round, classes=config.classes, level="instance")
+    mechanism = config.voting.mechanism(queries=config.queries_per_round, classes=config.classes, level="record")
     assert _variance_in_band(np.concatenate(totals), 2 * mechanism.mu(config.voting.quorum))
     for hospital in config.hospitals:
         noise = np.concatenate([b["noisy_votes"] for b in ballots if b["hospital"] == hospital])

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import run_launcher
 from protocol.checkpoint import Checkpoint
+from protocol.config import ConfigError
 from protocol.roster import local_federation
 from scripts import federation
 from scripts._cli import FEDERATION_METHODS, resolve_data_defaults, resolve_run_arguments
@@ -281,3 +282,27 @@ def test_adaptive_clipping_flags_reach_the_run_s_settings():
     training = build_run_config(args, ("hospital-1", "hospital-2"), data).training
     assert (training.clip_rule, training.target_quantile, training.clip_learning_rate) == ("adaptive", 0.7, 0.3)
     assert training.round_state() == {"max_update_norm": 0.5}  # --max-update-norm's default, the first round's C
+
+
+def test_federation_help_groups_the_flags_by_the_methods_that_read_them():
+    groups = {group.title: group for group in federation.build_parser()._action_groups}
+    flags_of = {
+        title: {flag for action in group._group_actions for flag in action.option_strings}
+        for title, group in groups.items()
+    }
+    assert "--queries-per-round" in flags_of["ae-dpfl, knn-dpfl"]
+    assert "--accountant" in flags_of["central-dp, fedavg-local-dp"]
+    assert {"--subclients", "--clip-quantile"} <= flags_of["dp-fedavg (each flag names the methods that read it)"]
+    assert "--sample-rate" in flags_of["dopamine (each flag names the methods that read it)"]
+    shown = federation.build_parser().format_help()
+    assert "dopamine: sigma" in shown and "dp-fedavg: z" in shown  # one flag, a meaning and a default per method
+
+
+def test_a_flag_another_method_reads_is_refused_and_the_method_s_defaults_filled_in():
+    args = federation.build_parser().parse_args(["--method", "dopamine", "--queries-per-round", "20"])
+    with pytest.raises(ConfigError, match="--queries-per-round is for ae-dpfl, knn-dpfl runs, not dopamine"):
+        resolve_run_arguments(args, FEDERATION_METHODS)
+    args = federation.build_parser().parse_args(["--method", "dp-fedavg"])
+    resolve_run_arguments(args, FEDERATION_METHODS)
+    assert (args.rounds, args.noise_multiplier, args.subclients, args.epsilon_budget) == (10, 6.0, 2, 10.0)
+    assert args.sample_rate is None and args.queries_per_round is None

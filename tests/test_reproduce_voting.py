@@ -8,7 +8,7 @@ def _run(seed, accuracy, epsilon):
         "queries_labelled": 400,
         "queries_withheld": 100,
         "delta": 1e-3,
-        "epsilon": {"agent": {"server": epsilon}, "instance": {"server": 2 * epsilon}},
+        "epsilon": {"hospital": {"server": epsilon}, "record": {"server": 2 * epsilon}},
         "mpc_seconds_per_query": 0.004,
     }
     return {"seed": seed, "argv": [], "report": {"final": final, "wall_seconds": 100.0}}

@@ -107,7 +107,7 @@ def test_jitter_moves_each_image_by_its_own_small_map_and_only_images():
 
 def test_noisy_votes_need_the_cryptographic_generator():
     mechanism = VotingSettings(method="ae-dpfl", noise_std=10.0, quorum=2).mechanism(
-        queries=3, classes=4, level="agent"
+        queries=3, classes=4, level="hospital"
     )
     votes = np.eye(4, dtype=np.int64)[[0, 1, 2]]
     noisy = noisy_votes(votes, mechanism, secure_generator())

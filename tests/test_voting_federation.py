@@ -56,7 +56,9 @@ def test_the_vote_labels_the_queries_and_reports_both_levels(run):
     final = report["final"]
     assert report["finish_reason"] == "completed all rounds" and final["queries_labelled"] == 40
     assert 0.5 < final["label_accuracy"] <= 1 and final["student_test_accuracy"] > 0.3  # chance: 0.1
-    assert 0 < final["epsilon"]["instance"]["server"] < final["epsilon"]["agent"]["server"]  # k = 30 votes per hospital
+    assert (
+        0 < final["epsilon"]["record"]["server"] < final["epsilon"]["hospital"]["server"]
+    )  # k = 30 votes per hospital
     assert report["reveal"] == "labels" and report["reveal_warning"] == ""
     for name in report["config"]["hospitals"]:
         ledger = party_ledger(out / "federation" / name)
@@ -232,10 +234,8 @@ def test_a_histogram_run_opens_the_totals_and_keeps_only_the_hospitals_that_acce
     asked = PrivacyLedger()
     asked.begin_run("run", "fingerprint")
     settings = VotingSettings("knn-dpfl", noise_std=15.0, quorum=2, neighbours=30)
-    asked.record(
-        settings.release(queries=20, classes=10, contributors=2, level="instance"), run_id="run", round_number=1
-    )
-    assert report["final"]["epsilon"]["instance"]["server"] == pytest.approx(
+    asked.record(settings.release(queries=20, classes=10, contributors=2, level="record"), run_id="run", round_number=1)
+    assert report["final"]["epsilon"]["record"]["server"] == pytest.approx(
         asked.epsilons(report["final"]["delta"])["server"]
     )
 

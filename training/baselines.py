@@ -24,16 +24,39 @@ import numpy as np
 from torch import nn
 
 from training.datasets import Dataset, Split
+from training.dopamine import DopamineSettings
+from training.dp_fedavg import DpFedAvgSettings
+from training.flags import Flag
 from training.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
 from training.evaluation import evaluate
 from training.fedavg import LocalTraining, local_update
 from training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
 from training.secure_random import secure_generator
 
-__all__ = ["BASELINES", "DP_BASELINES", "BaselineSettings", "run_baseline"]
+__all__ = ["BASELINES", "BASELINE_DEFAULTS", "BASELINE_FLAGS", "DP_BASELINES", "BaselineSettings", "run_baseline"]
 
 BASELINES = ("central", "central-dp", "fedavg", "fedavg-local-dp")
 DP_BASELINES = ("central-dp", "fedavg-local-dp")
+
+# Each baseline reads what its private counterpart does: DP-SGD's flags for central-dp and
+# fedavg-local-dp, the sub-clients' local training for central and fedavg.
+_DP_SGD = tuple(flag for flag in DopamineSettings.FLAGS if flag.name != "--noise-multiplier")
+_LOCAL = {flag.name: flag for flag in DpFedAvgSettings.FLAGS}
+_ACCOUNTANT = Flag(
+    "--accountant",
+    str,
+    "prv",
+    "Opacus's accountant that sets sigma for --epsilon-budget, prv or rdp (the secure round's is Skellam RDP)",
+)
+BASELINE_FLAGS = {
+    "central": (_LOCAL["--local-batch-size"], _LOCAL["--local-lr"]),
+    "central-dp": (*_DP_SGD, _ACCOUNTANT),
+    "fedavg": (_LOCAL["--local-epochs"], _LOCAL["--local-batch-size"], _LOCAL["--local-lr"]),
+    "fedavg-local-dp": (_LOCAL["--local-epochs"], *_DP_SGD, _ACCOUNTANT),
+}
+BASELINE_DEFAULTS = {
+    name: {"rounds": 20, **({"epsilon_budget": 3.0} if name in DP_BASELINES else {})} for name in BASELINES
+}
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,14 @@ least ``K_min`` noise shares, also when the set of contributors changes between 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from torch import nn
 
 from training.accounting import Release, release_of
 from training.datasets import Split
+from training.flags import Flag, below_one, non_negative_float, positive_float, rate
 from training.per_example import ClippedGradients
 from training.secure_random import require_cryptographic, secure_generator
 from training.skellam import SkellamMechanism
@@ -57,6 +58,19 @@ __all__ = ["DopamineSettings", "NoisyGradientStep", "mean_gradient"]
 class DopamineSettings:
     METHOD: ClassVar[str] = "dopamine"
     LEVELS: ClassVar[tuple[str, ...]] = ("record",)
+    FLAGS: ClassVar[tuple[Flag, ...]] = (
+        Flag("--sample-rate", rate, 0.1, "q, probability that a record is in a round's batch (Poisson sampling)"),
+        Flag(
+            "--noise-multiplier",
+            non_negative_float,
+            2.3,
+            "sigma: noise of a quorum's sum, in units of one record's sensitivity",
+        ),
+        Flag("--max-grad-norm", positive_float, 1.0, "C, per-example gradient clipping norm"),
+        Flag("--lr", positive_float, None, "learning rate (default: 0.5 for images, 0.05 for other data)"),
+        Flag("--momentum", below_one, 0.9, "momentum, applied to the decrypted mean gradient"),
+    )
+    DEFAULTS: ClassVar[dict[str, Any]] = {"rounds": 100, "epsilon_budget": 3.0}
 
     sample_rate: float  # q
     noise_multiplier: float  # sigma: noise of a quorum's sum, in units of the sensitivity
@@ -123,6 +137,21 @@ class DopamineSettings:
 
     def update_rule(self, model: nn.Module) -> MomentumUpdate:
         return MomentumUpdate(model, learning_rate=self.learning_rate, momentum=self.momentum)
+
+    @classmethod
+    def from_flags(cls, values: Any, *, quorum: int) -> "DopamineSettings":
+        """The settings of a new run from its flags (``FLAGS``, and the launcher's ``--expected-batch-size``)."""
+        if getattr(values, "expected_batch_size", None) is None:
+            raise ValueError("--expected-batch-size is required for a new Dopamine run")
+        return cls(
+            sample_rate=values.sample_rate,
+            noise_multiplier=values.noise_multiplier,
+            max_grad_norm=values.max_grad_norm,
+            quorum=quorum,
+            expected_batch_size=values.expected_batch_size,
+            learning_rate=values.lr,
+            momentum=values.momentum,
+        )
 
     def to_dict(self) -> dict:
         return {"method": self.METHOD, **asdict(self)}

@@ -88,14 +88,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from torch import nn
 
 from training.accounting import Release, release_of
 from training.datasets import Split
-from training.fedavg import FedAvgError, LocalTraining, clip_update, local_update, split_subclients
+from training.fedavg import LOCAL_OPTIMIZERS, FedAvgError, LocalTraining, clip_update, local_update, split_subclients
+from training.flags import Flag, non_negative_float, positive_float, positive_int, probability
 from training.intermediaries import expected_noise_norm, next_subclient_count
 from training.models import parameter_count
 from training.secure_random import require_cryptographic, secure_generator
@@ -114,6 +115,7 @@ __all__ = [
 ]
 
 SERVER_OPTIMIZERS = ("fedavg", "fedadam")
+_SERVER_LEARNING_RATES = {"fedavg": 1.0, "fedadam": 0.03}
 SUBCLIENT_RULES = ("fixed", "adaptive")
 CLIP_RULES = ("fixed", "adaptive")
 # alpha: the slot's noise, in units of sum_i ||clip(Delta_i)||, is 1/alpha times the update's. v
@@ -134,6 +136,21 @@ _MAX_LOCAL_STEPS = 1_000_000  # local optimiser steps a round, over all sub-clie
 class DpFedAvgSettings:
     METHOD: ClassVar[str] = "dp-fedavg"
     LEVELS: ClassVar[tuple[str, ...]] = ("hospital", "record", "subclient")  # the first is the one ledgers charge
+    FLAGS: ClassVar[tuple[Flag, ...]] = (
+        Flag("--noise-multiplier", non_negative_float, 6.0, "z: noise of a quorum's sum, in units of one sub-client's sensitivity"),
+        Flag("--subclients", positive_int, 2, "v, sub-clients (intermediaries) per hospital (the first round's, with --adaptive-subclients)"),
+        Flag("--adaptive-subclients", positive_int, None, "re-estimate v each round from the release (Jiang et al., Sec. 2.2), up to this many; without it v is fixed"),
+        Flag("--max-update-norm", positive_float, 0.5, "C, clipping norm of each sub-client's update (the first round's, with --clip-quantile)"),
+        Flag("--clip-quantile", probability, None, "adapt C each round toward this quantile of the sub-client update norms (Andrew et al. 2021), from a count noised and released with the update; without it C is fixed"),
+        Flag("--clip-lr", positive_float, None, "eta_C, the geometric step of adaptive clipping (default 0.2)"),
+        Flag("--local-epochs", positive_int, 1, "epochs each sub-client trains per round"),
+        Flag("--local-batch-size", positive_int, 16, "sub-clients' batch size"),
+        Flag("--local-lr", positive_float, 0.1, "sub-clients' learning rate"),
+        Flag("--local-optimizer", str, "sgd", f"sub-clients' optimizer, {' or '.join(LOCAL_OPTIMIZERS)}"),
+        Flag("--server-optimizer", str, "fedavg", f"how every party applies the mean update, {' or '.join(SERVER_OPTIMIZERS)}"),
+        Flag("--server-lr", positive_float, None, "server learning rate (default: 1 for fedavg, 0.03 for fedadam)"),
+    )  # fmt: skip
+    DEFAULTS: ClassVar[dict[str, Any]] = {"rounds": 10, "epsilon_budget": 10.0}
 
     noise_multiplier: float  # z: noise of a quorum's sum, in units of one sub-client's sensitivity
     max_update_norm: float  # C: this round's, when adaptive
@@ -309,6 +326,37 @@ class DpFedAvgSettings:
         if self.server_optimizer == "fedadam":
             return FedAdamUpdate(model, learning_rate=self.server_learning_rate)
         return MomentumUpdate(model, learning_rate=self.server_learning_rate, momentum=0.0)
+
+    @classmethod
+    def from_flags(cls, values: Any, *, quorum: int) -> "DpFedAvgSettings":
+        """The settings of a new run from its flags (``FLAGS``)."""
+        if getattr(values, "expected_batch_size", None) is not None:
+            raise ValueError("--expected-batch-size is for dopamine runs, not dp-fedavg")
+        if values.clip_lr is not None and values.clip_quantile is None:
+            raise ValueError("--clip-lr is the step of adaptive clipping: give --clip-quantile too")
+        clipping = {}
+        if values.clip_quantile is not None:
+            clipping = {"clip_rule": "adaptive", "target_quantile": values.clip_quantile}
+            if values.clip_lr:
+                clipping["clip_learning_rate"] = values.clip_lr
+        server_lr = values.server_lr
+        if server_lr is None:  # an unknown optimizer is refused by the settings
+            server_lr = _SERVER_LEARNING_RATES.get(values.server_optimizer, 1.0)
+        return cls(
+            noise_multiplier=values.noise_multiplier,
+            max_update_norm=values.max_update_norm,
+            quorum=quorum,
+            subclients=values.subclients,
+            subclient_rule="fixed" if values.adaptive_subclients is None else "adaptive",
+            max_subclients=values.subclients if values.adaptive_subclients is None else values.adaptive_subclients,
+            local_epochs=values.local_epochs,
+            local_batch_size=values.local_batch_size,
+            local_learning_rate=values.local_lr,
+            local_optimizer=values.local_optimizer,
+            server_optimizer=values.server_optimizer,
+            server_learning_rate=server_lr,
+            **clipping,
+        )
 
     def to_dict(self) -> dict:
         return {"method": self.METHOD, **asdict(self)}

@@ -16,31 +16,93 @@ the same things, so the protocol needs nothing else of a method:
   model's descent direction and then the method's statistics; ``update_rule(model)``, which every
   party applies to the direction (``training.update_rules``); and ``after_release``, the next
   round's settings, computed from the statistics and public values alone;
-- ``round_state()`` and ``with_round_state``: what ``after_release`` changes, as numbers.
+- ``round_state()`` and ``with_round_state``: what ``after_release`` changes, as numbers;
+- ``FLAGS`` and ``DEFAULTS``: the command-line flags it reads, with its defaults
+  (``training.flags``), and ``from_flags``, its settings for a new run from them.
+
+``TrainingMethod`` states all of that as a protocol. **Adding a method** is one module with its
+settings class and one ``register_method`` line below: the launchers build its flags into their
+own argument group, the server makes its settings, and every party derives the rest.
 
 ``SharedState`` holds what every party keeps alike from round to round.
 """
 
 from __future__ import annotations
 
+from typing import Any, ClassVar, Protocol
+
 import numpy as np
 from torch import nn
 
 from training.accounting import Release
+from training.datasets import Split
 from training.dopamine import DopamineSettings
 from training.dp_fedavg import DpFedAvgSettings
+from training.flags import Flag
 from training.models import parameter_count
 from training.skellam import SkellamMechanism
+from training.update_rules import UpdateRule
 
-__all__ = ["METHODS", "SharedState", "TrainingSettings", "ledger_release", "settings_from_dict"]
+__all__ = [
+    "METHODS",
+    "LocalStep",
+    "SharedState",
+    "TrainingMethod",
+    "ledger_release",
+    "register_method",
+    "settings_from_dict",
+]
 
-TrainingSettings = DopamineSettings | DpFedAvgSettings
-METHODS: dict[str, type[DopamineSettings] | type[DpFedAvgSettings]] = {
-    settings.METHOD: settings for settings in (DopamineSettings, DpFedAvgSettings)
-}
+
+class LocalStep(Protocol):
+    """A hospital's step in one round: its noisy integer share, and how many rows it rounded."""
+
+    settings: "TrainingMethod"
+
+    def __call__(self) -> tuple[np.ndarray, int]: ...
 
 
-def settings_from_dict(values: dict) -> TrainingSettings:
+class TrainingMethod(Protocol):
+    """A method's settings, frozen: what the server announces and every party derives the round from."""
+
+    METHOD: ClassVar[str]
+    LEVELS: ClassVar[tuple[str, ...]]
+    FLAGS: ClassVar[tuple[Flag, ...]]
+    DEFAULTS: ClassVar[dict[str, Any]]
+    quorum: int
+
+    @property
+    def rows_per_share(self) -> float: ...
+    def mechanism(self, dimension: int) -> SkellamMechanism: ...
+    def local_step(self, model: nn.Module, data: Split) -> LocalStep: ...
+    def levels(self, mechanism: SkellamMechanism, contributors: int) -> dict[str, Release]: ...
+    def read_sum(self, total: np.ndarray, contributors: int, parameter_count: int) -> np.ndarray: ...
+    def after_release(self, statistics: np.ndarray, contributors: int, parameter_count: int) -> "TrainingMethod": ...
+    def round_state(self) -> dict[str, float]: ...
+    def with_round_state(self, state: dict[str, float]) -> "TrainingMethod": ...
+    def update_rule(self, model: nn.Module) -> UpdateRule: ...
+    def to_dict(self) -> dict: ...
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainingMethod": ...
+    @classmethod
+    def from_flags(cls, values: Any, *, quorum: int) -> "TrainingMethod": ...
+
+
+METHODS: dict[str, type[TrainingMethod]] = {}  # by name, in the order registered
+
+
+def register_method(settings: type[TrainingMethod]) -> None:
+    """Make a method known to every launcher and party of this installation (its own code: none travels)."""
+    if settings.METHOD in METHODS and METHODS[settings.METHOD] is not settings:
+        raise ValueError(f"a method named {settings.METHOD!r} is registered already")
+    METHODS[settings.METHOD] = settings
+
+
+register_method(DopamineSettings)
+register_method(DpFedAvgSettings)
+
+
+def settings_from_dict(values: dict) -> TrainingMethod:
     """The settings ``to_dict`` wrote, or ``ValueError`` naming what is wrong."""
     if not isinstance(values, dict) or values.get("method") not in METHODS:
         method = values.get("method") if isinstance(values, dict) else None
@@ -48,7 +110,7 @@ def settings_from_dict(values: dict) -> TrainingSettings:
     return METHODS[values["method"]].from_dict(values)
 
 
-def ledger_release(settings: TrainingSettings, mechanism: SkellamMechanism, contributors: int) -> Release:
+def ledger_release(settings: TrainingMethod, mechanism: SkellamMechanism, contributors: int) -> Release:
     """What one round of ``contributors`` shares costs in a ledger: its release at the method's first level."""
     return settings.levels(mechanism, contributors)[settings.LEVELS[0]]
 
@@ -66,7 +128,7 @@ class SharedState:
     own settings.
     """
 
-    def __init__(self, settings: TrainingSettings, model: nn.Module) -> None:
+    def __init__(self, settings: TrainingMethod, model: nn.Module) -> None:
         self._run_settings = settings
         self.settings = settings
         self.parameter_count = parameter_count(model)
