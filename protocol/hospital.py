@@ -167,14 +167,17 @@ class Hospital:
 
     def _join(self, welcome: Welcome) -> None:
         """Take the run's settings (the first time) and the model as it is now; then hold the run's key."""
+        training = welcome.config.get("training")
+        announced = training.get("method") if isinstance(training, dict) else None
+        announced = announced if isinstance(announced, str) and len(announced) <= 64 else None  # shown in one line
+        if announced != self._method:  # before any method's code reads the server's settings
+            raise ProtocolError(
+                f"the server's run trains with {announced!r}; {self._name} was started for {self._method!r}"
+            )
         try:
             config = RunConfig.from_dict(welcome.config)
         except ConfigError as error:
             raise ProtocolError(f"the server's run configuration is unusable: {error}") from None
-        if config.training.METHOD != self._method:
-            raise ProtocolError(
-                f"the server's run trains with {config.training.METHOD!r}; {self._name} was started for {self._method!r}"
-            )
         if config.aggregation != self._aggregation:
             raise ProtocolError(
                 f"the server's run uses {config.aggregation!r} aggregation; {self._name} was started for {self._aggregation!r}"

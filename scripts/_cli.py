@@ -136,6 +136,8 @@ def resolve_run_arguments(args: argparse.Namespace, methods: tuple[str, ...] = M
     fill in the defaults that depend on the method."""
     if args.method not in methods:
         raise ConfigError(f"unknown method {args.method!r}; choose from {', '.join(methods)}")
+    if args.reveal is not None and args.reveal not in REVEAL_MODES:
+        raise ConfigError(f"unknown reveal mode {args.reveal!r}; choose from {', '.join(REVEAL_MODES)}")
     for name, methods_reading in _flag_readers().items():
         if args.method not in methods_reading and getattr(args, name, None) is not None:
             raise ConfigError(f"--{name.replace('_', '-')} is for {', '.join(methods_reading)} runs, not {args.method}")
@@ -145,8 +147,6 @@ def resolve_run_arguments(args: argparse.Namespace, methods: tuple[str, ...] = M
     for name, value in METHOD_DEFAULTS[args.method].items():
         if hasattr(args, name) and getattr(args, name) is None:
             setattr(args, name, value)
-    if args.method in VOTING_METHODS and args.reveal not in REVEAL_MODES:
-        raise ConfigError(f"unknown reveal mode {args.reveal!r}; choose from {', '.join(REVEAL_MODES)}")
 
 
 def resolve_data_defaults(args: argparse.Namespace, input_shape: tuple[int, ...]) -> None:

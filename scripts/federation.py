@@ -186,7 +186,11 @@ def run_federation(args: argparse.Namespace) -> dict:
         "--round-timeout",
         str(args.round_timeout),
         *(["--transcript-payloads"] if args.transcript_payloads else []),
-        *(["--expected-batch-size", repr(args.expected_batch_size)] if args.expected_batch_size is not None else []),
+        *(
+            ["--expected-batch-size", repr(args.expected_batch_size)]
+            if not voting and args.expected_batch_size is not None
+            else []
+        ),
         *(["--insecure-plaintext-benchmark"] if args.insecure_plaintext_benchmark else []),
     ]
     started = time.monotonic()

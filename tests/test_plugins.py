@@ -75,14 +75,28 @@ def test_a_method_in_one_module_and_one_registry_line_trains_through_a_real_fede
     assert report["final"]["epsilon"]["server"] > 0
 
 
-def test_a_method_name_is_registered_once():
+def test_a_method_is_registered_once_under_a_free_name_and_shared_flags_keep_their_type():
     from training.dopamine import DopamineSettings
-    from training.methods import register_method
+    from training.flags import Flag
+    from training.methods import METHODS, register_method
 
     register_method(DopamineSettings)  # the same class again changes nothing
 
     class Impostor(DopamineSettings):
         pass
 
-    with pytest.raises(ValueError, match="registered already"):
-        register_method(Impostor)
+    class Baseline(DopamineSettings):
+        METHOD = "central"
+
+    class OtherType(DopamineSettings):
+        METHOD = "other-type"
+        FLAGS = (Flag("--lr", str, "fast", "a learning rate by name"),)
+
+    for settings in (Impostor, Baseline):
+        with pytest.raises(ValueError, match="registered already"):
+            register_method(settings)
+    with pytest.raises(ValueError, match="--lr with another type"):
+        register_method(OtherType)
+    with pytest.raises(TypeError):
+        METHODS["dopamine"] = Impostor  # the registry is read-only but for register_method
+    assert METHODS["dopamine"] is DopamineSettings and "other-type" not in METHODS

@@ -25,7 +25,7 @@ def test_knn_votes_count_the_labels_of_the_nearest_records():
 
 
 def test_removing_a_record_moves_at_most_one_neighbour_in_and_one_out():
-    """The instance-level sensitivity of kNN-DPFL, on records with many ties in distance."""
+    """The record-level sensitivity of kNN-DPFL, on records with many ties in distance."""
     generator = np.random.default_rng()
     data = Split(x=generator.integers(0, 3, size=(60, 40)).astype(np.float32), y=generator.integers(0, 5, size=60))
     queries = generator.integers(0, 3, size=(30, 40)).astype(np.float32) + generator.normal(0, 1e-9, size=(30, 40))

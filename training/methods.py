@@ -29,12 +29,14 @@ own argument group, the server makes its settings, and every party derives the r
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from types import MappingProxyType
+from typing import Any, ClassVar, Mapping, Protocol
 
 import numpy as np
 from torch import nn
 
 from training.accounting import Release
+from training.baselines import BASELINES
 from training.datasets import Split
 from training.dopamine import DopamineSettings
 from training.dp_fedavg import DpFedAvgSettings
@@ -42,6 +44,7 @@ from training.flags import Flag
 from training.models import parameter_count
 from training.skellam import SkellamMechanism
 from training.update_rules import UpdateRule
+from training.vote_privacy import VOTING_METHODS
 
 __all__ = [
     "METHODS",
@@ -88,14 +91,25 @@ class TrainingMethod(Protocol):
     def from_flags(cls, values: Any, *, quorum: int) -> "TrainingMethod": ...
 
 
-METHODS: dict[str, type[TrainingMethod]] = {}  # by name, in the order registered
+_REGISTERED: dict[str, type[TrainingMethod]] = {}
+METHODS: Mapping[str, type[TrainingMethod]] = MappingProxyType(_REGISTERED)  # by name, in the order registered
 
 
 def register_method(settings: type[TrainingMethod]) -> None:
-    """Make a method known to every launcher and party of this installation (its own code: none travels)."""
-    if settings.METHOD in METHODS and METHODS[settings.METHOD] is not settings:
-        raise ValueError(f"a method named {settings.METHOD!r} is registered already")
-    METHODS[settings.METHOD] = settings
+    """Make a method known to every launcher and party of this installation (its own code: none travels).
+
+    Register before any launcher module is imported (in the method's package, or a ``sitecustomize``):
+    the launchers build their flags once. A name already taken, by a registered method, a voting
+    method or a baseline, is refused, as is a flag another method declares with another type.
+    """
+    name = settings.METHOD
+    if name in (*VOTING_METHODS, *BASELINES) or _REGISTERED.get(name, settings) is not settings:
+        raise ValueError(f"a method named {name!r} is registered already")
+    kinds = {flag.name: flag.kind for other in _REGISTERED.values() for flag in other.FLAGS}
+    for flag in settings.FLAGS:
+        if kinds.get(flag.name, flag.kind) is not flag.kind:
+            raise ValueError(f"{name} declares {flag.name} with another type than the methods that read it already")
+    _REGISTERED[name] = settings
 
 
 register_method(DopamineSettings)

@@ -7,7 +7,7 @@
   each query in a feature space ``phi`` that no private record shapes. ``PcaFeatures`` is the
   default ``phi``: a PCA fit on the public pool. Any callable from inputs to feature rows that
   computes each row alone can take its place. Distances are exact, and ties go to the record
-  listed first, a fixed order: what the instance-level sensitivity in ``training.vote_privacy``
+  listed first, a fixed order: what the record-level sensitivity in ``training.vote_privacy``
   needs.
 
 ``noisy_votes`` flattens a round's ``(Q, C)`` counts and adds the hospital's Skellam share of the
@@ -228,7 +228,7 @@ class PcaFeatures:
 def knn_votes(features: FeatureMap, data: Split, queries: np.ndarray, *, neighbours: int, classes: int) -> np.ndarray:
     """Label counts of the ``neighbours`` records of ``data`` nearest to each query in ``features``: ``(Q, C)``."""
     # One more record than neighbours: removing any record must still leave k to vote, or the
-    # instance-level sensitivity (one neighbour in, one out) would not hold.
+    # record-level sensitivity (one neighbour in, one out) would not hold.
     if not 1 <= neighbours < len(data):
         raise ValueError(f"{neighbours} neighbours need more records than that; this hospital has {len(data)}")
     records, points = _on_grid(features(data.x)), _on_grid(features(queries))
@@ -247,7 +247,7 @@ def knn_votes(features: FeatureMap, data: Split, queries: np.ndarray, *, neighbo
 def _on_grid(features: np.ndarray) -> np.ndarray:
     """Features clipped to ``[-2^8, 2^8]`` and rounded to multiples of ``2^-12``, scaled to integers.
 
-    The instance-level sensitivity needs each record's distance to a query to be a function of
+    The record-level sensitivity needs each record's distance to a query to be a function of
     that record alone. Floating-point distances are not: BLAS sums in an order that depends on the
     matrix's shape, so adding a record could reorder the others. (The feature map must compute each
     row alone too, as ``PcaFeatures`` does.) On this grid every coordinate is
