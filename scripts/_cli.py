@@ -92,6 +92,10 @@ METHOD_FLAGS: dict[str, tuple[Flag, ...]] = {
     **VOTING_FLAGS,
     **BASELINE_FLAGS,
 }
+_FLAG_READERS: dict[str, list[str]] = {}  # a method flag's destination -> the methods that read it
+for _method, _flags in METHOD_FLAGS.items():
+    for _flag in _flags:
+        _FLAG_READERS.setdefault(_flag.destination, []).append(_method)
 METHOD_DEFAULTS: dict[str, dict] = {
     **{name: settings.DEFAULTS for name, settings in TRAINING_METHODS.items()},
     **VOTING_DEFAULTS,
@@ -138,7 +142,7 @@ def resolve_run_arguments(args: argparse.Namespace, methods: tuple[str, ...] = M
         raise ConfigError(f"unknown method {args.method!r}; choose from {', '.join(methods)}")
     if args.reveal is not None and args.reveal not in REVEAL_MODES:
         raise ConfigError(f"unknown reveal mode {args.reveal!r}; choose from {', '.join(REVEAL_MODES)}")
-    for name, methods_reading in _flag_readers().items():
+    for name, methods_reading in _FLAG_READERS.items():
         if args.method not in methods_reading and getattr(args, name, None) is not None:
             raise ConfigError(f"--{name.replace('_', '-')} is for {', '.join(methods_reading)} runs, not {args.method}")
     for flag in METHOD_FLAGS[args.method]:
@@ -178,15 +182,6 @@ def _all_method_flags() -> list[Flag]:
     return list({flag.name: flag for flags in METHOD_FLAGS.values() for flag in flags}.values())
 
 
-def _flag_readers() -> dict[str, list[str]]:
-    """Each method flag's destination, and the methods that read it."""
-    readers: dict[str, list[str]] = {}
-    for method, flags in METHOD_FLAGS.items():
-        for flag in flags:
-            readers.setdefault(flag.destination, []).append(method)
-    return readers
-
-
 def _help(name: str) -> str:
     """A flag's help: what it means to each method that reads it, and its default there."""
     parts: dict[tuple[str, object], list[str]] = {}
@@ -201,7 +196,7 @@ def _help(name: str) -> str:
 
 
 def _group_title(method: str, flags: list[Flag]) -> str:
-    readers = {tuple(_flag_readers()[flag.destination]) for flag in flags}
+    readers = {tuple(_FLAG_READERS[flag.destination]) for flag in flags}
     if len(readers) == 1:
         return ", ".join(next(iter(readers)))
     return f"{method} (each flag names the methods that read it)"
