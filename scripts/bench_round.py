@@ -25,20 +25,22 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from scripts import federation
+from orchestration.local import run_local_federation
+from orchestration.spec import RunSpec
 from scripts._cli import run
-from training.flags import positive_int
+from training.flags import non_negative_int, positive_int
 
 SETTINGS = {
-    "default": {"what": "the main job's model: MLP 30-48-2 on breast_cancer, K = 3", "argv": ["--hospitals", "3"]},
+    "default": {"what": "the main job's model: MLP 30-48-2 on breast_cancer, K = 3", "spec": RunSpec(hospitals=3)},
     "1M": {
         "what": "MLP 64-1024-880-10 (977,370 parameters) on digits, K = 5",
-        "argv": ["--data", "digits", "--hospitals", "5", "--hidden", "1024,880"],
+        "spec": RunSpec(data="digits", hospitals=5, hidden=(1024, 880)),
     },
 }
-MODES = {"secure": [], "plaintext": ["--insecure-plaintext-benchmark"]}
+MODES = {"secure": False, "plaintext": True}  # insecure_plaintext_benchmark
 _SERVER_PHASES = ("collect", "aggregate", "release", "evaluate")
 _HOSPITAL_PHASES = ("train", "encrypt", "decrypt")
 _TARGET_RATIO = 1.25  # issue 8: the secure round at most 1.25x the plaintext one at about 1M parameters, K = 5
@@ -54,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--rounds", type=positive_int, default=12, help="rounds per run, the first not counted (default: 12)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the data split and partition (default: 0)")
+    parser.add_argument(
+        "--seed", type=non_negative_int, default=0, help="seed of the data split and partition (default: 0)"
+    )
     parser.add_argument(
         "--repeats", type=positive_int, default=3, help="secure/plaintext pairs per setting (default: 3)"
     )
@@ -76,26 +80,23 @@ def benchmark(args: argparse.Namespace) -> None:
         for repeat in range(args.repeats):
             for mode in list(MODES)[:: 1 if repeat % 2 == 0 else -1]:  # secure first, then plaintext first, ...
                 out = args.work / f"{setting}-{mode}-{repeat + 1}"
-                argv = [
-                    *SETTINGS[setting]["argv"],
-                    *MODES[mode],
-                    "--rounds",
-                    str(args.rounds),
-                    "--seed",
-                    str(args.seed),
-                    "--send-offset",
-                    "0",
-                    "--epsilon-budget",
-                    "1000",
-                    "--out",
-                    str(out),
-                ]
+                spec = replace(
+                    SETTINGS[setting]["spec"],
+                    insecure_plaintext_benchmark=MODES[mode],
+                    rounds=args.rounds,
+                    seed=args.seed,
+                    send_offset=0.0,
+                    epsilon_budget=1000.0,
+                    out=out,
+                )
                 print(
-                    f"== {setting}, {mode}, pair {repeat + 1} of {args.repeats}: consilium-federation {' '.join(argv)}",
+                    f"== {setting}, {mode}, pair {repeat + 1} of {args.repeats}: consilium-federation {' '.join(spec.argv())}",
                     flush=True,
                 )
-                report = federation.run_federation(federation.build_parser().parse_args(argv))
-                runs.setdefault(setting, {}).setdefault(mode, []).append({"argv": argv, "summary": summarise(report)})
+                report = run_local_federation(spec)
+                runs.setdefault(setting, {}).setdefault(mode, []).append(
+                    {"argv": spec.argv(), "summary": summarise(report)}
+                )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"argv": sys.argv[1:], "runs": runs}, indent=1))
     (args.out / "results.md").write_text(results_table(runs, args))

@@ -1,7 +1,7 @@
 """consilium-bench-tallier: what the talliers' secure argmax costs, against opening the noisy histogram.
 
 Each cell runs one round of ``tallier.mpc.run_round`` in J real tallier processes
-(``scripts._mpc_party``), talking MPyC over mutual TLS on this machine, each with its own
+(``--party``, ``play_party``), talking MPyC over mutual TLS on this machine, each with its own
 certificate, pinned by the roster of a fresh local federation. Three hospitals' noisy votes on Q queries of C classes are
 secret-shared to the talliers modulo the field a kNN-DPFL run would use (k = 30, sigma = 15), so
 the comparisons have the bit length a real run has. Two ways to finish a round, side by side:
@@ -37,9 +37,12 @@ from tqdm import tqdm
 from crypto.mpc_field import MpcField
 from crypto.secret_sharing import share
 from protocol.roster import local_federation
-from scripts._cli import free_port, run
+from orchestration.local import free_port
+from protocol.party_keys import Credentials
+from protocol.roster import Roster
+from scripts._cli import run
+from tallier.mpc import MpcError, VoterError, mpc_party, run_round
 from training.flags import positive_int
-from scripts._mpc_party import command, write_input
 from training.vote_privacy import REVEAL_MODES, VotingSettings
 
 _HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
@@ -80,12 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", type=Path, default=Path("results/bench_tallier"), help="where results.md and results.json go"
     )
+    parser.add_argument(
+        "--party",
+        nargs=4,
+        metavar=("INPUT", "OUT_PREFIX", "FEDERATION", "NAME"),
+        help="instead: be tallier NAME of one cell, reading its shares from INPUT (what the benchmark starts J of)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    sys.exit(run(lambda: benchmark(args)))
+    sys.exit(run(lambda: play_party(*args.party) if args.party else benchmark(args)))
 
 
 def benchmark(args: argparse.Namespace) -> list[Measurement]:
@@ -156,7 +165,7 @@ def _measure(work: Path, queries: int, classes: int, talliers: int, reveal: str)
     }
     processes = [
         subprocess.Popen(
-            command("input.npz", f"out-{index}", work / "federation", name),
+            party_command("input.npz", f"out-{index}", work / "federation", name),
             cwd=work,
             env={**os.environ, **environment},
             stderr=subprocess.PIPE,
@@ -185,6 +194,81 @@ def _measure(work: Path, queries: int, classes: int, talliers: int, reveal: str)
         seconds=max(float(r["seconds"]) for r in results),
         bytes_per_tallier=statistics.fmean(int(r["bytes_sent"]) for r in results),
     )
+
+
+def write_input(
+    path: Path,
+    shares: dict[tuple[int, str], np.ndarray],
+    *,
+    hospitals: tuple[str, ...],
+    queries: int,
+    classes: int,
+    quorum: int,
+    field: MpcField,
+    reveal: str,
+    timeout: float,
+    rounds: int,
+    label_threshold: int,
+) -> None:
+    """The file every party reads: ``shares[(tallier, hospital)]`` (pairs left out are shares withheld) and the round's settings."""
+    np.savez(
+        path,
+        **{f"share-{tallier}-{hospital}": vector for (tallier, hospital), vector in shares.items()},
+        hospitals=np.array(hospitals),
+        queries=queries,
+        classes=classes,
+        quorum=quorum,
+        bit_length=field.bit_length,
+        modulus=str(field.modulus),
+        reveal=reveal,
+        timeout=timeout,
+        rounds=rounds,
+        label_threshold=label_threshold,
+    )
+
+
+def party_command(source: str, target: str, federation: Path, name: str) -> list[str]:
+    """The command line of tallier ``name`` of one cell, run with the repository on PYTHONPATH."""
+    return [sys.executable, "-m", "scripts.bench_tallier", "--party", source, target, str(federation), name]
+
+
+def play_party(source: str, target: str, federation: str, name: str) -> None:
+    """Tallier ``name`` of the federation in ``federation`` (its keys from its folder, its peers from the roster):
+    run ``tallier.mpc.run_round`` on its shares in ``source`` (``write_input``) the file's number of times, and
+    write each round's result with the seconds it took to ``{target}-{round}.npz``."""
+    roster, credentials = Roster.load(Path(federation)), Credentials.load(Path(federation) / name)
+    roster.check_own_entry(credentials)
+    party = mpc_party(roster, credentials)
+    with np.load(source, allow_pickle=False) as data:
+        hospitals = tuple(str(hospital) for hospital in data["hospitals"])
+        shares = {h: data[f"share-{party.index}-{h}"] for h in hospitals if f"share-{party.index}-{h}" in data}
+        settings = {key: int(data[key]) for key in ("queries", "classes", "quorum", "label_threshold")}
+        field = MpcField(int(data["bit_length"]), int(str(data["modulus"])))
+        reveal, timeout, rounds = str(data["reveal"]), float(data["timeout"]), int(data["rounds"])
+    for round_number in range(1, rounds + 1):
+        started = time.perf_counter()
+        try:
+            result = run_round(
+                party,
+                round_number,
+                shares,
+                hospitals=hospitals,
+                **settings,
+                field=field,
+                reveal=reveal,
+                timeout_s=timeout,
+            )
+        except VoterError as error:
+            raise MpcError(str(error)) from None
+        extra = {} if result.totals is None else {"totals": result.totals}
+        np.savez(
+            f"{target}-{round_number}.npz",
+            labels=result.labels,
+            voters=np.array(result.voters),
+            bytes_sent=result.bytes_sent,
+            seconds=time.perf_counter() - started,
+            **extra,
+        )
 
 
 def results_table(measurements: list[Measurement]) -> str:

@@ -29,21 +29,23 @@ done (a run is redone if its arguments changed).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import shutil
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from protocol.config import ConfigError
-from scripts import federation
+from orchestration.local import run_local_federation
+from orchestration.planning import least_noise_multiplier
+from orchestration.spec import RunSpec
 from scripts._cli import run
-from training.flags import positive_int, probability, rate
+from training.flags import positive_int, probability, rate, widths
 from training.datasets import load_dataset
 
-_NO_BUDGET = "1e9"  # the comparison fixes each run's noise and rounds; a hospital's budget must not stop it early
+_NO_BUDGET = 1e9  # the comparison fixes each run's noise and rounds; a hospital's budget must not stop it early
 _COMPLETED = "completed all rounds"
 
 
@@ -74,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="dp-fedavg's fixed v, and the most adaptive v may reach (default: 4)",
     )
     parser.add_argument("--model", help="model architecture (default: the data's, as consilium-federation chooses it)")
-    parser.add_argument("--hidden", help="MLP hidden widths, comma-separated")
+    parser.add_argument("--hidden", type=widths, default=RunSpec.hidden, help="MLP hidden widths, comma-separated")
     parser.add_argument(
         "--methods",
         type=lambda text: tuple(text.split(",")),
@@ -99,17 +101,8 @@ def compare(args: argparse.Namespace) -> dict:
     plan = _plan(args, wanted=set(args.methods or known))
     result = {"data": args.data, "hospitals": args.hospitals, "seeds": args.seeds, "delta": args.delta, "runs": []}
     for number, planned in enumerate(plan, start=1):
-        out = args.out / "runs" / planned["name"]
-        argv = [
-            *_common(args),
-            "--seed",
-            str(planned["seed"]),
-            *planned["argv"],
-            *_matched(planned, result["runs"]),
-            "--out",
-            str(out),
-        ]
-        result["runs"].append({**planned, "argv": argv, **_summary(_report(argv, out))})
+        spec = replace(planned["spec"], out=args.out / "runs" / planned["name"], **_matched(planned, result["runs"]))
+        result["runs"].append({**planned, "spec": spec.to_dict(), **_summary(_report(spec))})
         entry = result["runs"][-1]
         print(
             f"[{number}/{len(plan)}] {planned['name']}: {_row_scores(entry)} ({entry['wall_seconds']:.0f} s)",
@@ -122,17 +115,21 @@ def compare(args: argparse.Namespace) -> dict:
     return result
 
 
-def _report(argv: list[str], out: Path) -> dict:
-    """The report of the run of ``argv``: the one in ``out`` if it was made with the same arguments, else a new one."""
-    made_with = out / "argv.json"
-    if made_with.exists() and json.loads(made_with.read_text()) == argv and (out / "report.json").exists():
-        return json.loads((out / "report.json").read_text())
-    if out.exists():  # an unfinished or different run: start it again
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    with (out / "output.log").open("w") as log, contextlib.redirect_stdout(log):
-        report = federation.run_federation(federation.build_parser().parse_args(argv))
-    made_with.write_text(json.dumps(argv))
+def _report(spec: RunSpec) -> dict:
+    """The report of the run of ``spec``: the one in its folder if made with the same spec, else a new one."""
+    made_with = spec.out / "spec.json"
+    if (
+        made_with.exists()
+        and json.loads(made_with.read_text()) == spec.to_dict()
+        and (spec.out / "report.json").exists()
+    ):
+        return json.loads((spec.out / "report.json").read_text())
+    if spec.out.exists():  # an unfinished or different run: start it again
+        shutil.rmtree(spec.out)
+    spec.out.mkdir(parents=True)
+    with (spec.out / "output.log").open("w") as log:
+        report = run_local_federation(spec, echo=lambda line: print(line, file=log, flush=True))
+    made_with.write_text(json.dumps(spec.to_dict()))
     return report
 
 
@@ -153,119 +150,73 @@ def _methods(args: argparse.Namespace) -> tuple[str, ...]:
 def _plan(args: argparse.Namespace, wanted: set[str]) -> list[dict]:
     """The runs of the ``wanted`` methods, in order: a DP baseline after the Dopamine run whose epsilon it is matched to."""
     steps_per_epoch = math.ceil(1 / args.sample_rate)
-    dp_baselines = [name for name in ("central-dp", "fedavg-local-dp") if name in wanted]
-    if dp_baselines and args.rounds % steps_per_epoch:
+    if {"central-dp", "fedavg-local-dp"} & wanted and args.rounds % steps_per_epoch:
         raise ConfigError(
             f"--rounds must be a multiple of 1/q = {steps_per_epoch}: the DP baselines take the same steps in whole epochs"
         )
-    dp_sgd = ["--sample-rate", str(args.sample_rate), "--momentum", "0.9"]
-    noise: dict[tuple, list[str]] = {}
+    base = RunSpec(data=args.data, hospitals=args.hospitals, delta=args.delta, model=args.model, hidden=args.hidden)
+    noise: dict[tuple, RunSpec] = {}
 
-    def calibrated(argv: list[str], target: float) -> list[str]:
-        key = (*argv, target)  # the noise depends on the method, its settings and K, not on the seed
+    def calibrated(spec: RunSpec, target: float) -> RunSpec:
+        """``spec`` at the least noise within ``target``, which depends on the method, its settings and K, not the seed."""
+        key = (json.dumps(spec.to_dict()), target)
         if key not in noise:
-            noise[key] = ["--noise-multiplier", repr(_least_noise([*_common(args), *argv], target))]
+            noise[key] = spec.with_flags(noise_multiplier=least_noise_multiplier(spec, target))
         return noise[key]
 
     plan = []
     for seed in range(args.seeds):
-        for target in args.epsilons:
-            dopamine = f"dopamine-eps{target:g}-seed{seed}"
-            if "dopamine" in wanted:
-                argv = ["--method", "dopamine", "--rounds", str(args.rounds), "--epsilon-budget", _NO_BUDGET, *dp_sgd]
-                plan.append(_run("dopamine", dopamine, seed, "record", target, [*argv, *calibrated(argv, target)]))
-            for baseline in dp_baselines:
-                argv = [
-                    "--method",
-                    baseline,
-                    "--rounds",
-                    str(args.rounds // steps_per_epoch),
-                    "--accountant",
-                    "rdp",
-                    *dp_sgd,
-                ]
-                plan.append(
-                    _run(
-                        baseline,
-                        f"{baseline}-eps{target:g}-seed{seed}",
-                        seed,
-                        "record",
-                        target,
-                        argv,
-                        matched_to=dopamine,
-                    )
-                )
-        for target in args.hospital_epsilons:
-            variants = {
-                "dp-fedavg-v1": ["--subclients", "1"],
-                f"dp-fedavg-v{args.subclients}": ["--subclients", str(args.subclients)],
-                f"dp-fedavg-adaptive-v{args.subclients}": [
-                    "--subclients",
-                    "1",
-                    "--adaptive-subclients",
-                    str(args.subclients),
-                ],
-            }
-            for method, split in variants.items():
-                if method in wanted:
-                    argv = [
-                        "--method",
-                        "dp-fedavg",
-                        "--rounds",
-                        str(args.fedavg_rounds),
-                        "--epsilon-budget",
-                        _NO_BUDGET,
-                        *split,
-                    ]
-                    plan.append(
-                        _run(
-                            method,
-                            f"{method}-eps{target:g}-seed{seed}",
-                            seed,
-                            "hospital",
-                            target,
-                            [*argv, *calibrated(argv, target)],
-                        )
-                    )
+        plan += _record_level(args, base, wanted, calibrated, seed, steps_per_epoch)
+        plan += _hospital_level(args, base, wanted, calibrated, seed)
         for baseline in [name for name in ("central", "fedavg") if name in wanted]:
-            plan.append(
-                _run(
-                    baseline,
-                    f"{baseline}-seed{seed}",
-                    seed,
-                    "none",
-                    None,
-                    ["--method", baseline, "--rounds", str(args.fedavg_rounds)],
-                )
-            )
+            spec = replace(base, method=baseline, rounds=args.fedavg_rounds)
+            plan.append(_run(baseline, f"{baseline}-seed{seed}", seed, "none", None, spec))
     return plan
 
 
-def _common(args: argparse.Namespace) -> list[str]:
-    common = ["--data", args.data, "--hospitals", str(args.hospitals), "--delta", repr(args.delta)]
-    common += ["--model", args.model] if args.model else []
-    return common + (["--hidden", args.hidden] if args.hidden else [])
+def _record_level(args, base: RunSpec, wanted: set[str], calibrated, seed: int, steps_per_epoch: int) -> list[dict]:
+    """Dopamine at each record-level target, and each DP baseline with the same steps, matched to its epsilon."""
+    runs = []
+    dp_sgd = {"sample_rate": args.sample_rate, "momentum": 0.9}
+    for target in args.epsilons:
+        dopamine = f"dopamine-eps{target:g}-seed{seed}"
+        if "dopamine" in wanted:
+            spec = replace(base, method="dopamine", rounds=args.rounds, epsilon_budget=_NO_BUDGET).with_flags(**dp_sgd)
+            runs.append(_run("dopamine", dopamine, seed, "record", target, calibrated(spec, target)))
+        for baseline in [name for name in ("central-dp", "fedavg-local-dp") if name in wanted]:
+            spec = replace(base, method=baseline, rounds=args.rounds // steps_per_epoch)
+            spec = spec.with_flags(accountant="rdp", **dp_sgd)
+            name = f"{baseline}-eps{target:g}-seed{seed}"
+            runs.append(_run(baseline, name, seed, "record", target, spec, matched_to=dopamine))
+    return runs
 
 
-def _least_noise(argv: list[str], target: float) -> float:
-    """The least noise multiplier (to 0.1%) at which the run of ``argv`` spends at most ``target`` against the server."""
-
-    def spent(noise: float) -> float:
-        return federation.planned_epsilons([*argv, "--noise-multiplier", repr(noise)])["server"]
-
-    low, high = 0.01, 1.0
-    while spent(high) > target:
-        low, high = high, 2 * high
-        if high > 1e4:
-            raise ConfigError(f"no noise multiplier up to 1e4 keeps {' '.join(argv)} within epsilon {target:g}")
-    while high / low > 1.001:
-        middle = math.sqrt(low * high)
-        low, high = (middle, high) if spent(middle) > target else (low, middle)
-    return high
+def _hospital_level(args, base: RunSpec, wanted: set[str], calibrated, seed: int) -> list[dict]:
+    """dp-fedavg without intermediaries, with a fixed v and with an adaptive v, at each hospital-level target."""
+    v = args.subclients
+    variants = {
+        "dp-fedavg-v1": {"subclients": 1},
+        f"dp-fedavg-v{v}": {"subclients": v},
+        f"dp-fedavg-adaptive-v{v}": {"subclients": 1, "adaptive_subclients": v},
+    }
+    runs = []
+    for target in args.hospital_epsilons:
+        for method, split in variants.items():
+            if method in wanted:
+                spec = replace(base, method="dp-fedavg", rounds=args.fedavg_rounds, epsilon_budget=_NO_BUDGET)
+                spec = calibrated(spec.with_flags(**split), target)
+                runs.append(_run(method, f"{method}-eps{target:g}-seed{seed}", seed, "hospital", target, spec))
+    return runs
 
 
 def _run(
-    method: str, name: str, seed: int, level: str, target: float | None, argv: list[str], matched_to: str | None = None
+    method: str,
+    name: str,
+    seed: int,
+    level: str,
+    target: float | None,
+    spec: RunSpec,
+    matched_to: str | None = None,
 ) -> dict:
     return {
         "method": method,
@@ -273,17 +224,17 @@ def _run(
         "seed": seed,
         "level": level,
         "target_epsilon": target,
-        "argv": argv,
+        "spec": replace(spec, seed=seed),
         "matched_to": matched_to,
     }
 
 
-def _matched(planned: dict, done: list[dict]) -> list[str]:
+def _matched(planned: dict, done: list[dict]) -> dict:
     """A DP baseline's budget: the epsilon its Dopamine run spent against the server (its target without one)."""
     if planned["matched_to"] is None:
-        return []
+        return {}
     dopamine = next((r for r in done if r["name"] == planned["matched_to"]), None)
-    return ["--epsilon-budget", repr(dopamine["epsilon"]["server"] if dopamine else planned["target_epsilon"])]
+    return {"epsilon_budget": dopamine["epsilon"]["server"] if dopamine else planned["target_epsilon"]}
 
 
 def _summary(report: dict) -> dict:

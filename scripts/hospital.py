@@ -15,8 +15,9 @@ from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.roster_confirmation import join_federation
 from protocol.voting_hospital import VotingHospital
-from scripts._cli import METHODS, USER_ERRORS, add_roster_fingerprint, chosen_aggregation, configure_logging, run
-from training.flags import non_negative_float, positive_float, positive_int, probability
+from orchestration.run_flags import METHODS, chosen_aggregation
+from scripts._cli import USER_ERRORS, add_roster_fingerprint, configure_logging, run
+from training.flags import non_negative_float, non_negative_int, positive_float, positive_int, probability
 from training.datasets import Split, load_dataset
 from training.partition import PARTITION_SCHEMES, PartitionError, partition
 from training.vote_privacy import VOTING_METHODS
@@ -49,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the kind of run this hospital takes part in (default: dopamine)",
     )
     parser.add_argument("--data", default="breast_cancer", help="training data: breast_cancer, digits or an .npz path")
-    parser.add_argument("--data-seed", type=int, default=0, help="train/validation split of built-in data (default: 0)")
+    parser.add_argument(
+        "--data-seed", type=non_negative_int, default=0, help="train/validation split of built-in data (default: 0)"
+    )
     parser.add_argument("--epsilon-budget", type=positive_float, default=3.0, help="refuse rounds beyond this epsilon")
     parser.add_argument("--delta", type=probability, default=1e-5, help="delta of the budget (default: 1e-5)")
     parser.add_argument(
@@ -89,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--part", type=positive_int, action="append", help="which part (1-based) is this hospital's; one per --name"
     )
     simulation.add_argument("--partition", default="iid", choices=PARTITION_SCHEMES, help="how to split (default: iid)")
-    simulation.add_argument("--partition-seed", type=int, default=0, help="seed of the split (default: 0)")
+    simulation.add_argument("--partition-seed", type=non_negative_int, default=0, help="seed of the split (default: 0)")
     simulation.add_argument("--classes-per-part", type=positive_int, help="label_skew: classes each part sees")
     simulation.add_argument("--alpha", type=positive_float, default=0.5, help="dirichlet: concentration (default: 0.5)")
     return parser

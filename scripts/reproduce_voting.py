@@ -17,9 +17,11 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from scripts import federation
+from orchestration.local import run_local_federation
+from orchestration.spec import RunSpec
 from scripts._cli import run
 
 # The paper's settings (Sec. 4.1, Table 1 for AE-DPFL; 3 agents and delta 1e-4 as in its Table 2 for
@@ -28,72 +30,49 @@ SETTINGS = {
     "ae-dpfl": {
         "level": "hospital",
         "target": (0.90, 4.3),  # (student accuracy, epsilon): the paper reports 86.1% (DP-FedAvg 84.2%) at 4.3
-        "argv": [
-            "--hospitals",
-            "100",
-            "--hospitals-per-process",
-            "50",
-            "--partition",
-            "label_skew",
-            "--classes-per-part",
-            "6",
-            "--public-fraction",
-            "0.3",
-            "--delta",
-            "1e-3",
-            "--model",
-            "cnn",
-            "--teacher-epochs",
-            "20",
-            "--teacher-confidence",
-            "0.5",
-            "--rounds",
-            "1",
-            "--queries-per-round",
-            "500",
-            "--vote-noise",
-            "20",
-            "--student-epochs",
-            "60",
-            "--epsilon-budget",
-            "20",
-            "--round-timeout",
-            "1200",
-        ],
+        "spec": RunSpec(
+            method="ae-dpfl",
+            hospitals=100,
+            hospitals_per_process=50,
+            partition="label_skew",
+            classes_per_part=6,
+            delta=1e-3,
+            model="cnn",
+            rounds=1,
+            epsilon_budget=20.0,
+            round_timeout=1200.0,
+            flags={
+                "public_fraction": 0.3,
+                "teacher_epochs": 20,
+                "teacher_confidence": 0.5,
+                "queries_per_round": 500,
+                "vote_noise": 20.0,
+                "student_epochs": 60,
+            },
+        ),
     },
     "knn-dpfl": {
         "level": "record",
         "target": (0.95, 2.0),
-        "argv": [
-            "--hospitals",
-            "3",
-            "--partition",
-            "iid",
-            "--public-fraction",
-            "0.3",
-            "--delta",
-            "1e-4",
-            "--model",
-            "cnn",
-            "--neighbours",
-            "400",
-            "--feature-dimensions",
-            "30",
-            "--rounds",
-            "6",
-            "--queries-per-round",
-            "500",
-            "--vote-noise",
-            "148",
-            "--label-threshold",
-            "840",
-            "--student-epochs",
-            "30",
-            "--epsilon-budget",
-            "4",
-            "--round-timeout",
-            "600",
-        ],
+        "spec": RunSpec(
+            method="knn-dpfl",
+            hospitals=3,
+            partition="iid",
+            delta=1e-4,
+            model="cnn",
+            rounds=6,
+            epsilon_budget=4.0,
+            round_timeout=600.0,
+            flags={
+                "public_fraction": 0.3,
+                "neighbours": 400,
+                "feature_dimensions": 30,
+                "queries_per_round": 500,
+                "vote_noise": 148.0,
+                "label_threshold": 840,
+                "student_epochs": 30,
+            },
+        ),
     },
 }
 
@@ -125,19 +104,9 @@ def reproduce(args: argparse.Namespace) -> None:
         for seed in args.seeds:
             out = args.work / f"{method}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
             print(f"== {method}, seed {seed}: {out}", flush=True)
-            argv = [
-                "--method",
-                method,
-                "--data",
-                args.data,
-                "--seed",
-                str(seed),
-                "--out",
-                str(out),
-                *SETTINGS[method]["argv"],
-            ]
-            report = federation.run_federation(federation.build_parser().parse_args(argv))
-            runs.setdefault(method, []).append({"seed": seed, "argv": argv, "report": report})
+            spec = replace(SETTINGS[method]["spec"], data=args.data, seed=seed, out=out)
+            report = run_local_federation(spec)
+            runs.setdefault(method, []).append({"seed": seed, "argv": spec.argv(), "report": report})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(runs, indent=1))
     (args.out / "results.md").write_text(results_table(runs, data=args.data))
@@ -187,7 +156,7 @@ def results_table(runs: dict[str, list[dict]], *, data: str) -> str:
     lines += ["", "## Settings", ""]
     for method, results in runs.items():
         lines.append(
-            f"- **{method}**: `consilium-federation --method {method} --data {data} {' '.join(SETTINGS[method]['argv'])}`"
+            f"- **{method}**: `consilium-federation --data {data} {' '.join(SETTINGS[method]['spec'].argv())}`"
         )
     lines += [
         "",

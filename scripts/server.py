@@ -16,19 +16,16 @@ from protocol.participants import Timeouts
 from protocol.server import Server
 from protocol.voting_config import VotingConfig
 from protocol.voting_server import VotingServer
-from scripts._cli import (
-    add_roster_fingerprint,
-    add_run_arguments,
+from orchestration.run_flags import (
+    build_run_config,
     chosen_aggregation,
-    configure_logging,
+    model_spec,
     resolve_data_defaults,
     resolve_run_arguments,
-    run,
 )
-from training.flags import positive_float
-from training.datasets import Dataset, Split, load_dataset
-from training.methods import METHODS
-from training.models import ModelSpec, input_statistics
+from scripts._cli import add_roster_fingerprint, add_run_arguments, configure_logging, run
+from training.flags import non_negative_int, positive_float
+from training.datasets import Dataset, load_dataset
 from training.vote_privacy import VOTING_METHODS, VotingSettings
 from training.voting import PcaFeatures, split_public_pool
 
@@ -50,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--data", default="breast_cancer", help="validation data: breast_cancer, digits or an .npz path"
     )
-    parser.add_argument("--data-seed", type=int, default=0, help="train/validation split of built-in data (default: 0)")
+    parser.add_argument(
+        "--data-seed", type=non_negative_int, default=0, help="train/validation split of built-in data (default: 0)"
+    )
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -145,29 +144,6 @@ def serve(args: argparse.Namespace) -> None:
         f"finished ({report['finish_reason']}): {final['rounds_released']} rounds released, report in {args.out}",
         flush=True,
     )
-
-
-def build_run_config(args: argparse.Namespace, hospitals: tuple[str, ...], dataset: Dataset) -> RunConfig:
-    """A new run's configuration from the run flags (``scripts._cli``), or ``ConfigError``."""
-    try:
-        return RunConfig(
-            run_id=secrets.token_hex(8),
-            dataset=dataset.name,
-            hospitals=hospitals,
-            rounds=args.rounds,
-            delta=args.delta,
-            model=model_spec(args, dataset, dataset.validation),
-            training=METHODS[args.method].from_flags(args, quorum=args.quorum or len(hospitals)),
-            aggregation=chosen_aggregation(args),
-        )
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-
-
-def model_spec(args: argparse.Namespace, dataset: Dataset, public: Split) -> ModelSpec:
-    """The model of ``--model`` and ``--hidden``, standardising inputs with statistics of ``public`` records (``ValueError``)."""
-    mean, std = input_statistics(public.x)
-    return ModelSpec(args.model, dataset.input_shape, dataset.num_classes, args.hidden, mean, std)
 
 
 def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunConfig:

@@ -14,7 +14,7 @@ import pytest
 from crypto.bfv_parameters import select_bfv_parameters
 from protocol.party_keys import Credentials
 from training.ledger import LEDGER_FILE, PrivacyLedger
-from scripts._cli import free_port  # noqa: F401  (the tests' ports, as the launchers pick them)
+from orchestration.local import free_port  # noqa: F401  (the tests' ports, as the launchers pick them)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

@@ -13,7 +13,7 @@ import numpy as np
 from conftest import child_environment, free_port, launcher, party_ledger
 from protocol.party_keys import SERVER, Credentials
 from protocol.roster import Roster, local_federation
-from scripts import _scripted
+import scripted_peers
 from training.ledger import PrivacyLedger
 
 
@@ -141,7 +141,7 @@ def wait_for_text(path: Path, text: str, process: subprocess.Popen, timeout: flo
         time.sleep(0.02)
 
 
-class ScriptedHospital(_scripted.ScriptedHospital):
+class ScriptedHospital(scripted_peers.ScriptedHospital):
     def __init__(self, server: ServerProcess, name: str) -> None:
         super().__init__(server.roster, Credentials.load(server.federation / name))
         server.peers.append(self)
@@ -156,7 +156,7 @@ class ScriptedHospital(_scripted.ScriptedHospital):
         return np.random.default_rng(seed).integers(-bound, bound, params.vector_length, endpoint=True)
 
 
-class ScriptedServer(_scripted.ScriptedServer):
+class ScriptedServer(scripted_peers.ScriptedServer):
     """A scripted server and a real hospital process for each hospital of a (new or existing) federation."""
 
     def __init__(
@@ -167,7 +167,7 @@ class ScriptedServer(_scripted.ScriptedServer):
             roster = Roster.load(self.federation)
         else:
             roster = local_federation(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}")
-        config = _scripted.small_run_config(roster, quorum=quorum, rounds=rounds, run_id=run_id)
+        config = scripted_peers.small_run_config(roster, quorum=quorum, rounds=rounds, run_id=run_id)
         super().__init__(roster, Credentials.load(self.federation / SERVER), config)
         self.logs = {name: tmp_path / f"{name}-{config.run_id}.log" for name in config.hospitals}
         self.hospitals = {

@@ -13,9 +13,8 @@ from protocol.checkpoint import Checkpoint
 from protocol.config import ConfigError
 from protocol.roster import local_federation
 from scripts import federation
-from scripts._cli import FEDERATION_METHODS, resolve_data_defaults, resolve_run_arguments
-from scripts._scripted import small_run_config
-from scripts.server import build_run_config
+from orchestration.run_flags import FEDERATION_METHODS, build_run_config, resolve_data_defaults, resolve_run_arguments
+from scripted_peers import small_run_config
 from training.datasets import load_dataset
 from training.models import build_model, get_flat_parameters
 
@@ -252,9 +251,13 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
     assert sorted(p.name for p in secure.iterdir()) == ["checkpoint.json"]  # a refused resume began no ledger
 
 
-def test_bad_numbers_are_refused_by_the_parser():
-    result = run_launcher("federation", "--sample-rate", "1.5")
-    assert result.returncode == 2 and "must be in (0, 1]" in result.stderr
+@pytest.mark.parametrize(
+    "argv, reason",
+    [(("--sample-rate", "1.5"), "must be in (0, 1]"), (("--seed", "-1"), "argument --seed: must be non-negative")],
+)
+def test_bad_numbers_are_refused_by_the_parser(argv, reason):
+    result = run_launcher("federation", *argv)
+    assert result.returncode == 2 and reason in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,25 @@
-"""A small sample of the fuzzer (scripts/fuzz.py) against a real server, a real hospital and the decryptor."""
+"""A small sample of the fuzzer (tests/fuzz.py) against a real server, a real hospital and the decryptor."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from conftest import run_launcher
+from conftest import REPO, child_environment
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_fuzz_sample_finds_no_crash_traceback_or_state_change(tmp_path):
-    result = run_launcher("fuzz", "--messages", "1500", "--seed", "1", "--out", tmp_path)
+    result = subprocess.run(
+        [sys.executable, "tests/fuzz.py", "--messages", "1500", "--seed", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=child_environment(),
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "fuzz.json").read_text())
     assert report["clean"] and report["messages_sent"] >= 1400

@@ -1,6 +1,6 @@
 """The talliers' MPC network, attacked by a tallier: code in a pickle, a borrowed certificate, a listener that is not its party.
 
-Real tallier processes (``scripts._mpc_party``) run a round of the MPC; the attacker is a real
+Real tallier processes (``scripts.bench_tallier --party``) run a round of the MPC; the attacker is a real
 MPyC party whose messages are replaced, or a TLS client or server in this process holding a
 real tallier's key.
 """
@@ -24,7 +24,7 @@ from crypto.tls import certificate_pem, make_mpc_certificate
 from tallier.mpc_network import harden_mpyc
 from protocol.party_keys import MPC_CERTIFICATE_FILE, MPC_KEY_FILE
 from protocol.roster import local_federation
-from scripts._mpc_party import command, write_input
+from scripts.bench_tallier import party_command, write_input
 from tests.conftest import REPO, child_environment, free_port, wait_until_listening
 from tests.scripted import wait_for_text
 
@@ -54,8 +54,8 @@ def send(self, peer, data):
 
 Runtime._send_message = send
 atexit.register(lambda: print(f"replaced {len(replaced)} {kind} messages", file=sys.stderr, flush=True))
-sys.argv = ["_mpc_party", *sys.argv[3:]]
-runpy.run_module("scripts._mpc_party", run_name="__main__")
+sys.argv = ["bench_tallier", "--party", *sys.argv[3:]]
+runpy.run_module("scripts.bench_tallier", run_name="__main__")
 """
 
 
@@ -91,7 +91,7 @@ def _tallier(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
     log = tmp_path / f"{name}.log"
     with log.open("w") as handle:
         process = subprocess.Popen(
-            command("input.npz", f"out-{name}", tmp_path / "federation", name),
+            party_command("input.npz", f"out-{name}", tmp_path / "federation", name),
             cwd=tmp_path,
             env={**child_environment(), "PYTHONPATH": str(REPO)},
             stdout=handle,

@@ -9,7 +9,7 @@ import pytest
 from crypto.secret_sharing import share
 from protocol.roster import local_federation
 from crypto.mpc_field import MpcField
-from scripts._mpc_party import command, write_input
+from scripts.bench_tallier import party_command, write_input
 from tallier.mpc import MpcParty, run_round
 from tests.conftest import REPO, child_environment, free_port
 
@@ -63,7 +63,7 @@ def _run(
     roster = federation(tmp_path / "federation")
     processes = {
         index: subprocess.Popen(
-            command("input.npz", f"out-{index}", tmp_path / "federation", roster.talliers[index]),
+            party_command("input.npz", f"out-{index}", tmp_path / "federation", roster.talliers[index]),
             cwd=tmp_path,
             env={**child_environment(), "PYTHONPATH": str(REPO)},
             stderr=subprocess.PIPE,

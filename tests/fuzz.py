@@ -1,4 +1,8 @@
-"""consilium-fuzz: hostile messages against a real server and a real hospital, counting what breaks.
+"""The fuzzer: hostile messages against a real server and a real hospital, counting what breaks.
+
+Run from the repository, beside the tests whose scripted peers it uses (``tests/scripted_peers.py``)::
+
+    .venv/bin/python tests/fuzz.py --messages 100000 --seed 7 --out results/fuzz
 
 Targets, each a real component:
 
@@ -80,9 +84,10 @@ from protocol.messages import (
 )
 from protocol.party_keys import SERVER, Credentials
 from protocol.roster import local_federation
-from scripts._cli import configure_logging, free_port, run
+from orchestration.local import free_port
+from scripts._cli import configure_logging, run
 from training.flags import positive_int
-from scripts._scripted import ScriptedHospital, ScriptedServer, small_run_config
+from scripted_peers import ScriptedHospital, ScriptedServer, small_run_config
 
 _BATCH = 300  # fuzz messages per phase of a round
 _MAX_RSS_GROWTH_KIB = 64 * 1024  # beyond this from the first round to the largest, memory is not bounded
@@ -92,7 +97,7 @@ _TYPE_NAMES = sorted(cls.TYPE for cls in TO_SERVER | TO_HOSPITAL) + ["", "Update
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="consilium-fuzz", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tests/fuzz.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=positive_int, default=100_000, help="fuzz messages in all (default: 100000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fuzzer's own choices (default: 0)")
     parser.add_argument(

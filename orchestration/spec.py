@@ -1,0 +1,153 @@
+"""A local federation, specified: ``RunSpec``, and ``resolve``, which fills in what depends on the method and the data.
+
+A ``RunSpec`` holds what ``consilium-federation``'s flags say, typed: the federation (hospitals,
+talliers, data, partition), the run every method has (``orchestration.run_flags.COMMON_FLAGS``)
+and, in ``flags``, the method's own flags by destination (``{"noise_multiplier": 2.3}``). A field
+left ``None`` takes its default for the method and the data when the spec is resolved::
+
+    spec = RunSpec(method="dp-fedavg", hospitals=4, flags={"subclients": 2})
+    report = run_local_federation(spec)              # orchestration.local
+    sigma = least_noise_multiplier(spec, 2.0)        # orchestration.planning
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from functools import partial
+from pathlib import Path
+from types import MappingProxyType, SimpleNamespace
+from typing import Any, Mapping
+
+from protocol.config import ConfigError
+from protocol.hospital import DEFAULT_SEND_OFFSET_S
+from orchestration.run_flags import (
+    COMMON_FLAGS,
+    FEDERATION_METHODS,
+    FLAG_READERS,
+    resolve_data_defaults,
+    resolve_run_arguments,
+    shown,
+)
+from training.datasets import Dataset, load_dataset
+from training.methods import METHODS as TRAINING_METHODS
+from training.vote_privacy import VOTING_METHODS
+
+__all__ = ["RunSpec", "resolve"]
+
+_COMMON = {flag.destination: flag.default for flag in COMMON_FLAGS}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    method: str = _COMMON["method"]
+    data: str | None = None  # breast_cancer, digits or an .npz path (default: digits for voting, else breast_cancer)
+    hospitals: int = 3
+    rounds: int | None = None  # default: the method's
+    out: Path | None = None  # default: runs/<date-time>
+    seed: int = 0  # the data split and partition
+    partition: str = "iid"
+    classes_per_part: int | None = None  # label_skew
+    alpha: float = 0.5  # dirichlet
+    delta: float = _COMMON["delta"]
+    model: str | None = None  # default: cnn for images, mlp for other data
+    hidden: tuple[int, ...] = _COMMON["hidden"]
+    quorum: int | None = None  # default: every hospital
+    epsilon_budget: float | None = None  # default: the method's
+    expected_batch_size: float | None = None  # Dopamine's B (default: proposed from the data set's public size)
+    flags: Mapping[str, Any] = field(default_factory=dict)  # the method's own flags, by destination
+    talliers: int = 3  # voting
+    hospitals_per_process: int = 1  # voting: hospitals simulated in threads of one process
+    round_timeout: float = 60.0
+    send_offset: float = DEFAULT_SEND_OFFSET_S
+    transcript_payloads: bool = False
+    insecure_plaintext_benchmark: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.flags) - set(FLAG_READERS))
+        if unknown:
+            raise ConfigError(f"no method reads the flag(s) {', '.join(unknown)}")
+        given = {name: value for name, value in self.flags.items() if value is not None}
+        object.__setattr__(self, "flags", MappingProxyType(given))
+        object.__setattr__(self, "hidden", tuple(self.hidden))
+        if self.out is not None:
+            object.__setattr__(self, "out", Path(self.out))
+
+    def __reduce__(self):  # the flags' read-only view does not pickle; a plain copy does
+        values = {spec_field.name: getattr(self, spec_field.name) for spec_field in fields(self)}
+        return partial(RunSpec, **{**values, "flags": dict(self.flags)}), ()
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> RunSpec:
+        """The spec of parsed flags (``vars`` of an ``argparse.Namespace``): fields by name, the rest method flags."""
+        names = {spec_field.name for spec_field in fields(cls)} - {"flags"}
+        unknown = sorted(set(values) - names - set(FLAG_READERS))
+        if unknown:
+            raise ConfigError(f"a run specification has no field {', '.join(unknown)}")
+        given = {name: value for name, value in values.items() if name in names and value is not None}
+        return cls(**given, flags={name: value for name, value in values.items() if name in FLAG_READERS})
+
+    @property
+    def voting(self) -> bool:
+        return self.method in VOTING_METHODS
+
+    def with_flags(self, **flags: Any) -> RunSpec:
+        """This spec with some of the method's flags set (``None`` removes one)."""
+        return replace(self, flags={**self.flags, **flags})
+
+    def values(self) -> SimpleNamespace:
+        """Every field and every method's flag as one attribute each (``None`` where not given): what
+        ``orchestration.run_flags`` reads. A copy: changing it changes nothing here."""
+        values = dict.fromkeys(FLAG_READERS)
+        values.update((spec_field.name, getattr(self, spec_field.name)) for spec_field in fields(self))
+        values.update(self.flags)
+        del values["flags"]
+        return SimpleNamespace(**values)
+
+    def argv(self) -> list[str]:
+        """The ``consilium-federation`` flags that make this spec: each field that differs from its default, then
+        the method's flags (``--hospitals-per-process`` for ``hospitals_per_process``)."""
+        argv = []
+        for spec_field in fields(self):
+            value = getattr(self, spec_field.name)
+            if spec_field.name == "flags" or value == spec_field.default:
+                continue
+            flag = "--" + spec_field.name.replace("_", "-")
+            argv += [flag] if value is True else [flag, shown(value)]
+        return argv + [
+            arg for name, value in self.flags.items() for arg in ("--" + name.replace("_", "-"), shown(value))
+        ]
+
+    def to_dict(self) -> dict:
+        """The spec as JSON values: what a benchmark or a comparison records of each run."""
+        values = {spec_field.name: getattr(self, spec_field.name) for spec_field in fields(self)}
+        values["flags"] = {name: list(v) if isinstance(v, tuple) else v for name, v in self.flags.items()}
+        values["hidden"] = list(self.hidden)
+        values["out"] = None if self.out is None else str(self.out)
+        return values
+
+
+def resolve(spec: RunSpec) -> tuple[RunSpec, Dataset]:
+    """The spec with every default filled in, and its data loaded; ``ConfigError`` for what cannot run.
+
+    The defaults depend on the method (``rounds``, ``epsilon_budget``, its flags), then on the data
+    (the model and the DP-SGD step for images), and Dopamine's ``B`` is proposed where none is given:
+    q times the data set's public training size over the number of hospitals, never a hospital's
+    own count (``resolve(spec)[0].expected_batch_size``; a consortium states its own).
+    """
+    values = spec.values()
+    resolve_run_arguments(values, FEDERATION_METHODS)
+    if spec.hospitals_per_process > 1 and not spec.voting:
+        raise ConfigError(
+            "--hospitals-per-process is for voting runs; a hospital of the secure round needs its own process"
+        )
+    if spec.insecure_plaintext_benchmark and spec.method not in TRAINING_METHODS:
+        raise ConfigError(
+            f"--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for {spec.method}"
+        )
+    if values.data is None:  # votes need classes to vote on and a public pool to label: the ten digits
+        values.data = "digits" if spec.voting else "breast_cancer"
+    data = load_dataset(values.data, split_seed=spec.seed)
+    resolve_data_defaults(values, data.input_shape)
+    if spec.method == "dopamine" and values.expected_batch_size is None:
+        values.expected_batch_size = round(values.sample_rate * len(data.train) / spec.hospitals, 1)
+    return RunSpec.from_values(vars(values)), data

@@ -1,0 +1,57 @@
+"""The library under the launchers: a run specification, its command line, its defaults and its privacy plan."""
+
+import pytest
+
+import orchestration.spec
+from orchestration.planning import least_noise_multiplier, planned_epsilons
+from orchestration.spec import RunSpec, resolve
+from protocol.config import ConfigError
+from scripts import federation
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        RunSpec(),
+        RunSpec(method="dp-fedavg", hospitals=4, hidden=(16, 8), flags={"subclients": 2, "clip_quantile": 0.5}),
+        RunSpec(method="dopamine", hidden=(), insecure_plaintext_benchmark=True, send_offset=0.0, rounds=7),
+        RunSpec(method="knn-dpfl", hospitals_per_process=3, talliers=4, flags={"reveal": "histogram"}),
+    ],
+)
+def test_a_spec_s_command_line_parses_back_to_the_same_spec(spec):
+    parsed = RunSpec.from_values(vars(federation.build_parser().parse_args(spec.argv())))
+    assert parsed == spec
+
+
+def test_a_flag_no_method_reads_or_another_method_s_flag_is_refused():
+    with pytest.raises(ConfigError, match="no method reads the flag"):
+        RunSpec(flags={"noise": 1.0})
+    with pytest.raises(ConfigError, match="--subclients is for dp-fedavg runs, not dopamine"):
+        resolve(RunSpec(flags={"subclients": 2}))
+
+
+def test_resolving_fills_in_the_method_s_and_the_data_s_defaults_and_proposes_b():
+    spec, data = resolve(RunSpec(hospitals=5))
+    assert (spec.data, spec.rounds, spec.epsilon_budget, spec.model) == ("breast_cancer", 100, 3.0, "mlp")
+    assert spec.flags["lr"] == 0.05 and spec.flags["noise_multiplier"] == 2.3
+    assert spec.expected_batch_size == round(0.1 * len(data.train) / 5, 1)
+    assert resolve(RunSpec(expected_batch_size=7.0))[0].expected_batch_size == 7.0  # a stated B is kept
+    assert resolve(RunSpec(method="knn-dpfl"))[0].data == "digits"
+
+
+def test_the_least_noise_multiplier_is_within_the_target_and_the_data_are_loaded_once(monkeypatch):
+    loads = []
+    load = orchestration.spec.load_dataset
+    monkeypatch.setattr(orchestration.spec, "load_dataset", lambda *a, **k: loads.append(a) or load(*a, **k))
+    spec = RunSpec(rounds=50, epsilon_budget=1e9)
+    sigma = least_noise_multiplier(spec, 2.0, precision=1e-3)
+    assert len(loads) == 1
+    assert planned_epsilons(spec.with_flags(noise_multiplier=sigma))["server"] <= 2.0
+    assert planned_epsilons(spec.with_flags(noise_multiplier=sigma / 1.002))["server"] > 2.0
+    peer = least_noise_multiplier(spec, 2.0, view="peer_hospital")
+    assert peer > sigma  # a fellow hospital sees one share of noise fewer
+
+
+def test_planning_is_for_methods_with_a_ledger():
+    with pytest.raises(ConfigError, match="knn-dpfl does not run over the secure round"):
+        planned_epsilons(RunSpec(method="knn-dpfl"))
