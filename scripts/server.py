@@ -25,7 +25,7 @@ from orchestration.run_flags import (
 )
 from scripts._cli import add_roster_fingerprint, add_run_arguments, configure_logging, run
 from training.flags import non_negative_int, positive_float
-from training.datasets import Dataset, load_dataset
+from training.datasets import Dataset, Split, load_dataset
 from training.vote_privacy import VOTING_METHODS, VotingSettings
 from training.voting import PcaFeatures, split_public_pool
 
@@ -171,33 +171,7 @@ def _serve_vote(
     if args.resume:
         raise ConfigError("a voting run cannot be resumed yet; start a new one")
     public_pool, test = split_public_pool(dataset.validation, args.public_fraction, seed=args.data_seed)
-    try:
-        config = VotingConfig(
-            run_id=secrets.token_hex(8),
-            dataset=dataset.name,
-            hospitals=tuple(roster.hospitals),
-            talliers=tuple(roster.talliers),
-            rounds=args.rounds,
-            queries_per_round=args.queries_per_round,
-            delta=args.delta,
-            voting=VotingSettings(
-                method=args.method,
-                noise_std=args.vote_noise,
-                quorum=args.quorum or len(roster.hospitals),
-                neighbours=args.neighbours,
-            ),
-            reveal=args.reveal,
-            label_threshold=args.label_threshold,
-            model=model_spec(args, dataset, public_pool),
-            teacher_epochs=args.teacher_epochs,
-            teacher_confidence=args.teacher_confidence,
-            feature_dimensions=args.feature_dimensions,
-        )
-        feature_map = (
-            PcaFeatures.fit(public_pool.x, args.feature_dimensions).to_bytes() if args.method == "knn-dpfl" else b""
-        )
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
+    config, feature_map = _voting_config(args, roster, dataset, public_pool)
     server = VotingServer(
         config=config,
         roster=roster,
@@ -226,6 +200,40 @@ def _serve_vote(
         f"report in {args.out}",
         flush=True,
     )
+
+
+def _voting_config(
+    args: argparse.Namespace, roster: Roster, dataset: Dataset, public_pool: Split
+) -> tuple[VotingConfig, bytes]:
+    """A new voting run's configuration, and kNN-DPFL's public feature map (``ConfigError``)."""
+    try:
+        config = VotingConfig(
+            run_id=secrets.token_hex(8),
+            dataset=dataset.name,
+            hospitals=tuple(roster.hospitals),
+            talliers=tuple(roster.talliers),
+            rounds=args.rounds,
+            queries_per_round=args.queries_per_round,
+            delta=args.delta,
+            voting=VotingSettings(
+                method=args.method,
+                noise_std=args.vote_noise,
+                quorum=args.quorum or len(roster.hospitals),
+                neighbours=args.neighbours,
+            ),
+            reveal=args.reveal,
+            label_threshold=args.label_threshold,
+            model=model_spec(args, dataset, public_pool),
+            teacher_epochs=args.teacher_epochs,
+            teacher_confidence=args.teacher_confidence,
+            feature_dimensions=args.feature_dimensions,
+        )
+        feature_map = (
+            PcaFeatures.fit(public_pool.x, args.feature_dimensions).to_bytes() if args.method == "knn-dpfl" else b""
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return config, feature_map
 
 
 def _print_vote(record: dict, config: VotingConfig) -> None:
