@@ -34,6 +34,7 @@ import zstandard
 
 from crypto.bfv_parameters import BfvParameters
 from crypto.membership import CHECK_KEY_BYTES, CheckKey, MembershipError
+from crypto.workers import CryptoWorkers
 
 __all__ = ["BfvError", "CiphertextSum", "PublicContext", "SecretContext", "aggregate_bytes", "upload_bytes"]
 
@@ -83,14 +84,26 @@ class PublicContext:
         self._version = _seal_version()
         self._seeded_prefix = self._prefix(coefficients=params.poly_modulus_degree)
         self._full_prefix = self._prefix(coefficients=2 * params.poly_modulus_degree)
+        self.workers: CryptoWorkers | None = None
 
-    def load_upload(self, chunks: Sequence[bytes]) -> list[seal.Ciphertext]:
-        return self._load(chunks, self._seeded_prefix, self.params.poly_modulus_degree, seeded=True, what="upload")
+    def use_workers(self, count: int, *, secret: bytes | None = None, run_id: str = "") -> None:
+        """Spread the work on ciphertexts over ``count`` processes (``crypto.workers``), where there are several."""
+        if count > 1 and self.params.chunk_count > 1 and self.workers is None:
+            self.workers = CryptoWorkers(self.params.to_dict(), count, secret=secret, run_id=run_id)
 
-    def load_aggregate(self, chunks: Sequence[bytes]) -> list[seal.Ciphertext]:
-        return self._load(
-            chunks, self._full_prefix, 2 * self.params.poly_modulus_degree, seeded=False, what="aggregate"
-        )
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+
+    def load_upload(self, chunks: Sequence[bytes], shard: range | None = None) -> list[seal.Ciphertext]:
+        """An upload's ciphertexts, or those of ``shard`` (their indices in the upload), validated."""
+        degree = self.params.poly_modulus_degree
+        return self._load(chunks, self._seeded_prefix, degree, seeded=True, what="upload", shard=shard)
+
+    def load_aggregate(self, chunks: Sequence[bytes], shard: range | None = None) -> list[seal.Ciphertext]:
+        degree = 2 * self.params.poly_modulus_degree
+        return self._load(chunks, self._full_prefix, degree, seeded=False, what="aggregate", shard=shard)
 
     def pack_uploads(self, serialized: Sequence[bytes]) -> list[bytes]:
         """Our wire form of SEAL's own seeded serialisations (``Serializable.save``)."""
@@ -134,20 +147,28 @@ class PublicContext:
             yield from (words[i : i + 8 * coefficients] for i in range(0, len(words), 8 * coefficients))
 
     def _load(
-        self, chunks: Sequence[bytes], prefix: bytes, coefficients: int, *, seeded: bool, what: str
+        self,
+        chunks: Sequence[bytes],
+        prefix: bytes,
+        coefficients: int,
+        *,
+        seeded: bool,
+        what: str,
+        shard: range | None,
     ) -> list[seal.Ciphertext]:
-        if len(chunks) != self.params.chunk_count:
-            raise BfvError(f"an {what} has {self.params.chunk_count} ciphertexts, got {len(chunks)}")
+        shard = shard or range(self.params.chunk_count)
+        if len(chunks) != len(shard):
+            raise BfvError(f"an {what} has {len(shard)} ciphertexts, got {len(chunks)}")
         packed_bytes = _packed_bytes(coefficients, self.params)
         size = packed_bytes + (_PRNG_RECORD_BYTES if seeded else 0)
-        for index, chunk in enumerate(chunks):
+        for index, chunk in zip(shard, chunks):
             if type(chunk) is not bytes or len(chunk) != size:
                 got = f"{len(chunk)}" if type(chunk) is bytes else type(chunk).__name__
                 raise BfvError(f"{what} ciphertext {index} must be {size} bytes, got {got}")
         ciphertexts = []
         unpacked = self._each_unpacked(chunks, packed_bytes, coefficients)
         with _MemoryFile() as file:
-            for index, (chunk, polynomial) in enumerate(zip(chunks, unpacked, strict=True)):
+            for index, chunk, polynomial in zip(shard, chunks, unpacked, strict=True):
                 body = prefix + polynomial
                 if seeded:
                     body += self._header(_HEADER.size + _PRNG_RECORD_BYTES) + chunk[packed_bytes:]
@@ -241,6 +262,19 @@ class SecretContext:
                 f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}"
             )
         slots = self._check.append(self.params.digits.to_slots(values), round_number=round_number, hospital=hospital)
+        if seeded and self._public.workers is not None:
+            return self._public.workers.encrypt(slots, self.params.poly_modulus_degree)
+        return self.encrypt_slots(slots, seeded=seeded)
+
+    def use_workers(self, count: int) -> None:
+        """Encrypt and decrypt in ``count`` processes (``crypto.workers``), each given this run's secrets."""
+        self._public.use_workers(count, secret=self.to_bytes(), run_id=self._check.run_id)
+
+    def close(self) -> None:
+        self._public.close()
+
+    def encrypt_slots(self, slots: np.ndarray, *, seeded: bool = True) -> list[bytes]:
+        """The ciphertexts of whole ciphertexts' worth of slots, packed for the wire."""
         encrypted = []
         with _MemoryFile() as file:
             for start in range(0, slots.size, self.params.poly_modulus_degree):
@@ -261,28 +295,39 @@ class SecretContext:
 
         ``BfvError`` unless the aggregate is exactly one fresh contribution from each of them.
         """
-        slots = []
-        for ciphertext in self._public.load_aggregate(chunks):
-            plaintext = seal.Plaintext()
-            self._decryptor.decrypt(ciphertext, plaintext)
-            slots.append(np.array(self._encoder.decode_uint64(plaintext), dtype=np.int64))  # in [0, t), t < 2^60
-        used = np.concatenate(slots)[: self.params.slot_count]
+        workers = self._public.workers
+        used = (workers.decrypt(list(chunks)) if workers else self.decrypt_slots(chunks))[: self.params.slot_count]
         try:
             sums = self._check.verify(used, round_number=round_number, contributors=contributors)
         except MembershipError as error:
             raise BfvError(str(error)) from None
         return self.params.digits.from_slots(sums, self.params.vector_length)
 
+    def decrypt_slots(self, chunks: Sequence[bytes], shard: range | None = None) -> np.ndarray:
+        """The slots (int64, in [0, t)) of an aggregate's ciphertexts, or of its ``shard``, unchecked."""
+        slots = []
+        for ciphertext in self._public.load_aggregate(chunks, shard):
+            plaintext = seal.Plaintext()
+            self._decryptor.decrypt(ciphertext, plaintext)
+            slots.append(np.array(self._encoder.decode_uint64(plaintext), dtype=np.int64))  # t < 2^60
+        return np.concatenate(slots)
+
 
 class CiphertextSum:
     """Adds uploads. A contribution that fails validation, or whose addition fails, changes nothing.
 
-    ``seeded=False`` adds uploads sent with both polynomials (``SecretContext.encrypt_update``).
+    ``seeded=False`` adds uploads sent with both polynomials (``SecretContext.encrypt_update``). Where
+    the context has workers (``PublicContext.use_workers``), they hold the sum, each its shard; a
+    worker's own sum covers its ``shard`` of the ciphertexts.
     """
 
-    def __init__(self, context: PublicContext, *, seeded: bool = True) -> None:
+    def __init__(self, context: PublicContext, *, seeded: bool = True, shard: range | None = None) -> None:
         self._context = context
         self._load = context.load_upload if seeded else context.load_aggregate
+        self._shard = shard
+        self._workers = context.workers if seeded and shard is None else None
+        if self._workers is not None:
+            self._workers.reset_sum()
         self._totals: list[seal.Ciphertext] | None = None
         self.contributions = 0
 
@@ -291,7 +336,15 @@ class CiphertextSum:
             raise BfvError(
                 f"this sum already holds {self.contributions} contributions, the most these parameters allow"
             )
-        incoming = self._load(chunks)
+        if self._workers is not None:
+            self._workers.add(list(chunks))
+        else:
+            self.keep(self.staged(chunks))
+        self.contributions += 1
+
+    def staged(self, chunks: Sequence[bytes]) -> list[seal.Ciphertext]:
+        """The totals with ``chunks`` added, not yet kept (``BfvError`` where they cannot be)."""
+        incoming = self._load(chunks, self._shard)
         if self._totals is not None:
             added = []
             for total, ciphertext in zip(self._totals, incoming):
@@ -302,10 +355,14 @@ class CiphertextSum:
                     raise BfvError(f"cannot add this contribution: {error}") from None
                 added.append(result)
             incoming = added
-        self._totals = incoming
-        self.contributions += 1
+        return incoming
+
+    def keep(self, totals: list[seal.Ciphertext]) -> None:
+        self._totals = totals
 
     def to_chunks(self) -> list[bytes]:
+        if self._workers is not None and self.contributions:
+            return self._workers.sum_chunks()
         if self._totals is None:
             raise BfvError("the sum is empty")
         return self._context.pack_aggregate(self._totals)

@@ -93,7 +93,7 @@ class CheckKey:
                 f"check slots need a prime plaintext modulus below 2^{MAX_PLAIN_MODULUS_BITS}, got {plain_modulus}"
             )
         self._key = key
-        self._run_id = run_id
+        self.run_id = run_id
         self._t = plain_modulus
         self.slots = check_slot_count(plain_modulus)
 
@@ -165,7 +165,7 @@ class CheckKey:
         return words
 
     def _keystream(self, label: bytes, size: int) -> bytes:
-        key = hmac.new(self._key, b"consilium/check-slots/v5|" + self._run_id.encode() + b"|" + label, hashlib.sha256)
+        key = hmac.new(self._key, b"consilium/check-slots/v5|" + self.run_id.encode() + b"|" + label, hashlib.sha256)
         return Cipher(algorithms.ChaCha20(key.digest(), _NONCE), mode=None).encryptor().update(bytes(size))
 
 

@@ -38,7 +38,7 @@ from orchestration.report import (
     vote_summary,
     vote_warning,
 )
-from orchestration.run_flags import model_spec, run_argv
+from orchestration.run_flags import model_spec, run_argv, shown
 from orchestration.spec import RunSpec, resolve
 from protocol.config import ConfigError
 from protocol.messages import ProtocolError
@@ -46,6 +46,7 @@ from protocol.party_keys import SERVER
 from protocol.roster import Roster, local_federation
 from training.baselines import BASELINES, DP_BASELINES, BaselineSettings, run_baseline
 from training.datasets import Dataset
+from training.own_code import is_reference
 from training.partition import partition
 
 __all__ = ["free_port", "run_local_federation"]
@@ -130,6 +131,9 @@ def _start_parties(
     # Every party confirms the roster as in a real federation; here one operator compared the fingerprint with itself.
     confirmed = ["--federation", str(federation), "--roster-fingerprint", roster.fingerprint]
     common = [*confirmed, "--data", spec.data, "--data-seed", str(spec.seed)]
+    common += ["--image-size", shown(spec.image_size)] if spec.image_size else []
+    common += ["--image-channels", str(spec.image_channels)] if spec.image_channels else []
+    common += ["--crypto-threads", str(spec.crypto_threads)] if spec.crypto_threads else []
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     server = _launch(
         "scripts.server", [*common, *_server_argv(spec, out)], logs / "server.log", environment, stdout=subprocess.PIPE
@@ -168,6 +172,7 @@ def _hospital_argv(spec: RunSpec, group: list[str], first: int) -> list[str]:
     argv += ["--epsilon-budget", str(spec.epsilon_budget), "--delta", str(spec.delta)]
     argv += ["--timeout", str(3 * spec.round_timeout), "--send-offset", str(spec.send_offset)]
     argv += ["--insecure-plaintext-benchmark"] if spec.insecure_plaintext_benchmark else []
+    argv += ["--model", spec.model] if is_reference(spec.model) else []  # each party loads its own copy
     return argv + (["--classes-per-part", str(spec.classes_per_part)] if spec.classes_per_part else [])
 
 

@@ -20,7 +20,7 @@ from training.baselines import BASELINE_DEFAULTS, BASELINE_FLAGS, BASELINES
 from training.datasets import Dataset, Split
 from training.flags import Flag, positive_int, probability, widths
 from training.methods import METHODS as TRAINING_METHODS
-from training.models import ModelSpec, input_statistics, takes_images
+from training.models import ModelSpec, describe_model, input_statistics, takes_images
 from training.vote_privacy import REVEAL_MODES, VOTING_DEFAULTS, VOTING_FLAGS, VOTING_METHODS
 
 __all__ = [
@@ -68,7 +68,14 @@ COMMON_FLAGS = (
     ),
     Flag("--rounds", positive_int, None, "rounds: DP-SGD steps, FedAvg rounds, query batches or a baseline's epochs"),
     Flag("--delta", probability, 1e-5, "delta at which epsilon is reported"),
-    Flag("--model", str, None, "model architecture: mlp or cnn (default: cnn for images, mlp for other data)"),
+    Flag(
+        "--model",
+        str,
+        None,
+        "the model: mlp, cnn (default: cnn for images, mlp for other data), or a function of your own code, "
+        "package.module:function or path/to/file.py:function, given the input shape and the number of classes",
+    ),
+    Flag("--fix-model", bool, False, "apply Opacus's fixes to a model of your own (GroupNorm for BatchNorm)"),
     Flag("--hidden", widths, (48,), "MLP hidden widths, comma-separated (empty for a linear model)"),
     Flag("--quorum", positive_int, None, "K_min: contributions a round needs (default: all hospitals)"),
 )
@@ -113,7 +120,9 @@ def run_argv(values: Any) -> list[str]:
     argv = []
     for flag in [*COMMON_FLAGS, *_all_method_flags()]:
         value = getattr(values, flag.destination)
-        if value is not None:
+        if value is True:
+            argv.append(flag.name)
+        elif value is not None and value is not False:
             argv += [flag.name, shown(value)]
     return argv
 
@@ -141,9 +150,19 @@ def build_run_config(values: Any, hospitals: tuple[str, ...], dataset: Dataset) 
 
 
 def model_spec(values: Any, dataset: Dataset, public: Split) -> ModelSpec:
-    """The model of ``model`` and ``hidden``, standardising inputs with statistics of ``public`` records (``ValueError``)."""
+    """The model of ``model``, ``hidden`` and ``fix_model``, standardising inputs with statistics of ``public``
+    records (``ValueError``; ``training.models.ModelError`` for a model of one's own that cannot be trained)."""
     mean, std = input_statistics(public.x)
-    return ModelSpec(values.model, dataset.input_shape, dataset.num_classes, values.hidden, mean, std)
+    return describe_model(
+        values.model,
+        dataset.input_shape,
+        dataset.num_classes,
+        hidden=values.hidden,
+        input_mean=mean,
+        input_std=std,
+        fix=values.fix_model,
+        classes=dataset.classes,
+    )
 
 
 def shown(value: Any) -> str:

@@ -12,6 +12,7 @@ left ``None`` takes its default for the method and the data when the spec is res
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
@@ -40,7 +41,11 @@ _COMMON = {flag.destination: flag.default for flag in COMMON_FLAGS}
 @dataclass(frozen=True)
 class RunSpec:
     method: str = _COMMON["method"]
-    data: str | None = None  # breast_cancer, digits or an .npz path (default: digits for voting, else breast_cancer)
+    data: str | None = (
+        None  # built-in, .npz, image folder or module:function (default: digits for voting, else breast_cancer)
+    )
+    image_size: tuple[int, int] | None = None  # an image folder's images resized to (height, width)
+    image_channels: int | None = None  # an image folder's images made 1 or 3 channels deep
     hospitals: int = 3
     rounds: int | None = None  # default: the method's
     out: Path | None = None  # default: runs/<date-time>
@@ -49,8 +54,9 @@ class RunSpec:
     classes_per_part: int | None = None  # label_skew
     alpha: float = 0.5  # dirichlet
     delta: float = _COMMON["delta"]
-    model: str | None = None  # default: cnn for images, mlp for other data
+    model: str | None = None  # mlp, cnn or an own model's reference (default: cnn for images, mlp for other data)
     hidden: tuple[int, ...] = _COMMON["hidden"]
+    fix_model: bool = _COMMON["fix_model"]  # an own model with Opacus's fixes
     quorum: int | None = None  # default: every hospital
     epsilon_budget: float | None = None  # default: the method's
     expected_batch_size: float | None = None  # Dopamine's B (default: proposed from the data set's public size)
@@ -58,6 +64,7 @@ class RunSpec:
     talliers: int = 3  # voting
     hospitals_per_process: int = 1  # voting: hospitals simulated in threads of one process
     round_timeout: float = 60.0
+    crypto_threads: int | None = None  # each party's worker processes for ciphertexts (default: all its cores)
     send_offset: float = DEFAULT_SEND_OFFSET_S
     transcript_payloads: bool = False
     insecure_plaintext_benchmark: bool = False
@@ -120,10 +127,9 @@ class RunSpec:
     def to_dict(self) -> dict:
         """The spec as JSON values: what a benchmark or a comparison records of each run."""
         values = {spec_field.name: getattr(self, spec_field.name) for spec_field in fields(self)}
-        values["flags"] = {name: list(v) if isinstance(v, tuple) else v for name, v in self.flags.items()}
-        values["hidden"] = list(self.hidden)
+        values["flags"] = dict(self.flags)
         values["out"] = None if self.out is None else str(self.out)
-        return values
+        return json.loads(json.dumps(values))  # tuples as lists, as they read back
 
 
 def resolve(spec: RunSpec) -> tuple[RunSpec, Dataset]:
@@ -146,7 +152,9 @@ def resolve(spec: RunSpec) -> tuple[RunSpec, Dataset]:
         )
     if values.data is None:  # votes need classes to vote on and a public pool to label: the ten digits
         values.data = "digits" if spec.voting else "breast_cancer"
-    data = load_dataset(values.data, split_seed=spec.seed)
+    data = load_dataset(
+        values.data, split_seed=spec.seed, image_size=spec.image_size, image_channels=spec.image_channels
+    )
     resolve_data_defaults(values, data.input_shape)
     if spec.method == "dopamine" and values.expected_batch_size is None:
         values.expected_batch_size = round(values.sample_rate * len(data.train) / spec.hospitals, 1)

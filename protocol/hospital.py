@@ -10,14 +10,12 @@ released at most once. It then applies the mean with the method's update rule li
 the server what it decrypted (the first contributor also sends the mean itself: the DP-protected
 release).
 
-It does not trust the server's count of the privacy spent: before each update leaves, it charges
-its own durable ledger for the least noise a decrypted sum can carry (a quorum's), refusing to take
-part once that would take the worse of the server's and a fellow hospital's epsilon over its budget
-(Dopamine, Algorithm 1, line 17). The charge is made before the update leaves, when nobody knows
-how many hospitals will contribute, and stays at a quorum's noise; with the default quorum of all
-hospitals it is exact.
-Ledger records are keyed by identifiers the ledger draws, so a server cannot make releases count
-less by repeating a run id or a round.
+It does not trust the server's count of the privacy spent: before each update leaves (when nobody
+knows how many hospitals will contribute), it charges its own durable ledger for the least noise a
+decrypted sum can carry, a quorum's (exact with the default quorum of all hospitals), refusing to
+take part once that would take the worse of the server's and a fellow hospital's epsilon over its
+budget (Dopamine, Algorithm 1, line 17). Ledger records are keyed by identifiers the ledger draws,
+so a server cannot make releases count less by repeating a run id or a round.
 
 **Joining again.** A hospital takes part in one run. If its connection to the server is made
 again (the server restarted, say), what was in flight is dropped and it says Hello again; a
@@ -27,9 +25,9 @@ the last one its ledger charged, so a restart on either side never releases an u
 resets epsilon. The BFV key lives in memory only: a hospital that lost it gets it sealed again by
 any hospital of the run that holds it, exactly as at the start.
 
-It takes part only in a run of the method and aggregation mode its own operator chose: a server
+It takes part only in a run of the method and aggregation mode its own operator chose (a server
 cannot switch it to plaintext uploads, or to another method, whose ledger entries would mean
-something else.
+something else), and trains a model its own code builds, with the digest the run announces.
 
 Its update leaves a fixed ``send_offset_s`` after RoundStart, whatever the computation took:
 local compute time grows with the Poisson batch size, which DP does not protect, and the server
@@ -83,7 +81,7 @@ from training.accounting import Release
 from training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
 from training.datasets import Split
 from training.methods import METHODS, LocalStep, SharedState, TrainingMethod, ledger_release
-from training.models import build_model, parameter_count, set_flat_parameters
+from training.models import ModelError, build_model, parameter_count, set_flat_parameters
 
 __all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital"]
 
@@ -116,6 +114,7 @@ class Hospital:
         send_offset_s: float = DEFAULT_SEND_OFFSET_S,
         method: str,
         aggregation: str = SECURE_AGGREGATION,
+        crypto_workers: int = 1,
     ) -> None:
         roster.check_own_entry(credentials)
         self._name = credentials.name
@@ -126,6 +125,7 @@ class Hospital:
         self._state_dir = state_dir
         self._upgrade_ledger = upgrade_ledger  # read an unchained (older) ledger once: its operator's say
         self._send_offset_s = send_offset_s
+        self._crypto_workers = crypto_workers  # processes that encrypt and decrypt (crypto.workers)
         check_aggregation(aggregation)
         if method not in METHODS:
             raise ConfigError(f"a hospital of the secure round trains with one of {', '.join(METHODS)}, not {method!r}")
@@ -162,6 +162,8 @@ class Hospital:
         finally:
             if self._config is not None:
                 self._metrics.write(self._config, finish_reason, rejected=self._channel.rejections.total)
+            if self._secret is not None:
+                self._secret.close()
             self._channel.close()
         return {"finish_reason": finish_reason, "rounds": self._metrics.rounds}
 
@@ -197,14 +199,9 @@ class Hospital:
             )
         except ValueError as error:
             raise ProtocolError(f"the server's optimizer state is unusable: {error}") from None
-        if self._secret is None and welcome.generate_key:
-            if self._name != config.key_holder:
-                raise ProtocolError(
-                    f"the server asks {self._name} to create the run's key; only {config.key_holder} does"
-                )
-            self._secret = SecretContext.generate(config.bfv_parameters(), run_id=config.run_id)
-        if self._secret is None:
-            self._secret = self._keys.receive(self._channel)
+        self._secret = self._keys.hold(self._secret, self._channel, generate=welcome.generate_key)
+        if self._aggregation == SECURE_AGGREGATION:
+            self._secret.use_workers(self._crypto_workers)
         self._uploads = (
             InsecurePlaintextUploads(config.bfv_parameters())
             if self._aggregation == INSECURE_PLAINTEXT
@@ -218,7 +215,13 @@ class Hospital:
         strangers = set(config.hospitals) - set(self._roster.hospitals)
         if strangers:  # e.g. the server naming itself a hospital, to hold the key
             raise ProtocolError(f"the run names {sorted(strangers)} as hospitals; the roster does not")
-        model = build_model(config.model)
+        misfit = self._data.misfit(config.model.input_shape, config.model.num_classes, config.model.classes)
+        if misfit:
+            raise ProtocolError(f"{self._name} cannot take part: {misfit}")
+        try:
+            model = build_model(config.model)
+        except ModelError as error:
+            raise ProtocolError(f"{self._name} refuses the run: {error}") from None
         set_flat_parameters(model, _float32s(initial_parameters, parameter_count(model), "the initial parameters"))
         self._ledger = PrivacyLedger(
             self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key, accept_unchained=self._upgrade_ledger

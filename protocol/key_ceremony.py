@@ -144,6 +144,19 @@ class HospitalKeys:
         self._config = config
         self._run = run
 
+    def hold(self, secret: SecretContext | None, channel: ServerChannel, *, generate: bool) -> SecretContext:
+        """The run's key: the one held already; a new one where the server asks this hospital to create it (only
+        the key holder may be asked); or one sealed by a hospital that holds it (``receive``)."""
+        if secret is not None:
+            return secret
+        if not generate:
+            return self.receive(channel)
+        if self._credentials.name != self._config.key_holder:
+            raise ProtocolError(
+                f"the server asks {self._credentials.name} to create the run's key; only {self._config.key_holder} does"
+            )
+        return SecretContext.generate(self._config.bfv_parameters(), run_id=self._config.run_id)
+
     def receive(self, channel: ServerChannel) -> SecretContext:
         """The run's BFV key, sealed by a hospital that holds it to a box key made for this run alone."""
         # Never written anywhere: once the box is open the key is gone, and no later leak of this

@@ -34,7 +34,7 @@ from crypto.bfv import CiphertextSum, PublicContext
 from crypto.insecure_plaintext import InsecurePlaintextSum
 from protocol.channel import PartyChannels
 from protocol.checkpoint import Checkpoint, CheckpointError, write_report, write_retrying
-from protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
+from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig
 from protocol.key_ceremony import hand_out_key
 from protocol.messages import (
     TO_SERVER,
@@ -78,6 +78,7 @@ class Server:
         transcript_payloads: bool = False,
         max_messages_per_second: float = DEFAULT_MAX_MESSAGES_PER_SECOND,
         on_round: Callable[[dict], None] | None = None,
+        crypto_workers: int = 1,
         _checkpoint: Checkpoint | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
@@ -101,6 +102,7 @@ class Server:
         ledger = PrivacyLedger(ledger_path, key=credentials.ledger_key)
         self._record = RunRecord(config, self._mechanism, ledger, out_dir, test)
         self._public: PublicContext | None = None
+        self._crypto_workers = crypto_workers  # processes that add the ciphertexts (crypto.workers)
         self._run = ""  # RunConfig.fingerprint of what every hospital is welcomed with, once known
         self._rounds_started = 0
         self._resumed_from = _checkpoint
@@ -187,7 +189,7 @@ class Server:
         )
         self._participants.hospitals = self._config.hospitals
         self._params = self._config.bfv_parameters()
-        self._public = PublicContext(self._params)
+        self._public = self._public_context()
         self._run = self._config.fingerprint(self._initial_parameters.tobytes())
         self._record.begin_run(self._run)
 
@@ -323,7 +325,7 @@ class Server:
         self._run = self._config.fingerprint(checkpoint.initial_parameters)
         charged_up_to = self._record.begin_run(self._run)
         self._record.restore(rounds)
-        self._public = PublicContext(self._params)
+        self._public = self._public_context()
         # Never a round number used before, even if the checkpoint on disk were older than the ledger.
         self._rounds_started = max(checkpoint.rounds_started, charged_up_to)
         if self._rounds_started > max((r.round for r in rounds), default=0):
@@ -367,7 +369,15 @@ class Server:
         write_retrying(lambda: write_report(self._out_dir, report), "the server's report")
         write_retrying(lambda: save_model(self._model, self._out_dir / "model.pt"), "the final model")
 
+    def _public_context(self) -> PublicContext:
+        public = PublicContext(self._params)
+        if self._config.aggregation == SECURE_AGGREGATION:
+            public.use_workers(self._crypto_workers)
+        return public
+
     def _close(self) -> None:
+        if self._public is not None:
+            self._public.close()
         self._transport.close()
         if self._transcript:
             self._transcript.close()

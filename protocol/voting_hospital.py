@@ -45,6 +45,7 @@ from protocol.transport import TransportError
 from protocol.voting_config import VotingConfig
 from training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
 from training.datasets import Split
+from training.models import ModelError
 from training.secure_random import secure_generator
 from training.voting import PcaFeatures, knn_votes, noisy_votes, teacher_votes, train_classifier
 
@@ -136,10 +137,9 @@ class VotingHospital:
             )
         if config.voting.method == "knn-dpfl" and config.voting.neighbours >= len(self._data):
             raise ProtocolError(f"{config.voting.neighbours} neighbours need more records than this hospital has")
-        if self._data.x.shape[1:] != config.model.input_shape or not np.all(self._data.y < config.classes):
-            raise ProtocolError(
-                f"this hospital's records do not fit the run's {config.model.input_shape} inputs and {config.classes} classes"
-            )
+        misfit = self._data.misfit(config.model.input_shape, config.classes, config.model.classes)
+        if misfit:
+            raise ProtocolError(f"this hospital cannot take part: {misfit}")
         self._run = config.fingerprint(welcome.feature_map)
         self._tallier_keys = self._certified_tallier_keys(config, welcome.tallier_keys)
         if config.voting.method == "knn-dpfl":
@@ -155,7 +155,10 @@ class VotingHospital:
         elif welcome.feature_map:
             raise ProtocolError("AE-DPFL takes no feature map")
         else:
-            teacher = train_classifier(config.model, self._data, epochs=config.teacher_epochs)
+            try:
+                teacher = train_classifier(config.model, self._data, epochs=config.teacher_epochs)
+            except ModelError as error:
+                raise ProtocolError(f"this hospital refuses the run: {error}") from None
             self._votes = lambda queries: teacher_votes(
                 teacher, queries, config.classes, min_confidence=config.teacher_confidence
             )

@@ -20,11 +20,13 @@ from protocol.transcript import TranscriptError
 from protocol.transport import TransportError
 from tallier.mpc import MpcError
 from training.ledger import LedgerError
+from training.models import ModelError
 from training.datasets import DatasetError
 from training.partition import PartitionError
 from training.fedavg import FedAvgError
 from orchestration.run_flags import COMMON_FLAGS, FLAG_READERS, METHOD_DEFAULTS, METHOD_FLAGS, shown
-from training.flags import Flag
+from crypto.workers import WorkerError, available_cores
+from training.flags import Flag, image_size, positive_int
 
 USER_ERRORS = (
     BfvError,
@@ -33,6 +35,7 @@ USER_ERRORS = (
     DatasetError,
     FedAvgError,
     LedgerError,
+    ModelError,
     MpcError,
     ParameterError,
     PartitionError,
@@ -42,6 +45,7 @@ USER_ERRORS = (
     ShareError,
     TranscriptError,
     TransportError,
+    WorkerError,
     OSError,
 )
 
@@ -60,6 +64,29 @@ def add_roster_fingerprint(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_image_arguments(parser: argparse.ArgumentParser) -> None:
+    """How an image folder's images are read: every party of a run reads them alike."""
+    parser.add_argument(
+        "--image-size", type=image_size, metavar="H,W", help="an image folder's images resized to this (or N: NxN)"
+    )
+    parser.add_argument(
+        "--image-channels",
+        type=int,
+        choices=(1, 3),
+        help="an image folder's images as 1 (grayscale) or 3 (RGB) channels (default: 3 if any has colour, else 1)",
+    )
+
+
+def add_crypto_threads(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--crypto-threads",
+        type=positive_int,
+        default=available_cores(),
+        help="cores for the work on ciphertexts, as worker processes (SEAL holds Python's lock); the upload's bytes "
+        f"are the same (default: all this process may use, {available_cores()})",
+    )
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr, force=True
@@ -70,7 +97,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The common run flags, then a group per method of the flags it reads first (``METHOD_FLAGS``)."""
     group = parser.add_argument_group("the run (the server announces these to the hospitals)")
     for flag in COMMON_FLAGS:
-        group.add_argument(flag.name, type=flag.kind, default=flag.default, help=flag.help + _default_shown(flag))
+        if flag.kind is bool:
+            group.add_argument(flag.name, action="store_true", help=flag.help)
+        else:
+            group.add_argument(flag.name, type=flag.kind, default=flag.default, help=flag.help + _default_shown(flag))
     added: set[str] = set()
     for method, flags in METHOD_FLAGS.items():
         new = [flag for flag in flags if flag.name not in added]

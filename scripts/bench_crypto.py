@@ -26,6 +26,11 @@ Consilium's parameters depend on ``K``; the other schemes are measured once per 
 measurement uses ``--contributions`` distinct uploads (at most ``K``), after one untimed upload and
 addition: timings are medians per upload, and
 the sum is checked against the plaintext sum (CKKS: its largest error is reported).
+
+**On several cores** (``--cores``): Consilium's seeded scheme again at ``--cores-length`` and
+``--cores-hospitals`` (by default the round benchmark's 1M setting, K = 5), with its work on
+ciphertexts spread over 1, 2, ... worker processes (``crypto.workers``, what ``--crypto-threads``
+sets), measured first, before the rest is pinned to one core. The speed-up is each count's over one.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ _TENSEAL_BFV_PLAIN_MODULUS = 1032193  # TenSEAL's tutorials' batching prime for 
 _TENSEAL_BFV_SCALE = 2**10  # fixed point: its sums of up to K values must stay below t / 2
 _CKKS_SCALE_BITS = 40
 _RUN_ID = "0123456789abcdef"
+_CORES_REPEATS = 4  # the several-cores rows' uploads and sums, each this many times: their medians steady
 
 
 @dataclass
@@ -69,6 +75,7 @@ class Measurement:
     download_seconds: float
     max_error: float  # of the decoded sum against the plaintext sum
     parameters: str
+    workers: int | None = None  # the several-cores rows: processes for the ciphertexts (None: the one-core grid)
 
     @property
     def upload_values_per_second(self) -> float:
@@ -106,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Dopamine's B: records a hospital samples per round",
     )
     parser.add_argument(
+        "--cores", type=positive_int, nargs="*", default=[1, 2], help="worker counts for Consilium on several cores"
+    )
+    parser.add_argument(
+        "--cores-length", type=positive_int, default=977_370, help="d for the several-cores rows (default: 977370)"
+    )
+    parser.add_argument("--cores-hospitals", type=positive_int, default=5, help="K for the several-cores rows")
+    parser.add_argument(
         "--out", type=Path, default=Path("results/bench_crypto"), help="where results.md, results.json and plots go"
     )
     return parser
@@ -117,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def benchmark(args: argparse.Namespace) -> list[Measurement]:
+    on_cores = [
+        _measure("consilium-seeded", args.cores_length, args.cores_hospitals, args, workers=n) for n in args.cores
+    ]
     _one_core()
     cells = [
         (scheme, length, k)
@@ -129,6 +146,7 @@ def benchmark(args: argparse.Namespace) -> list[Measurement]:
         for scheme, length, hospitals in progress:
             progress.set_postfix_str(f"{scheme} d={length:.0e}" + (f" K={hospitals}" if hospitals else ""))
             measurements.append(_measure(scheme, length, hospitals, args))
+    measurements += on_cores
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(
         json.dumps({"argv": sys.argv[1:], "cpu": _cpu(), "measurements": [asdict(m) for m in measurements]}, indent=1)
@@ -139,24 +157,36 @@ def benchmark(args: argparse.Namespace) -> list[Measurement]:
     return measurements
 
 
-def _measure(scheme: str, length: int, hospitals: int | None, args: argparse.Namespace) -> Measurement:
+def _measure(
+    scheme: str,
+    length: int,
+    hospitals: int | None,
+    args: argparse.Namespace,
+    *,
+    workers: int | None = None,
+    repeats: int = 1,
+) -> Measurement:
     contributions = min(args.contributions, hospitals or args.contributions)
     setup = _SETUPS[scheme](length, hospitals or max(args.hospitals), args)
+    if workers:
+        setup.use_workers(workers)
     updates = [setup.update(np.random.default_rng(seed)) for seed in range(contributions)]
     setup.add(setup.new_sum(), setup.upload(updates[0], 0))  # warm-up, untimed: first-call allocations
-    upload_seconds, uploads = [], []
-    for index, update in enumerate(updates):
+    upload_seconds, aggregate_seconds, download_seconds = [], [], []
+    for _ in range(repeats):
+        uploads = []
+        for index, update in enumerate(updates):
+            start = time.perf_counter()
+            uploads.append(setup.upload(update, index))
+            upload_seconds.append(time.perf_counter() - start)
+        total = setup.new_sum()
+        for upload in uploads:
+            start = time.perf_counter()
+            total = setup.add(total, upload)
+            aggregate_seconds.append(time.perf_counter() - start)
         start = time.perf_counter()
-        uploads.append(setup.upload(update, index))
-        upload_seconds.append(time.perf_counter() - start)
-    total, aggregate_seconds = setup.new_sum(), []
-    for upload in uploads:
-        start = time.perf_counter()
-        total = setup.add(total, upload)
-        aggregate_seconds.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    decoded = setup.download(total, contributions)
-    download_seconds = time.perf_counter() - start
+        decoded = setup.download(total, contributions)
+        download_seconds.append(time.perf_counter() - start)
     expected = np.sum([np.asarray(u, dtype=np.float64) for u in updates], axis=0)
     wire = _wire_bytes(uploads[0])
     return Measurement(
@@ -168,9 +198,10 @@ def _measure(scheme: str, length: int, hospitals: int | None, args: argparse.Nam
         upload_ratio=wire / (4 * length),
         upload_seconds=statistics.median(upload_seconds),
         aggregate_seconds=statistics.median(aggregate_seconds),
-        download_seconds=download_seconds,
+        download_seconds=statistics.median(download_seconds),
         max_error=float(np.max(np.abs(np.asarray(decoded, dtype=np.float64) - expected))),
         parameters=setup.parameters,
+        workers=workers,
     )
 
 
@@ -298,6 +329,10 @@ class _Consilium:
         share = self.params.sum_bound // self._hospitals  # no sum of K shares can leave the bound
         return rng.integers(-share, share, self.length, endpoint=True)
 
+    def use_workers(self, count: int) -> None:
+        self._secret.use_workers(count)
+        self._public.use_workers(count)
+
     def upload(self, update: np.ndarray, index: int) -> list[bytes]:
         return self._secret.encrypt_update(update, round_number=1, hospital=f"hospital-{index}", seeded=self.seeded)
 
@@ -341,20 +376,43 @@ def results_table(measurements: list[Measurement], args: argparse.Namespace) -> 
         "| download (s) | largest error of the sum | parameters |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for m in measurements:
+    for m in [m for m in measurements if m.workers is None]:
         lines.append(
             f"| {m.scheme} | {m.length:.0e} | {m.hospitals or 'any'} | {m.upload_ratio:.2f}x | "
             f"{m.upload_values_per_second / 1e6:.2f} | {m.aggregate_values_per_second / 1e6:.1f} | "
             f"{m.download_seconds:.3f} | {m.max_error:.2g} | {m.parameters} |"
         )
+    lines += _cores_table([m for m in measurements if m.workers is not None])
     lines += ["", "## Targets", ""] + _targets(measurements)
     return "\n".join(lines) + "\n"
 
 
+def _cores_table(rows: list[Measurement]) -> list[str]:
+    if not rows:
+        return []
+    rows = sorted(rows, key=lambda m: m.workers)
+    one = rows[0]
+    lines = [
+        "",
+        f"## On several cores: Consilium, d = {one.length:,}, K = {one.hospitals}, not pinned",
+        "",
+        "| worker processes | upload (M values/s) | speed-up | aggregate (M values/s per upload) | speed-up | download (s) | speed-up |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m in rows:
+        lines.append(
+            f"| {m.workers} | {m.upload_values_per_second / 1e6:.2f} | {one.upload_seconds / m.upload_seconds:.2f}x "
+            f"| {m.aggregate_values_per_second / 1e6:.1f} | {one.aggregate_seconds / m.aggregate_seconds:.2f}x "
+            f"| {m.download_seconds:.3f} | {one.download_seconds / m.download_seconds:.2f}x |"
+        )
+    return lines
+
+
 def _targets(measurements: list[Measurement]) -> list[str]:
-    seeded = [m for m in measurements if m.scheme == "consilium-seeded"]
+    seeded = [m for m in measurements if m.scheme == "consilium-seeded" and m.workers is None]
+    lines = _cores_targets([m for m in measurements if m.workers is not None])
     if not seeded:
-        return ["(Consilium was not measured.)"]
+        return lines or ["(Consilium was not measured.)"]
     ratio = max(seeded, key=lambda m: m.upload_ratio)
     upload = min(seeded, key=lambda m: m.upload_values_per_second)
     aggregate = min(seeded, key=lambda m: m.aggregate_values_per_second)
@@ -365,8 +423,19 @@ def _targets(measurements: list[Measurement]) -> list[str]:
         f"(d {upload.length:.0e}, K {upload.hospitals}): {'met' if upload.upload_values_per_second >= 2e6 else 'not met'}.",
         f"- Aggregation at least 10M values/s on one core: slowest {aggregate.aggregate_values_per_second / 1e6:.1f}M "
         f"(d {aggregate.length:.0e}, K {aggregate.hospitals}): {'met' if aggregate.aggregate_values_per_second >= 1e7 else 'not met'}.",
-    ]
+    ] + lines
     return lines
+
+
+def _cores_targets(rows: list[Measurement]) -> list[str]:
+    one, two = (next((m for m in rows if m.workers == n), None) for n in (1, 2))
+    if one is None or two is None:
+        return []
+    upload, aggregate = one.upload_seconds / two.upload_seconds, one.aggregate_seconds / two.aggregate_seconds
+    met = "met" if min(upload, aggregate) >= 1.7 else "not met"
+    return [
+        f"- Encryption and aggregation at least 1.7x faster on 2 cores than on 1: {upload:.2f}x and {aggregate:.2f}x, {met}."
+    ]
 
 
 def plot(measurements: list[Measurement], out: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from orchestration.local import run_local_federation
 from orchestration.spec import RunSpec
-from scripts._cli import add_run_arguments, run
+from scripts._cli import add_image_arguments, add_run_arguments, run
 from training.flags import non_negative_float, non_negative_int, positive_float, positive_int
 from training.partition import PARTITION_SCHEMES
 
@@ -39,7 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="output directory (default: runs/<date-time>)")
     parser.add_argument("--hospitals", type=positive_int, help=f"number of hospitals (default: {_DEFAULT.hospitals})")
     parser.add_argument(
-        "--data", help="breast_cancer, digits or an .npz path (default: breast_cancer; digits for voting)"
+        "--data",
+        help="breast_cancer, digits, an .npz path, an image folder (train/<class>/*.png, optional val/ and test/), or "
+        "module:function of your own code (default: breast_cancer; digits for voting)",
+    )
+    add_image_arguments(parser)
+    parser.add_argument(
+        "--crypto-threads",
+        type=positive_int,
+        help="each party's cores for the work on ciphertexts (default: all, for each party)",
     )
     parser.add_argument(
         "--hospitals-per-process",

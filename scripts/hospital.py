@@ -16,9 +16,17 @@ from protocol.roster import Roster
 from protocol.roster_confirmation import join_federation
 from protocol.voting_hospital import VotingHospital
 from orchestration.run_flags import METHODS, chosen_aggregation
-from scripts._cli import USER_ERRORS, add_roster_fingerprint, configure_logging, run
+from scripts._cli import (
+    USER_ERRORS,
+    add_crypto_threads,
+    add_image_arguments,
+    add_roster_fingerprint,
+    configure_logging,
+    run,
+)
 from training.flags import non_negative_float, non_negative_int, positive_float, positive_int, probability
 from training.datasets import Split, load_dataset
+from training.models import use_model_code
 from training.partition import PARTITION_SCHEMES, PartitionError, partition
 from training.vote_privacy import VOTING_METHODS
 
@@ -49,7 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
         choices=METHODS,
         help="the kind of run this hospital takes part in (default: dopamine)",
     )
-    parser.add_argument("--data", default="breast_cancer", help="training data: breast_cancer, digits or an .npz path")
+    parser.add_argument(
+        "--data",
+        default="breast_cancer",
+        help="training data: breast_cancer, digits, an .npz path, an image folder, or module:function of your own code",
+    )
+    add_image_arguments(parser)
+    add_crypto_threads(parser)
+    parser.add_argument(
+        "--model",
+        metavar="REFERENCE",
+        help="this hospital's own copy of the run's model function, package.module:function or path/to/file.py:function, "
+        "where the run trains a model of the operators' own code (the run's digest must match what it builds)",
+    )
     parser.add_argument(
         "--data-seed", type=non_negative_int, default=0, help="train/validation split of built-in data (default: 0)"
     )
@@ -113,8 +133,16 @@ def take_part(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting"
         )
+    if args.model is not None:
+        use_model_code(args.model)
     parties = {name: join_federation(args.federation, name, args.roster_fingerprint) for name in args.name}
-    data = load_dataset(args.data, split_seed=args.data_seed).train
+    data = load_dataset(
+        args.data,
+        split_seed=args.data_seed,
+        hold_out=args.parts is not None,  # a simulation shares the server's data: its validation is not trained on
+        image_size=args.image_size,
+        image_channels=args.image_channels,
+    ).train
     shares = [data] * len(args.name)
     if args.parts is not None:
         if not args.part or len(args.part) != len(args.name) or max(args.part) > args.parts:
@@ -164,7 +192,11 @@ def _hospital(
     )
     if args.method not in VOTING_METHODS:
         return Hospital(
-            **common, send_offset_s=args.send_offset, method=args.method, aggregation=chosen_aggregation(args)
+            **common,
+            send_offset_s=args.send_offset,
+            method=args.method,
+            aggregation=chosen_aggregation(args),
+            crypto_workers=args.crypto_threads,
         )
     return VotingHospital(**common, min_quorum=args.min_quorum, allow_histogram=args.allow_histogram)
 

@@ -23,8 +23,17 @@ from orchestration.run_flags import (
     resolve_data_defaults,
     resolve_run_arguments,
 )
-from scripts._cli import add_roster_fingerprint, add_run_arguments, configure_logging, run
+from scripts._cli import (
+    add_crypto_threads,
+    add_image_arguments,
+    add_roster_fingerprint,
+    add_run_arguments,
+    configure_logging,
+    run,
+)
 from training.flags import non_negative_int, positive_float
+from training.models import use_model_code
+from training.own_code import is_reference
 from training.datasets import Dataset, Split, load_dataset
 from training.vote_privacy import VOTING_METHODS, VotingSettings
 from training.voting import PcaFeatures, split_public_pool
@@ -45,8 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_roster_fingerprint(parser)
     parser.add_argument("--out", type=Path, required=True, help="directory for the report, ledger and final model")
     parser.add_argument(
-        "--data", default="breast_cancer", help="validation data: breast_cancer, digits or an .npz path"
+        "--data",
+        default="breast_cancer",
+        help="validation data: breast_cancer, digits, an .npz path, an image folder, or module:function of your own code",
     )
+    add_image_arguments(parser)
+    add_crypto_threads(parser)
     parser.add_argument(
         "--data-seed", type=non_negative_int, default=0, help="train/validation split of built-in data (default: 0)"
     )
@@ -100,8 +113,12 @@ def main(argv: list[str] | None = None) -> None:
 
 def serve(args: argparse.Namespace) -> None:
     resolve_run_arguments(args)
+    if is_reference(args.model):  # a resumed run's own model, too
+        use_model_code(args.model)
     roster, credentials = join_federation(args.federation, SERVER, args.roster_fingerprint)
-    dataset = load_dataset(args.data, split_seed=args.data_seed)
+    dataset = load_dataset(
+        args.data, split_seed=args.data_seed, image_size=args.image_size, image_channels=args.image_channels
+    )
     resolve_data_defaults(args, dataset.input_shape)
     timeouts = Timeouts(join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout)
     if args.method in VOTING_METHODS:
@@ -122,6 +139,7 @@ def serve(args: argparse.Namespace) -> None:
         transcript_payloads=args.transcript_payloads,
         max_messages_per_second=args.max_messages_per_second,
         on_round=lambda record: _print_round(record, server.config),
+        crypto_workers=args.crypto_threads,
     )
     if args.resume:
         checkpointed = Server.checkpointed_config(

@@ -1,4 +1,4 @@
-"""Datasets: built-in real ones that work offline, and ``.npz`` files given by path.
+"""Datasets: built-in real ones that work offline, and a party's own, given by path or as code.
 
 - ``breast_cancer``: scikit-learn's Wisconsin diagnostic breast cancer, 569 patients, 30 features,
   2 classes. ``digits``: scikit-learn's 1797 8x8 handwritten digits, 64 features, 10 classes.
@@ -9,6 +9,19 @@
   ``test_images``, ``test_labels`` when present) and Keras MNIST format (``x_train``, ``y_train``,
   ``x_test``, ``y_test``; the test split serves as validation, so there is no separate test
   split). Images become float32 in [0, 1], shaped (channels, height, width).
+- An image folder (``training.image_folder``): ``train/<class>/*.png`` (or ``.jpg``, ...), and
+  ``val/`` and ``test/`` alike where present; classes are named by their folders.
+- A function of the party's own code, ``package.module:function`` or ``path/to/file.py:function``
+  (``training.own_code``), called with no arguments, returning a mapping of ``train`` (required),
+  ``val`` and ``test`` to ``(x, y)`` arrays or ``torch.utils.data.Dataset``s of ``(x, y)`` items,
+  and optionally ``classes``, the classes' names. Images as ``uint8`` arrays are read as above;
+  other ``x`` as float32, as they are.
+
+Where a party's own data has no validation split, ``hold_out`` decides: a fifth of ``train`` is held
+out by ``split_seed`` (what a server, or a simulation on shared data, needs), or every record is for
+training (what a hospital with its own data needs) and the validation split is empty. Class names,
+where the data have them, travel with the model (``training.models.ModelSpec``), so that a
+hospital whose classes differ from the run's is refused instead of training on shifted labels.
 
 Models are selected on ``validation``; ``test``, where a dataset has one, is for the final report
 only (MedMNIST's protocol).
@@ -17,10 +30,13 @@ only (MedMNIST's protocol).
 from __future__ import annotations
 
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+
+from training.own_code import is_reference, load_function, reference_name
 
 __all__ = ["BUILTIN_DATASETS", "Dataset", "DatasetError", "Split", "load_dataset"]
 
@@ -36,12 +52,29 @@ class DatasetError(ValueError):
 class Split:
     x: np.ndarray  # float32, (n, *input_shape)
     y: np.ndarray  # int64, (n,)
+    classes: tuple[str, ...] = ()  # the name of each label, where the data name them
 
     def __len__(self) -> int:
         return len(self.y)
 
     def subset(self, indices: np.ndarray) -> "Split":
-        return Split(self.x[indices], self.y[indices])
+        return Split(self.x[indices], self.y[indices], self.classes)
+
+    def misfit(self, input_shape: tuple[int, ...], num_classes: int, classes: tuple[str, ...] = ()) -> str | None:
+        """Why these records cannot train a model of ``input_shape`` inputs and ``num_classes`` classes
+        (named ``classes``, where the run names them), if they cannot."""
+        shape, top = tuple(self.x.shape[1:]), int(self.y.max(initial=0))
+        if shape != tuple(input_shape) or top >= num_classes:
+            return (
+                f"the run's model takes {tuple(input_shape)} inputs and {num_classes} classes; these records are "
+                f"{shape} with labels up to {top}"
+            )
+        if classes and self.classes and tuple(classes) != self.classes:
+            return (
+                f"the run's classes are {', '.join(classes)}; these records' are {', '.join(self.classes)} (a class "
+                "with no records here still needs its folder, empty)"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -56,12 +89,31 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.train.x.shape[1:])
 
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self.train.classes
 
-def load_dataset(source: str, *, split_seed: int = 0) -> Dataset:
-    """A built-in dataset by name, or a MedMNIST- or Keras-format ``.npz`` file by path."""
+
+def load_dataset(
+    source: str,
+    *,
+    split_seed: int = 0,
+    hold_out: bool = True,
+    image_size: tuple[int, int] | None = None,
+    image_channels: int | None = None,
+) -> Dataset:
+    """A built-in dataset by name; a MedMNIST- or Keras-format ``.npz`` file or an image folder by path (resized
+    to ``image_size`` and made ``image_channels`` deep where given); or a data function of one's own code."""
     if source in BUILTIN_DATASETS:
         return _load_builtin(source, split_seed)
-    return _load_npz(Path(source))
+    if is_reference(source):
+        return _load_function(source, split_seed, hold_out)
+    path = Path(source)
+    if path.is_dir():
+        from training.image_folder import load_image_folder
+
+        return _with_validation(load_image_folder(path, size=image_size, channels=image_channels), split_seed, hold_out)
+    return _load_npz(path)
 
 
 def _load_builtin(name: str, split_seed: int) -> Dataset:
@@ -128,3 +180,79 @@ def _image_split(images: np.ndarray, labels: np.ndarray, path: Path) -> Split:
 
 def _split(x: np.ndarray, y: np.ndarray) -> Split:
     return Split(x=np.asarray(x, dtype=np.float32), y=np.asarray(y, dtype=np.int64))
+
+
+def _with_validation(splits: dict[str, Split], split_seed: int, hold_out: bool) -> Dataset:
+    """A dataset of the splits a party's own data gave (``name``, ``train``, maybe ``val`` and ``test``)."""
+    name, train = splits.pop("name"), splits["train"]
+    if len(train) == 0:
+        raise DatasetError(f"{name}: the train split is empty")
+    validation = splits.get("val")
+    if validation is None and hold_out:
+        from sklearn.model_selection import train_test_split
+
+        counts = np.bincount(train.y)
+        stratify = train.y if counts[counts > 0].min() >= 2 else None
+        if len(train) < 2:
+            raise DatasetError(f"{name}: one training record cannot be split into train and validation")
+        kept, held = train_test_split(
+            np.arange(len(train)), test_size=_VALIDATION_FRACTION, stratify=stratify, random_state=split_seed
+        )
+        train, validation = train.subset(np.sort(kept)), train.subset(np.sort(held))
+    elif validation is None:
+        validation = Split(train.x[:0], train.y[:0], train.classes)
+    for split_name, split in (("val", validation), ("test", splits.get("test"))):
+        if split is not None and split.x.shape[1:] != train.x.shape[1:]:
+            raise DatasetError(f"{name}: {split_name} records are {split.x.shape[1:]}, train's {train.x.shape[1:]}")
+        if split is not None and split_name == "test" and len(split) == 0:
+            raise DatasetError(f"{name}: the test split is empty")
+    classes = (
+        len(train.classes)
+        or int(max(s.y.max(initial=0) for s in (train, validation, splits.get("test")) if s is not None)) + 1
+    )
+    return Dataset(name=name, train=train, validation=validation, num_classes=classes, test=splits.get("test"))
+
+
+def _load_function(reference: str, split_seed: int, hold_out: bool) -> Dataset:
+    """The splits a data function of the party's own code returns (see the module's docstring)."""
+    name = reference_name(reference, flag="--data", error=DatasetError)
+    function = load_function(reference, flag="--data", error=DatasetError)
+    try:
+        returned = function()
+    except Exception as error:  # the operator's own code: its failure is theirs to fix, in one line
+        raise DatasetError(f"the data function {name} failed: {type(error).__name__}: {error}") from None
+    if not isinstance(returned, Mapping) or "train" not in returned:
+        raise DatasetError(f"the data function {name} must return a mapping with train (and val, test, classes)")
+    unknown = set(returned) - {"train", "val", "test", "classes"}
+    if unknown:
+        raise DatasetError(f"the data function {name} returned unknown keys {sorted(unknown)}")
+    classes = tuple(str(c) for c in returned.get("classes", ()))
+    splits = {"name": name}
+    for split_name in ("train", "val", "test"):
+        if split_name in returned:
+            split = _function_split(returned[split_name], f"{name} {split_name}")
+            if classes and split.y.max(initial=0) >= len(classes):
+                raise DatasetError(f"{name} {split_name}: labels up to {split.y.max()}, but {len(classes)} classes")
+            splits[split_name] = replace(split, classes=classes)
+    return _with_validation(splits, split_seed, hold_out)
+
+
+def _function_split(value, what: str) -> Split:
+    """``(x, y)`` arrays, or a torch ``Dataset`` of ``(x, y)`` items, as a split."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        x, y = (np.asarray(v) for v in value)
+    else:
+        try:
+            items = [value[i] for i in range(len(value))]
+            x = np.stack([np.asarray(item[0]) for item in items])
+            y = np.array([int(item[1]) for item in items])
+        except Exception as error:  # not a sequence of (x, y) pairs
+            raise DatasetError(f"{what}: expected (x, y) arrays or a Dataset of (x, y) items: {error}") from None
+    y = y.reshape(-1)
+    if len(x) != len(y) or not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
+        raise DatasetError(f"{what}: expected as many non-negative integer labels as records")
+    if x.dtype == np.uint8:
+        return _image_split(x, y, Path(what))
+    if not np.issubdtype(x.dtype, np.number) or not np.all(np.isfinite(x)):
+        raise DatasetError(f"{what}: records must be finite numbers")
+    return _split(x, y)

@@ -17,6 +17,7 @@ from typing import Any, Callable
 __all__ = [
     "Flag",
     "below_one",
+    "image_size",
     "non_negative_float",
     "non_negative_int",
     "positive_float",
@@ -100,6 +101,18 @@ def widths(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated widths, got {text!r}") from None
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"widths must be positive, got {text!r}")
+    return values
+
+
+def image_size(text: str) -> tuple[int, int]:
+    """``H,W`` or ``N`` (square) pixels, each from 1 to 4096."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HEIGHT,WIDTH or SIZE in pixels, got {text!r}") from None
+    values = values * 2 if len(values) == 1 else values
+    if len(values) != 2 or not all(1 <= v <= 4096 for v in values):
+        raise argparse.ArgumentTypeError(f"expected HEIGHT,WIDTH or SIZE of 1 to 4096 pixels, got {text!r}")
     return values
 
 

@@ -1,6 +1,15 @@
 """Models every party can rebuild from a small spec, all compatible with Opacus.
 
-``ModelSpec`` travels in the run configuration; ``build_model`` turns it into a module. Inputs are
+``ModelSpec`` travels in the run configuration; ``build_model`` turns it into a module. A model is
+one of the built-in ones (``mlp``, ``cnn``) or a function of the operators' own code: ``--model
+package.module:function`` or ``path/to/file.py:function`` (``training.own_code``), given the input
+shape and the number of classes and returning a ``torch.nn.Module``. Each party loads such code
+from its own installation (``use_model_code``), never because a server names it; the spec carries
+the model's name, its parameter count and a digest of what it builds (``model_digest``: the names,
+shapes and dtypes of its parameters and buffers), and every build is checked against that digest.
+``describe_model`` makes the spec where a run is set up, after checking that DP-SGD can train the
+model (Opacus's ``ModuleValidator``, per layer, so that the error names the layer); with ``fix``,
+Opacus's fixes (GroupNorm for BatchNorm) are applied first, by every party alike. Inputs are
 standardised inside the model with statistics the server computes on its own validation data, so
 that no hospital's data shapes the preprocessing (a statistic of a hospital's data would also break
 the per-example independence DP-SGD assumes).
@@ -12,26 +21,38 @@ Privacy"). The CNN is Opacus's MNIST example network; it has no batch norm, whic
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import re
+import warnings
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import numpy as np
 import torch
+from opacus.validators import ModuleValidator
 from torch import nn
 
+from training.own_code import check_name, is_reference, load_function, reference_name
+
 __all__ = [
-    "ARCHITECTURES",
+    "BUILT_IN_MODELS",
+    "ModelError",
     "ModelSpec",
     "accuracy",
     "build_model",
+    "describe_model",
+    "use_model_code",
     "get_flat_parameters",
     "input_statistics",
+    "model_digest",
     "parameter_count",
     "set_flat_parameters",
     "takes_images",
 ]
 
-ARCHITECTURES = ("mlp", "cnn")
+BUILT_IN_MODELS = ("mlp", "cnn")
 _MIN_STD = 1e-6
 # What a spec that arrives from elsewhere (a run configuration) may ask for, checked before any
 # tensor is allocated: a hospital builds the model a server names.
@@ -40,6 +61,20 @@ MAX_INPUT_VALUES = 1 << 24
 MAX_HIDDEN_LAYERS = 16
 MAX_PARAMETERS = 1 << 26
 _CNN_LAYERS = ((16, 8, 2, 3), (32, 4, 2, 0))  # (channels, kernel, stride, padding), each followed by MaxPool2d(2, 1)
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_MAX_CLASS_NAME = 128
+_OWN_MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {}  # by name: what this party's operator named
+
+
+class ModelError(ValueError):
+    """A model a party cannot build or train with DP-SGD, or whose digest differs from the run's."""
+
+
+def use_model_code(reference: str) -> str:
+    """Load the model function ``reference`` names from this machine, to build under its name (returned)."""
+    name = reference_name(reference, flag="--model", error=ModelError)
+    _OWN_MODELS[name] = load_function(reference, flag="--model", error=ModelError)
+    return name
 
 
 @dataclass(frozen=True)
@@ -50,10 +85,32 @@ class ModelSpec:
     hidden: tuple[int, ...] = (48,)  # hidden widths of the MLP
     input_mean: tuple[float, ...] = ()  # per feature (vectors) or per channel (images); () for none
     input_std: tuple[float, ...] = ()
+    digest: str = ""  # model_digest of what it builds; required of the operators' own models
+    parameters: int = 0  # an own model's parameter count (a built-in one's is computed)
+    fix: bool = False  # an own model with Opacus's fixes applied (GroupNorm for BatchNorm)
+    classes: tuple[str, ...] = ()  # each output's class name, where the data name them
 
     def __post_init__(self) -> None:
-        if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"unknown architecture {self.architecture!r}; choose from {', '.join(ARCHITECTURES)}")
+        if self.architecture not in BUILT_IN_MODELS:
+            if not is_reference(self.architecture):
+                raise ValueError(
+                    f"unknown model {self.architecture!r}; choose from {', '.join(BUILT_IN_MODELS)}, "
+                    "or name your own as package.module:function or path/to/file.py:function"
+                )
+            check_name(self.architecture, error=ValueError)
+            if not 1 <= self.parameters <= MAX_PARAMETERS or not _DIGEST.fullmatch(self.digest):
+                raise ValueError(f"the model {self.architecture} needs its digest and a parameter count")
+        elif self.parameters or self.fix:
+            raise ValueError(f"the built-in model {self.architecture} takes no parameter count and no fixes")
+        if self.digest and not _DIGEST.fullmatch(self.digest):
+            raise ValueError("a model digest is 64 hexadecimal digits")
+        if self.classes and (
+            len(self.classes) != self.num_classes
+            or not all(isinstance(c, str) and 0 < len(c) <= _MAX_CLASS_NAME and c.isprintable() for c in self.classes)
+        ):
+            raise ValueError(
+                f"a model of {self.num_classes} classes names each in at most {_MAX_CLASS_NAME} characters"
+            )
         if not 1 <= len(self.input_shape) <= 3 or not all(1 <= v <= MAX_WIDTH for v in self.input_shape):
             raise ValueError(f"an input shape has 1 to 3 dimensions of 1 to {MAX_WIDTH}, got {self.input_shape}")
         if math.prod(self.input_shape) > MAX_INPUT_VALUES:
@@ -81,6 +138,8 @@ class ModelSpec:
 
     def parameter_count(self) -> int:
         """How many parameters ``build_model`` makes of this spec, computed without building it."""
+        if self.architecture not in BUILT_IN_MODELS:
+            return self.parameters
         if self.architecture == "mlp":
             widths = (math.prod(self.input_shape), *self.hidden, self.num_classes)
             return sum(n_in * n_out + n_out for n_in, n_out in zip(widths, widths[1:]))
@@ -99,12 +158,27 @@ class ModelSpec:
     def takes_images(self) -> bool:
         return takes_images(self.input_shape)
 
+    @property
+    def own_code(self) -> bool:
+        """Whether the model is a function of the operators' own code, not a built-in one."""
+        return self.architecture not in BUILT_IN_MODELS
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        values = asdict(self)
+        for name, empty in (("digest", ""), ("parameters", 0), ("fix", False), ("classes", ())):  # as specs were before
+            if values[name] == empty:
+                del values[name]
+        return values
 
     @classmethod
     def from_dict(cls, fields: dict) -> "ModelSpec":
-        lengths = {"input_shape": 3, "hidden": MAX_HIDDEN_LAYERS, "input_mean": MAX_WIDTH, "input_std": MAX_WIDTH}
+        lengths = {
+            "input_shape": 3,
+            "hidden": MAX_HIDDEN_LAYERS,
+            "input_mean": MAX_WIDTH,
+            "input_std": MAX_WIDTH,
+            "classes": MAX_WIDTH,
+        }
         for name, most in lengths.items():  # before anything of their length is made
             if (
                 not isinstance(fields, dict)
@@ -120,6 +194,10 @@ class ModelSpec:
                 hidden=tuple(int(v) for v in fields.get("hidden", ())),
                 input_mean=tuple(float(v) for v in fields.get("input_mean", ())),
                 input_std=tuple(float(v) for v in fields.get("input_std", ())),
+                digest=str(fields.get("digest", "")),
+                parameters=int(fields.get("parameters", 0)),
+                fix=_boolean(fields.get("fix", False)),
+                classes=tuple(fields.get("classes", ())),
             )
         except (KeyError, TypeError, OverflowError) as error:
             raise ValueError(f"malformed model spec: {error}") from None
@@ -138,32 +216,138 @@ def input_statistics(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...
     return tuple(map(float, mean)), tuple(map(float, std))
 
 
+def describe_model(
+    model: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    hidden: tuple[int, ...] = (48,),
+    input_mean: tuple[float, ...] = (),
+    input_std: tuple[float, ...] = (),
+    fix: bool = False,
+    classes: tuple[str, ...] = (),
+) -> ModelSpec:
+    """The spec of ``model``: a built-in one's name, or a reference to this party's own code
+    (``training.own_code``), which is loaded and built here to count and digest it.
+
+    ``ModelError`` for a model that cannot be loaded or built, or that DP-SGD cannot train: the
+    message names the first such layer and says whether ``fix`` would replace it.
+    """
+    if is_reference(model):
+        name = use_model_code(model)
+        core = _own_core(name, input_shape, num_classes, fix=fix)
+        parameters = parameter_count(core)
+        if parameters > MAX_PARAMETERS:
+            raise ModelError(f"{name} has {parameters:,} parameters, more than the {MAX_PARAMETERS:,} a party builds")
+        spec = ModelSpec(name, input_shape, num_classes, (), input_mean, input_std, "0" * 64, parameters, fix)
+        built = nn.Sequential(*_standardize(spec), core)
+    elif fix:
+        raise ModelError(f"--fix-model is for a model of your own; the built-in {model} needs no fixes")
+    else:
+        spec = ModelSpec(model, input_shape, num_classes, hidden, input_mean, input_std)
+        built = build_model(spec)
+    return ModelSpec(**{**asdict(spec), "digest": model_digest(built), "classes": tuple(classes)})
+
+
 def build_model(spec: ModelSpec) -> nn.Module:
-    layers: list[nn.Module] = []
-    if spec.input_mean:
-        layers.append(_Standardize(spec.input_mean, spec.input_std, len(spec.input_shape)))
+    """The module of ``spec``, built from this party's own code; ``ModelError`` if it is not the one the spec's
+    digest describes (another definition of the model, another version of a built-in one)."""
+    if spec.own_code:
+        core = _own_core(spec.architecture, spec.input_shape, spec.num_classes, fix=spec.fix)
+        model = nn.Sequential(*_standardize(spec), core)
+    else:
+        model = nn.Sequential(*_standardize(spec), *_built_in_layers(spec))
+    if spec.digest and model_digest(model) != spec.digest:
+        raise ModelError(
+            f"the run's model {spec.architecture} is not what this party's code builds (digest "
+            f"{model_digest(model)[:12]}, the run's {spec.digest[:12]}): another definition or version of it"
+        )
+    return model
+
+
+def model_digest(model: nn.Module) -> str:
+    """SHA-256 of the names, shapes and dtypes of the model's parameters and buffers, in order (not their values)."""
+    layout = [
+        [name, list(tensor.shape), str(tensor.dtype)]
+        for named in (model.named_parameters(), model.named_buffers())
+        for name, tensor in named
+    ]
+    return hashlib.sha256(json.dumps(layout, separators=(",", ":")).encode()).hexdigest()
+
+
+def _own_core(name: str, input_shape: tuple[int, ...], num_classes: int, *, fix: bool) -> nn.Module:
+    """The operators' own module, built by the function this party loaded, fixed if asked, and checked for DP-SGD."""
+    if name not in _OWN_MODELS:
+        raise ModelError(
+            f"the run trains {name}, a model of the operators' own code: start this party with --model naming its "
+            "copy of that function"
+        )
+    try:
+        core = _OWN_MODELS[name](tuple(input_shape), num_classes)
+    except Exception as error:  # the operator's own code: its failure is theirs to fix, in one line
+        raise ModelError(f"the model function {name} failed: {type(error).__name__}: {error}") from None
+    if not isinstance(core, nn.Module):
+        raise ModelError(f"the model function {name} returned a {type(core).__name__}, not a torch.nn.Module")
+    if fix:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Opacus says what it replaced; the spec records that it did
+            core = ModuleValidator.fix(core)
+    _check_trainable(core, name, fixed=fix)
+    return core
+
+
+def _check_trainable(core: nn.Module, name: str, *, fixed: bool) -> None:
+    """``ModelError`` naming the first layer DP-SGD cannot train, and the fix where Opacus has one."""
+    for layer_name, layer in core.named_modules():
+        # A leaf alone: Opacus's validators would descend into a container's children, each checked on its own.
+        errors = ModuleValidator.validate(layer, strict=False) if not list(layer.children()) else []
+        if any(p.requires_grad for p in layer.parameters(recurse=False)) and list(layer.buffers(recurse=False)):
+            errors = errors or [ValueError("it has trainable parameters and buffers, whose values are not private")]
+        if errors:
+            replaceable = any(type(error).__name__ == "ShouldReplaceModuleError" for error in errors)
+            reason = str(errors[0]).split(". ")[0].rstrip(".")
+            hint = (
+                "; --fix-model replaces it (Opacus's ModuleValidator.fix, e.g. GroupNorm for BatchNorm)"
+                if replaceable and not fixed
+                else ""
+            )
+            raise ModelError(
+                f"{name}: layer {layer_name or '(the model)'} ({type(layer).__name__}) cannot be trained with DP-SGD: "
+                f"{reason}{hint}"
+            )
+
+
+def _standardize(spec: ModelSpec) -> list[nn.Module]:
+    return [_Standardize(spec.input_mean, spec.input_std, len(spec.input_shape))] if spec.input_mean else []
+
+
+def _built_in_layers(spec: ModelSpec) -> list[nn.Module]:
     if spec.architecture == "mlp":
-        layers.append(nn.Flatten())
+        layers: list[nn.Module] = [nn.Flatten()]
         width = int(np.prod(spec.input_shape))
         for hidden in spec.hidden:
             layers += [nn.Linear(width, hidden), nn.Tanh()]
             width = hidden
-        layers.append(nn.Linear(width, spec.num_classes))
-    else:
-        (first, kernel_1, stride_1, padding_1), (second, kernel_2, stride_2, padding_2) = _CNN_LAYERS
-        features = nn.Sequential(
-            nn.Conv2d(spec.input_shape[0], first, kernel_1, stride=stride_1, padding=padding_1),
-            nn.Tanh(),
-            nn.MaxPool2d(2, 1),
-            nn.Conv2d(first, second, kernel_2, stride=stride_2, padding=padding_2),
-            nn.Tanh(),
-            nn.MaxPool2d(2, 1),
-            nn.Flatten(),
-        )
-        with torch.no_grad():
-            width = features(torch.zeros(1, *spec.input_shape)).shape[1]
-        layers += [features, nn.Linear(width, 32), nn.Tanh(), nn.Linear(32, spec.num_classes)]
-    return nn.Sequential(*layers)
+        return layers + [nn.Linear(width, spec.num_classes)]
+    (first, kernel_1, stride_1, padding_1), (second, kernel_2, stride_2, padding_2) = _CNN_LAYERS
+    features = nn.Sequential(
+        nn.Conv2d(spec.input_shape[0], first, kernel_1, stride=stride_1, padding=padding_1),
+        nn.Tanh(),
+        nn.MaxPool2d(2, 1),
+        nn.Conv2d(first, second, kernel_2, stride=stride_2, padding=padding_2),
+        nn.Tanh(),
+        nn.MaxPool2d(2, 1),
+        nn.Flatten(),
+    )
+    with torch.no_grad():
+        width = features(torch.zeros(1, *spec.input_shape)).shape[1]
+    return [features, nn.Linear(width, 32), nn.Tanh(), nn.Linear(32, spec.num_classes)]
+
+
+def _boolean(value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"fix must be true or false, got {value!r}")
+    return value
 
 
 def parameter_count(model: nn.Module) -> int:
