@@ -45,6 +45,7 @@ from protocol.messages import ProtocolError
 from protocol.party_keys import SERVER
 from protocol.roster import Roster, local_federation
 from training.baselines import BASELINES, DP_BASELINES, BaselineSettings, run_baseline
+from training.compute_device import use_device
 from training.datasets import Dataset
 from training.own_code import is_reference
 from training.partition import partition
@@ -134,6 +135,7 @@ def _start_parties(
     common += ["--image-size", shown(spec.image_size)] if spec.image_size else []
     common += ["--image-channels", str(spec.image_channels)] if spec.image_channels else []
     common += ["--crypto-threads", str(spec.crypto_threads)] if spec.crypto_threads else []
+    common += ["--device", spec.device] if spec.device else []
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     server = _launch(
         "scripts.server", [*common, *_server_argv(spec, out)], logs / "server.log", environment, stdout=subprocess.PIPE
@@ -258,6 +260,7 @@ def _run_baseline(
         f"{spec.method}: {spec.hospitals} hospitals' records of {data.name} ({spec.partition}) in this process, outputs in {out}"
     )
     settings = BaselineSettings(**{name: value for name, value in fields.items() if value is not None})
+    use_device(spec.device or "cpu")
     try:
         result = run_baseline(spec.method, data, parts, model, settings)
     except ValueError as error:  # e.g. Opacus: a budget no noise multiplier can meet

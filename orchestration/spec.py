@@ -65,6 +65,7 @@ class RunSpec:
     hospitals_per_process: int = 1  # voting: hospitals simulated in threads of one process
     round_timeout: float = 60.0
     crypto_threads: int | None = None  # each party's worker processes for ciphertexts (default: all its cores)
+    device: str | None = None  # where the server's and hospitals' models compute (default: cpu)
     send_offset: float = DEFAULT_SEND_OFFSET_S
     transcript_payloads: bool = False
     insecure_plaintext_benchmark: bool = False

@@ -38,7 +38,9 @@ _RUN_ID = re.compile(r"^[0-9a-f]{8,64}$")
 _MESSAGE_SLACK_BYTES = 64 * 1024
 MAX_HOSPITALS = 10_000
 MAX_ROUNDS = 1_000_000  # round numbers travel through the voting MPC's field too
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # what a hospital accepts before it knows the run, and so ever
+# What a hospital accepts before it knows the run, and so ever. A Welcome carries four float32 vectors
+# of the model's size: 179 MB for a ResNet-18 of 11.2M parameters, which this is sized for.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _SEALED_KEY_SLACK_BYTES = 4096  # SEAL's header and zstd framing, the check key, the box
 _WELCOME_VECTORS = 4  # float32 vectors of the model's size in a Welcome (message_limit)
 

@@ -19,6 +19,7 @@ from scripts._run import run_with
 from protocol.transcript import TranscriptError
 from protocol.transport import TransportError
 from tallier.mpc import MpcError
+from training.compute_device import DeviceError
 from training.ledger import LedgerError
 from training.models import ModelError
 from training.datasets import DatasetError
@@ -33,6 +34,7 @@ USER_ERRORS = (
     CheckpointError,
     ConfigError,
     DatasetError,
+    DeviceError,
     FedAvgError,
     LedgerError,
     ModelError,
@@ -77,7 +79,14 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_crypto_threads(parser: argparse.ArgumentParser) -> None:
+def add_hardware_arguments(parser: argparse.ArgumentParser) -> None:
+    """The party's own hardware: cores for the ciphertexts, and where its models compute."""
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where per-example gradients and scores are computed: cpu, cuda or cuda:N (default: cpu); "
+        "the rounding, noise and cryptography stay on the CPU",
+    )
     parser.add_argument(
         "--crypto-threads",
         type=positive_int,

@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         help="each party's cores for the work on ciphertexts (default: all, for each party)",
     )
+    parser.add_argument("--device", help="where each party's models compute: cpu or cuda (default: cpu)")
     parser.add_argument(
         "--hospitals-per-process",
         type=positive_int,

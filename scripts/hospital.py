@@ -18,7 +18,7 @@ from protocol.voting_hospital import VotingHospital
 from orchestration.run_flags import METHODS, chosen_aggregation
 from scripts._cli import (
     USER_ERRORS,
-    add_crypto_threads,
+    add_hardware_arguments,
     add_image_arguments,
     add_roster_fingerprint,
     configure_logging,
@@ -26,6 +26,7 @@ from scripts._cli import (
 )
 from training.flags import non_negative_float, non_negative_int, positive_float, positive_int, probability
 from training.datasets import Split, load_dataset
+from training.compute_device import use_device
 from training.models import use_model_code
 from training.partition import PARTITION_SCHEMES, PartitionError, partition
 from training.vote_privacy import VOTING_METHODS
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="training data: breast_cancer, digits, an .npz path, an image folder, or module:function of your own code",
     )
     add_image_arguments(parser)
-    add_crypto_threads(parser)
+    add_hardware_arguments(parser)
     parser.add_argument(
         "--model",
         metavar="REFERENCE",
@@ -133,6 +134,7 @@ def take_part(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting"
         )
+    use_device(args.device)
     if args.model is not None:
         use_model_code(args.model)
     parties = {name: join_federation(args.federation, name, args.roster_fingerprint) for name in args.name}

@@ -24,7 +24,7 @@ from orchestration.run_flags import (
     resolve_run_arguments,
 )
 from scripts._cli import (
-    add_crypto_threads,
+    add_hardware_arguments,
     add_image_arguments,
     add_roster_fingerprint,
     add_run_arguments,
@@ -32,6 +32,7 @@ from scripts._cli import (
     run,
 )
 from training.flags import non_negative_int, positive_float
+from training.compute_device import use_device
 from training.models import use_model_code
 from training.own_code import is_reference
 from training.datasets import Dataset, Split, load_dataset
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="validation data: breast_cancer, digits, an .npz path, an image folder, or module:function of your own code",
     )
     add_image_arguments(parser)
-    add_crypto_threads(parser)
+    add_hardware_arguments(parser)
     parser.add_argument(
         "--data-seed", type=non_negative_int, default=0, help="train/validation split of built-in data (default: 0)"
     )
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def serve(args: argparse.Namespace) -> None:
     resolve_run_arguments(args)
+    use_device(args.device)
     if is_reference(args.model):  # a resumed run's own model, too
         use_model_code(args.model)
     roster, credentials = join_federation(args.federation, SERVER, args.roster_fingerprint)

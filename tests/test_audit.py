@@ -608,7 +608,7 @@ def _canary_scores(
 
     worlds = {"in": [step(*with_canary), step(*records[1])], "out": [step(*records[0]), step(*records[1])]}
     mechanism = worlds["in"][0].mechanism
-    direction = ClippedGradients(copy.deepcopy(model), *canary, 1.0)(np.array([0]))[0]
+    direction = next(ClippedGradients(copy.deepcopy(model), *canary, 1.0).batches(np.array([0])))[0]
     bound = mechanism.sum_bound(contributors=2, expected_batch_size=5.0).levels
     params = select_bfv_parameters(max_contributors=2, vector_length=mechanism.dimension, sum_bound=bound)
     secret = SecretContext.generate(params, run_id="0123456789abcdef")

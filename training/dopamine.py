@@ -182,9 +182,10 @@ class NoisyGradientStep:
     def __call__(self) -> tuple[np.ndarray, int]:
         """``(s_k, |D_k^t|)``. The batch size stays at the hospital (it is not protected by DP)."""
         indices = np.flatnonzero(self._generator.random(self._gradients.records) < self.settings.sample_rate)
-        examples = self._gradients(indices)
-        share = self.mechanism.round_examples(examples, self._generator) + self.mechanism.noise_share(self._generator)
-        return share, len(indices)
+        share = np.zeros(self.mechanism.dimension, dtype=np.int64)
+        for examples in self._gradients.batches(indices):
+            share += self.mechanism.round_examples(examples, self._generator)
+        return share + self.mechanism.noise_share(self._generator), len(indices)
 
 
 def mean_gradient(

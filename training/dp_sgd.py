@@ -83,8 +83,9 @@ class GaussianDpSgd:
 
     def step(self) -> None:
         indices = np.flatnonzero(self._generator.random(self._gradients.records) < self._sample_rate)
-        total = self._gradients(indices).sum(axis=0) + self._generator.normal(
-            0.0, self._noise_std, self._gradients.dimension
-        )
+        total = np.zeros(self._gradients.dimension)
+        for examples in self._gradients.batches(indices):
+            total += examples.sum(axis=0)
+        total += self._generator.normal(0.0, self._noise_std, self._gradients.dimension)
         self._update.apply(total / self._divisor)
         self.steps_taken += 1

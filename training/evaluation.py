@@ -13,6 +13,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
+from training.compute_device import compute_device, on_device
 from training.datasets import Split
 
 __all__ = ["evaluate"]
@@ -21,8 +22,10 @@ __all__ = ["evaluate"]
 @torch.no_grad()
 def evaluate(model: nn.Module, split: Split, *, num_classes: int) -> dict[str, float | None]:
     """``{"accuracy": ..., "auc": ...}`` of ``model`` on ``split``."""
+    model = on_device(model)
     model.eval()
-    probabilities = torch.softmax(model(torch.as_tensor(split.x)), dim=1).numpy().astype(np.float64)
+    outputs = model(torch.as_tensor(split.x, device=compute_device()))
+    probabilities = torch.softmax(outputs, dim=1).cpu().numpy().astype(np.float64)
     accuracy = float(np.mean(probabilities.argmax(axis=1) == split.y))
     if len(np.unique(split.y)) < num_classes:
         return {"accuracy": accuracy, "auc": None}
