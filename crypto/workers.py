@@ -20,6 +20,7 @@ Messages between the parent and its workers are msgpack maps over pipes, each an
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -127,7 +128,8 @@ class CryptoWorkers:
         for pipe in (from_parent, from_worker):
             _widen(pipe)
         process = subprocess.Popen(
-            [sys.executable, "-m", "crypto.workers", str(to_worker), str(from_worker)],
+            # -P: nothing imported from the folder the party was started in (the worker is given the key)
+            [sys.executable, "-P", "-m", "crypto.workers", str(to_worker), str(from_worker)],
             pass_fds=(to_worker, from_worker),
             stdin=subprocess.DEVNULL,
             env={**os.environ, "OMP_NUM_THREADS": "1", **_ALLOCATOR},
@@ -198,6 +200,7 @@ def _widen(pipe: int) -> None:
 
 def _serve(receiving: Connection, sending: Connection) -> None:
     """A worker: its shard of every upload, sum or aggregate, until told to close or its parent goes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes its workers
     from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext
     from crypto.bfv_parameters import BfvParameters
 

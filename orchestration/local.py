@@ -277,7 +277,7 @@ def _run_baseline(
 def _launch(module: str, argv: list[str], log: Path, environment: dict, stdout=None) -> subprocess.Popen:
     handle = log.open("w")
     return subprocess.Popen(
-        [sys.executable, "-m", module, *argv],
+        [sys.executable, "-P", "-m", module, *argv],  # -P: nothing imported from the folder it was started in
         stdout=stdout if stdout is not None else handle,
         stderr=handle,
         text=True,

@@ -76,6 +76,18 @@ class RunSpec:
             raise ConfigError(f"no method reads the flag(s) {', '.join(unknown)}")
         given = {name: value for name, value in self.flags.items() if value is not None}
         object.__setattr__(self, "flags", MappingProxyType(given))
+        if self.crypto_threads is not None and self.crypto_threads < 1:
+            raise ConfigError(f"crypto_threads must be at least 1, got {self.crypto_threads}")
+        if self.image_channels not in (None, 1, 3):
+            raise ConfigError(f"image_channels must be 1 or 3, got {self.image_channels}")
+        if self.image_size is not None and (
+            len(self.image_size) != 2 or not all(isinstance(v, int) and 1 <= v <= 4096 for v in self.image_size)
+        ):
+            raise ConfigError(f"image_size must be (height, width) of 1 to 4096 pixels, got {self.image_size}")
+        if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ConfigError(f"device must be cpu or cuda (cuda:N), got {self.device!r}")
+        if not isinstance(self.fix_model, bool):
+            raise ConfigError(f"fix_model must be true or false, got {self.fix_model!r}")
         object.__setattr__(self, "hidden", tuple(self.hidden))
         if self.out is not None:
             object.__setattr__(self, "out", Path(self.out))

@@ -81,7 +81,7 @@ from training.accounting import Release
 from training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
 from training.datasets import Split
 from training.methods import METHODS, LocalStep, SharedState, TrainingMethod, ledger_release
-from training.models import ModelError, build_model, parameter_count, set_flat_parameters
+from training.models import ModelError, build_model, check_model_for, parameter_count, set_flat_parameters
 
 __all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital"]
 
@@ -115,6 +115,7 @@ class Hospital:
         method: str,
         aggregation: str = SECURE_AGGREGATION,
         crypto_workers: int = 1,
+        own_model: str | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
         self._name = credentials.name
@@ -130,7 +131,7 @@ class Hospital:
         if method not in METHODS:
             raise ConfigError(f"a hospital of the secure round trains with one of {', '.join(METHODS)}, not {method!r}")
         # This hospital's operator's choices; a server cannot change them.
-        self._method, self._aggregation = method, aggregation
+        self._method, self._aggregation, self._own_model = method, aggregation, own_model
         self._ledger: PrivacyLedger | None = None
         # Set by the first Welcome, kept across joins: a hospital takes part in one run.
         self._config: RunConfig | None = None
@@ -215,10 +216,8 @@ class Hospital:
         strangers = set(config.hospitals) - set(self._roster.hospitals)
         if strangers:  # e.g. the server naming itself a hospital, to hold the key
             raise ProtocolError(f"the run names {sorted(strangers)} as hospitals; the roster does not")
-        misfit = self._data.misfit(config.model.input_shape, config.model.num_classes, config.model.classes)
-        if misfit:
-            raise ProtocolError(f"{self._name} cannot take part: {misfit}")
         try:
+            check_model_for(config.model, self._data, self._own_model)
             model = build_model(config.model)
         except ModelError as error:
             raise ProtocolError(f"{self._name} refuses the run: {error}") from None

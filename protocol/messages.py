@@ -93,6 +93,7 @@ __all__ = [
 PROTOCOL_VERSION = 1
 _MAX_ARRAY_ITEMS = 1 << 17
 _MAX_MAP_ITEMS = 1 << 14
+_MAX_OBJECTS = 1 << 20  # in all: a few hundred in an honest message, whose bulk travels as bytes
 # Every text on the wire (a reason, a hospital's name) is at most this many printable characters, so
 # that nothing a peer sends can flood a log or forge lines in it.
 MAX_TEXT_LENGTH = 500
@@ -317,11 +318,18 @@ def _printable(text: str) -> str:
 def decode(raw: bytes, *, accept: frozenset[type], max_bytes: int) -> Message:
     if len(raw) > max_bytes:
         raise MessageError(f"message of {len(raw)} bytes exceeds the limit of {max_bytes}")
+    # Each container within what any message holds (a round's labels, a model's input statistics), all together within
+    # _MAX_OBJECTS as they are made: no message expands into a billion small objects (nested empty maps took 70x).
+    count = _ObjectCount()
     try:
-        # Containers stay within what any message holds (a round's labels, a model's input statistics), so
-        # that a message within its size limit cannot expand into a billion small objects.
         body = msgpack.unpackb(
-            raw, raw=False, strict_map_key=True, max_array_len=_MAX_ARRAY_ITEMS, max_map_len=_MAX_MAP_ITEMS
+            raw,
+            raw=False,
+            strict_map_key=True,
+            max_array_len=_MAX_ARRAY_ITEMS,
+            max_map_len=_MAX_MAP_ITEMS,
+            list_hook=count,
+            object_hook=count,
         )
     except (ValueError, msgpack.UnpackException) as error:  # ValueError covers ExtraData, FormatError, bad UTF-8
         raise MessageError(f"not a msgpack message: {error}") from None
@@ -343,6 +351,18 @@ def decode(raw: bytes, *, accept: frozenset[type], max_bytes: int) -> Message:
     hints = typing.get_type_hints(cls)
     values = {name: _conform(body[name], hints[name], f"{cls.TYPE}.{name}") for name in declared}
     return cls(**values)
+
+
+class _ObjectCount:
+    """Counts the items of each container as the decoder completes it; past ``_MAX_OBJECTS``, the message is refused."""
+
+    total = 0
+
+    def __call__(self, container):
+        self.total += len(container) + 1
+        if self.total > _MAX_OBJECTS:
+            raise MessageError(f"a message holds more than {_MAX_OBJECTS:,} objects")
+        return container
 
 
 def _shown(value, limit: int = 60) -> str:

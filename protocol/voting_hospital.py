@@ -45,7 +45,7 @@ from protocol.transport import TransportError
 from protocol.voting_config import VotingConfig
 from training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
 from training.datasets import Split
-from training.models import ModelError
+from training.models import ModelError, check_model_for
 from training.secure_random import secure_generator
 from training.voting import PcaFeatures, knn_votes, noisy_votes, teacher_votes, train_classifier
 
@@ -67,6 +67,7 @@ class VotingHospital:
         upgrade_ledger: bool = False,
         min_quorum: int = 2,
         allow_histogram: bool = False,
+        own_model: str | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
         self._name = credentials.name
@@ -76,6 +77,7 @@ class VotingHospital:
         self._budget = budget
         self._state_dir = state_dir
         self._upgrade_ledger = upgrade_ledger  # read an unchained (older) ledger once: its operator's say
+        self._own_model = own_model  # the name of the model its operator named (--model), if any
         self._channel = ServerChannel.connect(
             roster, credentials, accept=TO_VOTING_HOSPITAL, timeout_s=timeout_s, log=log
         )
@@ -137,9 +139,10 @@ class VotingHospital:
             )
         if config.voting.method == "knn-dpfl" and config.voting.neighbours >= len(self._data):
             raise ProtocolError(f"{config.voting.neighbours} neighbours need more records than this hospital has")
-        misfit = self._data.misfit(config.model.input_shape, config.classes, config.model.classes)
-        if misfit:
-            raise ProtocolError(f"this hospital cannot take part: {misfit}")
+        try:
+            check_model_for(config.model, self._data, self._own_model)
+        except ModelError as error:
+            raise ProtocolError(f"this hospital refuses the run: {error}") from None
         self._run = config.fingerprint(welcome.feature_map)
         self._tallier_keys = self._certified_tallier_keys(config, welcome.tallier_keys)
         if config.voting.method == "knn-dpfl":

@@ -135,8 +135,7 @@ def take_part(args: argparse.Namespace) -> None:
             "--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting"
         )
     use_device(args.device)
-    if args.model is not None:
-        use_model_code(args.model)
+    own_model = use_model_code(args.model) if args.model is not None else None
     parties = {name: join_federation(args.federation, name, args.roster_fingerprint) for name in args.name}
     data = load_dataset(
         args.data,
@@ -158,7 +157,7 @@ def take_part(args: argparse.Namespace) -> None:
             alpha=args.alpha,
         )
         shares = [data.subset(parts[part - 1]) for part in args.part]
-    hospitals = {name: _hospital(args, *parties[name], share) for name, share in zip(args.name, shares)}
+    hospitals = {name: _hospital(args, *parties[name], share, own_model) for name, share in zip(args.name, shares)}
     if len(hospitals) == 1:
         ((name, hospital),) = hospitals.items()
         _report(name, hospital)
@@ -180,7 +179,7 @@ def take_part(args: argparse.Namespace) -> None:
 
 
 def _hospital(
-    args: argparse.Namespace, roster: Roster, credentials: Credentials, data: Split
+    args: argparse.Namespace, roster: Roster, credentials: Credentials, data: Split, own_model: str | None
 ) -> Hospital | VotingHospital:
     name = credentials.name
     common = dict(
@@ -191,6 +190,7 @@ def _hospital(
         state_dir=args.state or args.federation / name,
         timeout_s=args.timeout,
         upgrade_ledger=args.upgrade_ledger,
+        own_model=own_model,
     )
     if args.method not in VOTING_METHODS:
         return Hospital(

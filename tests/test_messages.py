@@ -126,6 +126,14 @@ def test_malformed_messages_are_rejected_with_a_reason(raw, reason):
         decode(raw, accept=TO_SERVER, max_bytes=LIMIT)
 
 
+def test_a_message_of_millions_of_tiny_objects_is_refused_before_they_are_all_made():
+    """Nested arrays of empty maps, each within the per-container limits: 16 MiB of them took 1.1 GiB."""
+    inner = b"\xdc" + (4000).to_bytes(2, "big") + b"\x80" * 4000
+    raw = b"\x81\xa1v" + b"\xdd" + (4000).to_bytes(4, "big") + inner * 4000
+    with pytest.raises(MessageError, match="more than 1,048,576 objects"):
+        decode(raw, accept=TO_SERVER, max_bytes=len(raw))
+
+
 @pytest.mark.parametrize("flag", [1, 0, "true", None])
 def test_a_boolean_is_only_a_boolean(flag):
     welcome = dict(config={}, initial_parameters=b"", parameters=b"", optimizer_state=b"", generate_key=flag)

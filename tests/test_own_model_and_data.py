@@ -11,7 +11,7 @@ from sklearn.datasets import load_digits
 from conftest import run_launcher
 from scripted import HospitalProcess, ServerProcess
 from training.datasets import DatasetError, Split, load_dataset
-from training.models import ModelError, ModelSpec, build_model, describe_model, use_model_code
+from training.models import ModelError, ModelSpec, build_model, check_model_for, describe_model, use_model_code
 
 OWN_RESNET = '''
 """A small ResNet with GroupNorm, as a hospital team would write its own."""
@@ -168,13 +168,21 @@ def test_an_image_folder_s_mistakes_get_a_clear_error(tmp_path):
         load_dataset(str(empty))
 
 
-def test_a_hospital_whose_class_folders_differ_from_the_run_s_is_told_which():
-    """A hospital without a 'two' folder would number 'zero' as 1: the names are checked, not only the count."""
+def test_a_hospital_whose_class_folders_or_model_differ_from_the_run_s_is_told_which(tmp_path):
+    """A hospital without a 'two' folder would number 'zero' as 1: the names are checked, not only the count. A
+    hospital whose operator named a model of their own takes part in a run of that model only."""
     x, y = np.zeros((4, 1, 8, 8), np.float32), np.array([0, 1, 0, 1])
     mine = Split(x, y, ("one", "zero"))
     assert "the run's classes are one, two, zero" in mine.misfit((1, 8, 8), 3, ("one", "two", "zero"))
     assert "labels up to 1" in Split(x, y).misfit((1, 8, 8), 1)
     assert Split(x, y, ("one", "two", "zero")).misfit((1, 8, 8), 3, ("one", "two", "zero")) is None
+    built_in = describe_model("cnn", (1, 28, 28), 3)
+    records = Split(np.zeros((4, 1, 28, 28), np.float32), y)
+    check_model_for(built_in, records, None)
+    with pytest.raises(
+        ModelError, match="the run trains cnn; this party was started with --model for resnet_gn.py:build"
+    ):
+        check_model_for(built_in, records, use_model_code(f"{own_resnet(tmp_path)}:build"))
 
 
 def test_a_data_function_of_one_s_own_code_gives_arrays_or_torch_datasets(tmp_path):

@@ -41,6 +41,7 @@ from training.own_code import is_reference, load_function, reference_name
 __all__ = ["BUILTIN_DATASETS", "Dataset", "DatasetError", "Split", "load_dataset"]
 
 BUILTIN_DATASETS = ("breast_cancer", "digits")
+_MAX_CLASSES = 1 << 16  # as a model's (training.models)
 _VALIDATION_FRACTION = 0.2
 
 
@@ -106,7 +107,7 @@ def load_dataset(
     to ``image_size`` and made ``image_channels`` deep where given); or a data function of one's own code."""
     if source in BUILTIN_DATASETS:
         return _load_builtin(source, split_seed)
-    if is_reference(source):
+    if is_reference(source) and not Path(source).exists():
         return _load_function(source, split_seed, hold_out)
     path = Path(source)
     if path.is_dir():
@@ -188,6 +189,7 @@ def _with_validation(splits: dict[str, Split], split_seed: int, hold_out: bool) 
     if len(train) == 0:
         raise DatasetError(f"{name}: the train split is empty")
     validation = splits.get("val")
+    validation = validation if validation is not None and len(validation) else None  # an empty one: none
     if validation is None and hold_out:
         from sklearn.model_selection import train_test_split
 
@@ -227,6 +229,8 @@ def _load_function(reference: str, split_seed: int, hold_out: bool) -> Dataset:
     if unknown:
         raise DatasetError(f"the data function {name} returned unknown keys {sorted(unknown)}")
     classes = tuple(str(c) for c in returned.get("classes", ()))
+    if not all(0 < len(c) <= 128 and c.isprintable() for c in classes) or len(classes) > _MAX_CLASSES:
+        raise DatasetError(f"the data function {name}'s classes need printable names of at most 128 characters")
     splits = {"name": name}
     for split_name in ("train", "val", "test"):
         if split_name in returned:
@@ -238,21 +242,28 @@ def _load_function(reference: str, split_seed: int, hold_out: bool) -> Dataset:
 
 
 def _function_split(value, what: str) -> Split:
-    """``(x, y)`` arrays, or a torch ``Dataset`` of ``(x, y)`` items, as a split."""
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        x, y = (np.asarray(v) for v in value)
-    else:
-        try:
+    """``(x, y)`` arrays, or a torch ``Dataset`` of ``(x, y)`` items, as a split; ``DatasetError`` naming what is off."""
+    try:
+        if isinstance(value, (tuple, list)) and len(value) == 2:
+            x, y = (np.asarray(v) for v in value)
+        else:
             items = [value[i] for i in range(len(value))]
             x = np.stack([np.asarray(item[0]) for item in items])
             y = np.array([int(item[1]) for item in items])
-        except Exception as error:  # not a sequence of (x, y) pairs
-            raise DatasetError(f"{what}: expected (x, y) arrays or a Dataset of (x, y) items: {error}") from None
+    except Exception as error:  # ragged records, not a sequence of (x, y) pairs: the operator's data, in one line
+        raise DatasetError(f"{what}: expected (x, y) arrays or a Dataset of (x, y) items: {error}") from None
+    if not 2 <= x.ndim <= 4:
+        raise DatasetError(f"{what}: records of shape {x.shape[1:]}: expected features, or images")
+    if y.ndim != 1 and y.size != len(y) or not np.issubdtype(y.dtype, np.integer) or len(x) != y.size:
+        raise DatasetError(f"{what}: expected one integer label a record, as many as the records")
     y = y.reshape(-1)
-    if len(x) != len(y) or not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
-        raise DatasetError(f"{what}: expected as many non-negative integer labels as records")
+    if len(y) and (y.min() < 0 or y.max() >= _MAX_CLASSES):
+        raise DatasetError(f"{what}: labels are class indices from 0 to {_MAX_CLASSES - 1}")
     if x.dtype == np.uint8:
         return _image_split(x, y, Path(what))
-    if not np.issubdtype(x.dtype, np.number) or not np.all(np.isfinite(x)):
-        raise DatasetError(f"{what}: records must be finite numbers")
+    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
+        raise DatasetError(f"{what}: records must be real numbers, not {x.dtype}")
+    x = x.astype(np.float32)
+    if not np.all(np.isfinite(x)):
+        raise DatasetError(f"{what}: records must be finite float32 numbers")
     return _split(x, y)

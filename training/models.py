@@ -34,6 +34,7 @@ import torch
 from opacus.validators import ModuleValidator
 from torch import nn
 
+from training.datasets import Split
 from training.own_code import check_name, is_reference, load_function, reference_name
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "ModelSpec",
     "accuracy",
     "build_model",
+    "check_model_for",
     "describe_model",
     "use_model_code",
     "get_flat_parameters",
@@ -94,7 +96,7 @@ class ModelSpec:
         if self.architecture not in BUILT_IN_MODELS:
             if not is_reference(self.architecture):
                 raise ValueError(
-                    f"unknown model {self.architecture!r}; choose from {', '.join(BUILT_IN_MODELS)}, "
+                    f"unknown model {self.architecture[:64]!r}; choose from {', '.join(BUILT_IN_MODELS)}, "
                     "or name your own as package.module:function or path/to/file.py:function"
                 )
             check_name(self.architecture, error=ValueError)
@@ -254,18 +256,45 @@ def describe_model(
     return ModelSpec(**{**asdict(spec), "digest": model_digest(built), "classes": tuple(classes)})
 
 
+def check_model_for(spec: ModelSpec, records: Split, own_model: str | None) -> None:
+    """``ModelError`` where this party cannot take part in a run of ``spec``: its records do not fit the model,
+    or its operator named a model of their own (``own_model``, its name) and the run trains another."""
+    misfit = records.misfit(spec.input_shape, spec.num_classes, spec.classes)
+    if misfit:
+        raise ModelError(misfit)
+    if own_model is not None and spec.architecture != own_model:
+        raise ModelError(f"the run trains {spec.architecture}; this party was started with --model for {own_model}")
+
+
 def build_model(spec: ModelSpec) -> nn.Module:
     """The module of ``spec``, built from this party's own code; ``ModelError`` if it is not the one the spec's
-    digest describes (another definition of the model, another version of a built-in one)."""
+    digest describes (another definition of the model, another version of a built-in one).
+
+    An own model is first built on PyTorch's meta device (shapes, no memory) and compared there, so that
+    a run whose sizes make this party's code build something large is refused before it is allocated.
+    """
     if spec.own_code:
-        core = _own_core(spec.architecture, spec.input_shape, spec.num_classes, fix=spec.fix)
-        model = nn.Sequential(*_standardize(spec), core)
-    else:
-        model = nn.Sequential(*_standardize(spec), *_built_in_layers(spec))
-    if spec.digest and model_digest(model) != spec.digest:
+        with torch.device("meta"):
+            _check_digest(spec, _assembled(spec))
+        return _assembled(spec)
+    return _check_digest(spec, _assembled(spec))
+
+
+def _assembled(spec: ModelSpec) -> nn.Module:
+    if spec.own_code:
+        return nn.Sequential(
+            *_standardize(spec), _own_core(spec.architecture, spec.input_shape, spec.num_classes, fix=spec.fix)
+        )
+    return nn.Sequential(*_standardize(spec), *_built_in_layers(spec))
+
+
+def _check_digest(spec: ModelSpec, model: nn.Module) -> nn.Module:
+    """``model``, where it is what ``spec`` describes: its digest, and an own model's parameter count."""
+    count, digest = parameter_count(model), model_digest(model)
+    if (spec.own_code and count != spec.parameters) or (spec.digest and digest != spec.digest):
         raise ModelError(
-            f"the run's model {spec.architecture} is not what this party's code builds (digest "
-            f"{model_digest(model)[:12]}, the run's {spec.digest[:12]}): another definition or version of it"
+            f"the run's model {spec.architecture} is not what this party's code builds ({count:,} parameters, digest "
+            f"{digest[:12]}; the run's {spec.parameter_count():,}, {spec.digest[:12]}): another definition or version of it"
         )
     return model
 

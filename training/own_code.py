@@ -9,6 +9,7 @@ out (``resnet_gn.py:build``), so that machines holding the file in different pla
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import re
@@ -59,7 +60,8 @@ def load_function(reference: str, *, flag: str, error: type[Exception]) -> Calla
 def _load_file(path: Path, flag: str, error: type[Exception]):
     if not path.is_file():
         raise error(f"{flag}: no file {path}")
-    module_name = f"consilium_own_{re.sub(r'[^A-Za-z0-9_]', '_', str(path.resolve()))}"
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]  # one module a file, whatever its name
+    module_name = f"consilium_own_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}_{digest}"
     if module_name in sys.modules:  # loaded once a process, as an import would be
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, path)
