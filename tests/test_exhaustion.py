@@ -11,6 +11,7 @@ import resource
 import socket
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -85,6 +86,15 @@ class _Flood:
             sent += 1
             self._stop.wait(1.0)
 
+    def wait_for_every_drop(self, timeout: float) -> None:
+        """Until the server has dropped every idle connection once and every slow one (an observable count)."""
+        deadline = time.monotonic() + timeout
+        while self.dropped_idle < IDLE or self.dropped_slow < SLOW:
+            assert time.monotonic() < deadline, (
+                f"dropped {self.dropped_idle} idle, {self.dropped_slow} slow in {timeout} s"
+            )
+            self._stop.wait(0.2)
+
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
@@ -141,6 +151,7 @@ def test_thousands_of_idle_and_slow_connections_cost_the_run_nothing(tmp_path):
         wait_until_listening((host, int(port)), server)
         flood = _Flood((host, int(port)))
         wait_for_text(log, "connections are open at once", server, timeout=120)
+        flood.wait_for_every_drop(timeout=120)  # the run below goes on beside the connections opened again
         hospitals = [
             subprocess.Popen(
                 launcher(

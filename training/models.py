@@ -118,7 +118,8 @@ class ModelSpec:
         if math.prod(self.input_shape) > MAX_INPUT_VALUES:
             raise ValueError(f"an input of shape {self.input_shape} holds more than {MAX_INPUT_VALUES:,} values")
         if self.architecture in ("cnn", "resnet18") and not self.takes_images:
-            raise ValueError(f"the {self.architecture} needs (channels, height, width) inputs, got {self.input_shape}")
+            shown = {"cnn": "CNN", "resnet18": "ResNet-18"}[self.architecture]
+            raise ValueError(f"the {shown} needs (channels, height, width) inputs, got shape {self.input_shape}")
         if not 2 <= self.num_classes <= MAX_WIDTH:
             raise ValueError(f"need 2 to {MAX_WIDTH} classes, got {self.num_classes}")
         if len(self.hidden) > MAX_HIDDEN_LAYERS or not all(1 <= v <= MAX_WIDTH for v in self.hidden):
