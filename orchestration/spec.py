@@ -64,7 +64,7 @@ class RunSpec:
     talliers: int = 3  # voting
     hospitals_per_process: int = 1  # voting: hospitals simulated in threads of one process
     round_timeout: float = 60.0
-    crypto_threads: int | None = None  # each party's worker processes for ciphertexts (default: all its cores)
+    crypto_threads: int | None = None  # each party's crypto workers (default: the cores shared out among the parties)
     device: str | None = None  # where the server's and hospitals' models compute (default: cpu)
     send_offset: float = DEFAULT_SEND_OFFSET_S
     transcript_payloads: bool = False

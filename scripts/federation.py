@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--crypto-threads",
         type=positive_int,
-        help="each party's cores for the work on ciphertexts (default: all, for each party)",
+        help="each party's cores for the work on ciphertexts (default: this machine's, shared out among the parties)",
     )
     parser.add_argument("--device", help="where each party's models compute: cpu or cuda (default: cpu)")
     parser.add_argument(
