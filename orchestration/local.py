@@ -158,8 +158,9 @@ def _start_parties(
 
 def _cores_each(spec: RunSpec) -> int:
     """Each party's crypto workers where the spec names none: this machine's cores shared out among the
-    server and the hospitals, which all run here. Measured on 2 cores at 977,370 parameters and K = 5, a
-    secure round took 1.26x the plaintext one with 2 workers a party, 1.15x with none (consilium-bench-round)."""
+    server and the hospitals, which all run here and would otherwise start a worker per core each. On 2
+    cores at 977,370 parameters and K = 5 two workers a party gained nothing (a secure round 1.26x the
+    plaintext one; 1.15x and 1.28x with none, in two runs of consilium-bench-round)."""
     return max(1, available_cores() // (spec.hospitals + 1))
 
 
