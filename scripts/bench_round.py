@@ -14,6 +14,10 @@ additions) + ``release`` (the sum down, decryption, endorsements, the mean back)
 Each run's figures are medians over the rounds after the first (warm-up). Every process shares this
 machine's cores, as in the README's main job.
 
+``--flower`` adds a peer system to each pair: the same round over Flower's SecAgg+ (``scripts/_flower.py``,
+the optional dependency group ``bench-flower``), with the same model, data, K, seed, rounds and
+Dopamine step, timed and counted the same way.
+
 A shared machine's speed drifts by a fifth from one run to the next, as much as the difference
 being measured, so each setting runs ``--repeats`` pairs, alternating which mode goes first: the
 ratio is each pair's, and the table gives their median and range.
@@ -33,6 +37,7 @@ from orchestration.local import run_local_federation
 from orchestration.spec import RunSpec
 from protocol.config import ConfigError
 from scripts._cli import run
+from scripts._flower import require_flower, run_flower_secaggplus
 from training.flags import non_negative_int, positive_int
 
 # Each setting's rounds and secure/plaintext pairs, unless --rounds and --repeats say otherwise: the
@@ -60,6 +65,7 @@ SETTINGS = {
 }
 _TARGETS = {"1M": 1.15, "11M": 1.30}  # issue 32: the secure round at most this much the plaintext one, K = 5
 MODES = {"secure": False, "plaintext": True}  # insecure_plaintext_benchmark
+FLOWER = "flower-secagg+"
 _SERVER_PHASES = ("collect", "aggregate", "release", "evaluate")
 _HOSPITAL_PHASES = ("train", "encrypt", "decrypt")
 
@@ -87,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", help="where the parties' models compute, e.g. cuda (default: cpu)")
     parser.add_argument("--crypto-threads", type=positive_int, help="each party's crypto workers (default: all cores)")
+    parser.add_argument(
+        "--flower",
+        action="store_true",
+        help="also run each setting over Flower's SecAgg+ (needs pip install -e '.[bench-flower]')",
+    )
     parser.add_argument("--out", type=Path, default=Path("results/bench_round"), help="where the table goes")
     parser.add_argument("--work", type=Path, default=Path("runs/bench_round"), help="where each run's files go")
     return parser
@@ -100,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
 def benchmark(args: argparse.Namespace) -> None:
     if args.rounds is not None and args.rounds < 2:
         raise ConfigError("--rounds must be at least 2: the first round is warm-up")
+    if args.flower:
+        require_flower()  # before minutes of Consilium's runs
     runs: dict[str, dict[str, list[dict]]] = {}
     for setting in args.settings:
         repeats = args.repeats or SETTINGS[setting]["repeats"]
@@ -125,6 +138,14 @@ def benchmark(args: argparse.Namespace) -> None:
                 report = run_local_federation(spec)
                 runs.setdefault(setting, {}).setdefault(mode, []).append(
                     {"argv": spec.argv(), "summary": summarise(report)}
+                )
+            if args.flower:
+                print(f"== {setting}, {FLOWER}, after pair {repeat + 1} of {repeats}", flush=True)
+                flower_spec = replace(
+                    spec, insecure_plaintext_benchmark=False, out=args.work / f"{setting}-flower-{repeat + 1}"
+                )
+                runs[setting].setdefault(FLOWER, []).append(
+                    {"argv": flower_spec.argv(), "summary": run_flower_secaggplus(flower_spec)}
                 )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"argv": sys.argv[1:], "runs": runs}, indent=1))
@@ -157,7 +178,7 @@ def results_table(runs: dict[str, dict[str, list[dict]]], args: argparse.Namespa
         f"Command: `consilium-bench-round{''.join(' ' + a for a in sys.argv[1:])}` on {_machine(args)}. Each setting ran "
         "its pairs of `consilium-federation` runs (listed under Settings) on this machine, alternating which mode went "
         "first; a run's seconds are medians over its rounds after the first, and each cell is the median over the pairs. The "
-        "ratio is each pair's secure round over its plaintext round: their median, and their range in brackets. "
+        "ratio is each pair's round over its plaintext round: their median, and their range in brackets. "
         "`plaintext` is `--insecure-plaintext-benchmark`: the same round with the updates sent and summed in the clear "
         "(no privacy).",
         "",
@@ -168,11 +189,18 @@ def results_table(runs: dict[str, dict[str, list[dict]]], args: argparse.Namespa
     median = statistics.median
     verdicts = []
     for setting, modes in runs.items():
-        pairs = zip(modes["secure"], modes["plaintext"])
-        ratios = [secure["summary"]["round"] / plain["summary"]["round"] for secure, plain in pairs]
+        ratios = {
+            mode: [
+                run["summary"]["round"] / plain["summary"]["round"] for run, plain in zip(results, modes["plaintext"])
+            ]
+            for mode, results in modes.items()
+        }
         for mode, results in modes.items():
             s = [result["summary"] for result in results]
-            ratio = f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if mode == "secure" else "1.00x"
+            phases = [
+                *(_median_of(s, "hospital", p) for p in _HOSPITAL_PHASES),
+                *(_median_of(s, "server", p) for p in _SERVER_PHASES),
+            ]
             lines.append(
                 "| "
                 + " | ".join(
@@ -180,26 +208,38 @@ def results_table(runs: dict[str, dict[str, list[dict]]], args: argparse.Namespa
                         setting,
                         mode,
                         f"{median(x['round'] for x in s):.3f}",
-                        ratio,
-                        *(f"{median(x['hospital'][p] for x in s):.3f}" for p in _HOSPITAL_PHASES),
-                        *(f"{median(x['server'][p] for x in s):.3f}" for p in _SERVER_PHASES),
+                        f"{median(ratios[mode]):.2f}x ({min(ratios[mode]):.2f}-{max(ratios[mode]):.2f})",
+                        *phases,
                         f"{median(x['update_bytes'] for x in s):,.0f}",
                         f"{median(x['validation_accuracy'] for x in s):.3f}",
                     ]
                 )
                 + " |"
             )
+        secure = median(ratios["secure"])
         if setting in _TARGETS:
             verdicts.append(
                 f"- Secure round at most {_TARGETS[setting]}x plaintext at about {setting} parameters and K = 5: "
-                f"{median(ratios):.2f}x, **{'met' if median(ratios) <= _TARGETS[setting] else 'not met'}**."
+                f"{secure:.2f}x, **{'met' if secure <= _TARGETS[setting] else 'not met'}**."
             )
+        if FLOWER in modes:
+            verdicts.append(_against_flower(setting, modes))
     lines += ["", *verdicts, "", "## Settings", ""]
     lines += [
         f"- **{setting}**: {SETTINGS[setting]['what']}; {len(runs[setting]['secure'])} pair(s); "
         f"`{' '.join(runs[setting]['secure'][0]['argv'])}`"
         for setting in runs
     ]
+    flowers = [r["summary"] for modes in runs.values() for r in modes.get(FLOWER, [])]
+    if flowers:
+        lines.append(
+            f"- **{FLOWER}**: the same setting's round over Flower's SecAgg+ (`SecAggPlusWorkflow` with "
+            f"`secaggplus_mod`, Flower's simulation engine, one CPU per virtual client), settings "
+            f"`{json.dumps(flowers[0]['secaggplus'])}`; each client runs Consilium's Dopamine step and sends its share "
+            "of the mean gradient, which Flower clips to the clipping range (the largest magnitude sent was "
+            f"{max(f['largest_value'] for f in flowers):.3g}, so nothing was clipped), quantises and masks. Its update "
+            "bytes are every payload byte of a client's four SecAgg+ replies in a round."
+        )
     lines += [
         "",
         "Phases: `train` is the hospital's DP-SGD step with its noise share; `encrypt` encodes, encrypts and serialises "
@@ -208,6 +248,31 @@ def results_table(runs: dict[str, dict[str, list[dict]]], args: argparse.Namespa
         "from the sum's sending to the released mean; `evaluate` applies it and scores the validation split.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _median_of(summaries: list[dict], party: str, phase: str) -> str:
+    """A phase's median seconds, or a dash where the mode does not time its phases (Flower)."""
+    timed = [s[party][phase] for s in summaries if party in s]
+    return f"{statistics.median(timed):.3f}" if timed else "-"
+
+
+def _against_flower(setting: str, modes: dict[str, list[dict]]) -> str:
+    """Which secure round is faster, and whose upload is smaller, in plain words."""
+    median = statistics.median
+    ours, theirs = ([r["summary"] for r in modes[m]] for m in ("secure", FLOWER))
+    round_ours, round_theirs = median(s["round"] for s in ours), median(s["round"] for s in theirs)
+    bytes_ours, bytes_theirs = median(s["update_bytes"] for s in ours), median(s["update_bytes"] for s in theirs)
+    faster = (
+        f"Consilium's secure round is {round_theirs / round_ours:.2f}x as fast as Flower SecAgg+'s"
+        if round_ours <= round_theirs
+        else f"Flower SecAgg+'s round is {round_ours / round_theirs:.2f}x as fast as Consilium's secure round"
+    )
+    return (
+        f"- Against Flower SecAgg+ at {setting}: {faster} ({round_ours:.3f} s against {round_theirs:.3f} s); a "
+        f"Consilium hospital uploads {bytes_ours:,.0f} bytes a round, a Flower client {bytes_theirs:,.0f} "
+        f"({bytes_theirs / bytes_ours:.2f}x); validation accuracy after the same rounds "
+        f"{median(s['validation_accuracy'] for s in ours):.3f} against {median(s['validation_accuracy'] for s in theirs):.3f}."
+    )
 
 
 def _machine(args: argparse.Namespace) -> str:

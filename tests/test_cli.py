@@ -1,7 +1,7 @@
 """What a user sees from the launchers: help everywhere, and one line for a mistake."""
 
 import contextlib
-import importlib
+import importlib.util
 import io
 import logging
 import subprocess
@@ -309,3 +309,10 @@ def test_a_flag_another_method_reads_is_refused_and_the_method_s_defaults_filled
     resolve_run_arguments(args, FEDERATION_METHODS)
     assert (args.rounds, args.noise_multiplier, args.subclients, args.epsilon_budget) == (10, 6.0, 2, 10.0)
     assert args.sample_rate is None and args.queries_per_round is None
+
+
+def test_the_round_benchmark_asks_for_flower_before_running_anything(monkeypatch):
+    if importlib.util.find_spec("flwr") is not None:
+        pytest.skip("Flower is installed here (the bench-flower group)")
+    returncode, stderr = _run_in_this_process(monkeypatch, "bench_round", "--settings", "default", "--flower")
+    _assert_one_line_error(returncode, stderr, "pip install -e '.[bench-flower]'")
