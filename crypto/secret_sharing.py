@@ -20,7 +20,17 @@ import numpy as np
 
 from crypto.primes import is_prime
 
-__all__ = ["ShareError", "add", "check_fits", "from_bytes", "reconstruct", "share", "to_bytes"]
+__all__ = [
+    "ShareError",
+    "add",
+    "check_fits",
+    "from_bytes",
+    "random_elements",
+    "reconstruct",
+    "share",
+    "share_elements",
+    "to_bytes",
+]
 
 _MAX_MODULUS_BITS = 64
 _EXTRA_BITS = 64
@@ -48,8 +58,16 @@ def share(values: np.ndarray, parties: int, modulus: int) -> list[np.ndarray]:
     largest = max((abs(int(v)) for v in values), default=0)  # Python integers: |int64 min| overflows int64
     if largest >= modulus // 2:
         raise ShareError(f"a value of {largest} does not fit the field of {modulus.bit_length()} bits")
-    masks = [_uniform(values.size, modulus) for _ in range(parties - 1)]
-    last = [(int(v) - sum(column)) % modulus for v, column in zip(values, zip(*masks))]
+    return share_elements([int(v) % modulus for v in values], parties, modulus)
+
+
+def share_elements(elements: list[int], parties: int, modulus: int) -> list[np.ndarray]:
+    """``parties`` additive shares of field elements (integers in ``[0, p)``), each a ``uint64`` vector."""
+    _check_modulus(modulus)
+    if parties < 2:
+        raise ShareError(f"sharing needs at least 2 parties, got {parties}")
+    masks = [random_elements(len(elements), modulus) for _ in range(parties - 1)]
+    last = [(v - sum(column)) % modulus for v, column in zip(elements, zip(*masks))]
     return [np.array(mask, dtype=np.uint64) for mask in masks] + [np.array(last, dtype=np.uint64)]
 
 
@@ -88,7 +106,8 @@ def _sum(shares: list[np.ndarray], modulus: int) -> list[int]:
     return total
 
 
-def _uniform(count: int, modulus: int) -> list[int]:
+def random_elements(count: int, modulus: int) -> list[int]:
+    """``count`` uniform elements of ``Z_p`` from the OS's generator (within ``2^-64`` of uniform)."""
     width = (modulus.bit_length() + _EXTRA_BITS + 7) // 8
     data = os.urandom(width * count)
     return [int.from_bytes(data[i : i + width], "little") % modulus for i in range(0, width * count, width)]

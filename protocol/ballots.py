@@ -1,7 +1,8 @@
 """A hospital's noisy votes as sealed shares, one per tallier, relayed by a server that cannot read them.
 
-A hospital splits its noisy vote vector into ``J`` additive shares (``crypto.secret_sharing``) and
-seals share ``j`` to tallier ``j`` (``crypto.sealed_box``): to a box key the tallier made for this
+A hospital splits its noisy vote vector into ``J`` checked shares (``crypto.checked_shares``: the
+bits of each count, additively shared, under a tag the talliers check inside the MPC) and seals
+share ``j`` to tallier ``j`` (``crypto.sealed_box``): to a box key the tallier made for this
 run alone and certified with its identity (``tallier_key_context``), signed by the hospital, and
 bound to the run, the round, the hospital and the tallier (``_share_context``). The server relays
 the boxes; it can check their length and nothing else. A tallier opens only its own, and a box
@@ -17,9 +18,10 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
+from crypto.checked_shares import CheckedLayout, share_checked
 from crypto.mpc_field import MpcField
 from crypto.sealed_box import OVERHEAD_BYTES, SealedBoxError, open_box, seal
-from crypto.secret_sharing import ShareError, from_bytes, share, to_bytes
+from crypto.secret_sharing import ShareError, from_bytes, to_bytes
 
 __all__ = ["BallotError", "box_bytes", "open_share", "seal_ballot", "tallier_key_context"]
 
@@ -43,13 +45,15 @@ def seal_ballot(
     *,
     tallier_keys: dict[str, X25519PublicKey],
     field: MpcField,
+    layout: CheckedLayout,
     sender: Ed25519PrivateKey,
     run: str,
     round_number: int,
     hospital: str,
 ) -> dict[str, bytes]:
-    """``noisy_votes`` shared among the talliers (in the order of ``tallier_keys``), each share sealed to its tallier."""
-    shares = share(noisy_votes, len(tallier_keys), field.modulus)
+    """``noisy_votes`` (within ``layout``'s range) in checked shares among the talliers (in the order of
+    ``tallier_keys``), each share sealed to its tallier."""
+    shares = share_checked(noisy_votes, layout, len(tallier_keys), field.modulus)
     return {
         tallier: seal(
             to_bytes(vector), recipient=key, sender=sender, context=_share_context(run, round_number, hospital, tallier)
@@ -70,7 +74,8 @@ def open_share(
     hospital: str,
     tallier: str,
 ) -> np.ndarray:
-    """The share ``hospital`` sealed to ``tallier`` for this round: ``values`` elements of the field, or ``BallotError``."""
+    """The share ``hospital`` sealed to ``tallier`` for this round: ``values`` elements of the field (a checked
+    share's), or ``BallotError``."""
     try:
         plaintext = open_box(
             box, recipient=recipient, sender=hospital_key, context=_share_context(run, round_number, hospital, tallier)

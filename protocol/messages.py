@@ -33,7 +33,7 @@ A voting run (AE-DPFL, kNN-DPFL; T = each tallier)::
     per round r:
     S  -> H  VoteRequest(r, queries)        H  -> S  Ballot(r, a sealed share for each tallier) | Withdraw(r, reason)
     S  -> T  Shares(r, its sealed share from each voter)
-    T  -> S  Labels(r, voters, labels)  | TallyFailed(r, reason)
+    T  -> S  Labels(r, voters, refused, labels)  | TallyFailed(r, reason, tampered)
     S  -> H, T  Finish(reason)
 
 Joining later runs the same exchange between rounds: a hospital that restarted, or whose connection
@@ -264,6 +264,7 @@ class Labels(Message):
     TYPE = "labels"
     round: int
     voters: tuple[str, ...]  # the hospitals whose votes the labels count, as the talliers agreed
+    refused: tuple[str, ...]  # hospitals whose ballots failed the talliers' range check, left out of the count
     labels: tuple[int, ...]  # one class per query, or C (the number of classes) where a label threshold withheld it
     totals: bytes  # reveal "histogram" only: the noisy totals, int64 little-endian, Q x C; else empty
     mpc_microseconds: int
@@ -275,6 +276,7 @@ class TallyFailed(Message):
     TYPE = "tally_failed"
     round: int
     reason: str
+    tampered: tuple[str, ...]  # hospitals whose ballots failed the tag check (a tallier changed its input, or they did)
 
 
 # What each role accepts: a message of another type is refused by ``decode``.

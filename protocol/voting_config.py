@@ -2,9 +2,10 @@
 
 The server announces it in ``VotingWelcome``; hospitals and talliers validate it and derive the
 same things from it: the noise each hospital adds and what a round costs
-(``training.vote_privacy``), the bound on every noisy total, and from that bound the MPC's field,
-which the hospitals share over and the talliers compute in (``crypto.mpc_field``). The privacy
-budget is not part of it: each hospital holds its own.
+(``training.vote_privacy``), the range every ballot's entries are checked against
+(``crypto.checked_shares``), the bound on every total of checked ballots, and from that bound the
+MPC's field, which the hospitals share over and the talliers compute in (``crypto.mpc_field``).
+The privacy budget is not part of it: each hospital holds its own.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import functools
 import math
 from dataclasses import dataclass
 
+from crypto.checked_shares import CheckedLayout
 from crypto.mpc_field import MIN_PARTIES, MpcField
-from protocol.config import ConfigError, check_run, run_fingerprint
+from protocol.config import MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
 from training.models import ModelSpec
 from training.vote_privacy import REVEAL_MODES, VotingSettings
 from training.voting import MAX_FEATURE_DIMENSIONS
@@ -83,6 +85,11 @@ class VotingConfig:
                 f"at most {_MAX_HIDDEN_LAYERS} hidden layers of at most {_MAX_HIDDEN_WIDTH} units, got {self.model.hidden}"
             )
         self.field()  # a run whose totals no field can hold fails here, before anything runs
+        if self.message_limit() > MAX_MESSAGE_BYTES:
+            raise ConfigError(
+                f"a round's checked ballots need messages of {self.message_limit():,} bytes, over the limit of "
+                f"{MAX_MESSAGE_BYTES:,}: ask fewer queries per round"
+            )
 
     @property
     def classes(self) -> int:
@@ -102,21 +109,24 @@ class VotingConfig:
     def votes_per_round(self) -> int:
         return self.queries_per_round * self.classes
 
-    def sum_bound(self) -> int:
-        """|every noisy total| of a round, but with probability below 2^-40 (``VotingSettings.sum_bound``)."""
-        return self.voting.sum_bound(
-            queries=self.queries_per_round, classes=self.classes, hospitals=len(self.hospitals)
-        )
+    def ballot_layout(self) -> CheckedLayout:
+        """A hospital's checked share: its round's counts, each within ``VotingSettings.entry_range``."""
+        low, high = self.voting.entry_range(queries=self.queries_per_round, classes=self.classes)
+        return CheckedLayout(self.votes_per_round, low, high)
+
+    def totals_bound(self) -> int:
+        """|every total| of a round: every hospital's checked entries, each at most ``max(-low, high)`` from 0."""
+        return self.ballot_layout().totals_bound(len(self.hospitals))
 
     def field(self) -> MpcField:
         try:
-            return _field_for(self.sum_bound())
+            return _field_for(self.totals_bound())
         except ValueError as error:
             raise ConfigError(str(error)) from None
 
     def message_limit(self) -> int:
         """The largest message of the run: the queries, a ballot, the shares a tallier gets, or the welcome."""
-        share = 8 * self.votes_per_round + _BOX_OVERHEAD_BYTES
+        share = 8 * self.ballot_layout().values + _BOX_OVERHEAD_BYTES
         queries = 4 * self.queries_per_round * self.features
         feature_map = 8 * self.features * (1 + self.feature_dimensions)
         labels = 16 * self.votes_per_round  # in histogram mode, the totals beside the labels

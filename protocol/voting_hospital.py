@@ -7,8 +7,9 @@ its own records, kNN-DPFL takes the public feature map the server sent (``traini
 Per ``VoteRequest`` it charges its own durable ledger, before anything leaves, for the least noise
 the talliers' totals can carry (a quorum's, at the record level: one of its records changes,
 ``training.vote_privacy``), refusing once that would take it over its budget. It then adds its
-Skellam share of the noise to its votes, splits them into one share per tallier and sends each
-sealed to its tallier (``protocol.ballots``). Round numbers only go up, to the run's number of rounds,
+Skellam share of the noise to its votes, splits them into one checked share per tallier (each count
+as bits under a tag, within the run's range: ``crypto.checked_shares``) and sends each sealed to
+its tallier (``protocol.ballots``). Round numbers only go up, to the run's number of rounds,
 so a server that asks again about a round gets no second ballot; the ledger's keys are its own, so
 repeats still count. Its own policy comes first: it joins no run whose quorum is below its
 ``min_quorum`` (a server alone with one hospital would see that hospital's votes through the noise
@@ -217,10 +218,15 @@ class VotingHospital:
         self._ledger.record(least_noise, run_id=config.run_id, round_number=request.round)
         votes = self._votes(queries.reshape(config.queries_per_round, *config.model.input_shape).copy())
         mechanism = config.voting.mechanism(queries=config.queries_per_round, classes=config.classes, level="record")
+        noisy, layout = noisy_votes(votes, mechanism, self._generator), config.ballot_layout()
+        clamped = int(np.sum((noisy < layout.low) | (noisy > layout.high)))
+        if clamped:  # probability below 2^-40 a round (training.vote_privacy); the bits cannot hold them
+            log.warning("round %d: %d noisy counts beyond the checked range, clamped", request.round, clamped)
         boxes = seal_ballot(
-            noisy_votes(votes, mechanism, self._generator),
+            np.clip(noisy, layout.low, layout.high),
             tallier_keys=self._tallier_keys,
             field=self._field,
+            layout=layout,
             sender=self._credentials.identity.signing,
             run=self._run,
             round_number=request.round,

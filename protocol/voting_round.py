@@ -4,9 +4,11 @@
    of the length its noisy votes make; the server can open none of them. A hospital that sends none
    in time is dropped.
 2. The server relays each tallier its boxes (``Shares``); ``collect_labels`` then waits for every
-   tallier's answer. Every tallier must report the same voters, labels and totals. If every one
-   reports the same failure (say, they agreed on fewer voters than the quorum), the round is lost
-   and the run goes on; any other failure, silence or disagreement stops the run.
+   tallier's answer. Every tallier must report the same voters, refused hospitals (whose ballots
+   failed the range check inside the MPC), labels and totals. If every one reports the same
+   failure of too few agreed voters, the round is lost and the run goes on; a ballot whose tag
+   check failed (a tallier changed its input, or the hospital its tags), any other failure,
+   silence or disagreement stops the run.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class RoundRecord:
     round: int
     status: str  # "labelled" or "aborted"
     voters: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # ballots outside the run's range, left out by the talliers
     label_accuracy: float | None = None  # of the released labels
     labels_withheld: int = 0  # queries whose noisy top total was below the label threshold
     epsilon: dict[str, dict[str, float]] = field(default_factory=dict)  # level -> view -> epsilon
@@ -39,13 +42,14 @@ class RoundRecord:
 
 
 def collect_ballots(
-    participants: Participants, round_number: int, talliers: tuple[str, ...], votes: int, timeout_s: float
+    participants: Participants, round_number: int, talliers: tuple[str, ...], values: int, timeout_s: float
 ) -> dict[str, dict[str, bytes]]:
-    """Each active hospital's boxes, one per tallier of the length ``votes`` votes make; the late are dropped."""
+    """Each active hospital's boxes, one per tallier of the length a share of ``values`` field elements makes;
+    the late are dropped."""
     parties = participants.parties
     ballots: dict[str, dict[str, bytes]] = {}
     deadline = time.monotonic() + timeout_s
-    length = box_bytes(votes)
+    length = box_bytes(values)
     while not set(participants.active) <= set(ballots) and (got := participants.next_message(deadline)) is not None:
         sender, message = got
         if isinstance(message, Withdraw) and sender in participants.active:
@@ -90,6 +94,8 @@ def collect_labels(
     missing = sorted(set(config.talliers) - set(answers))
     if failures and not missing and len(failures) == len(answers) and len(set(failures.values())) == 1:
         record.reason = f"no labels: {next(iter(failures.values()))}"
+        if any(a.tampered for a in answers.values()):  # someone deviated: the consortium must find out who first
+            raise ProtocolError(f"{record.reason}; the run stops")
         return None
     if failures or missing:
         said = "; ".join(f"{name} could not tally round {round_number}: {reason}" for name, reason in failures.items())
@@ -97,10 +103,11 @@ def collect_labels(
             f"{', '.join(missing)} sent no labels for round {round_number} within {timeout_s:g} s" if missing else ""
         )
         raise ProtocolError("; ".join(part for part in (said, silent) if part))
-    if len({(a.voters, a.labels, a.totals) for a in answers.values()}) != 1:
+    if len({(a.voters, a.refused, a.labels, a.totals) for a in answers.values()}) != 1:
         raise ProtocolError(f"the talliers disagree on the labels of round {round_number}")
     first = next(iter(answers.values()))
     record.voters = list(first.voters)
+    record.refused = list(first.refused)
     record.mpc_seconds = max(a.mpc_microseconds for a in answers.values()) / 1e6
     record.mpc_bytes = {name: a.mpc_bytes for name, a in answers.items()}
     return np.array(first.labels, dtype=np.int64)

@@ -212,9 +212,12 @@ class VotingServer:
         queries = np.ascontiguousarray(self._pool.x[indices], dtype="<f4").tobytes()
         for name in self._participants.active:
             self._participants.parties.send(name, VoteRequest(round=round_number, queries=queries))
-        votes = self._config.votes_per_round
         ballots = collect_ballots(
-            self._participants, round_number, self._config.talliers, votes, self._timeouts.round_s
+            self._participants,
+            round_number,
+            self._config.talliers,
+            self._config.ballot_layout().values,
+            self._timeouts.round_s,
         )
         record.seconds["ballots"] = time.perf_counter() - started
         record.voters = sorted(ballots, key=self._config.hospitals.index)
@@ -234,6 +237,10 @@ class VotingServer:
         if set(record.voters) - set(ballots) or len(record.voters) < self._config.voting.quorum:
             raise ProtocolError(
                 f"round {round_number}: the talliers counted voters {record.voters}, not a quorum of those relayed"
+            )
+        if set(record.refused) - set(ballots) or set(record.refused) & set(record.voters):
+            raise ProtocolError(
+                f"round {round_number}: the talliers refused {record.refused}, not ballots they left out"
             )
         for level, ledger in self._ledgers.items():
             release = self._config.voting.release(
@@ -286,7 +293,8 @@ class VotingServer:
             "method": config.voting.method,
             "config": config.to_dict(),
             "field": dataclasses.asdict(config.field()),
-            "sum_bound": config.sum_bound(),
+            "ballot_range": [config.ballot_layout().low, config.ballot_layout().high],
+            "totals_bound": config.totals_bound(),
             "finish_reason": finish_reason,
             "run_fingerprint": getattr(self, "_run", ""),
             "reveal": config.reveal,

@@ -264,7 +264,12 @@ def _print_vote(record: dict, config: VotingConfig) -> None:
             f"{prefix}  label_acc {_shown(record['label_accuracy'])}  withheld {record['labels_withheld']}  "
             f"voters {len(record['voters'])}/{len(config.hospitals)}  "
             f"epsilon {epsilon['record']['server']:.3f} per record, {epsilon['hospital']['server']:.3f} per hospital "
-            f"(delta {config.delta:g})  MPC {record['mpc_seconds'] / config.queries_per_round * 1000:.1f} ms/query",
+            f"(delta {config.delta:g})  MPC {record['mpc_seconds'] / config.queries_per_round * 1000:.1f} ms/query"
+            + (
+                f"  REFUSED (ballot outside the run's range): {', '.join(record['refused'])}"
+                if record["refused"]
+                else ""
+            ),
             flush=True,
         )
     else:

@@ -1,31 +1,51 @@
-"""The talliers' MPC: agree on the voters, then a secure argmax over their summed shares.
+"""The talliers' MPC: agree on the voters, check every ballot, then a secure argmax over the checked totals.
 
-Tallier ``j`` holds one share of each voting hospital's noisy vote vector, modulo the prime ``p``
-of MPyC's ``SecInt(l)`` (``crypto.mpc_field``). A round, on one screen:
+Tallier ``j`` holds one checked share of each voting hospital's noisy vote vector
+(``crypto.checked_shares``: the bits of each of the ``n = Q C`` counts, a key and tags, modulo the
+prime ``p`` of MPyC's ``SecInt(l)``, ``crypto.mpc_field``). A round, on one screen:
 
 1. **Voters.** Each tallier inputs the round number and a 0/1 mark for each hospital of the run:
    whether it holds a valid share from it. All inputs are opened (who sent what is no secret: the
    server relayed it), every tallier checks that all name the same round, and the voters are the
    hospitals every tallier holds a share from. Fewer than the quorum: no label (``VoterError``).
-2. **Inputs.** Each tallier sums its shares of exactly those voters, ``s_j``, and inputs it (MPyC
-   Shamir-shares it among all talliers: nobody learns it).
-3. **Totals.** The secret-shared noisy totals ``T = s_1 + ... + s_J`` are a sum of the inputs,
-   free of communication.
-4. **Labels.** ``np_argmax`` along the classes finds each query's label and top total with
+2. **Inputs.** Each tallier inputs its shares of every voter's bits and key (MPyC Shamir-shares
+   them among all talliers: nobody learns them), and waits until every tallier's inputs are in.
+3. **Challenge.** Each tallier inputs a random field element; their sum, opened, seeds the public
+   coefficients of the checks. No bit or key could be chosen knowing them.
+4. **Checks.** Each tallier inputs its share of each voter's tag combination (after the challenge:
+   it needs the coefficients, and cannot gain by it), and the talliers compute two numbers per
+   voter: its tag check (zero unless a tallier changed its input, or the hospital sent wrong tags)
+   and its bit check (zero unless the hospital's "bits" are not bits). Each is opened times a
+   fresh secret random factor, never bare (a bare check could carry a hospital's bits to a
+   tallier that provoked it), the tag checks first. A failed tag check ends the round, and the
+   run with it: no label is released (``TamperError``, naming the ballots), and no bit check is
+   opened. A failed bit check leaves that hospital out of every tallier's count, named in
+   ``MpcResult.refused``; fewer counted voters than the quorum: no label.
+5. **Totals.** Each counted voter's counts are rebuilt from its bits,
+   ``low + sum_k w[k] b[i, k]``, inside ``[low, high]`` whatever it sent
+   (``crypto.checked_shares``), and summed: every total lies within the range the field's
+   comparisons are sized for (``VotingConfig.totals_bound``), by construction. All of it is free
+   of communication.
+6. **Labels.** ``np_argmax`` along the classes finds each query's label and top total with
    ``C - 1`` secure comparisons; ties go to the lowest class index, as in NumPy (``_np_argmax``
    keeps the first maximum). With a label threshold ``T > 0``, one more comparison per query
    withholds the label where the top total is below ``T``: the opened value is
    ``C + [top >= T] (label - C)``, the label or ``C`` for "withheld"; the comparison's bit is never
-   opened on its own. Only these values are opened, to every tallier.
+   opened on its own.
 
-``reveal="histogram"`` opens ``T`` itself instead (a secure sum): cheaper, and it shows the noisy
-totals to the talliers and the server; the talliers draw the labels from them by the same rule
+Every opening goes through ``tallier.mpc_network.open_checked``: from all ``J`` shares, refused
+unless they lie on one polynomial of degree ``t``. ``reveal="histogram"`` opens the totals
+themselves instead of step 6 (a secure sum): cheaper, and it shows the noisy totals to the
+talliers and the server; the talliers draw the labels from them by the same rule
 (``_released_labels``). It is for users who accept that, never a fallback.
 
 MPyC is honest-majority: ``t = floor((J - 1) / 2)`` corrupt talliers learn nothing, and every
 tallier must stay online; a silent peer ends the round at its deadline (``MpcError``). With
 ``J = 2``, ``t = 0`` and MPyC's shares are the inputs themselves: each tallier would see the other's
-sum, and so the histogram. Three talliers at least, then.
+sum, and so the histogram. Three talliers at least, then. What the checks do not cover: a tallier
+that deviates inside MPyC's own steps (its part of a multiplication or comparison), against which
+MPyC, secure for honest-but-curious parties only, has no defence: there it can change a label, or
+make an honest hospital's bit check fail (and so have it refused), though it learns nothing.
 
 The talliers connect to each other with ``tallier.mpc_network``, not MPyC's own start-up: each
 listens on its own address, presents its own certificate and lets in only the pinned certificate
@@ -43,14 +63,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from crypto.checked_shares import CheckedLayout, challenge, tag_combination
 from crypto.mpc_field import MpcField, mpyc_runtime
-from crypto.secret_sharing import add
+from crypto.secret_sharing import random_elements
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
-from tallier.mpc_network import MpcNetwork, MpcParty, MpcPeerError, harden_mpyc
+from tallier.mpc_network import MpcNetwork, MpcParty, MpcPeerError, harden_mpyc, open_checked
 from training.vote_privacy import REVEAL_MODES
 
-__all__ = ["MpcError", "MpcParty", "MpcResult", "VoterError", "mpc_party", "run_round"]
+__all__ = ["MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "mpc_party", "run_round"]
 
 _failed: list[str] = []  # set once an MPC in this process failed
 _MESSAGE_SLACK_BYTES = 1 << 16
@@ -61,7 +82,18 @@ class MpcError(RuntimeError):
 
 
 class VoterError(RuntimeError):
-    """The talliers do not agree on the round, or hold shares from fewer voters than the quorum."""
+    """The talliers do not agree on the round, or hold shares from fewer valid voters than the quorum."""
+
+
+class TamperError(RuntimeError):
+    """A voter's tag check failed: a tallier changed its input (or the hospital sent wrong tags); no label."""
+
+    def __init__(self, ballots: tuple[str, ...], round_number: int) -> None:
+        self.ballots = ballots
+        super().__init__(
+            f"round {round_number}: the talliers' inputs of {', '.join(ballots)}'s ballot fail its tag check: a "
+            "tallier changed its input (or the hospital sent wrong tags); no label of this round is released"
+        )
 
 
 def mpc_party(roster: Roster, credentials: Credentials) -> MpcParty:
@@ -80,6 +112,7 @@ def mpc_party(roster: Roster, credentials: Credentials) -> MpcParty:
 @dataclass(frozen=True)
 class MpcResult:
     voters: tuple[str, ...]  # whose votes the labels count, in the run's order
+    refused: tuple[str, ...]  # voters whose ballots failed the bit check, left out of the count
     labels: np.ndarray  # (Q,) int64: a class, or C where the label is withheld
     totals: np.ndarray | None  # (Q, C) int64, only when revealed
     bytes_sent: int  # by this tallier, to all others
@@ -92,23 +125,24 @@ def run_round(
     *,
     hospitals: tuple[str, ...],
     quorum: int,
-    queries: int,
+    layout: CheckedLayout,
     classes: int,
     field: MpcField,
     reveal: str,
     label_threshold: int,
     timeout_s: float,
 ) -> MpcResult:
-    """One round of the protocol above for this tallier, holding ``shares`` (valid ones, by hospital).
+    """One round of the protocol above for this tallier, holding ``shares`` (checked shares, by hospital).
 
-    ``MpcError`` if it does not finish in time; ``VoterError`` if the talliers disagree on the
-    round or share fewer voters than ``quorum``."""
+    ``MpcError`` if it does not finish in time or a peer deviates where it can be seen; ``VoterError``
+    if the talliers disagree on the round or count fewer voters than ``quorum``; ``TamperError`` if a
+    voter's tag check fails."""
     if reveal not in REVEAL_MODES:
         raise ValueError(f"unknown reveal mode {reveal!r}; choose from {', '.join(REVEAL_MODES)}")
     if not set(shares) <= set(hospitals):
         raise ValueError(f"shares from {sorted(set(shares) - set(hospitals))}, not hospitals of the run")
-    if any(len(vector) != queries * classes for vector in shares.values()):
-        raise ValueError(f"every share must hold {queries * classes} values")
+    if layout.entries % classes or any(len(vector) != layout.values for vector in shares.values()):
+        raise ValueError(f"every share must hold {layout.values} values, counts of {classes} classes")
     harden_mpyc(field.modulus)
     # No --ssl: MPyC reads it only in Runtime.start, which MpcNetwork.connect replaces with pinned TLS.
     runtime = mpyc_runtime([f"-P{host}:{port}" for host, port in party.addresses] + ["-I", str(party.index)])
@@ -119,49 +153,39 @@ def run_round(
         )
     if _failed:
         raise MpcError(f"an earlier MPC in this process failed ({_failed[0]}); restart the tallier")
-
-    def public_input(values: list[int]) -> list:
-        return runtime.input(secint.array(secint.field.array(np.array(values, dtype=object))))
-
-    network = MpcNetwork(
-        runtime,
-        party,
-        max_message_bytes=_message_limit(queries, classes, len(hospitals), field, secint.field.byte_length),
-    )
+    element_bytes = secint.field.byte_length
+    network = MpcNetwork(runtime, party, max_message_bytes=_message_limit(layout, len(hospitals), field, element_bytes))
+    tally = _Tally(runtime, secint, layout, round_number)
 
     async def protocol() -> MpcResult:
         await network.connect(timeout_s)
-        marks = [round_number] + [int(name in shares) for name in hospitals]
-        opened = [await runtime.output(vector) for vector in public_input(marks)]
-        if {int(vector[0]) for vector in opened} != {round_number}:
+        try:
+            voters = await tally.agree_on_voters(hospitals, shares, quorum)
+            counted, refused = await tally.check([shares[name] for name in voters], voters)
+            if len(counted) < quorum:
+                raise VoterError(
+                    f"{len(counted)} of the {len(voters)} voters' ballots pass their checks, fewer than the quorum of "
+                    f"{quorum}; refused: {', '.join(refused)}"
+                )
+            totals = tally.totals(counted, classes)
+            if reveal == "histogram":
+                revealed = np.array(await open_checked(runtime, runtime.np_reshape(totals, (-1,))), dtype=np.int64)
+                revealed = revealed.reshape(-1, classes)
+                labels = _released_labels(revealed, label_threshold)
+            else:
+                labels, revealed = await tally.labels(totals, classes, label_threshold), None
+        except (VoterError, TamperError):
             await runtime.shutdown()
-            raise VoterError(f"the talliers are not all in round {round_number}: {sorted({int(v[0]) for v in opened})}")
-        voters = tuple(name for i, name in enumerate(hospitals, start=1) if all(int(v[i]) for v in opened))
-        if len(voters) < quorum:
-            await runtime.shutdown()
-            raise VoterError(
-                f"the talliers share valid votes from {len(voters)} hospitals, fewer than the quorum of {quorum}"
-            )
-        local_sum = [0] * (queries * classes)
-        for name in voters:
-            local_sum = add(local_sum, shares[name], field.modulus)
-        inputs = public_input(local_sum)
-        totals = runtime.np_reshape(sum(inputs[1:], inputs[0]), (queries, classes))
-        if reveal == "histogram":
-            revealed = np.array(await runtime.output(totals), dtype=np.int64)
-            labels = _released_labels(revealed, label_threshold)
-        else:
-            winners, tops = runtime.np_argmax(totals, axis=1, arg_only=False)
-            if label_threshold:  # MPyC 0.11 returns the tops as a (Q, 1) array
-                winners = classes + (runtime.np_reshape(tops, (queries,)) >= label_threshold) * (winners - classes)
-            labels, revealed = np.array(await runtime.output(winners), dtype=np.int64), None
+            raise
         sent = sum(peer.protocol.nbytes_sent for peer in runtime.parties if peer.pid != runtime.pid)
         await runtime.shutdown()
-        return MpcResult(voters=voters, labels=labels, totals=revealed, bytes_sent=sent)
+        return MpcResult(
+            voters=tuple(voters[i] for i in counted), refused=refused, labels=labels, totals=revealed, bytes_sent=sent
+        )
 
     try:
         return runtime.run(asyncio.wait_for(protocol(), timeout_s))
-    except VoterError:
+    except (VoterError, TamperError):
         raise
     except BaseException as error:
         failure = _failure(error, network.aborts, timeout_s)
@@ -169,6 +193,87 @@ def run_round(
         if failure is error:
             raise
         raise failure from None
+
+
+class _Tally:
+    """Steps 1 to 6 of the module docstring, for one round of one tallier."""
+
+    def __init__(self, runtime, secint, layout: CheckedLayout, round_number: int) -> None:
+        self.runtime, self.secint, self.layout, self.round = runtime, secint, layout, round_number
+        self.modulus = secint.field.modulus
+        self.rows: list = []  # each voter's secret bits, (n, m)
+
+    def inputs(self, values: list[int]) -> list:
+        """Every tallier's input of ``len(values)`` field elements (this one's ``values``), as secret arrays."""
+        field = self.secint.field
+        return self.runtime.input(self.secint.array(field.array(np.array(values, dtype=object))))
+
+    def summed(self, values: list[int]):
+        arrays = self.inputs(values)
+        return sum(arrays[1:], arrays[0])
+
+    async def agree_on_voters(self, hospitals: tuple[str, ...], shares: dict, quorum: int) -> tuple[str, ...]:
+        marks = [self.round] + [int(name in shares) for name in hospitals]
+        opened = [await open_checked(self.runtime, vector) for vector in self.inputs(marks)]
+        if {vector[0] for vector in opened} != {self.round}:
+            raise VoterError(f"the talliers are not all in round {self.round}: {sorted({v[0] for v in opened})}")
+        voters = tuple(name for i, name in enumerate(hospitals, start=1) if all(v[i] for v in opened))
+        if len(voters) < quorum:
+            raise VoterError(
+                f"the talliers share valid votes from {len(voters)} hospitals, fewer than the quorum of {quorum}"
+            )
+        return voters
+
+    async def check(self, shares: list[np.ndarray], voters: tuple[str, ...]) -> tuple[list[int], tuple[str, ...]]:
+        """Steps 2 to 4: the indices of the voters whose ballots count, and the names of those refused."""
+        runtime, layout, p = self.runtime, self.layout, self.modulus
+        parts = [layout.split(vector) for vector in shares]
+        bits_and_keys = [int(v) for bits, _, key in parts for v in (*bits.reshape(-1), *key)]
+        committed = self.summed(bits_and_keys)
+        await runtime.gather([committed])  # every tallier's inputs are in before anyone learns the challenge
+        seed = (await open_checked(runtime, self.summed(random_elements(1, p))))[0]
+        field = self.secint.field
+        spread = field.array(np.array(challenge(seed, layout.entries * layout.bits, p, "bits"), dtype=object))
+        coefficients = challenge(seed, layout.entries, p, "tags")
+        weights = field.array(np.array(coefficients, dtype=object))
+        tags = self.summed([tag_combination(t, coefficients, p) for _, t, _ in parts])
+        width, n_bits = layout.entries * layout.bits + layout.bits, layout.entries * layout.bits
+        bit_checks, tag_checks = [], []
+        for v in range(len(voters)):
+            bits = committed[v * width : v * width + n_bits]
+            key = committed[v * width + n_bits : (v + 1) * width]
+            bit_checks.append((bits * spread) @ (bits - 1))
+            rows = runtime.np_reshape(bits, (layout.entries, layout.bits))
+            tag_checks.append(tags[v] - key @ (weights @ rows))
+            self.rows.append(rows)
+        failed = await self.failed(tag_checks)
+        if failed:
+            raise TamperError(tuple(voters[v] for v in failed), self.round)
+        refused = await self.failed(bit_checks)
+        return [v for v in range(len(voters)) if v not in refused], tuple(voters[v] for v in refused)
+
+    async def failed(self, checks: list) -> list[int]:
+        """The indices of the nonzero ``checks``, opened each times a fresh secret random factor: zero for a
+        check that passes, uniform for one that fails (a raw value could carry a hospital's bits)."""
+        factors = self.summed(random_elements(len(checks), self.modulus))
+        opened = await open_checked(self.runtime, factors * self.runtime.np_fromlist(checks))
+        return [i for i, value in enumerate(opened) if value]
+
+    def totals(self, counted: list[int], classes: int):
+        """Step 5: the ``(Q, C)`` totals of the counted voters' rebuilt counts."""
+        weights = np.array(self.layout.weights, dtype=object)
+        entries = [self.rows[v] @ weights for v in counted]
+        summed = sum(entries[1:], entries[0]) + len(counted) * self.layout.low
+        return self.runtime.np_reshape(summed, (self.layout.entries // classes, classes))
+
+    async def labels(self, totals, classes: int, label_threshold: int) -> np.ndarray:
+        """Step 6: each query's label, or ``C`` where its top total falls short of ``label_threshold``."""
+        runtime = self.runtime
+        winners, tops = runtime.np_argmax(totals, axis=1, arg_only=False)
+        if label_threshold:  # MPyC 0.11 returns the tops as a (Q, 1) array
+            queries = self.layout.entries // classes
+            winners = classes + (runtime.np_reshape(tops, (queries,)) >= label_threshold) * (winners - classes)
+        return np.array(await open_checked(runtime, winners), dtype=np.int64)
 
 
 def _failure(error: BaseException, aborts: list[str], timeout_s: float) -> BaseException:
@@ -182,12 +287,15 @@ def _failure(error: BaseException, aborts: list[str], timeout_s: float) -> BaseE
     return error
 
 
-def _message_limit(queries: int, classes: int, hospitals: int, field: MpcField, element_bytes: int) -> int:
+def _message_limit(layout: CheckedLayout, hospitals: int, field: MpcField, element_bytes: int) -> int:
     """The most bytes a peer may send in one MPC message of this round, about twice an honest one's.
 
-    The largest honest message (the comparisons' random bits) holds ``(l + 1) / 2`` field elements
-    per query and class: measured at l = 10, 23 and 31 bits (``Q C`` = 200 to 25,000, J = 3 and 5)."""
-    return max(queries * classes, hospitals + 1) * (field.bit_length + 2) * element_bytes + _MESSAGE_SLACK_BYTES
+    The largest honest messages are a tallier's inputs (every voter's bits and key) and the
+    comparisons' random bits, ``(l + 1) / 2`` field elements per query and class: measured at
+    l = 10, 23 and 31 bits (``Q C`` = 200 to 25,000, J = 3 and 5)."""
+    inputs = hospitals * (layout.entries * layout.bits + layout.bits)
+    comparisons = layout.entries * (field.bit_length + 2)
+    return max(2 * inputs, comparisons, hospitals + 1) * element_bytes + _MESSAGE_SLACK_BYTES
 
 
 def _released_labels(totals: np.ndarray, label_threshold: int) -> np.ndarray:

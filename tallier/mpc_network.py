@@ -27,11 +27,23 @@ This module replaces those parts, and nothing else of MPyC. A round's ``MpcNetwo
    bytes, checked the same way (``_field_elements``).
 3. **Bounds what a peer sends**: a message of at most the round's ``max_message_bytes``, and at
    most ``_BUFFERED_MESSAGES`` messages (each counted at ``_MESSAGE_COST`` bytes at least) waiting
-   unread, within ``_BUFFERED_LIMITS`` times the round's limit in bytes.
-4. **Ends a round on the first failure, and says whose**: a peer that breaks 2 or 3, leaves before
+   unread, within ``_BUFFERED_LIMITS`` of the round's largest messages or ``_BUFFERED_BYTES``,
+   whichever is more (a round's inputs, every ballot's bits, make one message far larger than the
+   rest).
+4. **Opens values from every share, checked** (``open_checked``, instead of ``Runtime.output``,
+   which rebuilds a value from ``t + 1`` shares and so takes a wrong share from a peer as the
+   truth): every tallier sends its share to every other, and each checks that all ``J`` shares lie
+   on one polynomial of degree ``t`` before it takes the value. With ``J = 3`` and ``t = 1``, a
+   peer's wrong share puts the three points off one line, and the round ends.
+5. **Ends a round on the first failure, and says whose**: a peer that breaks 2 or 3, leaves before
    the round is over, or whose message makes one of MPyC's steps fail, stops the event loop at
    once; this tallier then tells its peers why (``_ABORT``), so that each names the cause rather
    than "a peer left". ``aborts`` holds the reasons; ``tallier.mpc`` reports the first.
+
+What a tallier computes inside MPyC between the inputs and the openings (its part of each
+multiplication's resharing, of the comparisons' random bits) is not checked: MPyC is secure
+against honest-but-curious parties only, and a tallier that deviates there can still change an
+opened label without being caught.
 
 ``harden_mpyc`` installs the decoders of 2 in this process, for the round's field;
 ``tests/test_mpc_network.py`` fails if an MPyC upgrade moves the places that unpickle.
@@ -52,9 +64,9 @@ import numpy as np
 from crypto.mpc_field import MIN_PARTIES, import_mpyc
 
 _mpyc_runtime = import_mpyc()
-from mpyc import asyncoro, finfields  # noqa: E402  (imported safely on the line above)
+from mpyc import asyncoro, finfields, thresha  # noqa: E402  (imported safely on the line above)
 
-__all__ = ["MpcNetwork", "MpcParty", "MpcPeerError", "harden_mpyc"]
+__all__ = ["MpcNetwork", "MpcParty", "MpcPeerError", "harden_mpyc", "open_checked"]
 
 log = logging.getLogger("consilium.mpc")
 
@@ -62,7 +74,8 @@ _HEADER = struct.Struct("<qI")  # MPyC's framing: program counter, payload size
 _ABORT = -(2**63)  # a program counter MPyC never uses (its counters are hashes): "I abort the round, because..."
 _ABORT_TEXT = 300
 _BUFFERED_MESSAGES = 4096  # an honest round sends each peer about a hundred
-_BUFFERED_LIMITS = 64
+_BUFFERED_LIMITS = 4
+_BUFFERED_BYTES = 256 << 20
 _MESSAGE_COST = 256  # what a buffered message costs at least, in memory
 _STRANGERS = 64
 _HANDSHAKE_S = 5.0
@@ -107,6 +120,35 @@ def harden_mpyc(modulus: int) -> None:
     for a round computing modulo ``modulus``."""
     _mpyc_runtime.pickle = _Codec(modulus)
     finfields.FiniteFieldElement.from_bytes = classmethod(_field_elements)
+
+
+@asyncoro.mpc_coro
+async def open_checked(runtime, x):  # no return annotation: MPyC would take it for the placeholder type
+    """The value of the 1-D secure array ``x``, opened to every party from every party's share (point 4
+    above), as signed integers in ``[-p/2, p/2)``; ``MpcPeerError`` unless the shares lie on one
+    polynomial of degree ``t``."""
+    await runtime.returnType(asyncoro.Future)
+    field = x.sectype.field
+    (own,) = await runtime.gather([x])
+    own = own.value.reshape(-1)
+    codec = _mpyc_runtime.pickle
+    others = [pid for pid in range(len(runtime.parties)) if pid != runtime.pid]
+    payload = codec.dumps(own)
+    for pid in others:
+        runtime._send_message(pid, payload)
+    received = await runtime.gather([runtime._receive_message(pid) for pid in others])
+    points = sorted([(runtime.pid + 1, own)] + [(pid + 1, codec.loads(data)) for pid, data in zip(others, received)])
+    if any(len(share) != len(own) for _, share in points):
+        raise MpcPeerError("a tallier sent a share of an opened value of the wrong length")
+    base, rest = points[: runtime.threshold + 1], points[runtime.threshold + 1 :]
+    rebuilt = thresha.np_recombine(field, base, x_rs=[0] + [at for at, _ in rest]).value
+    for row, (_, share) in zip(rebuilt[1:], rest):
+        if any(int(a) != int(b) for a, b in zip(row, share)):
+            raise MpcPeerError(
+                "the talliers' shares of an opened value do not lie on one polynomial: a tallier sent a wrong share"
+            )
+    half = field.modulus // 2
+    return [int(v) - field.modulus if int(v) > half else int(v) for v in rebuilt[0]]
 
 
 class MpcNetwork:
@@ -244,7 +286,8 @@ class _PinnedExchanger(asyncoro.MessageExchanger):
                 self.unread += _cost(payload)
             else:
                 return self._abort(f"{name} sent two MPC messages for one step")
-        if len(self.buffers) > _BUFFERED_MESSAGES or self.unread + len(self.bytes) > _BUFFERED_LIMITS * limit:
+        buffered = max(_BUFFERED_LIMITS * limit, _BUFFERED_BYTES)
+        if len(self.buffers) > _BUFFERED_MESSAGES or self.unread + len(self.bytes) > buffered:
             self._abort(f"{name} sent more MPC messages ahead of the protocol than an honest tallier does")
 
     def receive(self, pc: int):

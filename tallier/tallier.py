@@ -9,8 +9,11 @@ that no later leak of its long-term keys opens the shares a server recorded. A r
 Per ``Shares`` it opens each hospital's box (``protocol.ballots``), refusing, with a logged reason,
 a box that does not open or holds no valid share (wrong length, outside the field), or one from a
 party that is not a hospital of the run; it then runs the round's MPC with the other talliers
-(``tallier.mpc``), which counts exactly the hospitals every tallier holds a valid share from, and
-sends the server the labels (or, in histogram mode, the noisy totals too). It takes part in each
+(``tallier.mpc``), which checks every ballot and counts exactly the hospitals every tallier holds
+a valid share from and whose ballot passes its range check, and sends the server the labels and
+the hospitals refused (or, in histogram mode, the noisy totals too). A ballot whose tag check fails
+(a tallier changed its input, or its hospital sent wrong tags) gets no label released, and the
+server stops the run. It takes part in each
 round once, in increasing order.
 
 If the MPC fails (a tallier left or went silent), MPyC's state in this process is unusable: the
@@ -46,7 +49,7 @@ from protocol.roster import Roster
 from protocol.transcript import Transcript
 from protocol.transport import TransportError
 from protocol.voting_config import VotingConfig
-from tallier.mpc import MpcError, VoterError, mpc_party, run_round
+from tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
 
 __all__ = ["Tallier"]
 
@@ -93,7 +96,7 @@ class Tallier:
                 self._join(welcome)
             except ProtocolError as refusal:  # said, so that the server stops now, not when it gives up on the box key
                 with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
-                    self._channel.send(TallyFailed(round=0, reason=str(refusal)))
+                    self._channel.send(TallyFailed(round=0, reason=str(refusal), tampered=()))
                 raise
             last_round = 0
             while not finish_reason:
@@ -157,7 +160,7 @@ class Tallier:
                     recipient=self._box_key,
                     hospital_key=self._roster.party(hospital).identity.signing,
                     field=self._field,
-                    values=config.votes_per_round,
+                    values=config.ballot_layout().values,
                     run=self._run,
                     round_number=message.round,
                     hospital=hospital,
@@ -173,16 +176,17 @@ class Tallier:
                 shares,
                 hospitals=config.hospitals,
                 quorum=config.voting.quorum,
-                queries=config.queries_per_round,
+                layout=config.ballot_layout(),
                 classes=config.classes,
                 field=self._field,
                 reveal=config.reveal,
                 label_threshold=config.label_threshold,
                 timeout_s=self._mpc_timeout_s,
             )
-        except (VoterError, MpcError) as error:
+        except (VoterError, TamperError, MpcError) as error:
             log.warning("round %d: no labels: %s", message.round, error)
-            self._channel.send(TallyFailed(round=message.round, reason=str(error)))
+            tampered = error.ballots if isinstance(error, TamperError) else ()
+            self._channel.send(TallyFailed(round=message.round, reason=str(error), tampered=tampered))
             if isinstance(error, MpcError):
                 raise
             return
@@ -191,12 +195,23 @@ class Tallier:
             Labels(
                 round=message.round,
                 voters=result.voters,
+                refused=result.refused,
                 labels=tuple(int(label) for label in result.labels),
                 totals=b"" if result.totals is None else result.totals.astype("<i8").tobytes(),
                 mpc_microseconds=round(seconds * 1e6),
                 mpc_bytes=result.bytes_sent,
             )
         )
+        if result.refused:
+            log.warning(
+                "round %d: ballots refused (outside the run's range): %s", message.round, ", ".join(result.refused)
+            )
         self._rounds.append(
-            {"round": message.round, "voters": len(result.voters), "seconds": seconds, "bytes_sent": result.bytes_sent}
+            {
+                "round": message.round,
+                "voters": len(result.voters),
+                "refused": list(result.refused),
+                "seconds": seconds,
+                "bytes_sent": result.bytes_sent,
+            }
         )

@@ -210,7 +210,7 @@ def _uniform_and_independent(shares: np.ndarray, votes: np.ndarray, modulus: int
     shares = np.asarray(shares, dtype=np.uint64)
     u = shares.astype(np.float64) / modulus
     low = (shares % np.uint64(1 << 16)).astype(np.int64)
-    high = votes > np.median(votes)
+    high = votes > np.mean(votes)  # for bits: where they are 1
     bins = 64  # the low 16 bits, in 64 bins of 1024 values each
     counts = np.bincount(low >> 10, minlength=bins)
     crossed = np.array([np.bincount(low[high] >> 10, minlength=bins), np.bincount(low[~high] >> 10, minlength=bins)])
@@ -441,6 +441,12 @@ def _ballots(secrets: list[dict]) -> list[dict]:
     return [entry for entry in secrets if entry["kind"] == "ballot"]
 
 
+def _bits(ballot: dict) -> np.ndarray:
+    """The bits a ballot's checked shares add up to, in the order they travel."""
+    layout = ballot["layout"]
+    return layout.decompose(ballot["noisy_votes"]).reshape(-1)
+
+
 def _noisy_totals(ballots: list[dict], round_number: int, voters) -> np.ndarray:
     return sum(b["noisy_votes"] for b in ballots if b["round"] == round_number and b["hospital"] in voters)
 
@@ -451,9 +457,10 @@ def test_no_vote_share_or_total_reaches_the_server_or_a_tallier(voting):
     assert len(ballots) == 2 * len(report["config"]["hospitals"]) and all("shares" in b for b in ballots)
     modulus = ballots[0]["modulus"]
     votes = {
-        f"{b['hospital']} round {b['round']} votes ({form})": data
+        f"{b['hospital']} round {b['round']} {name} ({form})": data
         for b in ballots
-        for form, data in _encodings(b["noisy_votes"], modulus).items()
+        for name, values in (("votes", b["noisy_votes"]), ("bits", _bits(b)))
+        for form, data in _encodings(values, modulus).items()
     }
     totals = {
         f"round {r} totals ({form})": data
@@ -478,10 +485,10 @@ def test_no_vote_share_or_total_reaches_the_server_or_a_tallier(voting):
 def test_a_tallier_s_shares_are_uniform_and_independent_of_the_votes(voting):
     _, report, secrets, _ = voting
     ballots = _ballots(secrets)
-    votes = np.concatenate([b["noisy_votes"] for b in ballots])
+    bits = np.concatenate([_bits(b) for b in ballots])
     for index, tallier in enumerate(report["config"]["talliers"]):
-        shares = np.concatenate([b["shares"][b["talliers"].index(tallier)] for b in ballots])
-        assert _uniform_and_independent(shares, votes, ballots[0]["modulus"]) > 1e-6, (index, tallier)
+        shares = np.concatenate([b["shares"][b["talliers"].index(tallier)][: len(_bits(b))] for b in ballots])
+        assert _uniform_and_independent(shares, bits, ballots[0]["modulus"]) > 1e-6, (index, tallier)
 
 
 def test_only_the_winning_labels_leave_the_talliers(voting):
@@ -489,13 +496,16 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
     ballots = _ballots(secrets)
     config = VotingConfig.from_dict(report["config"])
     classes = config.classes
-    # What each tallier's code opened in the MPC, round by round: every tallier's marks of who voted, then the labels.
-    per_round = len(config.talliers) + 1
+    # What each tallier's code opened in the MPC, round by round: every tallier's marks of who voted, the
+    # challenge's seed, every ballot's tag check, then its bit check (masked; zero: all honest), then the labels.
+    per_round = len(config.talliers) + 4
     for tallier in talliers:
         assert len(tallier["opened"]) == 2 * per_round
         for round_number in (1, 2):
-            *marks, labels = tallier["opened"][(round_number - 1) * per_round : round_number * per_round]
+            opened = tallier["opened"][(round_number - 1) * per_round : round_number * per_round]
+            *marks, seed, tag_checks, bit_checks, labels = opened
             assert all(m == [round_number, *[1] * len(config.hospitals)] for m in marks)
+            assert len(seed) == 1 and tag_checks == bit_checks == [0] * len(config.hospitals)
             totals = _noisy_totals(ballots, round_number, config.hospitals).reshape(-1, classes)
             assert labels == list(np.argmax(totals, axis=1))
     from_talliers = [

@@ -19,12 +19,11 @@ import numpy as np
 import pytest
 
 from crypto.mpc_field import MpcField, import_mpyc
-from crypto.secret_sharing import share
 from crypto.tls import certificate_pem, make_mpc_certificate
 from tallier.mpc_network import harden_mpyc
 from protocol.party_keys import MPC_CERTIFICATE_FILE, MPC_KEY_FILE
 from protocol.roster import local_federation
-from scripts.bench_tallier import party_command, write_input
+from scripts.bench_tallier import party_command, share_votes, write_input
 from tests.conftest import REPO, child_environment, free_port, wait_until_listening
 from tests.scripted import wait_for_text
 
@@ -32,7 +31,7 @@ HOSPITALS = ("hospital-1", "hospital-2")
 _PRSS_KEY_BYTES = 16  # what each lower party sends tallier-3 after its number, with three talliers
 _ROGUE = """
 import atexit, os, pickle, runpy, sys
-from crypto.mpc_field import import_mpyc
+from crypto.mpc_field import MpcField, import_mpyc
 
 kind, marker = sys.argv[1], sys.argv[2]
 Runtime = import_mpyc().Runtime
@@ -66,16 +65,14 @@ def _federation(root: Path, hosts=("127.0.0.1", "127.0.0.1", "127.0.0.1")):
 
 def _input(tmp_path: Path, timeout: float, queries: int = 20, classes: int = 4) -> None:
     totals = np.random.default_rng().integers(-20, 20, size=(queries, classes))
-    field = MpcField.for_bound(40)
-    shares = {}
-    for name, votes in zip(HOSPITALS, (totals, np.zeros_like(totals))):
-        for tallier, vector in enumerate(share(votes.reshape(-1), 3, field.modulus)):
-            shares[tallier, name] = vector
+    shares, layout, field = share_votes(
+        {name: votes.reshape(-1) for name, votes in zip(HOSPITALS, (totals, np.zeros_like(totals)))}, 3
+    )
     write_input(
         tmp_path / "input.npz",
         shares,
         hospitals=HOSPITALS,
-        queries=queries,
+        layout=layout,
         classes=classes,
         quorum=2,
         field=field,
@@ -143,25 +140,71 @@ def test_mpyc_unpickles_a_peer_s_bytes_only_where_consilium_refuses_globals():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["_distribute", "output", "_reshare", "transfer"])
+@pytest.mark.parametrize("kind", ["_distribute", "open_checked", "_reshare", "transfer"])
 def test_a_crafted_pickle_in_any_mpc_message_runs_nothing_and_aborts_the_round(tmp_path, kind):
-    """tallier-1 replaces every message of one kind (an input's shares, an output's, a multiplication's
+    """tallier-1 replaces every message of one kind (an input's shares, an opening's, a multiplication's
     reshares, the shutdown's barrier) by a pickle that would run a command; the others run none.
 
-    (A message of the right length whose values all lie in the field would be taken as shares:
-    data, never code. Whether a tallier's shares are honest is another matter: issue 33.)"""
+    (A message of the right length whose values all lie in the field would be taken as shares: data,
+    never code. A wrong share of an input or an opening is caught by the checks of ``tallier.mpc``
+    and ``open_checked``; one inside a multiplication is not: MPyC is secure against honest-but-curious
+    parties only.)"""
+    marker = tmp_path / "code-ran"
+    codes, errors, rogue = _against_a_deviating_tallier(tmp_path, _ROGUE, kind, str(marker))
+    assert f"replaced 0 {kind}" not in rogue
+    assert not marker.exists()
+    for name in errors:  # each stops in one line; one that did not receive the pickle sees its peer leave
+        assert codes[name] == 2 and "error: the talliers' MPC was aborted: " in errors[name], errors[name]
+        assert "Traceback" not in errors[name] and len(errors[name].splitlines()) == 1, errors[name]
+    assert any("aborted: tallier-1 sent" in error for error in errors.values()), errors
+
+
+_LIAR = """
+import runpy, sys
+from crypto.mpc_field import import_mpyc
+
+module = import_mpyc()
+original = module.Runtime._send_message
+
+
+def send(self, peer, data):
+    if sys._getframe(1).f_code.co_name == "open_checked" and peer == 1:  # a wrong share, to tallier-2 only
+        codec = module.pickle
+        values = codec.loads(data)
+        values[0] = (int(values[0]) + 1) % codec.modulus
+        data = codec.dumps(values)
+    original(self, peer, data)
+
+
+module.Runtime._send_message = send
+sys.argv = ["bench_tallier", "--party", *sys.argv[1:]]
+runpy.run_module("scripts.bench_tallier", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_wrong_share_of_an_opened_value_is_caught_by_the_tallier_that_receives_it(tmp_path):
+    """tallier-1 sends tallier-2 a share of an opening that is off by one; MPyC's own output would take it (from
+    ``t + 1`` shares), ``open_checked`` sees the three shares off one line and ends the round."""
+    codes, errors, _ = _against_a_deviating_tallier(tmp_path, _LIAR)
+    assert codes == {"tallier-2": 2, "tallier-3": 2}, errors
+    assert "do not lie on one polynomial: a tallier sent a wrong share" in errors["tallier-2"], errors
+    assert not list(tmp_path.glob("out-tallier-*")), "no tallier may finish the round"
+
+
+def _against_a_deviating_tallier(tmp_path: Path, code: str, *arguments: str) -> tuple[dict, dict, str]:
+    """A round in which tallier-1 runs ``code`` (which patches MPyC, then plays its party) and the others are
+    honest: the honest talliers' exit codes and logs, and tallier-1's stderr."""
     roster = _federation(tmp_path / "federation")
     _input(tmp_path, timeout=60.0)
-    marker = tmp_path / "code-ran"
-    rogue = subprocess.Popen(
+    deviating = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            _ROGUE,
-            kind,
-            str(marker),
+            code,
+            *arguments,
             "input.npz",
-            "out-rogue",
+            "out-deviating",
             str(tmp_path / "federation"),
             "tallier-1",
         ],
@@ -173,13 +216,8 @@ def test_a_crafted_pickle_in_any_mpc_message_runs_nothing_and_aborts_the_round(t
     honest = {name: _tallier(tmp_path, name) for name in roster.talliers[1:]}
     codes = {name: process.wait(timeout=120) for name, (process, _) in honest.items()}
     errors = {name: log.read_text() for name, (_, log) in honest.items()}
-    rogue.kill()
-    assert f"replaced 0 {kind}" not in rogue.communicate(timeout=30)[1]
-    assert not marker.exists()
-    for name in honest:  # each stops in one line; one that did not receive the pickle sees its peer leave
-        assert codes[name] == 2 and "error: the talliers' MPC was aborted: " in errors[name], errors[name]
-        assert "Traceback" not in errors[name] and len(errors[name].splitlines()) == 1, errors[name]
-    assert any("aborted: tallier-1 sent" in error for error in errors.values()), errors
+    deviating.kill()
+    return codes, errors, deviating.communicate(timeout=30)[1]
 
 
 def _client(address: tuple[str, int], folder: Path) -> ssl.SSLSocket:

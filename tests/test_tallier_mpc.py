@@ -6,10 +6,10 @@ import sys
 import numpy as np
 import pytest
 
-from crypto.secret_sharing import share
-from protocol.roster import local_federation
+from crypto.checked_shares import CheckedLayout, _share_bits
 from crypto.mpc_field import MpcField
-from scripts.bench_tallier import party_command, write_input
+from protocol.roster import local_federation
+from scripts.bench_tallier import party_command, share_votes, write_input
 from tallier.mpc import MpcParty, run_round
 from tests.conftest import REPO, child_environment, free_port
 
@@ -35,23 +35,30 @@ def _run(
     withheld=(),
     first=None,
     label_threshold=0,
+    tampered=None,
+    forged=None,
 ):
-    """Split ``totals`` (Q x C) into two hospitals' votes (``first`` and the rest), share each among the talliers (but not the
-    ``(tallier, hospital)`` pairs in ``withheld``), and run the parties in ``parties``; their results
-    and exit codes."""
+    """Split ``totals`` (Q x C) into two hospitals' votes (``first`` and the rest), share each in checked shares among
+    the talliers (but not the ``(tallier, hospital)`` pairs in ``withheld``; ``tampered[(tallier, hospital)](share,
+    layout, modulus)`` changes one; ``forged(bits)`` changes hospital-2's bits before it shares them, under a valid
+    tag), and run the parties in ``parties``; their results and exit codes."""
     queries, classes = totals.shape
     first = np.random.default_rng().integers(-5, 5, size=totals.shape) if first is None else first
-    field = MpcField.for_bound(int(max(np.abs(totals).max(), np.abs(first).max(), np.abs(totals - first).max())))
-    shares = {}
-    for name, votes in zip(HOSPITALS, (first, totals - first)):
-        for tallier, vector in enumerate(share(votes.reshape(-1), TALLIERS, field.modulus)):
-            if (tallier, name) not in withheld:
-                shares[tallier, name] = vector
+    votes = {name: v.reshape(-1) for name, v in zip(HOSPITALS, (first, totals - first))}
+    shares, layout, field = share_votes(votes, TALLIERS)
+    if forged is not None:
+        bits = forged(layout.decompose(votes[HOSPITALS[1]]))
+        for tallier, vector in enumerate(_share_bits(bits, TALLIERS, field.modulus)):
+            shares[tallier, HOSPITALS[1]] = vector
+    for key in withheld:
+        del shares[key]
+    for key, change in (tampered or {}).items():
+        shares[key] = change(shares[key], layout, field.modulus)
     write_input(
         tmp_path / "input.npz",
         shares,
         hospitals=HOSPITALS,
-        queries=queries,
+        layout=layout,
         classes=classes,
         quorum=quorum,
         field=field,
@@ -146,12 +153,61 @@ def test_fewer_shared_voters_than_the_quorum_release_no_label(tmp_path):
     assert all("from 1 hospitals, fewer than the quorum of 2" in error for error in errors.values())
 
 
+def _plus_200_for_class_3(bits):
+    bits = bits.copy()
+    bits[3::5, 0] += 200  # of 5 classes: the lowest "bit" of class 3's count of every query
+    return bits
+
+
+def _beyond_the_comparisons(bits):
+    bits = bits.copy()
+    bits[0::5, 0] += 2**40  # far outside what any total may be for a comparison to be right
+    return bits
+
+
+@pytest.mark.parametrize("forge", [_plus_200_for_class_3, _beyond_the_comparisons], ids=["plus-200", "beyond-range"])
+def test_a_hospital_whose_ballot_is_not_bits_is_left_out_of_every_count_and_named(tmp_path, forge):
+    generator = np.random.default_rng()
+    first = generator.integers(0, 30, size=(40, 5))
+    totals = first + generator.integers(0, 30, size=(40, 5))
+    outputs, codes, errors = _run(tmp_path, totals, quorum=1, first=first, forged=forge)
+    assert codes == {0: 0, 1: 0, 2: 0}, errors
+    for output in (party[0] for party in outputs.values()):
+        assert list(output["refused"]) == ["hospital-2"] and list(output["voters"]) == ["hospital-1"]
+        assert np.array_equal(output["labels"], first.argmax(axis=1))  # hospital-1's votes alone
+
+
+def test_a_forged_ballot_that_leaves_too_few_voters_releases_no_label(tmp_path):
+    outputs, codes, errors = _run(tmp_path, np.zeros((10, 5), dtype=np.int64), forged=_plus_200_for_class_3)
+    assert outputs == {} and codes == {0: 2, 1: 2, 2: 2}
+    assert all(
+        "1 of the 2 voters' ballots pass their checks" in e and "refused: hospital-2" in e for e in errors.values()
+    )
+
+
+@pytest.mark.parametrize("part", ["bit", "key", "tag"])
+def test_a_tallier_that_shifts_its_input_is_caught_and_no_label_is_released(tmp_path, part):
+    def shift(share, layout, modulus):
+        share = share.copy()
+        where = {"bit": 3 * layout.bits, "key": layout.values - layout.bits, "tag": layout.entries * layout.bits + 3}[
+            part
+        ]
+        share[where] = (int(share[where]) + 200) % modulus
+        return share
+
+    totals = np.random.default_rng().integers(0, 30, size=(20, 5))
+    outputs, codes, errors = _run(tmp_path, totals, tampered={(1, "hospital-1"): shift})
+    assert outputs == {} and codes == {0: 2, 1: 2, 2: 2}
+    assert all("hospital-1's ballot fail its tag check" in error for error in errors.values()), errors
+
+
 def test_a_second_round_after_a_failed_one_is_refused(tmp_path):
     """In a process of its own: a failed MPC leaves this process's MPyC unusable, on purpose."""
     federation(tmp_path)
     script = """
 import sys
 from pathlib import Path
+from crypto.checked_shares import CheckedLayout
 from crypto.mpc_field import MpcField
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
@@ -161,7 +217,8 @@ party = mpc_party(Roster.load(root), Credentials.load(root / "tallier-1"))
 for round_number in (1, 2):
     try:
         run_round(
-            party, round_number, {}, hospitals=("h",), quorum=1, queries=1, classes=2, field=MpcField.for_bound(1),
+            party, round_number, {}, hospitals=("h",), quorum=1, layout=CheckedLayout(2, 0, 1), classes=2,
+            field=MpcField.for_bound(2),
             reveal="labels", label_threshold=0, timeout_s=0.5,
         )
     except MpcError as error:
@@ -202,7 +259,7 @@ def test_fewer_than_three_talliers_or_another_field_are_refused():
             {},
             hospitals=("h",),
             quorum=1,
-            queries=1,
+            layout=CheckedLayout(2, 0, 1),
             classes=2,
             field=another,
             reveal="labels",

@@ -62,15 +62,15 @@ def test_a_round_of_votes_is_charged_in_a_hospital_ledger(tmp_path):
     assert again.epsilon(1e-3) == pytest.approx(rdp_to_epsilon(ORDERS, release.rdp("server"), 1e-3))
 
 
-def test_the_sum_bound_fails_with_probability_below_2_to_the_minus_40():
+def test_an_honest_ballot_leaves_its_range_with_probability_below_2_to_the_minus_40():
     settings = VotingSettings(method="knn-dpfl", noise_std=50.0, quorum=3, neighbours=5)
-    queries, classes, hospitals = 200, 10, 6
-    bound = settings.sum_bound(queries=queries, classes=classes, hospitals=hospitals)
-    mu = hospitals * settings.noise_std**2 / (2 * settings.quorum)  # the sum's noise: Sk(mu) in each count
-    votes = hospitals * settings.neighbours
+    queries, classes = 200, 10
+    low, high = settings.entry_range(queries=queries, classes=classes)
+    mu = settings.noise_std**2 / (2 * settings.quorum)  # one hospital's share: Sk(mu) in each count
+    assert high - settings.neighbours == -low
     # Chernoff's bound on a Skellam tail, P(X >= a) <= exp(mu (2 cosh t - 2) - t a) at t = asinh(a / (2 mu)),
-    # for both tails of every one of the Q C counts, with the votes at their largest.
-    a = bound - votes
+    # for both tails of every one of the Q C counts, the votes anywhere in [0, k].
+    a = -low
     t = math.asinh(a / (2 * mu))
     log_failure = math.log(2 * queries * classes) + mu * (2 * math.cosh(t) - 2) - t * a
     assert log_failure <= -40 * math.log(2)

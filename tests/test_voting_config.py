@@ -44,10 +44,12 @@ def test_a_label_threshold_the_quorum_can_reach_survives_narrowing_the_run_to_th
         _config(voting=config.voting, label_threshold=61)
 
 
-def test_the_field_holds_every_total_the_bound_allows():
+def test_the_field_holds_every_total_checked_ballots_can_make():
     config = _config()
-    assert config.sum_bound() >= 3 * 30  # every hospital's k votes on one class, before the noise
-    assert config.field().holds(config.sum_bound())
+    layout = config.ballot_layout()
+    assert layout.low < 0 and layout.high >= 30  # k = 30 votes on one class, and the noise both ways
+    assert config.totals_bound() == 3 * max(-layout.low, layout.high)
+    assert config.field().holds(config.totals_bound())
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,15 @@
 
 import json
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from conftest import child_environment, free_port, launcher, party_ledger, run_launcher
+from crypto.checked_shares import _share_bits, share_checked
 from crypto.sealed_box import seal, verify_certified_key
-from crypto.secret_sharing import share, to_bytes
+from crypto.secret_sharing import to_bytes
 from protocol.ballots import _share_context, box_bytes, tallier_key_context
 from protocol.messages import (
     TO_TALLIER,
@@ -69,7 +71,7 @@ def test_the_server_receives_sealed_boxes_and_labels_only(run):
     out, report = run
     received = _messages(out / "server" / "transcript.msgpack", TO_VOTING_SERVER)
     assert {message.TYPE for _, message in received} == {"hello", "run_key", "ballot", "labels"}
-    length = box_bytes(20 * 10)
+    length = box_bytes(VotingConfig.from_dict(report["config"]).ballot_layout().values)
     for _, message in received:
         if isinstance(message, Ballot):
             assert all(len(box) == length for box in message.boxes.values())
@@ -109,10 +111,20 @@ class _Federation:
         self.processes = {}
 
     def launch(self, role, name, *args):
+        return self._start(name, launcher(role, *self._joining(), *args))
+
+    def launch_python(self, code, name, *args):
+        """A party whose process runs ``code`` (which patches a role, then runs its launcher) with its flags."""
+        return self._start(name, [sys.executable, "-c", code, *map(str, (*self._joining(), *args))])
+
+    def _joining(self):
+        return "--federation", self.federation, "--roster-fingerprint", self.roster.fingerprint
+
+    def _start(self, name, command):
         log = self.tmp / f"{name}.log"
         with log.open("w") as handle:
             self.processes[name] = subprocess.Popen(
-                launcher(role, "--federation", self.federation, "--roster-fingerprint", self.roster.fingerprint, *args),
+                command,
                 stdout=handle,
                 stderr=handle,
                 text=True,
@@ -280,7 +292,7 @@ def test_a_tallier_killed_before_the_mpc_stops_the_run_with_no_labels(federation
 
 
 class _BadVoter:
-    """A hospital that seals tallier-2 a share outside the field (correctly sealed: only tallier-2 can tell)."""
+    """A hospital that seals each tallier a share of its own making (correctly sealed: only the talliers can tell)."""
 
     def __init__(self, federation, name):
         roster = federation.roster
@@ -290,7 +302,8 @@ class _BadVoter:
             roster.server_address, roster.server.curve_public, self.credentials.curve, 1 << 26
         )
 
-    def vote_badly(self):
+    def vote(self, make_shares):
+        """``make_shares(config)``: the three share vectors to seal, one per tallier."""
         self.transport.send(encode(Hello()))
         welcome = decode(self.transport.receive(60), accept=TO_VOTING_HOSPITAL, max_bytes=1 << 26)
         assert isinstance(welcome, VotingWelcome)
@@ -306,9 +319,6 @@ class _BadVoter:
         }
         request = decode(self.transport.receive(60), accept=TO_VOTING_HOSPITAL, max_bytes=1 << 26)
         assert isinstance(request, VoteRequest)
-        field = config.field()
-        shares = share(np.zeros(config.votes_per_round, dtype=np.int64), 3, field.modulus)
-        shares[1] = np.full(config.votes_per_round, field.modulus, dtype=np.uint64)  # outside Z_p
         boxes = {
             t: seal(
                 to_bytes(s),
@@ -316,7 +326,7 @@ class _BadVoter:
                 sender=self.credentials.identity.signing,
                 context=_share_context(run, request.round, self.name, t),
             )
-            for t, s in zip(config.talliers, shares)
+            for t, s in zip(config.talliers, make_shares(config))
         }
         self.transport.send(encode(Ballot(round=request.round, boxes=boxes)))
 
@@ -324,21 +334,44 @@ class _BadVoter:
         self.transport.close()
 
 
-@pytest.mark.parametrize("quorum", [2, 3])
-def test_a_share_outside_the_field_leaves_its_hospital_out_of_every_tallier_s_count(federation, quorum):
-    """With a quorum of 2 the others' votes are counted; with 3 the round is lost, and the run goes on."""
-    federation.server("--quorum", str(quorum))
+def _outside_the_field(config):
+    layout, modulus = config.ballot_layout(), config.field().modulus
+    shares = share_checked(np.zeros(layout.entries, dtype=np.int64), layout, 3, modulus)
+    shares[1] = np.full(layout.values, modulus, dtype=np.uint64)  # outside Z_p
+    return shares
+
+
+def _forged(extra):
+    """Votes for nothing, and ``extra`` more for class 3 of every query, in its count's lowest "bit" (valid tags)."""
+
+    def make_shares(config):
+        layout = config.ballot_layout()
+        bits = layout.decompose(np.zeros(layout.entries, dtype=np.int64))
+        bits[3 :: config.classes, 0] += extra
+        return _share_bits(bits, 3, config.field().modulus)
+
+    return make_shares
+
+
+def _run_with_a_bad_voter(federation, make_shares, *server_args):
+    federation.server(*server_args)
     federation.hospital("hospital-1", 1)
     federation.hospital("hospital-2", 2)
     for name in federation.roster.talliers:
         federation.tallier(name)
     bad = _BadVoter(federation, "hospital-3")
     try:
-        bad.vote_badly()
+        bad.vote(make_shares)
         assert federation.exit_code("server") == 0, federation.log("server")
     finally:
         bad.close()
-    report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
+    return json.loads((federation.tmp / "out" / "server_report.json").read_text())
+
+
+@pytest.mark.parametrize("quorum", [2, 3])
+def test_a_share_outside_the_field_leaves_its_hospital_out_of_every_tallier_s_count(federation, quorum):
+    """With a quorum of 2 the others' votes are counted; with 3 the round is lost, and the run goes on."""
+    report = _run_with_a_bad_voter(federation, _outside_the_field, "--quorum", str(quorum))
     assert report["finish_reason"] == "completed all rounds"
     if quorum == 2:
         assert report["final"]["queries_labelled"] == 20
@@ -349,3 +382,55 @@ def test_a_share_outside_the_field_leaves_its_hospital_out_of_every_tallier_s_co
     assert "share from hospital-3 for round 1 is refused: a share value lies outside the field" in federation.log(
         "tallier-2"
     )
+
+
+@pytest.mark.parametrize("extra", [200, 2**40], ids=["plus-200-votes", "beyond-the-comparisons"])
+def test_a_hospital_that_adds_votes_beyond_its_range_is_left_out_named_and_the_labels_stay_right(federation, extra):
+    """Counted, 200 more votes for class 3 of every query would make every label 3 (label accuracy about 0.1,
+    measured before the checks); 2^40 would lie outside the comparisons' range and make them wrong. Refused inside
+    the MPC, before any comparison, the hospital is named and the other two hospitals' labels are released."""
+    report = _run_with_a_bad_voter(federation, _forged(extra), "--quorum", "2")
+    first = report["rounds"][0]
+    assert first["status"] == "labelled" and first["refused"] == ["hospital-3"]
+    assert first["voters"] == ["hospital-1", "hospital-2"]
+    assert report["final"]["label_accuracy"] >= 0.6  # kNN on digits by two honest hospitals: about 0.9
+    assert "REFUSED (ballot outside the run's range): hospital-3" in federation.log("server")
+
+
+_SHIFTING_TALLIER = """
+import runpy, sys
+import tallier.tallier as module
+
+honest = module.run_round
+
+
+def shifted(party, round_number, shares, **settings):
+    layout, modulus = settings["layout"], settings["field"].modulus
+    for name, vector in shares.items():  # 200 more for class 3 of every query, in this tallier's share of its bits
+        vector = vector.copy()
+        for count in range(3, layout.entries, settings["classes"]):
+            vector[count * layout.bits] = (int(vector[count * layout.bits]) + 200) % modulus
+        shares[name] = vector
+    return honest(party, round_number, shares, **settings)
+
+
+module.run_round = shifted
+sys.argv = ["consilium-tallier", *sys.argv[1:]]
+runpy.run_module("scripts.tallier", run_name="__main__")
+"""
+
+
+def test_a_tallier_that_shifts_its_input_is_caught_no_label_is_released_and_the_run_stops(federation):
+    federation.server("--rounds", "2")
+    for index, name in enumerate(federation.roster.hospitals, start=1):
+        federation.hospital(name, index)
+    federation.launch_python(_SHIFTING_TALLIER, "tallier-1", "--name", "tallier-1", "--timeout", "60")
+    federation.tallier("tallier-2")
+    federation.tallier("tallier-3")
+    assert federation.exit_code("server") == 2, federation.log("server")
+    report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
+    assert report["final"]["queries_labelled"] == 0 and report["finish_reason"].startswith("stopped:")
+    assert "fail its tag check: a tallier changed its input" in report["finish_reason"]
+    assert "the run stops" in federation.log("server") and "Traceback" not in federation.log("server")
+    for name in federation.roster.hospitals:
+        assert party_ledger(federation.federation / name).steps == 1  # charged for the round it sent, and no more

@@ -42,10 +42,14 @@ rather than a second, separately noised check): the pattern of withheld queries 
 the totals too, so it costs nothing more, and every query asked is charged whether or not its
 label is released. What it buys is labels the hospitals agreed on: fewer, and more often right.
 
-**The field.** The talliers add shares modulo a prime and compare the totals inside the MPC; a
-total beyond the comparison's range would silently give a wrong label. ``sum_bound`` bounds every
-total of a round, except with probability ``2^-40`` per round, and the MPC's bit length is sized
-from it (``tallier.mpc``).
+**A ballot's range.** Each hospital's noisy count lies in ``entry_range``: its votes, ``0`` to
+``k``, plus its ``Sk(mu)`` share, whose tails Bernstein's inequality bounds so that all ``Q C``
+entries of a round stay inside but with probability below ``2^-40``. The talliers check every
+ballot against that range inside the MPC (``crypto.checked_shares``): it is what bounds one
+hospital's influence on a total, and what sizes the MPC's comparisons, by construction. A noisy
+count beyond it (probability below ``2^-40`` a round) is clamped by the hospital, which changes
+what is released by a total variation below ``2^-40`` per hospital and round: ``delta`` grows by
+at most ``(1 + e^epsilon) 2^-40`` for each, far below any ``delta`` a run uses.
 """
 
 from __future__ import annotations
@@ -166,14 +170,14 @@ class VotingSettings:
         mechanism = self.mechanism(queries=queries, classes=classes, level=level)
         return release_of(mechanism, sample_rate=1.0, contributors=contributors)
 
-    def sum_bound(self, *, queries: int, classes: int, hospitals: int) -> int:
-        """A bound on |every noisy total| of a round of ``hospitals`` voters, failing with probability below 2^-40.
+    def entry_range(self, *, queries: int, classes: int) -> tuple[int, int]:
+        """``[low, high]`` holding every noisy count of one hospital's round, but with probability below 2^-40.
 
-        Votes add at most ``hospitals k`` to a count. The noise ``Sk(hospitals mu)`` is a sum of
-        unit jumps of variance ``2 hospitals mu``; Bernstein's inequality bounds each tail, and a
-        union bound covers both tails of all ``Q C`` counts.
+        The share ``Sk(mu)`` is a sum of unit jumps of variance ``2 mu``; Bernstein's inequality
+        bounds each tail, and a union bound covers both tails of all ``Q C`` counts. The votes
+        add ``0`` to ``k``.
         """
         mu = self.noise_std**2 / (2 * self.quorum)
         log_inverse = -_WRAP_LOG_PROBABILITY + math.log(2 * queries * classes)
-        noise = bernstein_deviation(2 * hospitals * mu, log_inverse)
-        return math.ceil(hospitals * self.votes_per_query + noise)
+        noise = math.ceil(bernstein_deviation(2 * mu, log_inverse))
+        return -noise, self.votes_per_query + noise

@@ -10,12 +10,12 @@ places where a hospital's secrets take their last plaintext form and appends the
   the hospital's rounded gradient sum before its noise was added, with the number of rows it sums
   and the scale they were rounded at (``SkellamMechanism.round_examples``, called just before in the
   same step: examples for Dopamine, sub-clients for DP-FedAvg);
-- ``seal_ballot`` and the ``share`` it calls: the noisy votes, and the share for each tallier (in the
-  order of the talliers' names), in one entry.
+- ``seal_ballot`` and the ``share_checked`` it calls: the noisy votes, the checked share for each
+  tallier (in the order of the talliers' names) and its layout, in one entry.
 
 Servers and talliers never call either. Talliers' MPC traffic is recorded instead: every byte a
 process receives from its MPyC peers is appended to ``<folder>/<pid>.mpc``, and every value the
-talliers' own code (``tallier/mpc.py``) opens with ``Runtime.output`` is appended, as a list of
+talliers' own code (``tallier/mpc.py``) opens with ``open_checked`` is appended, as a list of
 ints, to ``<folder>/<pid>.opened`` (MPyC's comparisons open masked values of their own; those are
 part of the protocol and not recorded). With ``CONSILIUM_AUDIT_ZERO_VOTES=1``
 every hospital votes zero for every class (the noise and everything after it unchanged), so that
@@ -37,7 +37,6 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
     from crypto.mpc_field import import_mpyc
 
     import_mpyc()  # MPyC reads its options from sys.argv when first imported: not this process's
-    import mpyc.runtime
 
     import crypto.bfv
     import protocol.ballots
@@ -98,14 +97,14 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     protocol.voting_hospital.seal_ballot = _recorded_seal_ballot
 
-    _share = protocol.ballots.share
+    _share_checked = protocol.ballots.share_checked
 
-    def _recorded_share(values, parties, modulus):
-        shares = _share(values, parties, modulus)
-        _ballot.entry |= {"shares": [np.asarray(share) for share in shares], "modulus": modulus}
+    def _recorded_share_checked(values, layout, parties, modulus):
+        shares = _share_checked(values, layout, parties, modulus)
+        _ballot.entry |= {"shares": [np.asarray(share) for share in shares], "modulus": modulus, "layout": layout}
         return shares
 
-    protocol.ballots.share = _recorded_share
+    protocol.ballots.share_checked = _recorded_share_checked
 
     _data_received = tallier.mpc_network._PinnedExchanger.data_received
 
@@ -116,20 +115,20 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     tallier.mpc_network._PinnedExchanger.data_received = _recorded_data_received
 
-    _output = mpyc.runtime.Runtime.output
+    _open_checked = tallier.mpc_network.open_checked  # before tallier.mpc imports it
 
     def _record_opened(done) -> None:
         if not done.cancelled() and done.exception() is None:
             with _path.with_suffix(".opened").open("ab") as file:
                 pickle.dump([int(v) for v in np.ravel(np.asarray(done.result(), dtype=object))], file)
 
-    def _recorded_output(self, x, *args, **kwargs):
-        opened = _output(self, x, *args, **kwargs)
+    def _recorded_open_checked(runtime, x):
+        opened = _open_checked(runtime, x)
         if Path(sys._getframe(1).f_code.co_filename).parts[-2:] == ("tallier", "mpc.py"):
             opened.add_done_callback(_record_opened)
         return opened
 
-    mpyc.runtime.Runtime.output = _recorded_output
+    tallier.mpc_network.open_checked = _recorded_open_checked
 
     if os.environ.get("CONSILIUM_AUDIT_ZERO_VOTES") == "1":
         _noisy_votes = protocol.voting_hospital.noisy_votes
