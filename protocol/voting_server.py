@@ -289,11 +289,12 @@ class VotingServer:
         correct = sum(int(np.sum(labels == self._pool.y[indices])) for indices, labels in self._labelled)
         mpc_seconds = sum(r.mpc_seconds for r in labelled)
         config = self._config
+        layout = config.ballot_layout()
         return {
             "method": config.voting.method,
             "config": config.to_dict(),
             "field": dataclasses.asdict(config.field()),
-            "ballot_range": [config.ballot_layout().low, config.ballot_layout().high],
+            "ballot_range": [layout.low, layout.high],
             "totals_bound": config.totals_bound(),
             "finish_reason": finish_reason,
             "run_fingerprint": getattr(self, "_run", ""),

@@ -146,7 +146,7 @@ class Tallier:
         log.info("%s joined run %s and sent its box key", self._name, config.run_id)
 
     def _tally(self, message: Shares) -> None:
-        config, started = self._config, time.perf_counter()
+        config, layout, started = self._config, self._config.ballot_layout(), time.perf_counter()
         shares = {}
         for hospital, box in message.boxes.items():
             if hospital not in config.hospitals:
@@ -160,7 +160,7 @@ class Tallier:
                     recipient=self._box_key,
                     hospital_key=self._roster.party(hospital).identity.signing,
                     field=self._field,
-                    values=config.ballot_layout().values,
+                    values=layout.values,
                     run=self._run,
                     round_number=message.round,
                     hospital=hospital,
@@ -176,7 +176,7 @@ class Tallier:
                 shares,
                 hospitals=config.hospitals,
                 quorum=config.voting.quorum,
-                layout=config.ballot_layout(),
+                layout=layout,
                 classes=config.classes,
                 field=self._field,
                 reveal=config.reveal,
