@@ -266,3 +266,33 @@ def test_fewer_than_three_talliers_or_another_field_are_refused():
             label_threshold=0,
             timeout_s=1,
         )
+
+
+def test_a_check_is_opened_masked_so_a_failing_one_shows_nothing_of_its_value(monkeypatch):
+    """``_Tally.failed`` opens each check times a fresh secret random factor: a failing check of 5 is found,
+    and what is opened is neither 5 nor the same twice (a bare check could carry a hospital's bits)."""
+    import tallier.mpc as mpc
+    from crypto.mpc_field import mpyc_runtime
+
+    runtime = mpyc_runtime([])  # one party: MPyC's arithmetic, no network
+    secint = runtime.SecInt(11)
+    tally = mpc._Tally(runtime, secint, CheckedLayout(2, 0, 1), round_number=1)
+    opened = []
+    honest_open = mpc.open_checked
+
+    def recording(rt, x):
+        result = honest_open(rt, x)
+        result.add_done_callback(lambda done: opened.append(done.result()))
+        return result
+
+    monkeypatch.setattr(mpc, "open_checked", recording)
+
+    async def twice():
+        await runtime.start()
+        found = [await tally.failed([secint(5), secint(0)]) for _ in range(2)]
+        await runtime.shutdown()
+        return found
+
+    assert runtime.run(twice()) == [[0], [0]]
+    (first, zero_1), (second, zero_2) = opened
+    assert zero_1 == zero_2 == 0 and 5 not in (first, second) and first != second
