@@ -222,6 +222,7 @@ class SecretContext:
         self._decryptor = seal.Decryptor(public.seal, secret_key)
         self._encoder = seal.BatchEncoder(public.seal)
         self.params = public.params
+        self._data_slots = self.params.digits.slots_for(self.params.vector_length)  # the check slots follow
 
     @classmethod
     def generate(cls, params: BfvParameters, *, run_id: str) -> "SecretContext":
@@ -261,10 +262,41 @@ class SecretContext:
             raise BfvError(
                 f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}"
             )
-        slots = self._check.append(self.params.digits.to_slots(values), round_number=round_number, hospital=hospital)
-        if seeded and self._public.workers is not None:
-            return self._public.workers.encrypt(slots, self.params.poly_modulus_degree)
-        return self.encrypt_slots(slots, seeded=seeded)
+        workers = self._public.workers
+        if seeded and workers is not None:
+            return workers.encrypt(
+                values,
+                round_number=round_number,
+                check_slots=lambda products: self._check.check_slots(
+                    products, round_number=round_number, hospital=hospital
+                ),
+            )
+        everything = range(self.params.chunk_count)
+        slots, products = self.shard_slots(values, everything, round_number=round_number)
+        checks = self._check.check_slots(products, round_number=round_number, hospital=hospital)
+        return self.encrypt_slots(self.with_checks(slots, everything, checks), seeded=seeded)
+
+    def shard_slots(self, values: np.ndarray, shard: range, *, round_number: int) -> tuple[np.ndarray, list[int]]:
+        """The slots of ``shard``'s ciphertexts, holding its piece of an update's ``values`` (the values
+        of those slots only) with the check slots left zero, and that piece's part of the check products."""
+        data = self.params.digits.to_slots(values)
+        slots = np.zeros(len(shard) * self.params.poly_modulus_degree, dtype=np.int64)
+        slots[: data.size] = data
+        return slots, self.data_products(slots, shard, round_number=round_number)
+
+    def with_checks(self, slots: np.ndarray, shard: range, checks: Sequence[int]) -> np.ndarray:
+        """``shard``'s slots with the check slots that fall among them: they follow the data slots."""
+        first = self._data_slots - shard.start * self.params.poly_modulus_degree
+        for position, check in enumerate(checks, start=first):
+            if 0 <= position < slots.size:
+                slots[position] = check
+        return slots
+
+    def data_products(self, slots: np.ndarray, shard: range, *, round_number: int) -> list[int]:
+        """The check products (``crypto.membership``) of the data slots among ``shard``'s ``slots``."""
+        first = shard.start * self.params.poly_modulus_degree
+        data = slots[: max(0, min(slots.size, self._data_slots - first))]
+        return self._check.products(data, round_number=round_number, first=first)
 
     def use_workers(self, count: int) -> None:
         """Encrypt and decrypt in ``count`` processes (``crypto.workers``), each given this run's secrets."""
@@ -296,12 +328,17 @@ class SecretContext:
         ``BfvError`` unless the aggregate is exactly one fresh contribution from each of them.
         """
         workers = self._public.workers
-        used = (workers.decrypt(list(chunks)) if workers else self.decrypt_slots(chunks))[: self.params.slot_count]
+        if workers is not None:
+            slots, products = workers.decrypt(list(chunks), round_number=round_number)
+        else:
+            slots = self.decrypt_slots(chunks)
+            products = self.data_products(slots, range(self.params.chunk_count), round_number=round_number)
+        checks = slots[self._data_slots : self.params.slot_count]
         try:
-            sums = self._check.verify(used, round_number=round_number, contributors=contributors)
+            self._check.verify(checks, products=products, round_number=round_number, contributors=contributors)
         except MembershipError as error:
             raise BfvError(str(error)) from None
-        return self.params.digits.from_slots(sums, self.params.vector_length)
+        return self.params.digits.from_slots(slots[: self._data_slots], self.params.vector_length)
 
     def decrypt_slots(self, chunks: Sequence[bytes], shard: range | None = None) -> np.ndarray:
         """The slots (int64, in [0, t)) of an aggregate's ciphertexts, or of its ``shard``, unchecked."""

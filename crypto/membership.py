@@ -65,7 +65,8 @@ MAX_PLAIN_MODULUS_BITS = 60  # SEAL's largest plaintext modulus
 _COEFFICIENT_BITS = 32
 _TAG_BITS = 256  # a tag is uniform on Z_t to within t / 2^256: the argument needs it uniform
 _LIMB_BITS = 16  # a product of a coefficient and a limb stays below 2^48: 2^16 of them sum below 2^64
-_NONCE = bytes(16)  # each label has its own key, so one nonce serves: every party recomputes the same stream
+_NONCE = bytes(12)  # each label has its own key, so one nonce serves: every party recomputes the same stream
+_BLOCK_BYTES = 64  # ChaCha20's block
 
 
 class MembershipError(ValueError):
@@ -104,29 +105,33 @@ class CheckKey:
     def to_bytes(self) -> bytes:
         return self._key
 
-    def append(self, values: np.ndarray, *, round_number: int, hospital: str) -> np.ndarray:
-        """``values`` (integers) modulo t, followed by this hospital's check slots for this round."""
-        reduced = np.mod(np.asarray(values, dtype=np.int64), self._t)
-        products, tags = self._inner_products(reduced, round_number), self._tags(round_number, hospital)
-        checks = [(product + tag) % self._t for product, tag in zip(products, tags)]
-        return np.concatenate([reduced, np.array(checks, dtype=np.int64)])
+    def products(self, slots: np.ndarray, *, round_number: int, first: int = 0) -> list[int]:
+        """``<a_l, y>`` modulo t for each ``l``, over the data slots ``y`` (in ``[0, t)``) at positions
+        ``first, first + 1, ...`` of the vector: a vector's products are the sums of its pieces'."""
+        return self._inner_products(np.asarray(slots, dtype=np.int64), round_number, first)
 
-    def verify(self, slots: np.ndarray, *, round_number: int, contributors: Sequence[str]) -> np.ndarray:
-        """The data slots of a decrypted sum of ``contributors``' updates; ``MembershipError`` if it is not one."""
+    def check_slots(self, products: Sequence[int], *, round_number: int, hospital: str) -> list[int]:
+        """This hospital's check slots for this round, given the products of its whole vector
+        (summed over its pieces: each is reduced modulo t here)."""
+        return [(product + tag) % self._t for product, tag in zip(products, self._tags(round_number, hospital))]
+
+    def verify(
+        self, checks: Sequence[int], *, products: Sequence[int], round_number: int, contributors: Sequence[str]
+    ) -> None:
+        """``MembershipError`` unless a decrypted sum whose data slots have ``products`` (``products``, summed
+        over its pieces) and whose check slots are ``checks`` adds one fresh contribution from each of
+        ``contributors``."""
         if len(set(contributors)) != len(contributors):
             raise MembershipError(f"round {round_number}: a contributor is listed twice in {list(contributors)}")
-        slots = np.mod(np.asarray(slots, dtype=np.int64), self._t)
-        values, checks = slots[: -self.slots], slots[-self.slots :]
-        expected = self._inner_products(values, round_number)
+        expected = [product % self._t for product in products]
         for hospital in contributors:
             expected = [total + tag for total, tag in zip(expected, self._tags(round_number, hospital))]
-        if checks.tolist() != [total % self._t for total in expected]:
+        if [int(check) % self._t for check in checks] != [total % self._t for total in expected]:
             raise MembershipError(
                 f"round {round_number}: the sum is not one fresh contribution from each of {list(contributors)}"
             )
-        return values
 
-    def _inner_products(self, reduced: np.ndarray, round_number: int) -> list[int]:
+    def _inner_products(self, reduced: np.ndarray, round_number: int, first: int) -> list[int]:
         """``<a_l, x> mod t`` for each ``l``, exactly: ``x`` is cut into 16-bit limbs, and ``np.dot`` (which
         wraps) sums at most ``2^16`` products of a limb and a 32-bit coefficient at a time."""
         x = reduced.astype(np.uint64)
@@ -137,7 +142,7 @@ class CheckKey:
         block = 2 ** (64 - _COEFFICIENT_BITS - _LIMB_BITS)
         products = []
         for l in range(self.slots):
-            a = self._coefficients(b"coefficients|%d|%d" % (round_number, l), x.size)
+            a = self._coefficients(b"coefficients|%d|%d" % (round_number, l), x.size, first)
             products.append(
                 sum(
                     int(np.dot(a[i : i + block], limb[i : i + block])) << (_LIMB_BITS * position)
@@ -155,18 +160,25 @@ class CheckKey:
             int.from_bytes(words[i : i + size], "little") * self._t >> _TAG_BITS for i in range(0, len(words), size)
         ]
 
-    def _coefficients(self, label: bytes, size: int) -> np.ndarray:
-        """``size`` coefficients in ``[0, min(t, 2^32))`` from the keystream of ``label``'s key (module docstring)."""
-        words = np.frombuffer(self._keystream(label, _COEFFICIENT_BITS // 8 * size), dtype="<u4").astype(np.uint64)
+    def _coefficients(self, label: bytes, size: int, first: int = 0) -> np.ndarray:
+        """Coefficients ``first`` to ``first + size - 1`` in ``[0, min(t, 2^32))``, from the keystream of
+        ``label``'s key (module docstring)."""
+        word_bytes = _COEFFICIENT_BITS // 8
+        stream = self._keystream(label, word_bytes * size, offset=word_bytes * first)
+        words = np.frombuffer(stream, dtype="<u4").astype(np.uint64)
         coefficient_range = _coefficient_range(self._t)
         if coefficient_range < 2**_COEFFICIENT_BITS:  # else the words themselves
             words *= np.uint64(coefficient_range)  # in place: d values a slot, twice a round
             words >>= np.uint64(_COEFFICIENT_BITS)
         return words
 
-    def _keystream(self, label: bytes, size: int) -> bytes:
+    def _keystream(self, label: bytes, size: int, *, offset: int = 0) -> bytes:
+        """``size`` bytes of ``label``'s keystream from byte ``offset`` on (a whole number of 64-byte blocks)."""
+        if offset % _BLOCK_BYTES:
+            raise ValueError(f"a keystream is entered at a block: offset {offset} is not a multiple of {_BLOCK_BYTES}")
         key = hmac.new(self._key, b"consilium/check-slots/v5|" + self.run_id.encode() + b"|" + label, hashlib.sha256)
-        return Cipher(algorithms.ChaCha20(key.digest(), _NONCE), mode=None).encryptor().update(bytes(size))
+        nonce = (offset // _BLOCK_BYTES).to_bytes(4, "little") + _NONCE  # RFC 7539: the block counter, then the nonce
+        return Cipher(algorithms.ChaCha20(key.digest(), nonce), mode=None).encryptor().update(bytes(size))
 
 
 def _coefficient_range(plain_modulus: int) -> int:

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 from protocol.config import MAX_MESSAGE_BYTES  # until the run's settings, and so its largest message, are known
-from protocol.messages import Finish, Message, MessageError, ProtocolError, decode, encode
+from protocol.messages import Finish, Hello, Message, MessageError, ProtocolError, decode, encode
 from protocol.rejections import RejectionLog
 from protocol.transcript import Transcript
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
-from protocol.transport import ClientTransport, ServerTransport
+from protocol.transport import ClientTransport, Reconnected, ServerTransport
 
 __all__ = ["PartyChannels", "ServerChannel"]
 
@@ -43,6 +43,7 @@ class ServerChannel:
         self.transcript = transcript
         self.limit = limit
         self.rejections = RejectionLog(log)
+        self._log = log
         self._accept = accept
         self._timeout_s = timeout_s
 
@@ -67,6 +68,19 @@ class ServerChannel:
 
     def send(self, message: Message) -> None:
         self.transport.send(encode(message))
+
+    def take_part(self, welcome: type[M], take_part: Callable[[M], str], name: str) -> str:
+        """Say Hello, then ``take_part`` in the run that the ``welcome`` offers, until it returns why the run
+        ended. If the connection to the server is made again (the server restarted, say), what was in
+        flight is lost and the server may have forgotten this party: it says Hello again, and takes part
+        from the next ``welcome`` on."""
+        self.send(Hello())
+        while True:
+            try:
+                return take_part(self.expect(welcome))
+            except Reconnected:
+                self._log.warning("%s: the connection to the server was made again; joining again", name)
+                self.send(Hello())
 
     def expect(self, *types: type[M]) -> M:
         """The next message of one of ``types``; others are logged and skipped. Times out."""

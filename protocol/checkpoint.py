@@ -1,17 +1,22 @@
-"""The server's checkpoint: what it needs to resume a run after a crash, replaced atomically; and its report.
+"""A server's checkpoint: what it needs to resume a run after a crash, replaced atomically; and its report.
 
-The server writes it once hospitals hold the key, before each RoundStart and after each round.
-Round numbers are never reused: the number of rounds started is on disk before a RoundStart leaves,
-so a server resumed from any checkpoint starts a round no hospital has seen. A round that was under
-way when the server stopped is recorded as interrupted; the hospitals' ledgers have charged it,
-and the server's model goes on from the last round it saw through (its hospitals take that model
-when they join again). The privacy ledger is not in the checkpoint: it is durable on its own.
+Both servers write one. The training server (``Checkpoint``) writes it once hospitals hold the key,
+before each RoundStart and after each round; the voting server (``VotingCheckpoint``) once every
+party joined, before each VoteRequest, once a round's ballots are in, and after each round.
+Round numbers are never reused: the number of rounds started is on disk before a round's first
+message leaves, so a server resumed from any checkpoint starts a round no hospital has seen. A
+training round that was under way when the server stopped is recorded as interrupted; the
+hospitals' ledgers have charged it, and the server's model goes on from the last round it saw
+through (its hospitals take that model when they join again). A voting round whose ballots were in
+is tallied again from them (they are sealed to the talliers: the server holds nothing it can
+open); one stopped before is recorded as interrupted. The privacy ledgers are not in the checkpoint:
+they are durable on their own.
 
-The file is JSON (arrays as base64 of little-endian float32), written to a temporary file that is
-fsynced and then renamed over the old one, readable by its owner only: it holds the model, which is
-DP-protected but still the consortium's. The report is written the same way. Where the system
-refuses a write (a full disk, no descriptor left), ``write_retrying`` tries again before it gives up
-with a one-line ``CheckpointError``.
+The file is JSON (bytes as base64: arrays of little-endian float32, sealed boxes), written to a
+temporary file that is fsynced and then renamed over the old one, readable by its owner only: it
+holds the model, which is DP-protected but still the consortium's. The report is written the same
+way. Where the system refuses a write (a full disk, no descriptor left), ``write_retrying`` tries
+again before it gives up with a one-line ``CheckpointError``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 from training.durable import replace_file
 
@@ -31,6 +36,7 @@ __all__ = [
     "REPORT_FILE",
     "Checkpoint",
     "CheckpointError",
+    "VotingCheckpoint",
     "write_at_the_end",
     "write_report",
     "write_retrying",
@@ -38,8 +44,6 @@ __all__ = [
 
 CHECKPOINT_FILE = "checkpoint.json"
 REPORT_FILE = "server_report.json"
-_FORMAT = {"format": "consilium-server-checkpoint", "version": 2}
-_ARRAYS = ("initial_parameters", "parameters", "optimizer_state")
 _WRITE_ATTEMPTS = 3
 _WRITE_RETRY_S = 1.0
 
@@ -50,8 +54,51 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, unreadable or cannot be written."""
 
 
+class _CheckpointFile:
+    """Saving and loading, shared by both checkpoints: ``_FORMAT`` names the kind and version, and the
+    fields in ``_BYTES`` hold bytes, or dictionaries of them (nested), kept as base64."""
+
+    _FORMAT: ClassVar[dict]
+    _BYTES: ClassVar[tuple[str, ...]]
+
+    def save(self, out_dir: Path) -> None:
+        record = {**self._FORMAT, **asdict(self)}
+        for name in self._BYTES:
+            record[name] = _to_text(record[name])
+        path = out_dir / CHECKPOINT_FILE
+        try:
+            replace_file(path, json.dumps(record).encode())
+        except OSError as error:
+            raise CheckpointError(f"cannot write the checkpoint {path}: {error}") from None
+
+    @classmethod
+    def load(cls, out_dir: Path):
+        path = out_dir / CHECKPOINT_FILE
+        if not path.exists():
+            raise CheckpointError(f"{out_dir} holds no checkpoint to resume from ({CHECKPOINT_FILE})")
+        try:
+            record = json.loads(path.read_text())
+            if not isinstance(record, dict) or {key: record.pop(key, None) for key in cls._FORMAT} != cls._FORMAT:
+                raise ValueError(f"not a {cls._FORMAT['format']} of version {cls._FORMAT['version']}")
+            if set(record) != {f.name for f in fields(cls)}:
+                raise ValueError(f"expected the fields {sorted(f.name for f in fields(cls))}")
+            for name in cls._BYTES:
+                record[name] = _from_text(record[name])
+            checkpoint = cls(**record)
+            if type(checkpoint.rounds_started) is not int or checkpoint.rounds_started < 0:
+                raise ValueError("rounds_started must be a non-negative integer")
+        except (OSError, ValueError, TypeError, AttributeError) as error:
+            raise CheckpointError(f"the checkpoint {path} is unreadable: {error}") from None
+        return checkpoint
+
+
 @dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint(_CheckpointFile):
+    """A training run's (``protocol.server``)."""
+
+    _FORMAT = {"format": "consilium-server-checkpoint", "version": 2}
+    _BYTES = ("initial_parameters", "parameters", "optimizer_state")
+
     config: dict  # protocol.config.RunConfig.to_dict, with the hospitals that joined
     initial_parameters: bytes  # float32: with the config, the run's fingerprint
     parameters: bytes  # float32: the model after the last round the server saw through
@@ -62,35 +109,41 @@ class Checkpoint:
     departures: dict[str, str]
     joins: list[dict]
 
-    def save(self, out_dir: Path) -> None:
-        record = {**_FORMAT, **asdict(self)}
-        for name in _ARRAYS:
-            record[name] = base64.b64encode(record[name]).decode()
-        path = out_dir / CHECKPOINT_FILE
-        try:
-            replace_file(path, json.dumps(record).encode())
-        except OSError as error:
-            raise CheckpointError(f"cannot write the checkpoint {path}: {error}") from None
 
-    @classmethod
-    def load(cls, out_dir: Path) -> "Checkpoint":
-        path = out_dir / CHECKPOINT_FILE
-        if not path.exists():
-            raise CheckpointError(f"{out_dir} holds no checkpoint to resume from ({CHECKPOINT_FILE})")
-        try:
-            record = json.loads(path.read_text())
-            if {key: record.pop(key, None) for key in _FORMAT} != _FORMAT:
-                raise ValueError("not a server checkpoint of a known version")
-            if set(record) != {f.name for f in fields(cls)}:
-                raise ValueError(f"expected the fields {sorted(f.name for f in fields(cls))}")
-            for name in _ARRAYS:
-                record[name] = base64.b64decode(record[name], validate=True)
-            checkpoint = cls(**record)
-            if type(checkpoint.rounds_started) is not int or checkpoint.rounds_started < 0:
-                raise ValueError("rounds_started must be a non-negative integer")
-        except (OSError, ValueError, TypeError, AttributeError) as error:
-            raise CheckpointError(f"the checkpoint {path} is unreadable: {error}") from None
-        return checkpoint
+@dataclass(frozen=True)
+class VotingCheckpoint(_CheckpointFile):
+    """A voting run's (``protocol.voting_server``)."""
+
+    _FORMAT = {"format": "consilium-voting-checkpoint", "version": 1}
+    _BYTES = ("feature_map", "tallier_keys", "pending_ballots")
+
+    config: dict  # protocol.voting_config.VotingConfig.to_dict, with the hospitals that joined
+    feature_map: bytes  # with the config, the run's fingerprint
+    data_digest: str  # of the public pool and test split: a resumed server must hold the same
+    order: list[int]  # the public pool's order: round r asks records order[(r - 1) Q : r Q]
+    tallier_keys: dict[str, bytes]  # each tallier's certified box key for the run
+    rounds_started: int  # the next round is this plus one, whatever happened to this one
+    rounds: list[dict]  # the report's round records
+    labelled: list[list[list[int]]]  # per labelled round: the pool indices and their labels
+    active: list[str]
+    departures: dict[str, str]
+    joins: list[dict]  # hospitals that joined again, and before which round (protocol.participants)
+    pending_round: int  # the round whose ballots are in but whose labels are not yet (0: none)
+    pending_ballots: dict[str, dict[str, bytes]]  # its ballots: voter -> tallier -> sealed box
+
+
+def _to_text(value: bytes | dict) -> str | dict:
+    if isinstance(value, dict):
+        return {key: _to_text(item) for key, item in value.items()}
+    return base64.b64encode(value).decode()
+
+
+def _from_text(value: str | dict) -> bytes | dict:
+    if isinstance(value, dict):
+        return {str(key): _from_text(item) for key, item in value.items()}
+    if not isinstance(value, str):
+        raise ValueError("a bytes field must be base64 text")
+    return base64.b64decode(value, validate=True)
 
 
 def write_report(out_dir: Path, report: dict) -> None:

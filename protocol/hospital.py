@@ -54,7 +54,6 @@ from protocol.messages import (
     Endorsement,
     Endorsements,
     Finish,
-    Hello,
     KeyReady,
     KeyRequest,
     MeanRequest,
@@ -76,7 +75,6 @@ from protocol.hospital_metrics import Contribution, HospitalMetrics
 from protocol.key_ceremony import HospitalKeys
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
-from protocol.transport import Reconnected
 from training.accounting import Release
 from training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
 from training.datasets import Split
@@ -151,15 +149,7 @@ class Hospital:
         """Take part until the server finishes the run or the budget is spent; returns the metrics."""
         finish_reason = ""
         try:
-            self._channel.send(Hello())
-            while not finish_reason:
-                try:
-                    self._join(self._channel.expect(Welcome))
-                    finish_reason = self._rounds_loop()
-                except Reconnected:
-                    # The server may have restarted and forgotten us; what was in flight is lost.
-                    log.warning("%s: the connection to the server was made again; joining again", self._name)
-                    self._channel.send(Hello())
+            finish_reason = self._channel.take_part(Welcome, self._take_part, self._name)
         finally:
             if self._config is not None:
                 self._metrics.write(self._config, finish_reason, rejected=self._channel.rejections.total)
@@ -167,6 +157,10 @@ class Hospital:
                 self._secret.close()
             self._channel.close()
         return {"finish_reason": finish_reason, "rounds": self._metrics.rounds}
+
+    def _take_part(self, welcome: Welcome) -> str:
+        self._join(welcome)
+        return self._rounds_loop()
 
     def _join(self, welcome: Welcome) -> None:
         """Take the run's settings (the first time) and the model as it is now; then hold the run's key."""

@@ -33,8 +33,13 @@ A voting run (AE-DPFL, kNN-DPFL; T = each tallier)::
     per round r:
     S  -> H  VoteRequest(r, queries)        H  -> S  Ballot(r, a sealed share for each tallier) | Withdraw(r, reason)
     S  -> T  Shares(r, its sealed share from each voter)
-    T  -> S  Labels(r, voters, refused, labels)  | TallyFailed(r, reason, tampered)
+    T  -> S  Labels(r, voters, refused, labels)  | TallyFailed(r, reason, tampered, interrupted)
+             (interrupted: once every tallier is back, S relays the same Shares(r) again)
     S  -> H, T  Finish(reason)
+
+A tallier or voting hospital that restarted, or whose connection to a restarted server was made
+again, says Hello again: a tallier gets VotingWelcome and answers RunKey with the key it had, a
+hospital gets VotingWelcome with every tallier's key before the next round.
 
 Joining later runs the same exchange between rounds: a hospital that restarted, or whose connection
 to a restarted server was re-established, says Hello again and is welcomed to the model as it is
@@ -277,6 +282,7 @@ class TallyFailed(Message):
     round: int
     reason: str
     tampered: tuple[str, ...]  # hospitals whose ballots failed the tag check (a tallier changed its input, or they did)
+    interrupted: bool  # the MPC did not finish (a tallier left or went silent): the round may be relayed again
 
 
 # What each role accepts: a message of another type is refused by ``decode``.

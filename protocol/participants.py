@@ -46,6 +46,9 @@ class Participants:
         self.joins: list[dict] = []  # hospitals that joined after the start, and before which round
         self._log = log
         self._rounds_open = False
+        # Once rounds are open, a message the server handles itself wherever it waits (a voting server's
+        # tallier that says Hello again): True when handled.
+        self.intercept: Callable[[str, Message], bool] = lambda sender, message: False
 
     def open_rounds(self) -> None:
         """From now on a Hello means that a hospital joins again."""
@@ -56,6 +59,8 @@ class Participants:
         (a hospital that says Hello again leaves the round: what a round waits for may change)."""
         while waiting() and (got := self.parties.next_message(deadline)) is not None:
             sender, message = got
+            if self._rounds_open and self.intercept(sender, message):
+                continue
             if isinstance(message, Hello) and self._rounds_open:
                 self._hello_again(sender, message)
             else:

@@ -15,6 +15,11 @@ repeats still count. Its own policy comes first: it joins no run whose quorum is
 ``min_quorum`` (a server alone with one hospital would see that hospital's votes through the noise
 of one), and none that opens the noisy totals unless it allows it. A run it refuses gets a
 ``Withdraw`` with the reason before the hospital exits.
+
+**Joining again.** If its connection to the server is made again (the server restarted with
+``--resume``), it says Hello again, accepts a welcome only to the run it began, checks the
+talliers' keys again, and votes only in rounds after the last one its ledger charged: a round
+interrupted by the crash is never voted on twice.
 """
 
 from __future__ import annotations
@@ -34,7 +39,6 @@ from protocol.messages import (
     TO_VOTING_HOSPITAL,
     Ballot,
     Finish,
-    Hello,
     ProtocolError,
     VoteRequest,
     VotingWelcome,
@@ -86,36 +90,58 @@ class VotingHospital:
         self._min_quorum = min_quorum
         self._allow_histogram = allow_histogram
         self._rounds: list[dict] = []
+        self._config: VotingConfig | None = None
+        self._last_round = 0  # the last round this hospital was charged for: it votes only in later ones
 
     def run(self) -> dict:
         """Vote until the server finishes the run or the budget is spent; returns what it did."""
-        finish_reason = ""
         try:
-            self._channel.send(Hello())
-            welcome = self._channel.expect(VotingWelcome)
-            try:
-                self._join(welcome)
-            except ProtocolError as refusal:  # said, so that the server drops it now, not at the round's deadline
-                with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
-                    self._channel.send(Withdraw(round=0, reason=str(refusal)))
-                raise
-            last_round = self._ledger.begin_run(self._config.run_id, self._run)
-            while not finish_reason:
-                message = self._channel.expect(VoteRequest, Finish)
-                if isinstance(message, Finish):
-                    finish_reason = message.reason
-                elif not last_round < message.round <= self._config.rounds:
-                    raise ProtocolError(
-                        f"the server asked for votes on round {message.round} after round {last_round} of {self._config.rounds}"
-                    )
-                else:
-                    last_round = message.round
-                    finish_reason = self._vote(message)
-                    if finish_reason or last_round == self._config.rounds:
-                        self._ledger.finish_run(self._config.run_id)
+            finish_reason = self._channel.take_part(VotingWelcome, self._take_part, self._name)
         finally:
             self._channel.close()
         return {"finish_reason": finish_reason, "rounds": self._rounds}
+
+    def _take_part(self, welcome: VotingWelcome) -> str:
+        self._welcome(welcome)
+        return self._rounds_loop()
+
+    def _welcome(self, welcome: VotingWelcome) -> None:
+        """Join the run (the first time), or take the talliers' keys again for the run it began."""
+        if self._config is not None:
+            try:
+                run = VotingConfig.from_dict(welcome.config).fingerprint(welcome.feature_map)
+            except ConfigError as error:
+                raise ProtocolError(f"the server's voting configuration is unusable: {error}") from None
+            if run != self._run:
+                raise ProtocolError(f"the server welcomed {self._name} to another run than the one it takes part in")
+            self._tallier_keys = self._certified_tallier_keys(self._config, welcome.tallier_keys)
+            return
+        try:
+            self._join(welcome)
+        except ProtocolError as refusal:  # said, so that the server drops it now, not at the round's deadline
+            with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
+                self._channel.send(Withdraw(round=0, reason=str(refusal)))
+            raise
+        self._last_round = self._ledger.begin_run(self._config.run_id, self._run)
+        if self._last_round:
+            log.warning("%s resumes run %s after round %d", self._name, self._config.run_id, self._last_round)
+
+    def _rounds_loop(self) -> str:
+        """Vote in each round after the last one this hospital's ledger charged; returns why it stopped."""
+        while True:
+            message = self._channel.expect(VoteRequest, Finish)
+            if isinstance(message, Finish):
+                return message.reason
+            if not self._last_round < message.round <= self._config.rounds:
+                raise ProtocolError(
+                    f"the server asked for votes on round {message.round} after round {self._last_round} of {self._config.rounds}"
+                )
+            self._last_round = message.round
+            finish_reason = self._vote(message)
+            if finish_reason or self._last_round == self._config.rounds:
+                self._ledger.finish_run(self._config.run_id)
+            if finish_reason:
+                return finish_reason
 
     def _join(self, welcome: VotingWelcome) -> None:
         try:

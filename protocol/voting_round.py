@@ -6,9 +6,11 @@
 2. The server relays each tallier its boxes (``Shares``); ``collect_labels`` then waits for every
    tallier's answer. Every tallier must report the same voters, refused hospitals (whose ballots
    failed the range check inside the MPC), labels and totals. If every one reports the same
-   failure of too few agreed voters, the round is lost and the run goes on; a ballot whose tag
-   check failed (a tallier changed its input, or the hospital its tags), any other failure,
-   silence or disagreement stops the run.
+   failure of too few agreed voters, the round is lost and the run goes on. If the MPC was
+   interrupted (a tallier reports it did not finish, or sends nothing: it left), ``TallyInterrupted``
+   names the talliers that did not answer, so that the server can relay the same boxes again once
+   they are back. A ballot whose tag check failed (a tallier changed its input, or the hospital its
+   tags), any other failure, or disagreement stops the run.
 """
 
 from __future__ import annotations
@@ -23,13 +25,22 @@ from protocol.messages import Ballot, Labels, ProtocolError, TallyFailed, Withdr
 from protocol.participants import Participants
 from protocol.voting_config import VotingConfig
 
-__all__ = ["RoundRecord", "collect_ballots", "collect_labels"]
+__all__ = ["RoundRecord", "TallyInterrupted", "collect_ballots", "collect_labels"]
+
+
+class TallyInterrupted(ProtocolError):
+    """The talliers' MPC did not finish; ``silent`` sent no answer (left, or were cut off)."""
+
+    def __init__(self, reason: str, silent: list[str]) -> None:
+        super().__init__(reason)
+        self.silent = silent
 
 
 @dataclass
 class RoundRecord:
     round: int
     status: str  # "labelled" or "aborted"
+    tally_attempts: int = 0  # how often the talliers were given the round's boxes (more after an interrupted MPC)
     voters: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # ballots outside the run's range, left out by the talliers
     label_accuracy: float | None = None  # of the released labels
@@ -68,15 +79,25 @@ def collect_ballots(
 
 
 def collect_labels(
-    participants: Participants, config: VotingConfig, record: RoundRecord, timeout_s: float
+    participants: Participants,
+    config: VotingConfig,
+    record: RoundRecord,
+    timeout_s: float,
+    rejoined: set[str] = frozenset(),
 ) -> np.ndarray | None:
     """The labels every tallier reports alike; None if every tallier reports that it could not tally
-    (too few agreed voters: the round is lost); ``ProtocolError`` for anything else, which stops the run."""
+    (too few agreed voters: the round is lost); ``TallyInterrupted`` if the MPC did not finish;
+    ``ProtocolError`` for anything else, which stops the run. ``rejoined`` (filled while this waits)
+    holds the talliers that said Hello again since they were sent the boxes: they will not answer."""
     parties, round_number = participants.parties, record.round
     answers: dict[str, Labels | TallyFailed] = {}
     deadline = time.monotonic() + timeout_s
     most_label = config.classes if config.label_threshold else config.classes - 1  # C: withheld
-    while set(answers) != set(config.talliers) and (got := participants.next_message(deadline)) is not None:
+
+    def waiting() -> bool:
+        return not set(answers) | set(rejoined) >= set(config.talliers)
+
+    while waiting() and (got := participants.next_message(deadline, waiting)) is not None:
         sender, message = got
         if not (
             isinstance(message, (Labels, TallyFailed)) and sender in config.talliers and message.round == round_number
@@ -92,6 +113,18 @@ def collect_labels(
             answers[sender] = message
     failures = {name: a.reason for name, a in answers.items() if isinstance(a, TallyFailed)}
     missing = sorted(set(config.talliers) - set(answers))
+    interrupted = {name for name, a in answers.items() if isinstance(a, TallyFailed) and a.interrupted}
+    if (interrupted or missing) and not set(failures) - interrupted:
+        said = "; ".join(f"{name}: {failures[name]}" for name in sorted(interrupted))
+        silent = f"{', '.join(missing)} sent nothing" + (
+            "" if set(missing) <= set(rejoined) else f" within {timeout_s:g} s"
+        )
+        raise TallyInterrupted(
+            f"round {round_number}: the talliers' MPC did not finish"
+            + (f" ({said})" if said else "")
+            + (f"; {silent}" if missing else ""),
+            missing,
+        )
     if failures and not missing and len(failures) == len(answers) and len(set(failures.values())) == 1:
         record.reason = f"no labels: {next(iter(failures.values()))}"
         if any(a.tampered for a in answers.values()):  # someone deviated: the consortium must find out who first

@@ -188,30 +188,34 @@ def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunC
 def _serve_vote(
     args: argparse.Namespace, roster: Roster, credentials: Credentials, dataset: Dataset, timeouts: Timeouts
 ) -> None:
-    if args.resume:
-        raise ConfigError("a voting run cannot be resumed yet; start a new one")
     public_pool, test = split_public_pool(dataset.validation, args.public_fraction, seed=args.data_seed)
-    config, feature_map = _voting_config(args, roster, dataset, public_pool)
-    server = VotingServer(
-        config=config,
+    settings = dict(
         roster=roster,
         credentials=credentials,
         public_pool=public_pool,
         test=test,
-        feature_map=feature_map,
         out_dir=args.out,
         student_epochs=args.student_epochs,
         timeouts=timeouts,
         transcript=args.transcript,
-        on_round=lambda record: _print_vote(record, config),
+        on_round=lambda record: _print_vote(record, server.config),
     )
-    field = config.field()
-    print(
-        f"server on {roster.server_address}: {args.method} run {config.run_id}, {len(config.hospitals)} hospitals, "
-        f"{len(config.talliers)} talliers, {config.rounds} rounds of {config.queries_per_round} queries from a public pool of "
-        f"{len(public_pool)} (test: {len(test)}), MPC over {field.bit_length}-bit integers, revealing {config.reveal}",
-        flush=True,
-    )
+    if args.resume:
+        checkpointed = VotingServer.checkpointed_config(args.out)  # before the server binds or touches a ledger
+        if checkpointed.voting.method != args.method:
+            raise ConfigError(f"the checkpointed run is a {checkpointed.voting.method} run; pass the same --method")
+        server = VotingServer.resume(**settings)
+        print(f"server on {roster.server_address}: resuming run {server.config.run_id} from {args.out}", flush=True)
+    else:
+        config, feature_map = _voting_config(args, roster, dataset, public_pool)
+        server = VotingServer(config=config, feature_map=feature_map, **settings)
+        field = config.field()
+        print(
+            f"server on {roster.server_address}: {args.method} run {config.run_id}, {len(config.hospitals)} hospitals, "
+            f"{len(config.talliers)} talliers, {config.rounds} rounds of {config.queries_per_round} queries from a public pool of "
+            f"{len(public_pool)} (test: {len(test)}), MPC over {field.bit_length}-bit integers, revealing {config.reveal}",
+            flush=True,
+        )
     report = server.run()
     final = report["final"]
     print(

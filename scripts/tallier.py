@@ -26,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--name", required=True, help="this tallier's name in the roster, e.g. tallier-1")
     add_roster_fingerprint(parser)
+    parser.add_argument(
+        "--state", type=Path, help="where this tallier's sealed run state lives (default: FEDERATION/NAME)"
+    )
     parser.add_argument("--timeout", type=positive_float, default=180.0, help="seconds to wait for the server")
     parser.add_argument("--mpc-timeout", type=positive_float, default=120.0, help="seconds one round's MPC may take")
     parser.add_argument(
@@ -51,6 +54,7 @@ def tally(args: argparse.Namespace) -> None:
     tallier = Tallier(
         roster=roster,
         credentials=credentials,
+        state_dir=args.state or args.federation / args.name,
         timeout_s=args.timeout,
         mpc_timeout_s=args.mpc_timeout,
         transcript=args.transcript,

@@ -52,14 +52,17 @@ listens on its own address, presents its own certificate and lets in only the pi
 of the party a peer claims to be; no peer's bytes are ever unpickled into objects, and a peer that
 sends what no honest tallier sends aborts the round (``MpcError`` naming it).
 
-After an ``MpcError`` MPyC's state in this process is unusable (its listening socket and pending
-tasks stay behind), so every later round in the process refuses at once: restart the tallier.
+Each round runs on an event loop of its own, closed with every connection and pending step of the
+round however it ends: a round that failed (a tallier left mid-round, say) leaves nothing behind,
+and the next round, or the same round tallied again, starts clean in the same process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -73,7 +76,6 @@ from training.vote_privacy import REVEAL_MODES
 
 __all__ = ["MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "mpc_party", "run_round"]
 
-_failed: list[str] = []  # set once an MPC in this process failed
 _MESSAGE_SLACK_BYTES = 1 << 16
 
 
@@ -131,12 +133,15 @@ def run_round(
     reveal: str,
     label_threshold: int,
     timeout_s: float,
+    on_voters: Callable[[tuple[str, ...]], None] = lambda voters: None,
 ) -> MpcResult:
     """One round of the protocol above for this tallier, holding ``shares`` (checked shares, by hospital).
 
-    ``MpcError`` if it does not finish in time or a peer deviates where it can be seen; ``VoterError``
-    if the talliers disagree on the round or count fewer voters than ``quorum``; ``TamperError`` if a
-    voter's tag check fails."""
+    ``on_voters`` is given the agreed voters before anything else of the round is opened (a tallier
+    pins them: ``tallier.run_state``); a ``ValueError`` from it ends the round. ``MpcError`` if it
+    does not finish in time or a peer deviates where it can be seen; ``VoterError`` if the talliers
+    disagree on the round or count fewer voters than ``quorum`` (or ``on_voters`` refuses them);
+    ``TamperError`` if a voter's tag check fails."""
     if reveal not in REVEAL_MODES:
         raise ValueError(f"unknown reveal mode {reveal!r}; choose from {', '.join(REVEAL_MODES)}")
     if not set(shares) <= set(hospitals):
@@ -144,55 +149,77 @@ def run_round(
     if layout.entries % classes or any(len(vector) != layout.values for vector in shares.values()):
         raise ValueError(f"every share must hold {layout.values} values, counts of {classes} classes")
     harden_mpyc(field.modulus)
-    # No --ssl: MPyC reads it only in Runtime.start, which MpcNetwork.connect replaces with pinned TLS.
-    runtime = mpyc_runtime([f"-P{host}:{port}" for host, port in party.addresses] + ["-I", str(party.index)])
-    secint = runtime.SecInt(field.bit_length)
-    if secint.field.modulus != field.modulus:  # the hospitals shared over another field: the sums would be noise
-        raise ValueError(
-            f"the hospitals shared modulo {field.modulus}, but {field.bit_length}-bit MPC computes modulo {secint.field.modulus}"
+    with _round_loop() as loop:
+        # No --ssl: MPyC reads it only in Runtime.start, which MpcNetwork.connect replaces with pinned TLS.
+        runtime = mpyc_runtime([f"-P{host}:{port}" for host, port in party.addresses] + ["-I", str(party.index)])
+        if runtime._loop is not loop:
+            raise RuntimeError("MPyC's runtime did not take the round's event loop")
+        secint = runtime.SecInt(field.bit_length)
+        if secint.field.modulus != field.modulus:  # the hospitals shared over another field: the sums would be noise
+            raise ValueError(
+                f"the hospitals shared modulo {field.modulus}, but {field.bit_length}-bit MPC computes modulo {secint.field.modulus}"
+            )
+        element_bytes = secint.field.byte_length
+        network = MpcNetwork(
+            runtime, party, max_message_bytes=_message_limit(layout, len(hospitals), field, element_bytes)
         )
-    if _failed:
-        raise MpcError(f"an earlier MPC in this process failed ({_failed[0]}); restart the tallier")
-    element_bytes = secint.field.byte_length
-    network = MpcNetwork(runtime, party, max_message_bytes=_message_limit(layout, len(hospitals), field, element_bytes))
-    tally = _Tally(runtime, secint, layout, round_number)
+        tally = _Tally(runtime, secint, layout, round_number)
 
-    async def protocol() -> MpcResult:
-        await network.connect(timeout_s)
-        try:
-            voters = await tally.agree_on_voters(hospitals, shares, quorum)
-            counted, refused = await tally.check([shares[name] for name in voters], voters)
-            if len(counted) < quorum:
-                raise VoterError(
-                    f"{len(counted)} of the {len(voters)} voters' ballots pass their checks, fewer than the quorum of "
-                    f"{quorum}; refused: {', '.join(refused)}"
-                )
-            totals = tally.totals(counted, classes)
-            if reveal == "histogram":
-                revealed = np.array(await open_checked(runtime, runtime.np_reshape(totals, (-1,))), dtype=np.int64)
-                revealed = revealed.reshape(-1, classes)
-                labels = _released_labels(revealed, label_threshold)
-            else:
-                labels, revealed = await tally.labels(totals, classes, label_threshold), None
-        except (VoterError, TamperError):
+        async def protocol() -> MpcResult:
+            await network.connect(timeout_s)
+            try:
+                voters = await tally.agree_on_voters(hospitals, shares, quorum)
+                try:
+                    on_voters(voters)
+                except ValueError as error:
+                    raise VoterError(str(error)) from None
+                counted, refused = await tally.check([shares[name] for name in voters], voters)
+                if len(counted) < quorum:
+                    raise VoterError(
+                        f"{len(counted)} of the {len(voters)} voters' ballots pass their checks, fewer than the quorum of "
+                        f"{quorum}; refused: {', '.join(refused)}"
+                    )
+                totals = tally.totals(counted, classes)
+                if reveal == "histogram":
+                    revealed = np.array(await open_checked(runtime, runtime.np_reshape(totals, (-1,))), dtype=np.int64)
+                    revealed = revealed.reshape(-1, classes)
+                    labels = _released_labels(revealed, label_threshold)
+                else:
+                    labels, revealed = await tally.labels(totals, classes, label_threshold), None
+            except (VoterError, TamperError):
+                await runtime.shutdown()
+                raise
+            sent = sum(peer.protocol.nbytes_sent for peer in runtime.parties if peer.pid != runtime.pid)
             await runtime.shutdown()
-            raise
-        sent = sum(peer.protocol.nbytes_sent for peer in runtime.parties if peer.pid != runtime.pid)
-        await runtime.shutdown()
-        return MpcResult(
-            voters=tuple(voters[i] for i in counted), refused=refused, labels=labels, totals=revealed, bytes_sent=sent
-        )
+            return MpcResult(
+                voters=tuple(voters[i] for i in counted),
+                refused=refused,
+                labels=labels,
+                totals=revealed,
+                bytes_sent=sent,
+            )
 
-    try:
-        return runtime.run(asyncio.wait_for(protocol(), timeout_s))
-    except (VoterError, TamperError):
-        raise
-    except BaseException as error:
-        failure = _failure(error, network.aborts, timeout_s)
-        _failed.append(str(failure))
-        if failure is error:
+        try:
+            return runtime.run(asyncio.wait_for(protocol(), timeout_s))
+        except (VoterError, TamperError):
             raise
-        raise failure from None
+        except BaseException as error:
+            failure = _failure(error, network.aborts, timeout_s)
+            if failure is error:
+                raise
+            raise failure from None
+
+
+@contextlib.contextmanager
+def _round_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """A round's own event loop (MPyC's runtime takes the current one), closed with all of the round."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        yield loop
+    finally:
+        _close(loop)
+        asyncio.set_event_loop(None)  # whatever needs a loop next makes its own, as MPyC does
 
 
 class _Tally:
@@ -274,6 +301,21 @@ class _Tally:
             queries = self.layout.entries // classes
             winners = classes + (runtime.np_reshape(tops, (queries,)) >= label_threshold) * (winners - classes)
         return np.array(await open_checked(runtime, winners), dtype=np.int64)
+
+
+def _close(loop: asyncio.AbstractEventLoop) -> None:
+    """End a round's event loop: abort its connections (a peer sees the round end at once), cancel
+    every step still pending, let them unwind, and close the loop."""
+    for transport in list(getattr(loop, "_transports", {}).values()):
+        if transport is not None and not transport.is_closing():
+            transport.abort()
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    loop.set_exception_handler(lambda loop, context: None)  # what unwinds now belongs to a round that is over
+    with contextlib.suppress(RuntimeError):  # the loop stopped by a step that ended the round as it unwound
+        loop.run_until_complete(asyncio.gather(*pending, asyncio.sleep(0), return_exceptions=True))
+    loop.close()
 
 
 def _failure(error: BaseException, aborts: list[str], timeout_s: float) -> BaseException:

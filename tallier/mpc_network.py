@@ -17,8 +17,9 @@ This module replaces those parts, and nothing else of MPyC. A round's ``MpcNetwo
    the listener presented exactly it. A client's claimed number must be lower than the listener's,
    not connected yet, and its certificate exactly that party's pin, or the connection is dropped
    and logged (the real party can still connect); at most ``_STRANGERS`` connections may be
-   unidentified at once, each for at most ``_HANDSHAKE_S``. Once every peer is connected, the
-   listener closes.
+   unidentified at once, each for at most ``_HANDSHAKE_S``. A connection this tallier dialled that
+   ends before every peer is in (it reached a peer still ending the round before, say) is dialled
+   again until the deadline. Once every peer is connected, the listener closes.
 2. **Decodes only data.** Where MPyC would pickle (secure arrays' shares in ``_distribute``,
    ``output`` and ``_reshare``; the party numbers ``shutdown`` exchanges through ``transfer``), it
    gets ``_Codec`` instead: a one-dimensional array of field elements as fixed-width little-endian
@@ -159,6 +160,8 @@ class MpcNetwork:
         self.aborts: list[str] = []
         self.connected = False  # every peer once: from then on a connection that ends ends the round
         self.strangers = 0  # connections accepted whose party is not known yet
+        self._ends = 0.0  # when connecting gives up (time.monotonic)
+        self._redials: list[asyncio.Task] = []  # dials made again: referenced, so that they run to their end
         runtime._loop.set_exception_handler(self._exception)
 
     async def connect(self, deadline_s: float) -> None:
@@ -178,7 +181,7 @@ class MpcNetwork:
                 ssl_handshake_timeout=_HANDSHAKE_S,
             )
         try:
-            ends = time.monotonic() + deadline_s
+            ends = self._ends = time.monotonic() + deadline_s
             for pid in range(me + 1, len(party.names)):
                 await self._dial(pid, ends)
             await asyncio.wait_for(asyncio.shield(runtime.parties[me].protocol), max(0.0, ends - time.monotonic()))
@@ -203,6 +206,18 @@ class MpcNetwork:
             if time.monotonic() >= ends:
                 raise asyncio.TimeoutError
             await asyncio.sleep(_RETRY_S)
+
+    def dial_again(self, pid: int) -> None:
+        """Dial party ``pid`` anew, in the background, until the connection deadline: its connection ended
+        before every peer was in (the round's own deadline still bounds the wait)."""
+
+        async def dial() -> None:
+            try:
+                await self._dial(pid, self._ends)
+            except asyncio.TimeoutError:
+                pass  # connect's own wait ends the round at the same deadline
+
+        self._redials.append(self.runtime._loop.create_task(dial()))
 
     def stop(self, reason: str, *, tell_peers: bool = True) -> None:
         """End the round now, and (unless the reason came from a peer) tell every connected peer why."""
@@ -345,6 +360,10 @@ class _PinnedExchanger(asyncoro.MessageExchanger):
         if not network.connected:  # not every peer is in yet: its place opens again, and the round waits on
             runtime.parties[self.peer_pid].protocol = None
             log.warning("%s's MPC connection ended before every tallier was connected (%s)", name, exc or "closed")
+            if (
+                self.peer_pid > runtime.pid
+            ):  # this tallier dialled it (say, the listener of a round the peer was ending)
+                network.dial_again(self.peer_pid)
             return
         own = runtime.parties[runtime.pid].protocol
         waiting = any(isinstance(b, asyncio.Future) and not b.done() for b in self.buffers.values())

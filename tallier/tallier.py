@@ -2,9 +2,8 @@
 
 It joins like a hospital (Hello over CurveZMQ, enrolled in the roster), checks the run's
 ``VotingWelcome`` (it is one of the roster's talliers, in the roster's order, which is its MPC
-party number), and sends a box key made for this run alone and certified with its identity, so
-that no later leak of its long-term keys opens the shares a server recorded. A run it refuses gets
-``TallyFailed`` for round 0, with the reason, instead.
+party number), and sends a box key made for this run alone and certified with its identity. A run
+it refuses gets ``TallyFailed`` for round 0, with the reason, instead.
 
 Per ``Shares`` it opens each hospital's box (``protocol.ballots``), refusing, with a logged reason,
 a box that does not open or holds no valid share (wrong length, outside the field), or one from a
@@ -13,11 +12,16 @@ party that is not a hospital of the run; it then runs the round's MPC with the o
 a valid share from and whose ballot passes its range check, and sends the server the labels and
 the hospitals refused (or, in histogram mode, the noisy totals too). A ballot whose tag check fails
 (a tallier changed its input, or its hospital sent wrong tags) gets no label released, and the
-server stops the run. It takes part in each
-round once, in increasing order.
+server stops the run. Too few agreed voters only costs the round.
 
-If the MPC fails (a tallier left or went silent), MPyC's state in this process is unusable: the
-tallier tells the server and stops. Too few agreed voters only costs the round.
+**Crashes.** If the MPC fails (a tallier left or went silent), the tallier says so
+(``TallyFailed.interrupted``) and waits: the server relays the same round again once every tallier
+is back. Its box key and the last round it tallied live in its sealed run state
+(``tallier.run_state``), so a tallier process started again with the same command rejoins with the
+same key, and it tallies a round again only with the very boxes it had for it, counting the same
+voters, a few times at most. If its connection to the server is made again (the server restarted),
+it says Hello again and rejoins the run it began. When the server ends the run it deletes its run
+state.
 """
 
 from __future__ import annotations
@@ -27,16 +31,12 @@ import logging
 import time
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
-from crypto.sealed_box import certify_key
 from protocol.ballots import BallotError, open_share, tallier_key_context
 from protocol.channel import ServerChannel
 from protocol.config import ConfigError
 from protocol.messages import (
     TO_TALLIER,
     Finish,
-    Hello,
     Labels,
     ProtocolError,
     RunKey,
@@ -50,6 +50,7 @@ from protocol.transcript import Transcript
 from protocol.transport import TransportError
 from protocol.voting_config import VotingConfig
 from tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
+from tallier.run_state import RunState, RunStateFile, boxes_digest
 
 __all__ = ["Tallier"]
 
@@ -62,6 +63,7 @@ class Tallier:
         *,
         roster: Roster,
         credentials: Credentials,
+        state_dir: Path,
         timeout_s: float = 180.0,
         mpc_timeout_s: float = 120.0,
         transcript: Path | None = None,
@@ -76,6 +78,8 @@ class Tallier:
         self._party = mpc_party(roster, credentials)
         self._mpc_timeout_s = mpc_timeout_s
         self._allow_histogram = allow_histogram
+        self._state_file = RunStateFile(state_dir, name=credentials.name, identity=credentials.identity)
+        self._state: RunState | None = None
         self._channel = ServerChannel.connect(
             roster,
             credentials,
@@ -87,40 +91,69 @@ class Tallier:
         self._rounds: list[dict] = []
 
     def run(self) -> dict:
-        """Tally until the server finishes the run; returns what it did. ``MpcError`` if the MPC failed."""
-        finish_reason = ""
+        """Tally until the server finishes the run; returns what it did."""
         try:
-            self._channel.send(Hello())
-            welcome = self._channel.expect(VotingWelcome)
-            try:
-                self._join(welcome)
-            except ProtocolError as refusal:  # said, so that the server stops now, not when it gives up on the box key
-                with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
-                    self._channel.send(TallyFailed(round=0, reason=str(refusal), tampered=()))
-                raise
-            last_round = 0
-            while not finish_reason:
-                message = self._channel.expect(Shares, Finish)
-                if isinstance(message, Finish):
-                    finish_reason = message.reason
-                elif not last_round < message.round <= self._config.rounds:
-                    self._channel.rejections.reject(
-                        "the server",
-                        message.TYPE,
-                        f"round {message.round} after round {last_round} of {self._config.rounds}",
-                    )
-                else:
-                    last_round = message.round
-                    self._tally(message)
+            finish_reason = self._channel.take_part(VotingWelcome, self._take_part, self._name)
+            self._state_file.delete()  # the run is over: no later leak of long-term keys opens its boxes
         finally:
             self._channel.close()
         return {"finish_reason": finish_reason, "rounds": self._rounds}
 
+    def _take_part(self, welcome: VotingWelcome) -> str:
+        self._join(welcome)
+        return self._rounds_loop()
+
+    def _rounds_loop(self) -> str:
+        """Tally each round the server relays; returns why the run ended."""
+        while True:
+            message = self._channel.expect(Shares, Finish)
+            if isinstance(message, Finish):
+                return message.reason
+            digest = boxes_digest(message.boxes)
+            refusal = self._state.refusal(message.round, digest, self._config.rounds)
+            if refusal:
+                self._channel.rejections.reject("the server", message.TYPE, refusal)
+                continue
+            self._state = self._state.tallying(message.round, digest)
+            self._state_file.save(self._state)  # before any share is opened: a restart keeps the same rule
+            self._tally(message)
+
+    def _pin(self, voters: tuple[str, ...]) -> None:
+        """Keep the round's agreed voters, on disk before anything else of it is opened: a round tallied
+        again must count the same (``ValueError`` if it would not)."""
+        self._state = self._state.agreed(voters)
+        self._state_file.save(self._state)
+
     def _join(self, welcome: VotingWelcome) -> None:
+        try:
+            config, run = self._check(welcome)
+        except ProtocolError as refusal:  # said, so that the server stops now, not when it gives up on the box key
+            with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
+                self._channel.send(TallyFailed(round=0, reason=str(refusal), tampered=(), interrupted=False))
+            raise
+        if self._state is None:
+            self._state = self._state_file.load(run)
+            if self._state is None:
+                self._state = RunState.new(
+                    run, identity=self._credentials.identity, context=tallier_key_context(run, self._name)
+                )
+                self._state_file.save(self._state)
+            else:
+                log.warning("%s rejoins run %s after round %d", self._name, config.run_id, self._state.last_round)
+        self._config, self._run, self._field = config, run, config.field()
+        self._channel.limit = config.message_limit()
+        self._channel.send(RunKey(certified_key=self._state.certified_key))
+        log.info("%s joined run %s and sent its box key", self._name, config.run_id)
+
+    def _check(self, welcome: VotingWelcome) -> tuple[VotingConfig, str]:
+        """The run ``welcome`` offers and its fingerprint, if this tallier takes part in it (``ProtocolError``)."""
         try:
             config = VotingConfig.from_dict(welcome.config)
         except ConfigError as error:
             raise ProtocolError(f"the server's voting configuration is unusable: {error}") from None
+        run = config.fingerprint(welcome.feature_map)
+        if self._state is not None and run != self._state.run:
+            raise ProtocolError(f"the server welcomed {self._name} to run {run}, not to the run it takes part in")
         if config.talliers != tuple(self._roster.talliers):
             raise ProtocolError(
                 f"the run's talliers {list(config.talliers)} are not the roster's {self._roster.talliers}"
@@ -133,17 +166,7 @@ class Tallier:
             raise ProtocolError(
                 f"the run names {sorted(set(config.hospitals) - set(self._roster.hospitals))} as hospitals; the roster does not"
             )
-        self._config, self._run, self._field = config, config.fingerprint(welcome.feature_map), config.field()
-        self._channel.limit = config.message_limit()
-        # Never written anywhere: a later leak of this tallier's long-term keys opens no recorded share.
-        self._box_key = X25519PrivateKey.generate()
-        certified = certify_key(
-            self._box_key.public_key(),
-            signer=self._credentials.identity.signing,
-            context=tallier_key_context(self._run, self._name),
-        )
-        self._channel.send(RunKey(certified_key=certified))
-        log.info("%s joined run %s and sent its box key", self._name, config.run_id)
+        return config, run
 
     def _tally(self, message: Shares) -> None:
         config, layout, started = self._config, self._config.ballot_layout(), time.perf_counter()
@@ -157,7 +180,7 @@ class Tallier:
             try:
                 shares[hospital] = open_share(
                     box,
-                    recipient=self._box_key,
+                    recipient=self._state.box_key,
                     hospital_key=self._roster.party(hospital).identity.signing,
                     field=self._field,
                     values=layout.values,
@@ -182,13 +205,15 @@ class Tallier:
                 reveal=config.reveal,
                 label_threshold=config.label_threshold,
                 timeout_s=self._mpc_timeout_s,
+                on_voters=self._pin,
             )
         except (VoterError, TamperError, MpcError) as error:
             log.warning("round %d: no labels: %s", message.round, error)
             tampered = error.ballots if isinstance(error, TamperError) else ()
-            self._channel.send(TallyFailed(round=message.round, reason=str(error), tampered=tampered))
-            if isinstance(error, MpcError):
-                raise
+            interrupted = isinstance(error, MpcError)  # the server may relay the same round again
+            self._channel.send(
+                TallyFailed(round=message.round, reason=str(error), tampered=tampered, interrupted=interrupted)
+            )
             return
         seconds = time.perf_counter() - started
         self._channel.send(

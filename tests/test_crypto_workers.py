@@ -41,6 +41,12 @@ def test_workers_encrypt_add_and_decrypt_exactly_what_one_process_does(params):
             total.add(upload)
         summed = secret.decrypt_sum(total.to_chunks(), round_number=3, contributors=HOSPITALS)
         assert np.array_equal(summed, np.sum(updates, axis=0))
+        one_process = SecretContext.from_bytes(secret.to_bytes(), params, run_id=RUN)  # checks the workers' checks
+        assert np.array_equal(
+            one_process.decrypt_sum(total.to_chunks(), round_number=3, contributors=HOSPITALS), summed
+        )
+        with pytest.raises(BfvError, match="not one fresh contribution"):
+            secret.decrypt_sum(total.to_chunks(), round_number=3, contributors=HOSPITALS[:2])
         alone = CiphertextSum(PublicContext(params))  # one process adds the same uploads to the same sum
         for upload in uploads:
             alone.add(upload)
@@ -79,7 +85,7 @@ def test_a_worker_that_dies_is_one_line_not_a_hang(params):
     public = PublicContext(params)
     public.use_workers(2)
     try:
-        public.workers._processes[1].kill()
+        public.workers._processes[0].kill()
         with pytest.raises(WorkerError, match="a crypto worker"):
             CiphertextSum(public)
     finally:

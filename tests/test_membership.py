@@ -14,7 +14,7 @@ def test_check_slots_are_the_inner_products_and_tags_modulo_t(plain_modulus):
     key = CheckKey.generate(run_id="0123456789abcdef", plain_modulus=plain_modulus)
     values = np.random.default_rng().integers(0, plain_modulus, size=300_000)  # several blocks of 2^16
     values[:280_000] = 2 ** (plain_modulus.bit_length() - 1) - 1  # every 16-bit limb full but the top one
-    slots = key.append(values, round_number=3, hospital="hospital-1")
+    slots = _with_checks(key, values, round_number=3, hospital="hospital-1")
     np.testing.assert_array_equal(slots[: values.size], values)
     # The same coefficients and tag, in Python integers: no overflow can hide there.
     tags = key._tags(3, "hospital-1")
@@ -35,16 +35,40 @@ def test_check_slots_are_just_enough_for_2_to_the_minus_128(plain_modulus, slots
 
 
 def test_a_sum_verifies_for_its_contributors_only():
-    key = CheckKey.generate(run_id="0123456789abcdef", plain_modulus=40353793)
+    t = 40353793
+    key = CheckKey.generate(run_id="0123456789abcdef", plain_modulus=t)
     rng = np.random.default_rng()
     first, second = rng.integers(-1000, 1000, size=300), rng.integers(-1000, 1000, size=300)
-    total = key.append(first, round_number=1, hospital="a") + key.append(second, round_number=1, hospital="b")
-    np.testing.assert_array_equal(
-        key.verify(total, round_number=1, contributors=["a", "b"]), np.mod(first + second, 40353793)
+    total = np.mod(
+        _with_checks(key, first, round_number=1, hospital="a")
+        + _with_checks(key, second, round_number=1, hospital="b"),
+        t,
     )
+    values, checks = total[:300], total[300:]
+    np.testing.assert_array_equal(values, np.mod(first + second, t))
+
+    def verify(round_number, contributors):
+        products = key.products(values, round_number=round_number)
+        key.verify(checks, products=products, round_number=round_number, contributors=contributors)
+
+    verify(1, ["a", "b"])
     for contributors, round_number in ((["a"], 1), (["a", "b", "c"], 1), (["a", "b"], 2), (["a", "a"], 1)):
         with pytest.raises(MembershipError):
-            key.verify(total, round_number=round_number, contributors=contributors)
+            verify(round_number, contributors)
+
+
+def test_a_vector_s_products_are_the_sums_of_its_pieces_products():
+    """What lets crypto workers each take a piece: the keystream entered at a piece's first slot."""
+    t = 1114517667841
+    key = CheckKey.generate(run_id="0123456789abcdef", plain_modulus=t)
+    values = np.random.default_rng().integers(0, t, size=10_000)
+    whole = key.products(values, round_number=2)
+    cuts = [0, 4096, 8192, 10_000]
+    pieces = [key.products(values[a:b], round_number=2, first=a) for a, b in zip(cuts, cuts[1:])]
+    assert [sum(parts) % t for parts in zip(*pieces)] == whole
+    assert key.products(values[4096:], round_number=2, first=4096) != key.products(values[4096:], round_number=2)
+    with pytest.raises(ValueError, match="block"):
+        key.products(values[10:], round_number=2, first=10)
 
 
 KNOWN_26_BITS = [8055253, 29781847, 4899877, 3280361, 30626630, 11429623]
@@ -70,7 +94,7 @@ def test_the_check_slots_are_pinned_to_their_derivation(t, known):
 
     values = np.arange(-5, 5)  # t - 5 to 4 modulo t
     key = CheckKey(bytes(range(32)), run_id="0123456789abcdef", plain_modulus=t)
-    slots = key.append(values, round_number=7, hospital="hospital-2")[10:]
+    slots = _with_checks(key, values, round_number=7, hospital="hospital-2")[10:]
     assert slots.tolist() == known
 
     def stream(label: bytes, size: int, bits: int, modulus: int) -> list[int]:
@@ -98,3 +122,10 @@ def test_a_composite_or_oversized_plaintext_modulus_is_refused():
     for modulus in (2**31, 65537 * 3, 2**61 - 1, 2):
         with pytest.raises(MembershipError):
             CheckKey.generate(run_id="0123456789abcdef", plain_modulus=modulus)
+
+
+def _with_checks(key: CheckKey, values: np.ndarray, *, round_number: int, hospital: str) -> np.ndarray:
+    """A vector modulo t followed by its check slots: what one hospital encrypts."""
+    reduced = np.mod(values, key._t)
+    products = key.products(reduced, round_number=round_number)
+    return np.concatenate([reduced, key.check_slots(products, round_number=round_number, hospital=hospital)])
