@@ -42,7 +42,7 @@ from orchestration.local import run_local_federation
 from orchestration.planning import least_noise_multiplier
 from orchestration.spec import RunSpec
 from scripts._cli import run
-from training.flags import positive_int, probability, rate, widths
+from training.flags import positive_float, positive_int, probability, rate, widths
 from training.datasets import load_dataset
 
 _NO_BUDGET = 1e9  # the comparison fixes each run's noise and rounds; a hospital's budget must not stop it early
@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--sample-rate", type=rate, default=0.1, help="q of Dopamine and the DP baselines (default: 0.1)"
+    )
+    parser.add_argument(
+        "--lr",
+        type=positive_float,
+        help="the DP-SGD learning rate of Dopamine and the DP baselines (default: the data's, as consilium-federation "
+        "chooses it)",
     )
     parser.add_argument(
         "--fedavg-rounds", type=positive_int, default=20, help="rounds of dp-fedavg and F, epochs of C (default: 20)"
@@ -177,7 +183,7 @@ def _plan(args: argparse.Namespace, wanted: set[str]) -> list[dict]:
 def _record_level(args, base: RunSpec, wanted: set[str], calibrated, seed: int, steps_per_epoch: int) -> list[dict]:
     """Dopamine at each record-level target, and each DP baseline with the same steps, matched to its epsilon."""
     runs = []
-    dp_sgd = {"sample_rate": args.sample_rate, "momentum": 0.9}
+    dp_sgd = {"sample_rate": args.sample_rate, "momentum": 0.9, "lr": args.lr}  # lr None: the data's default
     for target in args.epsilons:
         dopamine = f"dopamine-eps{target:g}-seed{seed}"
         if "dopamine" in wanted:

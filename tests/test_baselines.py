@@ -23,11 +23,44 @@ def test_a_dp_sgd_step_with_zero_gradients_moves_by_the_accounted_noise():
     model = nn.Sequential(nn.Linear(1, 2000, bias=False))
     nn.init.zeros_(model[0].weight)
     data = Split(np.zeros((50, 1), dtype=np.float32), np.zeros(50, dtype=np.int64))  # x = 0: no gradient
-    step = GaussianDpSgd(model, data, sample_rate=0.2, noise_multiplier=1.5, max_grad_norm=2.0, learning_rate=0.1)
+    step = GaussianDpSgd(
+        model,
+        data,
+        sample_rate=0.2,
+        expected_batch_size=10.0,
+        noise_multiplier=1.5,
+        max_grad_norm=2.0,
+        learning_rate=0.1,
+    )
     step.step()
     moved = model[0].weight.detach().numpy().reshape(-1)
     expected_std = 0.1 * 1.5 * 2.0 / (0.2 * 50)
     assert np.std(moved) == pytest.approx(expected_std, rel=0.06)  # 2000 draws: about 1.6% standard error
+
+
+def test_a_dp_sgd_step_is_the_same_with_one_record_more():
+    """The divisor is public: a record that adds no gradient (x = 0, no bias) leaves the step unchanged. With
+    ``q n`` as the divisor, the step's scale would show the count of records, which is private."""
+    generator = np.random.default_rng(0)
+    x = generator.normal(size=(40, 5)).astype(np.float32)
+    y = generator.integers(0, 3, size=40)
+    moves = []
+    for data in (Split(x, y), Split(np.concatenate([x, np.zeros((1, 5), np.float32)]), np.append(y, 0))):
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(5, 3, bias=False))
+        before = model[0].weight.detach().clone()
+        GaussianDpSgd(
+            model,
+            data,
+            sample_rate=1.0,
+            expected_batch_size=8.0,
+            noise_multiplier=0.0,
+            max_grad_norm=1.0,
+            learning_rate=0.5,
+        ).step()  # every record sampled, no noise: the move is the clipped sum over B
+        moves.append((model[0].weight.detach() - before).numpy())
+    assert np.abs(moves[0]).max() > 0
+    np.testing.assert_allclose(moves[1], moves[0], rtol=1e-6)
 
 
 @pytest.fixture(scope="module")

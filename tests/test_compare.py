@@ -83,6 +83,16 @@ def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spen
     assert again["runs"] == result["runs"]
 
 
+def test_the_learning_rate_reaches_dopamine_and_the_dp_baselines(medmnist_format, tmp_path):
+    argv = ["--data", str(medmnist_format), "--out", str(tmp_path), "--hospitals", "2", "--seeds", "1"]
+    argv += ["--epsilons", "4", "--rounds", "10", "--model", "mlp", "--methods", "dopamine,central-dp,fedavg-local-dp"]
+    for extra, expected in (([], None), (["--lr", "0.05"], 0.05)):
+        plan = compare._plan(
+            compare.build_parser().parse_args(argv + extra), {"dopamine", "central-dp", "fedavg-local-dp"}
+        )
+        assert [run["spec"].flags.get("lr") for run in plan] == [expected] * 3
+
+
 @pytest.mark.parametrize(
     "extra, fragment",
     [

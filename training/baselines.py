@@ -2,11 +2,14 @@
 
 - ``central`` (C): minibatch SGD on the pooled records of every hospital; no privacy.
 - ``central-dp`` (CDP): Gaussian DP-SGD on the pooled records (``training.dp_sgd``), record-level
-  epsilon as a trusted curator would report it.
+  epsilon as a trusted curator would report it; each step divides by q times the data set's
+  published training size, a public figure, never by the count of records the curator holds.
 - ``fedavg`` (F): FedAvg over the hospitals (``training.fedavg``: local training from the global
   model, the mean of the updates weighted by records); no privacy.
 - ``fedavg-local-dp`` (FPDP): each hospital runs full-noise DP-SGD on its own records, trusting
-  no one, and the updates are averaged as in FedAvg; each hospital's record-level epsilon is its own.
+  no one (dividing by that public figure over the number of hospitals, as Dopamine's B), and the
+  server averages the updates with equal weights (a hospital's count of records is private); each
+  hospital's record-level epsilon is its own.
 
 Every baseline trains ``rounds`` rounds (an epoch of the pooled data, or a FedAvg round of
 ``local_epochs``), keeps the parameters of the round with the best validation accuracy, and
@@ -63,7 +66,7 @@ BASELINE_DEFAULTS = {
 class BaselineSettings:
     rounds: int = 20
     learning_rate: float = 0.05
-    batch_size: int = 32  # central and fedavg; DP-SGD's expected batch is sample_rate times the records
+    batch_size: int = 32  # central and fedavg; DP-SGD divides by a public expected batch (_public_batch_size)
     local_epochs: int = 1
     epsilon: float = 3.0  # record-level, for the DP baselines
     delta: float = 1e-5
@@ -92,7 +95,8 @@ def run_baseline(
         name
     ]
     records, best, epsilon = [], None, None
-    for number, (parameters, epsilon) in enumerate(rounds(model, pooled, hospitals, settings), start=1):
+    published = len(dataset.train)  # the data set's published training size: public, as Dopamine's B takes it
+    for number, (parameters, epsilon) in enumerate(rounds(model, pooled, hospitals, settings, published), start=1):
         validation = evaluate(model, dataset.validation, num_classes=dataset.num_classes)
         records.append(
             {
@@ -125,7 +129,14 @@ def run_baseline(
     }
 
 
-def _central(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings):
+def _public_batch_size(settings: BaselineSettings, published: int, holders: int) -> float:
+    """The expected batch a DP baseline divides by: q times the data set's published training size,
+    shared by ``holders`` (1 for the central curator, the hospitals for FedAvg with local DP), as
+    Dopamine's B is proposed. Never a count of the records a party holds, which is private."""
+    return settings.sample_rate * published / holders
+
+
+def _central(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings, published: int):
     generator = secure_generator()
     training = LocalTraining(epochs=1, batch_size=settings.batch_size, learning_rate=settings.learning_rate)
     for _ in range(settings.rounds):
@@ -133,12 +144,14 @@ def _central(model: nn.Module, pooled: Split, hospitals: list[Split], settings: 
         yield get_flat_parameters(model), None
 
 
-def _central_dp(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings):
+def _central_dp(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings, published: int):
     steps_per_round = math.ceil(1 / settings.sample_rate)
-    yield from _dp_sgd_rounds(model, pooled, settings, steps_per_round)
+    yield from _dp_sgd_rounds(model, pooled, settings, steps_per_round, _public_batch_size(settings, published, 1))
 
 
-def _dp_sgd_rounds(model: nn.Module, data: Split, settings: BaselineSettings, steps_per_round: int):
+def _dp_sgd_rounds(
+    model: nn.Module, data: Split, settings: BaselineSettings, steps_per_round: int, expected_batch_size: float
+):
     steps = settings.rounds * steps_per_round
     sigma = noise_multiplier_for(
         settings.epsilon, settings.delta, sample_rate=settings.sample_rate, steps=steps, accountant=settings.accountant
@@ -147,6 +160,7 @@ def _dp_sgd_rounds(model: nn.Module, data: Split, settings: BaselineSettings, st
         model,
         data,
         sample_rate=settings.sample_rate,
+        expected_batch_size=expected_batch_size,
         noise_multiplier=sigma,
         max_grad_norm=settings.max_grad_norm,
         learning_rate=settings.learning_rate,
@@ -165,7 +179,7 @@ def _dp_sgd_rounds(model: nn.Module, data: Split, settings: BaselineSettings, st
         yield get_flat_parameters(model), spent
 
 
-def _fedavg(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings):
+def _fedavg(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings, published: int):
     generator = secure_generator()
     training = LocalTraining(
         epochs=settings.local_epochs, batch_size=settings.batch_size, learning_rate=settings.learning_rate
@@ -176,12 +190,18 @@ def _fedavg(model: nn.Module, pooled: Split, hospitals: list[Split], settings: B
         yield get_flat_parameters(model), None
 
 
-def _fedavg_local_dp(model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings):
-    """Each hospital keeps a DP-SGD optimizer over its own records for the whole run; its copy starts each round from the global model."""
+def _fedavg_local_dp(
+    model: nn.Module, pooled: Split, hospitals: list[Split], settings: BaselineSettings, published: int
+):
+    """Each hospital keeps a DP-SGD optimizer over its own records for the whole run; its copy starts each round
+    from the global model, and the server averages the copies with equal weights (a hospital's count of
+    records is private, so it weighs nothing)."""
     steps_per_round = settings.local_epochs * math.ceil(1 / settings.sample_rate)
     local_models = [copy.deepcopy(model) for _ in hospitals]
+    batch = _public_batch_size(settings, published, len(hospitals))
     runs = [
-        _dp_sgd_rounds(local, hospital, settings, steps_per_round) for local, hospital in zip(local_models, hospitals)
+        _dp_sgd_rounds(local, hospital, settings, steps_per_round, batch)
+        for local, hospital in zip(local_models, hospitals)
     ]
     for _ in range(settings.rounds):
         start = get_flat_parameters(model)
@@ -189,7 +209,7 @@ def _fedavg_local_dp(model: nn.Module, pooled: Split, hospitals: list[Split], se
             set_flat_parameters(local, start)
         results = [next(run) for run in runs]
         updates = [parameters - start for parameters, _ in results]
-        set_flat_parameters(model, start + _weighted_by_records(updates, hospitals))
+        set_flat_parameters(model, start + np.mean(updates, axis=0))
         yield get_flat_parameters(model), max(epsilon for _, epsilon in results)
 
 

@@ -2,8 +2,11 @@
 
 Each step samples every record independently with probability ``q`` (Poisson), clips each sampled
 record's gradient to ``C`` (``training.per_example``), adds ``N(0, sigma^2 C^2 I)`` and divides
-by the *expected* batch size ``q n`` (a public constant: the sampled size is not), then takes an
-SGD step with momentum. Sampling and noise draw from ``training.secure_random``.
+by an expected batch size ``B`` fixed from public figures (q times the data set's published
+training size, say), never from ``n``, the count of records the optimizer holds: under add/remove
+adjacency ``n`` is private, and a divisor ``q n`` would show it in the scale of every step (the
+sampled size is private too). It then takes an SGD step with momentum. Sampling and noise draw
+from ``training.secure_random``.
 
 The accountant is Opacus's PRV (RDP as the option) over ``(sigma, q, steps)``;
 ``noise_multiplier_for`` finds the smallest ``sigma`` (to Opacus's tolerance) for a target epsilon.
@@ -65,6 +68,7 @@ class GaussianDpSgd:
         data: Split,
         *,
         sample_rate: float,
+        expected_batch_size: float,
         noise_multiplier: float,
         max_grad_norm: float,
         learning_rate: float,
@@ -73,12 +77,14 @@ class GaussianDpSgd:
     ) -> None:
         if len(data) == 0:
             raise ValueError("DP-SGD needs at least one record")
+        if not expected_batch_size > 0:
+            raise ValueError(f"the expected batch size must be positive, got {expected_batch_size}")
         self._generator = require_cryptographic(secure_generator() if generator is None else generator)
         self._gradients = ClippedGradients(model, data.x, data.y, max_grad_norm)
         self._update = MomentumUpdate(model, learning_rate=learning_rate, momentum=momentum)
         self._sample_rate = sample_rate
         self._noise_std = noise_multiplier * max_grad_norm
-        self._divisor = sample_rate * len(data)
+        self._divisor = expected_batch_size  # public: never len(data)
         self.steps_taken = 0
 
     def step(self) -> None:
