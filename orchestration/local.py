@@ -168,6 +168,8 @@ def _server_argv(spec: RunSpec, out: Path) -> list[str]:
     argv = [*run_argv(spec.values()), "--out", str(out / SERVER)]
     argv += ["--transcript", str(out / SERVER / "transcript.msgpack"), "--round-timeout", str(spec.round_timeout)]
     argv += ["--transcript-payloads"] if spec.transcript_payloads else []
+    if not spec.voting:
+        argv += ["--model-seed", str(spec.seed)]  # the initial model, as the baselines' (training.models.build_model)
     if not spec.voting and spec.expected_batch_size is not None:
         argv += ["--expected-batch-size", repr(spec.expected_batch_size)]
     return argv + (["--insecure-plaintext-benchmark"] if spec.insecure_plaintext_benchmark else [])
@@ -271,7 +273,7 @@ def _run_baseline(
     settings = BaselineSettings(**{name: value for name, value in fields.items() if value is not None})
     use_device(spec.device or "cpu")
     try:
-        result = run_baseline(spec.method, data, parts, model, settings)
+        result = run_baseline(spec.method, data, parts, model, settings, model_seed=spec.seed)
     except ValueError as error:  # e.g. Opacus: a budget no noise multiplier can meet
         raise ConfigError(f"{spec.method}: {error}") from None
     config = {"dataset": data.name, "hospitals": spec.hospitals, "partition": spec.partition, "seed": spec.seed}

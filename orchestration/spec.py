@@ -49,7 +49,7 @@ class RunSpec:
     hospitals: int = 3
     rounds: int | None = None  # default: the method's
     out: Path | None = None  # default: runs/<date-time>
-    seed: int = 0  # the data split and partition
+    seed: int = 0  # the data split, partition and initial model
     partition: str = "iid"
     classes_per_part: int | None = None  # label_skew
     alpha: float = 0.5  # dirichlet

@@ -79,6 +79,7 @@ class Server:
         max_messages_per_second: float = DEFAULT_MAX_MESSAGES_PER_SECOND,
         on_round: Callable[[dict], None] | None = None,
         crypto_workers: int = 1,
+        model_seed: int | None = None,
         _checkpoint: Checkpoint | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
@@ -93,7 +94,7 @@ class Server:
         self._out_dir = out_dir
         self._timeouts = timeouts
         self._on_round = on_round or (lambda record: None)
-        self._model = build_model(config.model)
+        self._model = build_model(config.model, seed=model_seed)  # a resumed run takes its checkpoint's
         self._shared = SharedState(config.training, self._model)
         self._params = config.bfv_parameters()
         limit = config.message_limit()

@@ -60,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--talliers", type=positive_int, help=f"voting: number of talliers, at least 3 (default: {_DEFAULT.talliers})"
     )
     parser.add_argument(
-        "--seed", type=non_negative_int, help=f"seed of the data split and partition (default: {_DEFAULT.seed})"
+        "--seed",
+        type=non_negative_int,
+        help=f"seed of the data split, partition and initial model (never of the noise, sampling or rounding; default: {_DEFAULT.seed})",
     )
     parser.add_argument(
         "--partition", choices=PARTITION_SCHEMES, help=f"how hospitals split the data (default: {_DEFAULT.partition})"

@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-seed", type=non_negative_int, default=0, help="train/validation split of built-in data (default: 0)"
     )
     parser.add_argument(
+        "--model-seed",
+        type=non_negative_int,
+        help="draw the initial model's weights from this seed (public: no noise, sampling or rounding uses it; "
+        "default: a fresh draw)",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="go on with the run checkpointed in --out, after the server stopped (its settings are the checkpoint's; "
@@ -142,6 +148,7 @@ def serve(args: argparse.Namespace) -> None:
         max_messages_per_second=args.max_messages_per_second,
         on_round=lambda record: _print_round(record, server.config),
         crypto_workers=args.crypto_threads,
+        model_seed=args.model_seed,
     )
     if args.resume:
         checkpointed = Server.checkpointed_config(

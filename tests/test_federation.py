@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import msgpack
+import numpy as np
 import pytest
 import torch
 
@@ -33,6 +34,22 @@ def run(tmp_path_factory):
     )
     assert result.returncode == 0, result.stderr
     return out, result
+
+
+def test_the_server_s_initial_model_is_the_one_the_seed_draws(run):
+    """``--seed`` (0 here) fixes the initial model: the server's is the one a baseline of the same seed starts from."""
+    import base64
+
+    from training.models import get_flat_parameters
+
+    out, _ = run
+    checkpoint = json.loads((out / "server" / "checkpoint.json").read_text())
+    initial = np.frombuffer(base64.b64decode(checkpoint["initial_parameters"]), dtype="<f4")
+    spec = ModelSpec.from_dict(checkpoint["config"]["model"])
+    state = torch.random.get_rng_state()
+    assert np.array_equal(get_flat_parameters(build_model(spec, seed=0)), initial)
+    assert not np.array_equal(get_flat_parameters(build_model(spec, seed=1)), initial)
+    assert torch.equal(torch.random.get_rng_state(), state)  # a seeded build draws in a fork: nothing else moves
 
 
 def _transcript(out: Path) -> list[dict]:

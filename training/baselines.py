@@ -77,9 +77,16 @@ class BaselineSettings:
 
 
 def run_baseline(
-    name: str, dataset: Dataset, parts: list[np.ndarray], spec: ModelSpec, settings: BaselineSettings
+    name: str,
+    dataset: Dataset,
+    parts: list[np.ndarray],
+    spec: ModelSpec,
+    settings: BaselineSettings,
+    *,
+    model_seed: int | None = None,
 ) -> dict:
-    """Train baseline ``name`` with the hospitals' records ``parts`` (indices into ``dataset.train``).
+    """Train baseline ``name`` with the hospitals' records ``parts`` (indices into ``dataset.train``), from
+    the initial model ``model_seed`` draws (``training.models.build_model``; None: PyTorch's own draw).
 
     The report has a record per round (validation accuracy, epsilon so far) and ``final``: the
     round selected on validation accuracy (the earliest of ties), its test scores, and the epsilon
@@ -88,7 +95,7 @@ def run_baseline(
     if name not in BASELINES:
         raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
     started = time.monotonic()
-    model = build_model(spec)
+    model = build_model(spec, seed=model_seed)
     hospitals = [dataset.train.subset(part) for part in parts]
     pooled = dataset.train.subset(np.concatenate(parts))
     rounds = {"central": _central, "central-dp": _central_dp, "fedavg": _fedavg, "fedavg-local-dp": _fedavg_local_dp}[

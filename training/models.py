@@ -267,13 +267,24 @@ def check_model_for(spec: ModelSpec, records: Split, own_model: str | None) -> N
         raise ModelError(f"the run trains {spec.architecture}; this party was started with --model for {own_model}")
 
 
-def build_model(spec: ModelSpec) -> nn.Module:
+def build_model(spec: ModelSpec, *, seed: int | None = None) -> nn.Module:
     """The module of ``spec``, built from this party's own code; ``ModelError`` if it is not the one the spec's
     digest describes (another definition of the model, another version of a built-in one).
 
     An own model is first built on PyTorch's meta device (shapes, no memory) and compared there, so that
     a run whose sizes make this party's code build something large is refused before it is allocated.
+    With a ``seed``, its initial weights are drawn from PyTorch's generator seeded with it, in a fork of
+    the generator's state (nothing else's draws change): the initial model is public, so a fixed seed
+    costs no privacy, and runs that share it start alike. No noise, sampling or rounding draws from it.
     """
+    if seed is None:
+        return _built(spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _built(spec)
+
+
+def _built(spec: ModelSpec) -> nn.Module:
     if spec.own_code:
         with torch.device("meta"):
             _check_digest(spec, _assembled(spec))
