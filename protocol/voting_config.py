@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from crypto.checked_shares import CheckedLayout
 from crypto.mpc_field import MIN_PARTIES, MpcField
 from protocol.config import MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
+from protocol.messages import ProtocolError, VotingWelcome
 from training.models import ModelSpec
 from training.vote_privacy import REVEAL_MODES, VotingSettings
 from training.voting import MAX_FEATURE_DIMENSIONS
 
-__all__ = ["VotingConfig"]
+__all__ = ["VotingConfig", "welcomed_run"]
 
 _MESSAGE_SLACK_BYTES = 64 * 1024
 _MAX_QUERIES_PER_ROUND = 10_000
@@ -202,3 +203,12 @@ class VotingConfig:
 @functools.lru_cache(maxsize=8)
 def _field_for(bound: int) -> MpcField:
     return MpcField.for_bound(bound)
+
+
+def welcomed_run(welcome: VotingWelcome) -> tuple[VotingConfig, str]:
+    """The run a ``VotingWelcome`` offers, and its fingerprint; ``ProtocolError`` if it is unusable."""
+    try:
+        config = VotingConfig.from_dict(welcome.config)
+    except ConfigError as error:
+        raise ProtocolError(f"the server's voting configuration is unusable: {error}") from None
+    return config, config.fingerprint(welcome.feature_map)

@@ -34,7 +34,6 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from crypto.sealed_box import SealedBoxError, verify_certified_key
 from protocol.ballots import seal_ballot, tallier_key_context
 from protocol.channel import ServerChannel
-from protocol.config import ConfigError
 from protocol.messages import (
     TO_VOTING_HOSPITAL,
     Ballot,
@@ -47,7 +46,7 @@ from protocol.messages import (
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.transport import TransportError
-from protocol.voting_config import VotingConfig
+from protocol.voting_config import VotingConfig, welcomed_run
 from training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
 from training.datasets import Split
 from training.models import ModelError, check_model_for
@@ -108,11 +107,7 @@ class VotingHospital:
     def _welcome(self, welcome: VotingWelcome) -> None:
         """Join the run (the first time), or take the talliers' keys again for the run it began."""
         if self._config is not None:
-            try:
-                run = VotingConfig.from_dict(welcome.config).fingerprint(welcome.feature_map)
-            except ConfigError as error:
-                raise ProtocolError(f"the server's voting configuration is unusable: {error}") from None
-            if run != self._run:
+            if welcomed_run(welcome)[1] != self._run:
                 raise ProtocolError(f"the server welcomed {self._name} to another run than the one it takes part in")
             self._tallier_keys = self._certified_tallier_keys(self._config, welcome.tallier_keys)
             return
@@ -144,10 +139,7 @@ class VotingHospital:
                 return finish_reason
 
     def _join(self, welcome: VotingWelcome) -> None:
-        try:
-            config = VotingConfig.from_dict(welcome.config)
-        except ConfigError as error:
-            raise ProtocolError(f"the server's voting configuration is unusable: {error}") from None
+        config, run = welcomed_run(welcome)
         if self._name not in config.hospitals or not set(config.hospitals) <= set(self._roster.hospitals):
             raise ProtocolError(
                 f"the run's hospitals {list(config.hospitals)} do not include {self._name}, or are not all the roster's"
@@ -170,7 +162,7 @@ class VotingHospital:
             check_model_for(config.model, self._data, self._own_model)
         except ModelError as error:
             raise ProtocolError(f"this hospital refuses the run: {error}") from None
-        self._run = config.fingerprint(welcome.feature_map)
+        self._run = run
         self._tallier_keys = self._certified_tallier_keys(config, welcome.tallier_keys)
         if config.voting.method == "knn-dpfl":
             try:

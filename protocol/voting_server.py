@@ -76,7 +76,7 @@ from training.models import accuracy
 from training.vote_privacy import ACCOUNTANT, LEVELS
 from training.voting import train_student
 
-__all__ = ["MAX_TALLY_ATTEMPTS", "VotingServer", "data_digest"]
+__all__ = ["MAX_TALLY_ATTEMPTS", "VotingServer"]
 
 MAX_TALLY_ATTEMPTS = 3  # per round: the first, and two more after interrupted MPCs
 
@@ -134,6 +134,7 @@ class VotingServer:
         self._returning: set[str] = set()  # talliers that said Hello again and owe their box key
         self._rejoined: set[str] = set()  # talliers back with their key since the boxes were last relayed
         self._resumed_from = _checkpoint
+        self._data_digest = _data_digest(public_pool, test)  # in every checkpoint: hashed once, not per write
         self._charged: dict[str, int] = {}  # per level, the last round its ledger charged before a resume
         limit = config.message_limit()
         parties = list(config.hospitals) + list(config.talliers)
@@ -152,12 +153,12 @@ class VotingServer:
     def resume(cls, *, out_dir: Path, public_pool: Split, test: Split, **settings) -> "VotingServer":
         """The server of the voting run checkpointed in ``out_dir``, to go on where it stopped."""
         checkpoint = VotingCheckpoint.load(out_dir)
-        if checkpoint.data_digest != data_digest(public_pool, test):
+        if checkpoint.data_digest != _data_digest(public_pool, test):
             raise ConfigError(
                 "this server's public pool and test split are not the checkpointed run's; pass the same --data"
             )
         return cls(
-            config=cls.checkpointed_config(out_dir),
+            config=_checkpointed_config(checkpoint, out_dir),
             public_pool=public_pool,
             test=test,
             feature_map=checkpoint.feature_map,
@@ -169,10 +170,7 @@ class VotingServer:
     @staticmethod
     def checkpointed_config(out_dir: Path) -> VotingConfig:
         """The configuration of the voting run checkpointed in ``out_dir`` (``CheckpointError``)."""
-        try:
-            return VotingConfig.from_dict(VotingCheckpoint.load(out_dir).config)
-        except ConfigError as error:
-            raise CheckpointError(f"the checkpoint in {out_dir} is unusable: {error}") from None
+        return _checkpointed_config(VotingCheckpoint.load(out_dir), out_dir)
 
     @property
     def config(self) -> VotingConfig:
@@ -470,7 +468,7 @@ class VotingServer:
         checkpoint = VotingCheckpoint(
             config=self._config.to_dict(),
             feature_map=self._feature_map,
-            data_digest=data_digest(self._pool, self._test),
+            data_digest=self._data_digest,
             order=self._order.tolist(),
             tallier_keys=dict(self._tallier_keys),
             rounds_started=self._rounds_started,
@@ -599,7 +597,14 @@ class VotingServer:
             self._transcript.close()
 
 
-def data_digest(public_pool: Split, test: Split) -> str:
+def _checkpointed_config(checkpoint: VotingCheckpoint, out_dir: Path) -> VotingConfig:
+    try:
+        return VotingConfig.from_dict(checkpoint.config)
+    except ConfigError as error:
+        raise CheckpointError(f"the checkpoint in {out_dir} is unusable: {error}") from None
+
+
+def _data_digest(public_pool: Split, test: Split) -> str:
     """A digest of the records a voting server labels and tests on: a resumed server must hold the same."""
     digest = hashlib.sha256(b"consilium voting data v1")
     for array in (public_pool.x, public_pool.y, test.x, test.y):

@@ -48,7 +48,7 @@ from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.transcript import Transcript
 from protocol.transport import TransportError
-from protocol.voting_config import VotingConfig
+from protocol.voting_config import VotingConfig, welcomed_run
 from tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
 from tallier.run_state import RunState, RunStateFile, boxes_digest
 
@@ -147,11 +147,7 @@ class Tallier:
 
     def _check(self, welcome: VotingWelcome) -> tuple[VotingConfig, str]:
         """The run ``welcome`` offers and its fingerprint, if this tallier takes part in it (``ProtocolError``)."""
-        try:
-            config = VotingConfig.from_dict(welcome.config)
-        except ConfigError as error:
-            raise ProtocolError(f"the server's voting configuration is unusable: {error}") from None
-        run = config.fingerprint(welcome.feature_map)
+        config, run = welcomed_run(welcome)
         if self._state is not None and run != self._state.run:
             raise ProtocolError(f"the server welcomed {self._name} to run {run}, not to the run it takes part in")
         if config.talliers != tuple(self._roster.talliers):

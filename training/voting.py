@@ -95,10 +95,7 @@ def train_classifier(
         generator.seed()
     else:
         generator.manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):  # a seed fixes this model's initialisation, not the process's later draws
-        if seed is not None:
-            torch.manual_seed(seed)
-        model = build_model(spec)
+    model = build_model(spec, seed=seed)  # a seed fixes this model's initialisation, not the process's later draws
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
     x, y = torch.as_tensor(data.x), torch.as_tensor(data.y)
     model.train()
