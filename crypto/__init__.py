@@ -1,2 +1,2 @@
-"""Cryptography for secure aggregation: BFV parameters, fixed-point encoding, batched BFV sums,
+"""Cryptography for secure aggregation: BFV parameters, fixed-point encoding, BFV sums,
 signed sealed boxes and identity keys. No networking, no machine learning."""

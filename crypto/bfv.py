@@ -1,4 +1,4 @@
-"""Batched BFV secure summation on SEAL (``tenseal.sealapi``): who can do what is carried by the type.
+"""BFV secure summation on SEAL (``tenseal.sealapi``): who can do what is carried by the type.
 
 - ``SecretContext`` (hospitals) holds the federation's shared secrets: the BFV secret key and the
   check key of ``crypto.membership``. It encrypts an update with its check slots and decrypts only
@@ -19,7 +19,12 @@ with SEAL's validating loader (every coefficient below its modulus), and the loa
 must have two polynomials, not be in NTT form, be at the data level and not be transparent.
 
 Slots hold integers modulo ``t``, each the digits of ``k`` values (``crypto.slot_digits``): values
-are never clamped, and a decrypted sum is exact wherever it lies within the agreed sum bound.
+are never clamped, and a decrypted sum is exact wherever it lies within the agreed sum bound. A
+slot is a coefficient of the plaintext polynomial: a sum only adds, and adding ciphertexts adds
+their plaintexts coefficient by coefficient, so SEAL's batching (an NTT modulo ``t`` each way)
+would buy nothing and cost an encode and a decode per ciphertext. A plaintext is loaded from its
+coefficients through SEAL's validating loader (each below ``t``) and read back from SEAL's own
+serialisation.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class PublicContext:
         self._version = _seal_version()
         self._seeded_prefix = self._prefix(coefficients=params.poly_modulus_degree)
         self._full_prefix = self._prefix(coefficients=2 * params.poly_modulus_degree)
+        self._full_plaintext_prefix = self._plaintext_prefix(params.poly_modulus_degree)
         self.workers: CryptoWorkers | None = None
 
     def use_workers(self, count: int, *, secret: bytes | None = None, run_id: str = "") -> None:
@@ -193,7 +199,7 @@ class PublicContext:
         if compression != _COMPRESSION_NONE:
             payload = zstandard.ZstdDecompressor().decompress(payload, max_output_size=64 * 1024 * 1024)
         if magic != _SEAL_MAGIC or not payload.startswith(prefix):
-            raise BfvError("SEAL's ciphertext layout is not the one this module packs")
+            raise BfvError("SEAL's serialisation is not the layout this module reads")
         return payload
 
     def _prefix(self, *, coefficients: int) -> bytes:
@@ -206,6 +212,39 @@ class PublicContext:
             + self._header(array_bytes)
             + struct.pack("<Q", coefficients)
         )
+
+    def _plaintext_prefix(self, coefficients: int) -> bytes:
+        """What SEAL writes before a plaintext's coefficients: no parameter id (not in NTT form), the
+        coefficient count, the scale, then the coefficient array's header and length."""
+        return (
+            bytes(32)
+            + struct.pack("<Qd", coefficients, 1.0)
+            + self._header(_HEADER.size + 8 + 8 * coefficients)
+            + struct.pack("<Q", coefficients)
+        )
+
+    def load_plaintext(self, file: "_MemoryFile", coefficients: np.ndarray) -> seal.Plaintext:
+        """The plaintext of ``N`` coefficients in ``[0, t)`` (SEAL's loader refuses any other)."""
+        body = self._full_plaintext_prefix + np.ascontiguousarray(coefficients, dtype="<u8").tobytes()
+        plaintext = seal.Plaintext()
+        try:
+            file.load(plaintext, self.seal, self._header(_HEADER.size + len(body)) + body)
+        except Exception as error:  # SEAL's loader: a coefficient at or above t
+            raise BfvError(f"not a plaintext for these parameters: {error}") from None
+        return plaintext
+
+    def plaintext_coefficients(self, file: "_MemoryFile", plaintext: seal.Plaintext) -> np.ndarray:
+        """A plaintext's ``N`` coefficients (int64, below ``t < 2^60``), read from SEAL's serialisation
+        of it, which leaves out the highest coefficients where they are zero."""
+        count = plaintext.coeff_count()
+        degree = self.params.poly_modulus_degree
+        prefix = self._plaintext_prefix(count)
+        body = self._body(file.save(plaintext), prefix)
+        if count > degree or len(body) != len(prefix) + 8 * count:
+            raise BfvError("SEAL's plaintext layout is not the one this module reads")
+        coefficients = np.zeros(degree, dtype=np.int64)
+        coefficients[:count] = np.frombuffer(body, dtype="<u8", offset=len(prefix))
+        return coefficients
 
     def _header(self, size: int) -> bytes:
         return _HEADER.pack(_SEAL_MAGIC, _HEADER.size, *self._version, _COMPRESSION_NONE, 0, size)
@@ -220,7 +259,6 @@ class SecretContext:
         self._check = check_key
         self._encryptor = seal.Encryptor(public.seal, secret_key)
         self._decryptor = seal.Decryptor(public.seal, secret_key)
-        self._encoder = seal.BatchEncoder(public.seal)
         self.params = public.params
         self._data_slots = self.params.digits.slots_for(self.params.vector_length)  # the check slots follow
 
@@ -310,10 +348,7 @@ class SecretContext:
         encrypted = []
         with _MemoryFile() as file:
             for start in range(0, slots.size, self.params.poly_modulus_degree):
-                plaintext = seal.Plaintext()
-                self._encoder.encode(
-                    slots[start : start + self.params.poly_modulus_degree].tolist(), plaintext
-                )  # slots in [0, t) as they are
+                plaintext = self._public.load_plaintext(file, slots[start : start + self.params.poly_modulus_degree])
                 if seeded:
                     encrypted.append(file.save(self._encryptor.encrypt_symmetric(plaintext)))
                 else:
@@ -343,10 +378,11 @@ class SecretContext:
     def decrypt_slots(self, chunks: Sequence[bytes], shard: range | None = None) -> np.ndarray:
         """The slots (int64, in [0, t)) of an aggregate's ciphertexts, or of its ``shard``, unchecked."""
         slots = []
-        for ciphertext in self._public.load_aggregate(chunks, shard):
-            plaintext = seal.Plaintext()
-            self._decryptor.decrypt(ciphertext, plaintext)
-            slots.append(np.array(self._encoder.decode_uint64(plaintext), dtype=np.int64))  # t < 2^60
+        with _MemoryFile() as file:
+            for ciphertext in self._public.load_aggregate(chunks, shard):
+                plaintext = seal.Plaintext()
+                self._decryptor.decrypt(ciphertext, plaintext)
+                slots.append(self._public.plaintext_coefficients(file, plaintext))
         return np.concatenate(slots)
 
 

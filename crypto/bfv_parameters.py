@@ -1,6 +1,6 @@
 """BFV parameters computed from what the sum must hold.
 
-Each contributor encrypts a vector of integers with batched BFV and the aggregator adds up to ``K``
+Each contributor encrypts a vector of integers with BFV and the aggregator adds up to ``K``
 ciphertexts. Slots hold integers modulo the plaintext modulus ``t``: the sum is reduced mod ``t``,
 never clamped. Two failures would corrupt it silently; both are ruled out here by construction:
 
@@ -25,8 +25,10 @@ never clamped. Two failures would corrupt it silently; both are ruled out here b
    hospitals would refuse it, as any sum that is not one contribution from each listed contributor,
    never decrypt it wrongly.
 
-Batching needs ``t`` prime with ``t = 1 (mod 2N)``; SEAL's NTT needs the same of each prime of the
-coefficient modulus. SEAL keeps the last prime as the "special" prime of key switching; nobody here
+``t`` is prime (``crypto.membership`` needs it) and ``= 1 (mod 2N)``, the form SEAL's batching
+needs. Slots are plaintext coefficients now (``crypto.bfv``), so that form is no longer needed; it
+is kept so that the parameters every committed result was measured with stay the same. SEAL's NTT
+needs ``= 1 (mod 2N)`` of each prime of the coefficient modulus. SEAL keeps the last prime as the "special" prime of key switching; nobody here
 switches keys (no party holds a relinearisation or Galois key), so it only has to exist and keep the
 total within the 128-bit security bound for ``N`` (HomomorphicEncryption.org standard, as enforced
 by SEAL). Ciphertexts live below it, at the data level.

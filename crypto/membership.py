@@ -64,7 +64,8 @@ SOUNDNESS_BITS = 128
 MAX_PLAIN_MODULUS_BITS = 60  # SEAL's largest plaintext modulus
 _COEFFICIENT_BITS = 32
 _TAG_BITS = 256  # a tag is uniform on Z_t to within t / 2^256: the argument needs it uniform
-_LIMB_BITS = 16  # a product of a coefficient and a limb stays below 2^48: 2^16 of them sum below 2^64
+_LIMB_BITS = 8  # a value's bytes: a product of a coefficient and a limb stays below 2^40...
+_BLOCK = 2 ** (53 - _COEFFICIENT_BITS - _LIMB_BITS)  # ...and 2^13 of them sum below 2^53, exact in float64
 _NONCE = bytes(12)  # each label has its own key, so one nonce serves: every party recomputes the same stream
 _BLOCK_BYTES = 64  # ChaCha20's block
 
@@ -132,26 +133,21 @@ class CheckKey:
             )
 
     def _inner_products(self, reduced: np.ndarray, round_number: int, first: int) -> list[int]:
-        """``<a_l, x> mod t`` for each ``l``, exactly: ``x`` is cut into 16-bit limbs, and ``np.dot`` (which
-        wraps) sums at most ``2^16`` products of a limb and a 32-bit coefficient at a time."""
-        x = reduced.astype(np.uint64)
-        limbs = [
-            (x >> np.uint64(shift)) & np.uint64(2**_LIMB_BITS - 1)
-            for shift in range(0, self._t.bit_length(), _LIMB_BITS)
-        ]
-        block = 2 ** (64 - _COEFFICIENT_BITS - _LIMB_BITS)
-        products = []
+        """``<a_l, x> mod t`` for each ``l``, exactly, by BLAS in float64: ``x`` is cut into its bytes,
+        and a block of ``2^13`` products of a byte and a 32-bit coefficient sums below ``2^53``, where
+        every partial sum of integers is exact whatever order BLAS adds in."""
+        limb_count = -(-self._t.bit_length() // _LIMB_BITS)
+        limbs = reduced.astype("<i8", copy=False).view(np.uint8).reshape(-1, 8)[:, :limb_count].astype(np.float64)
+        coefficients = np.empty((self.slots, reduced.size))
         for l in range(self.slots):
-            a = self._coefficients(b"coefficients|%d|%d" % (round_number, l), x.size, first)
-            products.append(
-                sum(
-                    int(np.dot(a[i : i + block], limb[i : i + block])) << (_LIMB_BITS * position)
-                    for position, limb in enumerate(limbs)
-                    for i in range(0, x.size, block)
-                )
-                % self._t
-            )
-        return products
+            coefficients[l] = self._coefficients(b"coefficients|%d|%d" % (round_number, l), reduced.size, first)
+        totals = np.zeros((self.slots, limb_count), dtype=object)  # Python integers: no overflow
+        for start in range(0, reduced.size, _BLOCK):
+            block = coefficients[:, start : start + _BLOCK] @ limbs[start : start + _BLOCK]
+            totals += block.astype(np.int64)  # each below 2^53, exact
+        return [
+            sum(int(total) << (_LIMB_BITS * position) for position, total in enumerate(row)) % self._t for row in totals
+        ]
 
     def _tags(self, round_number: int, hospital: str) -> list[int]:
         size = _TAG_BITS // 8
@@ -165,11 +161,13 @@ class CheckKey:
         ``label``'s key (module docstring)."""
         word_bytes = _COEFFICIENT_BITS // 8
         stream = self._keystream(label, word_bytes * size, offset=word_bytes * first)
-        words = np.frombuffer(stream, dtype="<u4").astype(np.uint64)
+        words = np.frombuffer(stream, dtype="<u4")
         coefficient_range = _coefficient_range(self._t)
-        if coefficient_range < 2**_COEFFICIENT_BITS:  # else the words themselves
-            words *= np.uint64(coefficient_range)  # in place: d values a slot, twice a round
-            words >>= np.uint64(_COEFFICIENT_BITS)
+        if coefficient_range == 2**_COEFFICIENT_BITS:
+            return words  # the words themselves
+        words = words.astype(np.uint64)
+        words *= np.uint64(coefficient_range)  # in place: d values a slot, twice a round
+        words >>= np.uint64(_COEFFICIENT_BITS)
         return words
 
     def _keystream(self, label: bytes, size: int, *, offset: int = 0) -> bytes:

@@ -177,7 +177,7 @@ def _forge(public, ciphertexts, plain=None):
 
 @pytest.fixture(scope="module")
 def packed_params():
-    """Three values a slot and t above 2^32: the check slots' products span three 16-bit limbs."""
+    """Three values a slot and t above 2^32: the check slots' products span six bytes."""
     params = select_bfv_parameters(max_contributors=5, vector_length=12_000, sum_bound=20_000)
     assert params.values_per_slot == 3 and params.plain_modulus > 2**32 and params.chunk_count == 1
     return params
@@ -309,3 +309,23 @@ def test_an_upload_is_at_most_1_1_times_its_float32_size(contributors, length):
     default run's sum bound per contributor. (A small model at K = 10 fills 78% of its slots: 1.14x.)"""
     params = select_bfv_parameters(max_contributors=contributors, vector_length=length, sum_bound=8000 * contributors)
     assert params.chunk_count * upload_bytes(params) <= 1.1 * 4 * length
+
+
+@pytest.mark.parametrize("nonzero", [0, 1, 1000, "all"])
+def test_a_plaintext_s_coefficients_come_back_as_they_went_in(secret, small_params, nonzero):
+    """Slots are plaintext coefficients: SEAL saves a decrypted plaintext without its highest zero
+    coefficients, which must read back as zeros, not shift or shorten the slots."""
+    degree, t = small_params.poly_modulus_degree, small_params.plain_modulus
+    slots = np.zeros(degree, dtype=np.int64)
+    count = degree if nonzero == "all" else nonzero
+    slots[:count] = np.random.default_rng().integers(1, t, size=count)
+    slots[0] = t - 1 if count else 0
+    (chunk,) = secret.encrypt_slots(slots, seeded=False)
+    np.testing.assert_array_equal(secret.decrypt_slots([chunk]), slots)
+
+
+def test_a_slot_outside_the_plaintext_modulus_is_refused(secret, small_params):
+    slots = np.zeros(small_params.poly_modulus_degree, dtype=np.int64)
+    slots[5] = small_params.plain_modulus
+    with pytest.raises(BfvError, match="not a plaintext for these parameters"):
+        secret.encrypt_slots(slots)

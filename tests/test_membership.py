@@ -8,12 +8,14 @@ import pytest
 from crypto.membership import CheckKey, MembershipError, check_slot_count
 
 
-# 14 to 60 bits: the products of a 32-bit coefficient and a value span one to four 16-bit limbs.
+# 14 to 60 bits: a value spans two to eight bytes, each multiplied by a 32-bit coefficient in float64.
 @pytest.mark.parametrize("plain_modulus", [12289, 40353793, 4294957057, 1114517667841, 1152921504606846883])
 def test_check_slots_are_the_inner_products_and_tags_modulo_t(plain_modulus):
     key = CheckKey.generate(run_id="0123456789abcdef", plain_modulus=plain_modulus)
-    values = np.random.default_rng().integers(0, plain_modulus, size=300_000)  # several blocks of 2^16
-    values[:280_000] = 2 ** (plain_modulus.bit_length() - 1) - 1  # every 16-bit limb full but the top one
+    values = np.random.default_rng().integers(0, plain_modulus, size=300_000)  # many blocks of 2^13
+    values[:280_000] = (
+        2 ** (plain_modulus.bit_length() - 1) - 1
+    )  # every byte full but the top one: the largest block sums
     slots = _with_checks(key, values, round_number=3, hospital="hospital-1")
     np.testing.assert_array_equal(slots[: values.size], values)
     # The same coefficients and tag, in Python integers: no overflow can hide there.
