@@ -16,6 +16,7 @@ import json
 import math
 import os
 import pickle
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import msgpack
@@ -40,6 +41,8 @@ from training.intermediaries import expected_noise_norm, next_subclient_count
 from training.methods import ledger_release
 from training.models import ModelSpec, build_model
 from training.per_example import ClippedGradients
+from training.secure_random import secure_generator
+from training.skellam import SkellamMechanism
 
 pytestmark = [pytest.mark.audit, pytest.mark.slow]
 AUDIT_SITE = Path(__file__).parent / "audit_site"
@@ -671,6 +674,125 @@ def _epsilon_lower_bound(inside: np.ndarray, outside: np.ndarray, *, delta: floa
 def _upper(events: int, trials: int, failure: float) -> float:
     """Clopper-Pearson upper confidence bound on a rate, exceeded with probability ``failure``."""
     return 1.0 if events == trials else float(stats.beta.ppf(1 - failure, events + 1, trials - events))
+
+
+# -- a high-power audit of the noise path -------------------------------------------------------------------
+
+# sigma: one release at quorum 2 costs about 2 and about 8 by the accountant (2.17 and 8.64 at d = 32).
+NOISE_PATH_SIGMAS = (2.0, 0.6)
+NOISE_PATH_DIMENSION = 32
+NOISE_PATH_CANARIES = 400_000  # released coordinates holding a canary: one rounding each, about 20 us
+NOISE_PATH_NULLS = 2_000_000  # released coordinates of noise alone: cheap, and they tighten the false positives
+
+
+@dataclass(frozen=True)
+class NoisePathAudit:
+    bound: float  # epsilon >= bound, but with probability FAILURE
+    bound_95: float  # the same at 95% confidence
+    accountant: float
+    noise_as_accounted: bool  # the noise's variance and mean are the accountant's, within SIGMAS errors
+    shift_within_sensitivity: bool  # the canary moves its coordinate by at most Delta_2, within SIGMAS errors
+
+    @property
+    def passes(self) -> bool:
+        return self.bound <= self.accountant and self.noise_as_accounted and self.shift_within_sensitivity
+
+
+@pytest.mark.parametrize("noise_multiplier", NOISE_PATH_SIGMAS)
+def test_the_noise_path_bounds_epsilon_at_half_the_accountant_s_or_more(noise_multiplier, record_property):
+    audit = _audit_noise_path(noise_multiplier, NOISE_PATH_CANARIES, NOISE_PATH_NULLS)
+    record_property("epsilon_lower_bound", audit.bound)
+    record_property("epsilon_accountant", audit.accountant)
+    print(
+        f"noise-path audit (sigma {noise_multiplier}, one release, quorum 2): epsilon >= {audit.bound:.2f} "
+        f"(failure {FAILURE:g}; {audit.bound_95:.2f} at 95% confidence); accountant {audit.accountant:.2f}"
+    )
+    assert audit.passes, audit
+    assert audit.bound >= audit.accountant / 2, audit
+
+
+def test_the_noise_path_audit_fails_a_hospital_that_adds_80_percent_of_the_noise(monkeypatch):
+    """Each hospital's share planted at 80% of the accounted variance (89% of the standard deviation):
+    the bound stays below the accountant's, so it is the noise's variance that gives the bug away."""
+    honest = SkellamMechanism.noise_share
+
+    def planted(self, generator):
+        return honest(replace(self, share_mu=0.8 * self.share_mu), generator)
+
+    monkeypatch.setattr(SkellamMechanism, "noise_share", planted)
+    audit = _audit_noise_path(NOISE_PATH_SIGMAS[0], NOISE_PATH_CANARIES // 10, NOISE_PATH_NULLS // 10)
+    assert audit.bound <= audit.accountant and not audit.noise_as_accounted and not audit.passes, audit
+
+
+def _audit_noise_path(noise_multiplier: float, canaries: int, nulls: int) -> NoisePathAudit:
+    """The released sum of two hospitals' shares (quorum 2), made by the functions a hospital calls
+    (``SkellamMechanism.round_examples`` and ``noise_share``, each hospital with its own
+    ``secure_generator``), coordinate by coordinate.
+
+    White box: a canary is a Dirac gradient ``C e_j``, the gradient of largest influence on
+    coordinate ``j``. Hospital 1 holds one in each of the ``d`` coordinates (each row has norm C, so
+    nothing is clipped); coordinate ``j`` of the release then has the law it has with canary ``j``
+    present, and in a release of the noise alone, the law with it absent (no other record touches
+    ``j``). Rows are rounded independently and the noise is independent across coordinates, so the
+    coordinates are independent trials. The threshold test guesses "present" above a threshold
+    fixed in advance from the accountant's own law of the release (the Skellam noise and the
+    rounding of ``gamma C``) for the expected counts, so every trial tests it (no half is spent
+    choosing); Clopper-Pearson bounds on its error rates give the bound (``_bound_at``).
+    """
+    mechanism = SkellamMechanism.calibrate(
+        dimension=NOISE_PATH_DIMENSION, max_grad_norm=1.0, noise_multiplier=noise_multiplier, quorum=2
+    )
+    accountant = PrivacyLedger().epsilon(1e-5, extra=release_of(mechanism, sample_rate=1.0, contributors=2))
+    canary_rows = np.eye(NOISE_PATH_DIMENSION)  # C = 1
+    present = np.concatenate(
+        [
+            mechanism.round_examples(canary_rows, first) + mechanism.noise_share(first) + mechanism.noise_share(second)
+            for first, second in (
+                (secure_generator(), secure_generator()) for _ in range(-(-canaries // NOISE_PATH_DIMENSION))
+            )
+        ]
+    )
+    generators = (secure_generator(), secure_generator())
+    absent = np.concatenate(
+        [
+            mechanism.noise_share(generators[0]) + mechanism.noise_share(generators[1])
+            for _ in range(-(-nulls // NOISE_PATH_DIMENSION))
+        ]
+    )
+    variance = 2 * mechanism.mu(contributors=2)
+    shift = present.mean() - absent.mean()
+    shift_error = np.sqrt(variance / present.size + variance / absent.size)
+    return NoisePathAudit(
+        bound=_bound_at(present, absent, mechanism, FAILURE),
+        bound_95=_bound_at(present, absent, mechanism, 0.05),
+        accountant=accountant,
+        noise_as_accounted=_variance_in_band(absent, variance),
+        shift_within_sensitivity=bool(shift <= mechanism.l2_sensitivity + SIGMAS * shift_error),
+    )
+
+
+def _bound_at(present: np.ndarray, absent: np.ndarray, mechanism: SkellamMechanism, failure: float) -> float:
+    """``ln((1 - delta - FNR) / FPR)`` at the threshold that the accountant's law of the release makes
+    best for these counts, with Clopper-Pearson upper bounds on both rates (each failing with
+    probability ``failure / 2``): a lower bound on epsilon at delta = 1e-5 but with probability ``failure``."""
+    delta = 1e-5
+    noise = stats.skellam(mechanism.mu(contributors=2), mechanism.mu(contributors=2))
+    low = math.floor(mechanism.scale)  # the canary's coordinate rounds to low or low + 1
+    up = mechanism.scale - low
+    thresholds = low + 0.5 + np.arange(0, 12 * math.sqrt(2 * mechanism.mu(contributors=2)))
+    false_positive = noise.sf(thresholds)
+    false_negative = (1 - up) * noise.cdf(thresholds - low) + up * noise.cdf(thresholds - low - 1)
+
+    def bound(false_negatives: int, false_positives: int) -> float:
+        rate_fn = _upper(false_negatives, present.size, failure / 2)
+        rate_fp = _upper(false_positives, absent.size, failure / 2)
+        return float(np.log(max(1 - delta - rate_fn, 1e-12) / rate_fp))
+
+    expected = [
+        bound(round(fn * present.size), round(fp * absent.size)) for fn, fp in zip(false_negative, false_positive)
+    ]
+    threshold = thresholds[int(np.argmax(expected))]
+    return bound(int(np.sum(present <= threshold)), int(np.sum(absent > threshold)))
 
 
 # -- each check fails on a planted leak ---------------------------------------------------------------------
