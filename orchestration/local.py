@@ -170,6 +170,7 @@ def _server_argv(spec: RunSpec, out: Path) -> list[str]:
     argv += ["--transcript-payloads"] if spec.transcript_payloads else []
     if not spec.voting:
         argv += ["--model-seed", str(spec.seed)]  # the initial model, as the baselines' (training.models.build_model)
+        argv += ["--select-every", str(spec.select_every)]
     if not spec.voting and spec.expected_batch_size is not None:
         argv += ["--expected-batch-size", repr(spec.expected_batch_size)]
     return argv + (["--insecure-plaintext-benchmark"] if spec.insecure_plaintext_benchmark else [])
@@ -273,7 +274,9 @@ def _run_baseline(
     settings = BaselineSettings(**{name: value for name, value in fields.items() if value is not None})
     use_device(spec.device or "cpu")
     try:
-        result = run_baseline(spec.method, data, parts, model, settings, model_seed=spec.seed)
+        result = run_baseline(
+            spec.method, data, parts, model, settings, model_seed=spec.seed, select_every=spec.select_every
+        )
     except ValueError as error:  # e.g. Opacus: a budget no noise multiplier can meet
         raise ConfigError(f"{spec.method}: {error}") from None
     config = {"dataset": data.name, "hospitals": spec.hospitals, "partition": spec.partition, "seed": spec.seed}

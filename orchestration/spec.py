@@ -67,6 +67,7 @@ class RunSpec:
     crypto_threads: int | None = None  # each party's crypto workers (default: the cores shared out among the parties)
     device: str | None = None  # where the server's and hospitals' models compute (default: cpu)
     send_offset: float = DEFAULT_SEND_OFFSET_S
+    select_every: int = 1  # the server selects its model among every n-th round and the last
     transcript_payloads: bool = False
     insecure_plaintext_benchmark: bool = False
 
@@ -76,6 +77,10 @@ class RunSpec:
             raise ConfigError(f"no method reads the flag(s) {', '.join(unknown)}")
         given = {name: value for name, value in self.flags.items() if value is not None}
         object.__setattr__(self, "flags", MappingProxyType(given))
+        if not (isinstance(self.select_every, int) and self.select_every >= 1):
+            raise ConfigError(f"select_every must be a whole number of at least 1, got {self.select_every!r}")
+        if self.select_every != 1 and self.method in VOTING_METHODS:
+            raise ConfigError("select_every is for training runs: a voting server trains its model once, at the end")
         if self.crypto_threads is not None and self.crypto_threads < 1:
             raise ConfigError(f"crypto_threads must be at least 1, got {self.crypto_threads}")
         if self.image_channels not in (None, 1, 3):

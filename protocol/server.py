@@ -80,6 +80,7 @@ class Server:
         on_round: Callable[[dict], None] | None = None,
         crypto_workers: int = 1,
         model_seed: int | None = None,
+        select_every: int = 1,
         _checkpoint: Checkpoint | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
@@ -101,7 +102,7 @@ class Server:
         self._mechanism = self._shared.mechanism
         # Charged at the method's first level, as the hospitals' ledgers are.
         ledger = PrivacyLedger(ledger_path, key=credentials.ledger_key)
-        self._record = RunRecord(config, self._mechanism, ledger, out_dir, test)
+        self._record = RunRecord(config, self._mechanism, ledger, out_dir, test, select_every=select_every)
         self._public: PublicContext | None = None
         self._crypto_workers = crypto_workers  # processes that add the ciphertexts (crypto.workers)
         self._run = ""  # RunConfig.fingerprint of what every hospital is welcomed with, once known

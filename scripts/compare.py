@@ -17,10 +17,14 @@ For each seed (the partition, and the initial model; for built-in data the split
   hospital-level epsilon is the comparison that says whether intermediaries help;
 - ``central`` (C) and ``fedavg`` (F), without privacy.
 
-Every run keeps the round with the best validation accuracy and is scored on the test split, which
-the data must have. The table gives test accuracy and AUC as mean and standard deviation over the
+Every run keeps the round with the best validation accuracy among its candidates and is scored on
+the test split, which the data must have. Dopamine's candidates are every 1/q-th step, an epoch's
+worth: as many as the DP baselines' epochs (``--rounds`` times q, 20 by default), and as many as the
+rounds of the others (``--fedavg-rounds``, 20 by default). More candidates on a small validation
+split would favour a lucky round. The table gives test accuracy and AUC as mean and standard deviation over the
 seeds, the epsilon each run spent, by view and level, with its accountant, and wall time; the plot
-gives test accuracy against epsilon, a panel per level. Writes into ``--out``: ``comparison.json``
+gives test accuracy against the epsilon the table matches (against the server; central-dp's of its
+released model), a panel per level that was run. Writes into ``--out``: ``comparison.json``
 (every run, rewritten after each), ``comparison.md``, ``comparison.png``, and each run's own
 report under ``runs/``. Run again with the same ``--out`` and arguments, it reuses the runs already
 done (a run is redone if its arguments changed).
@@ -187,7 +191,13 @@ def _record_level(args, base: RunSpec, wanted: set[str], calibrated, seed: int, 
     for target in args.epsilons:
         dopamine = f"dopamine-eps{target:g}-seed{seed}"
         if "dopamine" in wanted:
-            spec = replace(base, method="dopamine", rounds=args.rounds, epsilon_budget=_NO_BUDGET).with_flags(**dp_sgd)
+            spec = replace(
+                base,
+                method="dopamine",
+                rounds=args.rounds,
+                epsilon_budget=_NO_BUDGET,
+                select_every=steps_per_epoch,  # as many candidates as the DP baselines' epochs
+            ).with_flags(**dp_sgd)
             runs.append(_run("dopamine", dopamine, seed, "record", target, calibrated(spec, target)))
         for baseline in [name for name in ("central-dp", "fedavg-local-dp") if name in wanted]:
             spec = replace(base, method=baseline, rounds=args.rounds // steps_per_epoch)
@@ -258,6 +268,7 @@ def _summary(report: dict) -> dict:
         "test_accuracy": test.get("accuracy"),
         "test_auc": test.get("auc"),
         "selected_round": selected.get("round"),
+        "candidates": (final.get("selection") or {}).get("candidates"),
         "complete": final.get("finish_reason", _COMPLETED) == _COMPLETED,
         "epsilon": epsilon,  # by view, at the run's first level: per record, or per hospital for dp-fedavg
         "record_epsilon": record_level,
@@ -278,12 +289,12 @@ def table(result: dict) -> str:
     lines = [
         f"{result['hospitals']} hospitals on {Path(result['data']).name}, {len({e['seed'] for e in result['runs']})} seeds, "
         f"delta {result['delta']:g}. Test scores of the round selected on validation accuracy, mean ± standard deviation over "
-        "seeds. Epsilon at the row's level (per record, or per hospital for dp-fedavg); against the server, central-dp's "
+        "seeds, among the candidate rounds the row's column gives. Epsilon at the row's level (per record, or per hospital for dp-fedavg); against the server, central-dp's "
         "curator sees every record. Wall time on a shared 2-core machine: a federation's parties are separate processes "
         "of one thread each, a baseline is one process.",
         "",
-        "| method | level | target ε | ε against the server | ε against a fellow hospital | ε per record (dp-fedavg) | accountant | test accuracy | test AUC | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | level | target ε | ε against the server | ε against a fellow hospital | ε per record (dp-fedavg) | accountant | candidates | test accuracy | test AUC | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (method, level, target), entries in rows.items():
         epsilons = [e["epsilon"] for e in entries if e["epsilon"] is not None]
@@ -292,7 +303,8 @@ def table(result: dict) -> str:
         lines.append(
             f"| {method}{f' ({incomplete} runs stopped early)' if incomplete else ''} | {level} | {'—' if target is None else f'{target:g}'} | "
             f"{against_server} | {_spread([e['peer_hospital'] for e in epsilons], 2)} | {_spread([e['record_epsilon'] for e in entries], 2)} | "
-            f"{entries[0]['accountant'] or '—'} | {_spread([e['test_accuracy'] for e in entries], 3)} | "
+            f"{entries[0]['accountant'] or '—'} | {_spread([e['candidates'] for e in entries], 0)} | "
+            f"{_spread([e['test_accuracy'] for e in entries], 3)} | "
             f"{_spread([e['test_auc'] for e in entries], 3)} | {_spread([e['wall_seconds'] for e in entries], 0)} |"
         )
     return "\n".join(lines) + "\n"
@@ -304,11 +316,15 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    levels = {
-        "record": "epsilon per record (against a fellow hospital)",
-        "hospital": "epsilon per hospital (against a fellow hospital)",
+    labels = {
+        "record": "epsilon per record, against the server (central-dp: of its released model)",
+        "hospital": "epsilon per hospital, against the server",
     }
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    levels = {level: label for level, label in labels.items() if any(e["level"] == level for e in result["runs"])}
+    if not levels:
+        return
+    figure, axes = plt.subplots(1, len(levels), figsize=(5.5 * len(levels) + 0.5, 4.5), sharey=True, squeeze=False)
+    axes = axes[0]
     without_privacy = {}
     for entry in result["runs"]:
         if entry["level"] == "none" and entry["test_accuracy"] is not None:
@@ -320,10 +336,9 @@ def plot(result: dict, path: Path) -> None:
             for entry in result["runs"]:
                 if entry["method"] == method and entry["test_accuracy"] is not None:
                     by_target.setdefault(entry["target_epsilon"], []).append(entry)
-            # x: what every method reports, the fellow hospital's view (central-dp has no other)
             points = sorted(
                 (
-                    statistics.mean(e["epsilon"]["peer_hospital"] for e in group),
+                    statistics.mean(_matched_epsilon(e) for e in group),
                     statistics.mean(e["test_accuracy"] for e in group),
                     _std([e["test_accuracy"] for e in group]),
                 )
@@ -360,6 +375,13 @@ def plot(result: dict, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def _matched_epsilon(entry: dict) -> float:
+    """The epsilon the table matches: against the server, or central-dp's of its released model (its
+    curator sees every record), which is its budget, Dopamine's epsilon against the server."""
+    epsilon = entry["epsilon"]
+    return epsilon["peer_hospital"] if epsilon["server"] is None else epsilon["server"]
 
 
 def _row_scores(entry: dict) -> str:

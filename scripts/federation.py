@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         "over the number of hospitals, never from a hospital's own count)",
     )
     parser.add_argument(
+        "--select-every",
+        type=positive_int,
+        help="the server selects its model among every n-th round and the last (default: 1, every round); a comparison "
+        "gives every method the same number of candidates",
+    )
+    parser.add_argument(
         "--send-offset",
         type=non_negative_float,
         help=f"each hospital's --send-offset (default: {_DEFAULT.send_offset:g})",

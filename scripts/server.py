@@ -31,7 +31,7 @@ from scripts._cli import (
     configure_logging,
     run,
 )
-from training.flags import non_negative_int, positive_float
+from training.flags import non_negative_int, positive_float, positive_int
 from training.compute_device import use_device
 from training.models import use_model_code
 from training.own_code import is_reference
@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=non_negative_int,
         help="draw the initial model's weights from this seed (public: no noise, sampling or rounding uses it; "
         "default: a fresh draw)",
+    )
+    parser.add_argument(
+        "--select-every",
+        type=positive_int,
+        default=1,
+        help="select the model kept among every n-th round and the last, on validation accuracy (default: 1, every "
+        "round): a comparison gives every method the same number of candidates",
     )
     parser.add_argument(
         "--resume",
@@ -134,6 +141,8 @@ def serve(args: argparse.Namespace) -> None:
             raise ConfigError(
                 "--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting"
             )
+        if args.select_every != 1:
+            raise ConfigError("--select-every is for training runs: a voting server trains its model once, at the end")
         _serve_vote(args, roster, credentials, dataset, timeouts)
         return
     settings = dict(
@@ -149,6 +158,7 @@ def serve(args: argparse.Namespace) -> None:
         on_round=lambda record: _print_round(record, server.config),
         crypto_workers=args.crypto_threads,
         model_seed=args.model_seed,
+        select_every=args.select_every,
     )
     if args.resume:
         checkpointed = Server.checkpointed_config(

@@ -99,3 +99,16 @@ def test_each_baseline_trains_and_reports_on_the_test_split(small, name):
 def test_an_unknown_baseline_is_refused(small):
     with pytest.raises(ValueError, match="unknown baseline 'central-ldp'"):
         run_baseline("central-ldp", *small, BaselineSettings())
+
+
+def test_a_baseline_selects_among_its_candidate_rounds_only(small):
+    """select_every = 2 of 5 rounds: rounds 2, 4 and the last, 5, are the candidates."""
+    dataset, parts, spec = small
+    result = run_baseline(
+        "central", dataset, parts, spec, BaselineSettings(rounds=5, learning_rate=0.5), model_seed=0, select_every=2
+    )
+    final = result["final"]
+    candidates = [r for r in result["rounds"] if r["round"] in (2, 4, 5)]
+    best = max(candidates, key=lambda r: (r["validation_accuracy"], -r["round"]))
+    assert final["selection"] == {"every": 2, "candidates": 3}
+    assert final["selected"]["round"] == best["round"]

@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import matplotlib.pyplot as plt
 import pytest
 from sklearn.datasets import load_digits
 
@@ -41,7 +42,7 @@ def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spen
         "--epsilons",
         "4",
         "--rounds",
-        "10",
+        "20",
         "--model",
         "mlp",
         "--hidden",
@@ -60,8 +61,11 @@ def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spen
     }
     assert (dopamine["accountant"], central_dp["accountant"]) == ("Skellam RDP", "Gaussian RDP (Opacus)")
 
+    # the same number of candidate rounds: Dopamine's every 1/q = 10th step, central-dp's 2 epochs
+    assert dopamine["candidates"] == central_dp["candidates"] == 2
     report = json.loads((tmp_path / "cmp" / "runs" / dopamine["name"] / "report.json").read_text())
-    released = [r for r in report["rounds"] if r["status"] == "released"]
+    released = [r for r in report["rounds"] if r["status"] == "released" and r["round"] % 10 == 0]
+    assert [r["round"] for r in released] == [10, 20]
     best = max(released, key=lambda r: (r["validation_accuracy"], -r["round"]))
     selected = report["final"]["selected"]
     assert selected["round"] == best["round"] == dopamine["selected_round"]
@@ -73,11 +77,13 @@ def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spen
             running_best = record["validation_accuracy"]
             scored.append(record["round"])
     assert [r["round"] for r in released if r["test"] is not None] == scored
+    assert all(r["test"] is None for r in report["rounds"] if r["round"] % 10)  # never a candidate, never scored
     assert (tmp_path / "cmp" / "runs" / dopamine["name"] / "server" / "selected_model.pt").is_file()
 
     markdown = (tmp_path / "cmp" / "comparison.md").read_text()
     assert "| dopamine | record | 4 |" in markdown and "| central-dp | record | 4 | curator: none |" in markdown
-    assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 0
+    # one panel: no hospital-level method was run
+    assert plt.imread(tmp_path / "cmp" / "comparison.png").shape[1] < 1000
     # run again into the same folder: the runs done with the same arguments are reused, not redone
     again = compare.compare(compare.build_parser().parse_args(argv))
     assert again["runs"] == result["runs"]

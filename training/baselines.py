@@ -84,13 +84,15 @@ def run_baseline(
     settings: BaselineSettings,
     *,
     model_seed: int | None = None,
+    select_every: int = 1,
 ) -> dict:
     """Train baseline ``name`` with the hospitals' records ``parts`` (indices into ``dataset.train``), from
     the initial model ``model_seed`` draws (``training.models.build_model``; None: PyTorch's own draw).
 
     The report has a record per round (validation accuracy, epsilon so far) and ``final``: the
-    round selected on validation accuracy (the earliest of ties), its test scores, and the epsilon
-    of the whole run, which every round was trained under.
+    round selected on validation accuracy (the earliest of ties) among every ``select_every``-th and
+    the last (``protocol.server_report``), its test scores, and the epsilon of the whole run, which
+    every round was trained under.
     """
     if name not in BASELINES:
         raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
@@ -113,14 +115,17 @@ def run_baseline(
                 "epsilon": epsilon,
             }
         )
-        if best is None or validation["accuracy"] > records[best[0] - 1]["validation_accuracy"]:
+        candidate = number % select_every == 0 or number == settings.rounds
+        if candidate and (best is None or validation["accuracy"] > records[best[0] - 1]["validation_accuracy"]):
             best = (number, parameters)
     set_flat_parameters(model, best[1])
+    candidates = sum(number % select_every == 0 or number == settings.rounds for number in range(1, len(records) + 1))
     return {
         "method": name,
         "settings": asdict(settings),
         "rounds": records,
         "final": {
+            "selection": {"every": select_every, "candidates": candidates},
             "selected": {
                 "round": best[0],
                 "validation_accuracy": records[best[0] - 1]["validation_accuracy"],
