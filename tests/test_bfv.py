@@ -167,6 +167,12 @@ def _raw_contributions(public, secret, names, round_number=1, vector=None):
     return [public.load_upload(secret.encrypt_update(vector, round_number=round_number, hospital=n))[0] for n in names]
 
 
+def _plaintext(public, coefficients):
+    """The plaintext whose slots (its coefficients) are ``coefficients``: what a server can make, too."""
+    with crypto.bfv._MemoryFile() as file:
+        return public.load_plaintext(file, coefficients)
+
+
 def _forge(public, ciphertexts, plain=None):
     total = seal.Ciphertext()
     public.evaluator.add_many(ciphertexts, total)
@@ -205,21 +211,24 @@ def test_a_dishonest_aggregate_is_refused(packed, secret, public, small_params, 
     names = _names(3)
     x1, x2, x3 = _raw_contributions(public, secret, names, vector=vector)
     (old2,) = _raw_contributions(public, secret, names[1:2], round_number=0, vector=vector)
+    degree = small_params.poly_modulus_degree
+    shift = _plaintext(public, np.eye(1, degree, 0, dtype=np.int64)[0])  # slot 0 plus one
+    monomial = _plaintext(public, np.eye(1, degree, 1, dtype=np.int64)[0])  # x: every slot moves up one, the last wraps
+    crt_mask = seal.Plaintext()  # t = 1 mod 2N: SEAL's batch encoder makes plaintexts that act slot-wise on the CRT
     encoder = seal.BatchEncoder(public.seal)
-    shift = seal.Plaintext()
-    encoder.encode([1] + [0] * (encoder.slot_count() - 1), shift)
-    only_data = seal.Plaintext()
-    encoder.encode([0] * data_slots + [1] * (encoder.slot_count() - data_slots), only_data)
-    masked_x1, masked_x3 = seal.Ciphertext(), seal.Ciphertext()
-    public.evaluator.multiply_plain(x1, only_data, masked_x1)  # keeps x1's check slots, zeroes its data
-    public.evaluator.multiply_plain(x3, only_data, masked_x3)
+    encoder.encode([0] * data_slots + [1] * (encoder.slot_count() - data_slots), crt_mask)
+    moved_x1, masked_x1, masked_x3 = seal.Ciphertext(), seal.Ciphertext(), seal.Ciphertext()
+    public.evaluator.multiply_plain(x1, monomial, moved_x1)
+    public.evaluator.multiply_plain(x1, crt_mask, masked_x1)
+    public.evaluator.multiply_plain(x3, crt_mask, masked_x3)
     forgeries = {
         "3 Enc(x2)": _forge(public, [x2, x2, x2]),
         "a contributor left out": _forge(public, [x1, x2]),
         "a contributor counted twice": _forge(public, [x1, x2, x3, x3]),
         "a replayed contribution": _forge(public, [x1, old2, x3]),
         "a shifted sum": _forge(public, [x1, x2, x3], plain=shift),
-        "x2 alone behind the others' check slots": _forge(public, [masked_x1, x2, masked_x3]),
+        "a contribution's slots moved by one": _forge(public, [moved_x1, x2, x3]),
+        "x2 behind the others multiplied by a CRT mask": _forge(public, [masked_x1, x2, masked_x3]),
     }
     honest = _forge(public, [x1, x2, x3])
     assert np.array_equal(secret.decrypt_sum(honest, round_number=1, contributors=names), 3 * vector)
@@ -233,9 +242,9 @@ def test_a_dishonest_aggregate_is_refused(packed, secret, public, small_params, 
 
 @pytest.mark.parametrize("scale", [1, 2])
 def test_a_check_slot_added_into_another_ciphertext_s_data_is_refused(scale):
-    """Slot-wise maps reach across an update's ciphertexts: here a contribution's check slot is
-    multiplied into the data slot at the same place in its first ciphertext. The data slot then
-    carries a tag the server cannot know, nor undo in the check slots (membership's argument)."""
+    """A server's maps reach across an update's ciphertexts: here a contribution's last ciphertext,
+    check slots and all, is multiplied by a constant into the data of its first. The data slots then
+    carry tags the server cannot know, nor undo in the check slots (membership's argument)."""
     params = select_bfv_parameters(max_contributors=3, vector_length=5000, sum_bound=30_000)
     assert params.chunk_count == 3
     secret, public = SecretContext.generate(params, run_id=RUN), PublicContext(params)
@@ -248,10 +257,7 @@ def test_a_check_slot_added_into_another_ciphertext_s_data_is_refused(scale):
             public.evaluator.add_many([upload[position] for upload in uploads], total)
         return totals
 
-    check_slot = params.slot_count - params.poly_modulus_degree * (params.chunk_count - 1) - 1  # in the last ciphertext
-    encoder = seal.BatchEncoder(public.seal)
-    select = seal.Plaintext()
-    encoder.encode([scale if slot == check_slot else 0 for slot in range(encoder.slot_count())], select)
+    select = _plaintext(public, np.eye(1, params.poly_modulus_degree, 0, dtype=np.int64)[0] * scale)  # the constant
     leaked, forged = seal.Ciphertext(), sums()
     public.evaluator.multiply_plain(uploads[0][-1], select, leaked)
     public.evaluator.add_inplace(forged[0], leaked)
