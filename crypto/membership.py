@@ -19,8 +19,9 @@ contributions of the set ``S`` accepts it only if, for every ``l``::
     c_l = <a_l, y> + sum_{k in S} tag_{k,l}
 
 **Why a dishonest server cannot pass it.** Whatever the server computes (sums of ciphertexts from
-any rounds and positions, slot-wise plaintext products, plaintexts added, or anything below the
-plaintext level), what the hospital decrypts is a function of the slots it was sent, the BFV key,
+any rounds and positions, plaintext products, which convolve the slots (they are the plaintext's
+coefficients, ``crypto.bfv``; a monomial moves them, no key needed), plaintexts added, or anything
+below the plaintext level), what the hospital decrypts is a function of the slots it was sent, the BFV key,
 the encryption randomness and the server's own coins. None of these depends on the coefficients
 ``a_l`` but the check slots, and every check slot is padded by a tag of its own (a hospital
 contributes at most once a round, across restarts too, for as long as its ledger survives:
@@ -66,6 +67,7 @@ _COEFFICIENT_BITS = 32
 _TAG_BITS = 256  # a tag is uniform on Z_t to within t / 2^256: the argument needs it uniform
 _LIMB_BITS = 8  # a value's bytes: a product of a coefficient and a limb stays below 2^40...
 _BLOCK = 2 ** (53 - _COEFFICIENT_BITS - _LIMB_BITS)  # ...and 2^13 of them sum below 2^53, exact in float64
+_STRETCH = 2**16  # coefficients drawn at a time: a whole number of keystream blocks (16 a block)
 _NONCE = bytes(12)  # each label has its own key, so one nonce serves: every party recomputes the same stream
 _BLOCK_BYTES = 64  # ChaCha20's block
 
@@ -135,16 +137,21 @@ class CheckKey:
     def _inner_products(self, reduced: np.ndarray, round_number: int, first: int) -> list[int]:
         """``<a_l, x> mod t`` for each ``l``, exactly, by BLAS in float64: ``x`` is cut into its bytes,
         and a block of ``2^13`` products of a byte and a 32-bit coefficient sums below ``2^53``, where
-        every partial sum of integers is exact whatever order BLAS adds in."""
+        every partial sum of integers is exact whatever order BLAS adds in. The coefficients are drawn
+        a stretch at a time, so memory stays bounded whatever the vector's length."""
         limb_count = -(-self._t.bit_length() // _LIMB_BITS)
-        limbs = reduced.astype("<i8", copy=False).view(np.uint8).reshape(-1, 8)[:, :limb_count].astype(np.float64)
-        coefficients = np.empty((self.slots, reduced.size))
-        for l in range(self.slots):
-            coefficients[l] = self._coefficients(b"coefficients|%d|%d" % (round_number, l), reduced.size, first)
+        x = np.ascontiguousarray(reduced, dtype="<i8")
         totals = np.zeros((self.slots, limb_count), dtype=object)  # Python integers: no overflow
-        for start in range(0, reduced.size, _BLOCK):
-            block = coefficients[:, start : start + _BLOCK] @ limbs[start : start + _BLOCK]
-            totals += block.astype(np.int64)  # each below 2^53, exact
+        for start in range(0, x.size, _STRETCH):
+            piece = x[start : start + _STRETCH]
+            limbs = piece.view(np.uint8).reshape(-1, 8)[:, :limb_count].astype(np.float64)
+            coefficients = np.empty((self.slots, piece.size))
+            for l in range(self.slots):
+                label = b"coefficients|%d|%d" % (round_number, l)
+                coefficients[l] = self._coefficients(label, piece.size, first + start)
+            for block in range(0, piece.size, _BLOCK):
+                sums = coefficients[:, block : block + _BLOCK] @ limbs[block : block + _BLOCK]
+                totals += sums.astype(np.int64)  # each below 2^53, exact
         return [
             sum(int(total) << (_LIMB_BITS * position) for position, total in enumerate(row)) % self._t for row in totals
         ]

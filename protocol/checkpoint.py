@@ -96,7 +96,7 @@ class _CheckpointFile:
 class Checkpoint(_CheckpointFile):
     """A training run's (``protocol.server``)."""
 
-    _FORMAT = {"format": "consilium-server-checkpoint", "version": 2}
+    _FORMAT = {"format": "consilium-server-checkpoint", "version": 3}
     _BYTES = ("initial_parameters", "parameters", "optimizer_state")
 
     config: dict  # protocol.config.RunConfig.to_dict, with the hospitals that joined
@@ -108,6 +108,7 @@ class Checkpoint(_CheckpointFile):
     rounds: list[dict]  # the report's round records
     departures: dict[str, str]
     joins: list[dict]
+    select_every: int = 1  # the model is selected among every n-th round (protocol.server_report)
 
 
 @dataclass(frozen=True)

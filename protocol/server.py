@@ -80,10 +80,20 @@ class Server:
         on_round: Callable[[dict], None] | None = None,
         crypto_workers: int = 1,
         model_seed: int | None = None,
-        select_every: int = 1,
+        select_every: int | None = None,
         _checkpoint: Checkpoint | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
+        if _checkpoint is not None and not (type(_checkpoint.select_every) is int and _checkpoint.select_every >= 1):
+            raise CheckpointError(
+                f"the checkpoint in {out_dir} is unusable: select_every must be a whole number of at least 1"
+            )
+        if _checkpoint is not None and select_every not in (None, _checkpoint.select_every):
+            raise ConfigError(
+                f"the checkpointed run selects its model among every {_checkpoint.select_every}-th round: "
+                f"resume it with --select-every {_checkpoint.select_every}, or without the flag"
+            )
+        self._select_every = _checkpoint.select_every if _checkpoint is not None else select_every or 1
         ledger_path = out_dir / LEDGER_FILE
         if _checkpoint is None and ledger_path.exists():
             raise ConfigError(
@@ -102,7 +112,7 @@ class Server:
         self._mechanism = self._shared.mechanism
         # Charged at the method's first level, as the hospitals' ledgers are.
         ledger = PrivacyLedger(ledger_path, key=credentials.ledger_key)
-        self._record = RunRecord(config, self._mechanism, ledger, out_dir, test, select_every=select_every)
+        self._record = RunRecord(config, self._mechanism, ledger, out_dir, test, select_every=self._select_every)
         self._public: PublicContext | None = None
         self._crypto_workers = crypto_workers  # processes that add the ciphertexts (crypto.workers)
         self._run = ""  # RunConfig.fingerprint of what every hospital is welcomed with, once known
@@ -298,6 +308,7 @@ class Server:
             active=participants.active + participants.joining,  # whom a resumed server waits for
             rounds=[dataclasses.asdict(r) for r in self._record.rounds],
             departures=dict(participants.departures),
+            select_every=self._select_every,
             joins=list(participants.joins),
         )
         try:
@@ -345,6 +356,7 @@ class Server:
 
     def _report(self, finish_reason: str) -> dict:
         participants = self._participants
+        self._record.end_selection(self._model)  # the model is the last released round's
         return {
             "config": self._config.to_dict(),
             "bfv": self._params.to_dict(),

@@ -6,7 +6,7 @@ and is durable; the other levels the method protects are reported only, and rebu
 released rounds on resume. The model kept (``selected_model.pt``) is that of the round selected on
 validation accuracy alone, the earliest of ties; only that round is scored on test, since the last
 round's test scores, or the best on test, would flatter the method. With ``select_every = n`` only
-every n-th round (and the last) is a candidate: a method selected among 200 rounds has ten times
+every n-th round (and the last of the run, however it ends) is a candidate: a method selected among 200 rounds has ten times
 the chances of one selected among 20 epochs to find a round that suits a small validation split,
 so a comparison gives every method the same number of candidates.
 """
@@ -77,6 +77,7 @@ class RunRecord:
         self._out_dir = out_dir
         self._test = test
         self._select_every, self._last_round = select_every, config.rounds
+        self._ended = False
 
     def begin_run(self, run: str) -> int:
         """Begin (or go on with) the run in every ledger; returns the last round the ledger charged."""
@@ -142,11 +143,24 @@ class RunRecord:
             "accountant": ACCOUNTANT,
         }
 
+    def end_selection(self, model: torch.nn.Module) -> None:
+        """The run is over, however it ended: its last released round, whose model ``model`` is, is a
+        candidate too, so that a run stopped before its last round still keeps a selected model."""
+        self._ended = True
+        released = self.released()
+        if (
+            released
+            and not self._candidate(released[-1])
+            and _selected_on_validation(self._candidates(released)) is released[-1]
+        ):
+            self._keep_selected(released[-1], model)
+
     def _candidate(self, record: RoundRecord) -> bool:
         return record.round % self._select_every == 0 or record.round == self._last_round
 
     def _candidates(self, released: list[RoundRecord]) -> list[RoundRecord]:
-        return [record for record in released if self._candidate(record)]
+        last = released[-1] if self._ended and released else None
+        return [record for record in released if self._candidate(record) or record is last]
 
     def _keep_selected(self, record: RoundRecord, model: torch.nn.Module) -> None:
         if self._test is not None:

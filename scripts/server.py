@@ -73,9 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--select-every",
         type=positive_int,
-        default=1,
         help="select the model kept among every n-th round and the last, on validation accuracy (default: 1, every "
-        "round): a comparison gives every method the same number of candidates",
+        "round; a resumed run keeps its own): a comparison gives every method the same number of candidates",
     )
     parser.add_argument(
         "--resume",
@@ -141,7 +140,7 @@ def serve(args: argparse.Namespace) -> None:
             raise ConfigError(
                 "--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting"
             )
-        if args.select_every != 1:
+        if args.select_every is not None:
             raise ConfigError("--select-every is for training runs: a voting server trains its model once, at the end")
         _serve_vote(args, roster, credentials, dataset, timeouts)
         return

@@ -96,6 +96,8 @@ def run_baseline(
     """
     if name not in BASELINES:
         raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
+    if select_every < 1:
+        raise ValueError(f"select_every must be at least 1, got {select_every}")
     started = time.monotonic()
     model = build_model(spec, seed=model_seed)
     hospitals = [dataset.train.subset(part) for part in parts]
