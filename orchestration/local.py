@@ -48,6 +48,7 @@ from protocol.roster import Roster, local_federation
 from training.baselines import BASELINES, DP_BASELINES, BaselineSettings, run_baseline
 from training.compute_device import use_device
 from training.datasets import Dataset
+from training.evaluation import Selection
 from training.own_code import is_reference
 from training.partition import partition
 
@@ -170,7 +171,7 @@ def _server_argv(spec: RunSpec, out: Path) -> list[str]:
     argv += ["--transcript-payloads"] if spec.transcript_payloads else []
     if not spec.voting:
         argv += ["--model-seed", str(spec.seed)]  # the initial model, as the baselines' (training.models.build_model)
-        argv += ["--select-every", str(spec.select_every)]
+        argv += ["--select-every", str(spec.select_every), "--select-on", spec.select_on]
     if not spec.voting and spec.expected_batch_size is not None:
         argv += ["--expected-batch-size", repr(spec.expected_batch_size)]
     return argv + (["--insecure-plaintext-benchmark"] if spec.insecure_plaintext_benchmark else [])
@@ -275,7 +276,13 @@ def _run_baseline(
     use_device(spec.device or "cpu")
     try:
         result = run_baseline(
-            spec.method, data, parts, model, settings, model_seed=spec.seed, select_every=spec.select_every
+            spec.method,
+            data,
+            parts,
+            model,
+            settings,
+            model_seed=spec.seed,
+            selection=Selection(spec.select_every, spec.select_on),
         )
     except ValueError as error:  # e.g. Opacus: a budget no noise multiplier can meet
         raise ConfigError(f"{spec.method}: {error}") from None

@@ -30,6 +30,7 @@ from orchestration.run_flags import (
     shown,
 )
 from training.datasets import Dataset, load_dataset
+from training.evaluation import Selection
 from training.methods import METHODS as TRAINING_METHODS
 from training.vote_privacy import VOTING_METHODS
 
@@ -67,7 +68,8 @@ class RunSpec:
     crypto_threads: int | None = None  # each party's crypto workers (default: the cores shared out among the parties)
     device: str | None = None  # where the server's and hospitals' models compute (default: cpu)
     send_offset: float = DEFAULT_SEND_OFFSET_S
-    select_every: int = 1  # the server selects its model among every n-th round and the last
+    select_every: int = 1  # the model kept is selected among every n-th round and the last ...
+    select_on: str = "accuracy"  # ... on this validation score (training.evaluation.Selection)
     transcript_payloads: bool = False
     insecure_plaintext_benchmark: bool = False
 
@@ -77,10 +79,12 @@ class RunSpec:
             raise ConfigError(f"no method reads the flag(s) {', '.join(unknown)}")
         given = {name: value for name, value in self.flags.items() if value is not None}
         object.__setattr__(self, "flags", MappingProxyType(given))
-        if not (isinstance(self.select_every, int) and self.select_every >= 1):
-            raise ConfigError(f"select_every must be a whole number of at least 1, got {self.select_every!r}")
-        if self.select_every != 1 and self.method in VOTING_METHODS:
-            raise ConfigError("select_every is for training runs: a voting server trains its model once, at the end")
+        try:
+            Selection(self.select_every, self.select_on)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if (self.select_every, self.select_on) != (1, "accuracy") and self.method in VOTING_METHODS:
+            raise ConfigError("a selection is for training runs: a voting server trains its model once, at the end")
         if self.crypto_threads is not None and self.crypto_threads < 1:
             raise ConfigError(f"crypto_threads must be at least 1, got {self.crypto_threads}")
         if self.image_channels not in (None, 1, 3):

@@ -25,7 +25,7 @@ import base64
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, ClassVar
 
@@ -108,7 +108,7 @@ class Checkpoint(_CheckpointFile):
     rounds: list[dict]  # the report's round records
     departures: dict[str, str]
     joins: list[dict]
-    select_every: int = 1  # the model is selected among every n-th round (protocol.server_report)
+    selection: dict = field(default_factory=dict)  # training.evaluation.Selection's fields: how the model is selected
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from protocol.transcript import Transcript
 from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
 from training.ledger import LEDGER_FILE, PrivacyLedger
 from training.datasets import Split
+from training.evaluation import Selection
 from training.methods import SharedState, ledger_release
 from training.models import build_model, get_flat_parameters, set_flat_parameters
 
@@ -80,20 +81,23 @@ class Server:
         on_round: Callable[[dict], None] | None = None,
         crypto_workers: int = 1,
         model_seed: int | None = None,
-        select_every: int | None = None,
+        selection: Selection | None = None,
         _checkpoint: Checkpoint | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
-        if _checkpoint is not None and not (type(_checkpoint.select_every) is int and _checkpoint.select_every >= 1):
-            raise CheckpointError(
-                f"the checkpoint in {out_dir} is unusable: select_every must be a whole number of at least 1"
-            )
-        if _checkpoint is not None and select_every not in (None, _checkpoint.select_every):
-            raise ConfigError(
-                f"the checkpointed run selects its model among every {_checkpoint.select_every}-th round: "
-                f"resume it with --select-every {_checkpoint.select_every}, or without the flag"
-            )
-        self._select_every = _checkpoint.select_every if _checkpoint is not None else select_every or 1
+        self._selection = selection or Selection()
+        if _checkpoint is not None:  # a resumed run keeps the selection it began with
+            try:
+                checkpointed = Selection(**_checkpoint.selection)
+            except (TypeError, ValueError) as error:
+                raise CheckpointError(f"the checkpoint in {out_dir} is unusable: {error}") from None
+            if selection not in (None, checkpointed):
+                raise ConfigError(
+                    f"the checkpointed run selects its model on {checkpointed.on} among every {checkpointed.every}-th "
+                    f"round: resume it with --select-every {checkpointed.every} --select-on {checkpointed.on}, or "
+                    "without either flag"
+                )
+            self._selection = checkpointed
         ledger_path = out_dir / LEDGER_FILE
         if _checkpoint is None and ledger_path.exists():
             raise ConfigError(
@@ -112,7 +116,7 @@ class Server:
         self._mechanism = self._shared.mechanism
         # Charged at the method's first level, as the hospitals' ledgers are.
         ledger = PrivacyLedger(ledger_path, key=credentials.ledger_key)
-        self._record = RunRecord(config, self._mechanism, ledger, out_dir, test, select_every=self._select_every)
+        self._record = RunRecord(config, self._mechanism, ledger, out_dir, test, selection=self._selection)
         self._public: PublicContext | None = None
         self._crypto_workers = crypto_workers  # processes that add the ciphertexts (crypto.workers)
         self._run = ""  # RunConfig.fingerprint of what every hospital is welcomed with, once known
@@ -308,7 +312,7 @@ class Server:
             active=participants.active + participants.joining,  # whom a resumed server waits for
             rounds=[dataclasses.asdict(r) for r in self._record.rounds],
             departures=dict(participants.departures),
-            select_every=self._select_every,
+            selection=dataclasses.asdict(self._selection),
             joins=list(participants.joins),
         )
         try:

@@ -4,11 +4,10 @@ user keeps, and the report made of them (``server_report.json``).
 The ledger (``training.ledger``) is charged at the method's first level, as the hospitals' are,
 and is durable; the other levels the method protects are reported only, and rebuilt from the
 released rounds on resume. The model kept (``selected_model.pt``) is that of the round selected on
-validation accuracy alone, the earliest of ties; only that round is scored on test, since the last
-round's test scores, or the best on test, would flatter the method. With ``select_every = n`` only
-every n-th round (and the last of the run, however it ends) is a candidate: a method selected among 200 rounds has ten times
-the chances of one selected among 20 epochs to find a round that suits a small validation split,
-so a comparison gives every method the same number of candidates.
+validation alone (accuracy by default, or AUC: ``training.evaluation.Selection``), the earliest of
+ties, among its candidate rounds (every n-th, and the last of the run however it ends); only that
+round is scored on test, since the last round's test scores, or the best on test, would flatter the
+method.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from training.accounting import ACCOUNTANT, Release
 from training.ledger import PrivacyLedger
 from training.datasets import Split
 from training.durable import replace_file
-from training.evaluation import evaluate
+from training.evaluation import Selection, evaluate
 from training.skellam import SkellamMechanism
 
 __all__ = ["SELECTED_MODEL_FILE", "RoundRecord", "RunRecord", "mechanism_report", "save_model"]
@@ -62,10 +61,8 @@ class RunRecord:
         out_dir: Path,
         test: Split | None,
         *,
-        select_every: int = 1,
+        selection: Selection = Selection(),
     ) -> None:
-        if select_every < 1:
-            raise ValueError(f"select_every must be at least 1, got {select_every}")
         self.rounds: list[RoundRecord] = []
         self.phase_seconds: dict[str, float] = {}
         self.write_failures: list[str] = []  # what the system refused to write
@@ -76,7 +73,7 @@ class RunRecord:
         self._levels = {level: PrivacyLedger() for level in config.training.LEVELS[1:]}
         self._out_dir = out_dir
         self._test = test
-        self._select_every, self._last_round = select_every, config.rounds
+        self._selection, self._last_round = selection, config.rounds
         self._ended = False
 
     def begin_run(self, run: str) -> int:
@@ -102,7 +99,7 @@ class RunRecord:
         """Score a released round's model on validation, and keep it if it is the new selected one."""
         scores = evaluate(model, validation, num_classes=self._classes)
         record.validation_accuracy, record.validation_auc = scores["accuracy"], scores["auc"]
-        if self._candidate(record) and _selected_on_validation(self._candidates([*self.released(), record])) is record:
+        if self._candidate(record) and self._best(self._candidates([*self.released(), record])) is record:
             self._keep_selected(record, model)
 
     def account(self, record: RoundRecord) -> None:
@@ -124,10 +121,10 @@ class RunRecord:
         """The report's ``final`` entry."""
         released = self.released()
         candidates = self._candidates(released)
-        selected = _selected_on_validation(candidates)
+        selected = self._best(candidates)
         return {
             "rounds_released": len(released),
-            "selection": {"every": self._select_every, "candidates": len(candidates)},
+            "selection": {"every": self._selection.every, "on": self._selection.on, "candidates": len(candidates)},
             "validation_accuracy": released[-1].validation_accuracy if released else None,
             "selected": None
             if selected is None
@@ -148,15 +145,15 @@ class RunRecord:
         candidate too, so that a run stopped before its last round still keeps a selected model."""
         self._ended = True
         released = self.released()
-        if (
-            released
-            and not self._candidate(released[-1])
-            and _selected_on_validation(self._candidates(released)) is released[-1]
-        ):
+        if released and not self._candidate(released[-1]) and self._best(self._candidates(released)) is released[-1]:
             self._keep_selected(released[-1], model)
 
     def _candidate(self, record: RoundRecord) -> bool:
-        return record.round % self._select_every == 0 or record.round == self._last_round
+        return self._selection.candidate(record.round, self._last_round)
+
+    def _best(self, candidates: list[RoundRecord]) -> RoundRecord | None:
+        score = self._selection.score
+        return max(candidates, key=lambda r: (score(r.validation_accuracy, r.validation_auc), -r.round), default=None)
 
     def _candidates(self, released: list[RoundRecord]) -> list[RoundRecord]:
         last = released[-1] if self._ended and released else None
@@ -192,7 +189,3 @@ def save_model(model: torch.nn.Module, path: Path) -> None:
     serialized = io.BytesIO()
     torch.save(model.state_dict(), serialized)
     replace_file(path, serialized.getvalue())
-
-
-def _selected_on_validation(released: list[RoundRecord]) -> RoundRecord | None:
-    return max(released, key=lambda r: (r.validation_accuracy, -r.round), default=None)

@@ -17,8 +17,8 @@ For each seed (the partition, and the initial model; for built-in data the split
   hospital-level epsilon is the comparison that says whether intermediaries help;
 - ``central`` (C) and ``fedavg`` (F), without privacy.
 
-Every run keeps the round with the best validation accuracy among its candidates and is scored on
-the test split, which the data must have. Dopamine's candidates are every 1/q-th step, an epoch's
+Every run keeps the round with the best validation score (AUC by default: ``--select-on``) among
+its candidates and is scored on the test split, which the data must have. Dopamine's candidates are every 1/q-th step, an epoch's
 worth: as many as the DP baselines' epochs (``--rounds`` times q, 20 by default), and as many as the
 rounds of the others (``--fedavg-rounds``, 20 by default). More candidates on a small validation
 split would favour a lucky round. The table gives test accuracy and AUC as mean and standard deviation over the
@@ -48,6 +48,7 @@ from orchestration.spec import RunSpec
 from scripts._cli import run
 from training.flags import positive_float, positive_int, probability, rate, widths
 from training.datasets import load_dataset
+from training.evaluation import SELECTION_METRICS
 
 _NO_BUDGET = 1e9  # the comparison fixes each run's noise and rounds; a hospital's budget must not stop it early
 _COMPLETED = "completed all rounds"
@@ -85,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         help="dp-fedavg's fixed v, and the most adaptive v may reach (default: 4)",
     )
+    parser.add_argument(
+        "--select-on",
+        choices=SELECTION_METRICS,
+        default="auc",
+        help="the validation score every run selects its model on (default: auc, which the table reports and which "
+        "imbalanced classes leave informative where accuracy stays at the majority class's share)",
+    )
     parser.add_argument("--model", help="model architecture (default: the data's, as consilium-federation chooses it)")
     parser.add_argument("--hidden", type=widths, default=RunSpec.hidden, help="MLP hidden widths, comma-separated")
     parser.add_argument(
@@ -109,7 +117,14 @@ def compare(args: argparse.Namespace) -> dict:
     if load_dataset(args.data).test is None:
         raise ConfigError(f"{args.data} has no test split to score on (a MedMNIST-format .npz has one)")
     plan = _plan(args, wanted=set(args.methods or known))
-    result = {"data": args.data, "hospitals": args.hospitals, "seeds": args.seeds, "delta": args.delta, "runs": []}
+    result = {
+        "data": args.data,
+        "hospitals": args.hospitals,
+        "seeds": args.seeds,
+        "delta": args.delta,
+        "select_on": args.select_on,
+        "runs": [],
+    }
     for number, planned in enumerate(plan, start=1):
         spec = replace(planned["spec"], out=args.out / "runs" / planned["name"], **_matched(planned, result["runs"]))
         result["runs"].append({**planned, "spec": spec.to_dict(), **_summary(_report(spec))})
@@ -164,7 +179,14 @@ def _plan(args: argparse.Namespace, wanted: set[str]) -> list[dict]:
         raise ConfigError(
             f"--rounds must be a multiple of 1/q = {steps_per_epoch}: the DP baselines take the same steps in whole epochs"
         )
-    base = RunSpec(data=args.data, hospitals=args.hospitals, delta=args.delta, model=args.model, hidden=args.hidden)
+    base = RunSpec(
+        data=args.data,
+        hospitals=args.hospitals,
+        delta=args.delta,
+        model=args.model,
+        hidden=args.hidden,
+        select_on=args.select_on,
+    )
     noise: dict[tuple, RunSpec] = {}
 
     def calibrated(spec: RunSpec, target: float) -> RunSpec:
@@ -288,8 +310,9 @@ def table(result: dict) -> str:
         rows.setdefault((entry["method"], entry["level"], entry["target_epsilon"]), []).append(entry)
     lines = [
         f"{result['hospitals']} hospitals on {Path(result['data']).name}, {len({e['seed'] for e in result['runs']})} seeds, "
-        f"delta {result['delta']:g}. Test scores of the round selected on validation accuracy, mean ± standard deviation over "
-        "seeds, among the candidate rounds the row's column gives. Epsilon at the row's level (per record, or per hospital for dp-fedavg); against the server, central-dp's "
+        f"delta {result['delta']:g}. Test scores of the round selected on validation {result['select_on']} among the "
+        "candidate rounds the row's column gives, mean ± standard deviation over seeds. Epsilon at the row's level (per "
+        "record, or per hospital for dp-fedavg); against the server, central-dp's "
         "curator sees every record. Wall time on a shared 2-core machine: a federation's parties are separate processes "
         "of one thread each, a baseline is one process.",
         "",

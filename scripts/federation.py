@@ -21,6 +21,7 @@ from orchestration.local import run_local_federation
 from orchestration.spec import RunSpec
 from scripts._cli import add_image_arguments, add_run_arguments, run
 from training.flags import non_negative_float, non_negative_int, positive_float, positive_int
+from training.evaluation import SELECTION_METRICS
 from training.partition import PARTITION_SCHEMES
 
 _DEFAULT = RunSpec()  # a flag not given takes the spec's default
@@ -91,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         help="the server selects its model among every n-th round and the last (default: 1, every round); a comparison "
         "gives every method the same number of candidates",
+    )
+    parser.add_argument(
+        "--select-on",
+        choices=SELECTION_METRICS,
+        help="the validation score that selects the model kept: accuracy (default) or auc, where classes are imbalanced",
     )
     parser.add_argument(
         "--send-offset",

@@ -33,6 +33,7 @@ from scripts._cli import (
 )
 from training.flags import non_negative_int, positive_float, positive_int
 from training.compute_device import use_device
+from training.evaluation import SELECTION_METRICS, Selection
 from training.models import use_model_code
 from training.own_code import is_reference
 from training.datasets import Dataset, Split, load_dataset
@@ -73,8 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--select-every",
         type=positive_int,
-        help="select the model kept among every n-th round and the last, on validation accuracy (default: 1, every "
-        "round; a resumed run keeps its own): a comparison gives every method the same number of candidates",
+        help="select the model kept among every n-th round and the last (default: 1, every round; a resumed run keeps "
+        "its own): a comparison gives every method the same number of candidates",
+    )
+    parser.add_argument(
+        "--select-on",
+        choices=SELECTION_METRICS,
+        help="the validation score that selects the model kept (default: accuracy; a resumed run keeps its own): AUC "
+        "where the classes are imbalanced",
     )
     parser.add_argument(
         "--resume",
@@ -140,8 +147,10 @@ def serve(args: argparse.Namespace) -> None:
             raise ConfigError(
                 "--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting"
             )
-        if args.select_every is not None:
-            raise ConfigError("--select-every is for training runs: a voting server trains its model once, at the end")
+        if args.select_every is not None or args.select_on is not None:
+            raise ConfigError(
+                "--select-every and --select-on are for training runs: a voting server trains its model once, at the end"
+            )
         _serve_vote(args, roster, credentials, dataset, timeouts)
         return
     settings = dict(
@@ -157,7 +166,9 @@ def serve(args: argparse.Namespace) -> None:
         on_round=lambda record: _print_round(record, server.config),
         crypto_workers=args.crypto_threads,
         model_seed=args.model_seed,
-        select_every=args.select_every,
+        selection=None
+        if args.select_every is None and args.select_on is None
+        else Selection(every=args.select_every or 1, on=args.select_on or "accuracy"),
     )
     if args.resume:
         checkpointed = Server.checkpointed_config(

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from training.evaluation import Selection
 from training.baselines import BASELINES, BaselineSettings, run_baseline
 from training.datasets import Dataset, Split, load_dataset
 from training.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
@@ -102,13 +103,19 @@ def test_an_unknown_baseline_is_refused(small):
 
 
 def test_a_baseline_selects_among_its_candidate_rounds_only(small):
-    """select_every = 2 of 5 rounds: rounds 2, 4 and the last, 5, are the candidates."""
+    """Every second of 5 rounds: rounds 2, 4 and the last, 5, are the candidates."""
     dataset, parts, spec = small
     result = run_baseline(
-        "central", dataset, parts, spec, BaselineSettings(rounds=5, learning_rate=0.5), model_seed=0, select_every=2
+        "central",
+        dataset,
+        parts,
+        spec,
+        BaselineSettings(rounds=5, learning_rate=0.5),
+        model_seed=0,
+        selection=Selection(every=2, on="auc"),
     )
     final = result["final"]
     candidates = [r for r in result["rounds"] if r["round"] in (2, 4, 5)]
-    best = max(candidates, key=lambda r: (r["validation_accuracy"], -r["round"]))
-    assert final["selection"] == {"every": 2, "candidates": 3}
+    best = max(candidates, key=lambda r: (r["validation_auc"], -r["round"]))
+    assert final["selection"] == {"every": 2, "on": "auc", "candidates": 3}
     assert final["selected"]["round"] == best["round"]

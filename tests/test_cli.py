@@ -162,7 +162,7 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
         (("server", *confirmed, "--out", damaged["cut"], "--resume"), "checkpoint.json is unreadable"),
         (
             ("server", *confirmed, "--out", secure, "--resume", "--select-every", "3"),
-            "resume it with --select-every 1, or without the flag",
+            "resume it with --select-every 1 --select-on accuracy, or without either flag",
         ),
         (
             ("server", *confirmed, "--out", secure, "--resume", "--insecure-plaintext-benchmark"),

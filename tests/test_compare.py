@@ -66,15 +66,15 @@ def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spen
     report = json.loads((tmp_path / "cmp" / "runs" / dopamine["name"] / "report.json").read_text())
     released = [r for r in report["rounds"] if r["status"] == "released" and r["round"] % 10 == 0]
     assert [r["round"] for r in released] == [10, 20]
-    best = max(released, key=lambda r: (r["validation_accuracy"], -r["round"]))
+    best = max(released, key=lambda r: (r["validation_auc"], -r["round"]))  # consilium-compare selects on AUC
     selected = report["final"]["selected"]
     assert selected["round"] == best["round"] == dopamine["selected_round"]
     assert selected["test"] == best["test"] and dopamine["test_accuracy"] == best["test"]["accuracy"]
     # only a round that was the best on validation so far was ever scored on test
     running_best, scored = -1.0, []
     for record in released:
-        if record["validation_accuracy"] > running_best:
-            running_best = record["validation_accuracy"]
+        if record["validation_auc"] > running_best:
+            running_best = record["validation_auc"]
             scored.append(record["round"])
     assert [r["round"] for r in released if r["test"] is not None] == scored
     assert all(r["test"] is None for r in report["rounds"] if r["round"] % 10)  # never a candidate, never scored

@@ -6,6 +6,7 @@ import pytest
 import protocol.server_report
 from protocol.roster import local_federation
 from protocol.server_report import SELECTED_MODEL_FILE, RoundRecord, RunRecord
+from training.evaluation import Selection
 from scripted_peers import small_run_config
 from training.ledger import PrivacyLedger
 from training.models import build_model
@@ -13,16 +14,23 @@ from training.models import build_model
 
 @pytest.fixture
 def record(tmp_path, monkeypatch):
-    """A run of 200 rounds selecting among every 50th, whose round r scores ``accuracy[r]`` on validation."""
+    """A run of 200 rounds selecting among every 50th, whose round r scores ``accuracy[r]`` on validation
+    (and the AUC 1 - accuracy[r])."""
     roster = local_federation(tmp_path / "federation", hospitals=2, address="tcp://127.0.0.1:5999")
     config = small_run_config(roster, quorum=2, rounds=200)
     accuracy = {r: 0.9 if r == 17 else 0.5 + 0.001 * r for r in range(1, 201)}  # round 17 the best of all
     scored = iter(range(1, 201))
-    monkeypatch.setattr(
-        protocol.server_report, "evaluate", lambda *_, **__: {"accuracy": accuracy[next(scored)], "auc": 0.5}
-    )
-    run = RunRecord(config, config.mechanism(), PrivacyLedger(), tmp_path, None, select_every=50)
-    return run, build_model(config.model)
+
+    def evaluate(*_, **__):
+        value = accuracy[next(scored)]
+        return {"accuracy": value, "auc": 1 - value}
+
+    monkeypatch.setattr(protocol.server_report, "evaluate", evaluate)
+
+    def make(on="accuracy"):
+        return RunRecord(config, config.mechanism(), PrivacyLedger(), tmp_path, None, selection=Selection(50, on))
+
+    return make, build_model(config.model)
 
 
 def _release(run, model, rounds):
@@ -34,18 +42,27 @@ def _release(run, model, rounds):
 
 
 def test_only_every_n_th_round_and_the_last_are_candidates(record, tmp_path):
-    run, model = record
+    make, model = record
+    run = make()
     _release(run, model, range(1, 201))
     run.end_selection(model)
     final = run.final()
-    assert final["selection"] == {"every": 50, "candidates": 4}
+    assert final["selection"] == {"every": 50, "on": "accuracy", "candidates": 4}
     assert final["selected"]["round"] == 200  # round 17 was the best of all, but no candidate
 
 
+def test_a_run_may_select_on_auc(record):
+    make, model = record
+    run = make("auc")
+    _release(run, model, range(1, 201))
+    assert run.final()["selected"]["round"] == 50  # the AUC falls as the accuracy rises
+
+
 def test_a_run_stopped_before_its_first_candidate_still_keeps_its_last_round(record, tmp_path):
-    run, model = record
+    make, model = record
+    run = make()
     _release(run, model, range(1, 31))
     assert run.final()["selected"] is None and not (tmp_path / SELECTED_MODEL_FILE).exists()
     run.end_selection(model)
-    assert run.final()["selection"] == {"every": 50, "candidates": 1}
+    assert run.final()["selection"] == {"every": 50, "on": "accuracy", "candidates": 1}
     assert run.final()["selected"]["round"] == 30 and (tmp_path / SELECTED_MODEL_FILE).is_file()

@@ -31,7 +31,7 @@ from training.dopamine import DopamineSettings
 from training.dp_fedavg import DpFedAvgSettings
 from training.flags import Flag
 from training.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
-from training.evaluation import evaluate
+from training.evaluation import Selection, evaluate
 from training.fedavg import LocalTraining, local_update
 from training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
 from training.secure_random import secure_generator
@@ -84,20 +84,18 @@ def run_baseline(
     settings: BaselineSettings,
     *,
     model_seed: int | None = None,
-    select_every: int = 1,
+    selection: Selection = Selection(),
 ) -> dict:
     """Train baseline ``name`` with the hospitals' records ``parts`` (indices into ``dataset.train``), from
     the initial model ``model_seed`` draws (``training.models.build_model``; None: PyTorch's own draw).
 
     The report has a record per round (validation accuracy, epsilon so far) and ``final``: the
-    round selected on validation accuracy (the earliest of ties) among every ``select_every``-th and
-    the last (``protocol.server_report``), its test scores, and the epsilon of the whole run, which
+    round selected on validation (the earliest of ties) among its candidates
+    (``training.evaluation.Selection``), its test scores, and the epsilon of the whole run, which
     every round was trained under.
     """
     if name not in BASELINES:
         raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
-    if select_every < 1:
-        raise ValueError(f"select_every must be at least 1, got {select_every}")
     started = time.monotonic()
     model = build_model(spec, seed=model_seed)
     hospitals = [dataset.train.subset(part) for part in parts]
@@ -117,17 +115,17 @@ def run_baseline(
                 "epsilon": epsilon,
             }
         )
-        candidate = number % select_every == 0 or number == settings.rounds
-        if candidate and (best is None or validation["accuracy"] > records[best[0] - 1]["validation_accuracy"]):
-            best = (number, parameters)
+        score = selection.score(validation["accuracy"], validation["auc"])
+        if selection.candidate(number, settings.rounds) and (best is None or score > best[2]):
+            best = (number, parameters, score)
     set_flat_parameters(model, best[1])
-    candidates = sum(number % select_every == 0 or number == settings.rounds for number in range(1, len(records) + 1))
+    candidates = sum(selection.candidate(number, settings.rounds) for number in range(1, len(records) + 1))
     return {
         "method": name,
         "settings": asdict(settings),
         "rounds": records,
         "final": {
-            "selection": {"every": select_every, "candidates": candidates},
+            "selection": {"every": selection.every, "on": selection.on, "candidates": candidates},
             "selected": {
                 "round": best[0],
                 "validation_accuracy": records[best[0] - 1]["validation_accuracy"],

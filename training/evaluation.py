@@ -4,9 +4,19 @@ AUC is computed from the model's softmax probabilities: for two classes, of the 
 (index 1); for more, one-vs-rest per class, macro-averaged (MedMNIST's convention, and
 scikit-learn's ``roc_auc_score(..., multi_class="ovr")``). A class absent from the split has no
 ROC curve: the AUC is then ``None`` rather than a number that means nothing.
+
+``Selection`` says which model a run keeps: the round that scores best on validation, on accuracy
+or on AUC, among every n-th round and the last. Two choices matter in a comparison. A method
+selected among 200 rounds has ten times the chances of one selected among 20 epochs to find a round
+that suits a small validation split, so every method gets the same number of candidates. And on
+imbalanced data, accuracy stays at the majority class's share while the model's ranking improves
+(a model of validation AUC 0.94 and one of 0.43 both scored 0.742 on PneumoniaMNIST's validation
+split), so a comparison that reports AUC selects on it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,7 +26,29 @@ from torch import nn
 from training.compute_device import compute_device, on_device
 from training.datasets import Split
 
-__all__ = ["evaluate"]
+__all__ = ["SELECTION_METRICS", "Selection", "evaluate"]
+
+SELECTION_METRICS = ("accuracy", "auc")
+
+
+@dataclass(frozen=True)
+class Selection:
+    every: int = 1  # candidates: every n-th round, and the last
+    on: str = "accuracy"  # the validation score that chooses among them: accuracy or auc
+
+    def __post_init__(self) -> None:
+        if not (type(self.every) is int and self.every >= 1):
+            raise ValueError(f"a selection's every must be a whole number of at least 1, got {self.every!r}")
+        if self.on not in SELECTION_METRICS:
+            raise ValueError(f"a selection is on {' or '.join(SELECTION_METRICS)}, got {self.on!r}")
+
+    def candidate(self, round_number: int, last_round: int) -> bool:
+        return round_number % self.every == 0 or round_number == last_round
+
+    def score(self, accuracy: float | None, auc: float | None) -> float:
+        """A candidate's validation score; a missing one (no AUC where a class is absent) ranks last."""
+        value = accuracy if self.on == "accuracy" else auc
+        return float("-inf") if value is None else value
 
 
 @torch.no_grad()
