@@ -103,7 +103,7 @@ def run_baseline(
     rounds = {"central": _central, "central-dp": _central_dp, "fedavg": _fedavg, "fedavg-local-dp": _fedavg_local_dp}[
         name
     ]
-    records, best, epsilon = [], None, None
+    records, best, epsilon, candidates = [], None, None, 0
     published = len(dataset.train)  # the data set's published training size: public, as Dopamine's B takes it
     for number, (parameters, epsilon) in enumerate(rounds(model, pooled, hospitals, settings, published), start=1):
         validation = evaluate(model, dataset.validation, num_classes=dataset.num_classes)
@@ -115,11 +115,12 @@ def run_baseline(
                 "epsilon": epsilon,
             }
         )
-        score = selection.score(validation["accuracy"], validation["auc"])
-        if selection.candidate(number, settings.rounds) and (best is None or score > best[2]):
-            best = (number, parameters, score)
+        if selection.candidate(number, settings.rounds):
+            candidates += 1
+            score = selection.score(validation["accuracy"], validation["auc"])
+            if best is None or score > best[2]:
+                best = (number, parameters, score)
     set_flat_parameters(model, best[1])
-    candidates = sum(selection.candidate(number, settings.rounds) for number in range(1, len(records) + 1))
     return {
         "method": name,
         "settings": asdict(settings),
