@@ -202,11 +202,16 @@ def _mean_seconds(records: list[dict], phase: str) -> float:
 
 
 def _scores(final: dict) -> str:
-    """The round selected on validation accuracy and, where the data have a test split, its test scores."""
+    """The round selected on validation (on the score ``final["selection"]`` names) and, where the data have
+    a test split, its test scores."""
     selected = final["selected"]
     if selected is None:
         return "no round released"
-    shown = f"validation accuracy {_fraction(selected['validation_accuracy'])} (round {selected['round']}, the best)"
+    metric = final["selection"]["on"]
+    shown = (
+        f"validation {metric} {_fraction(selected[f'validation_{metric}'])} "
+        f"(round {selected['round']}, the best of {final['selection']['candidates']} candidates)"
+    )
     if selected["test"] is not None:
         shown += f", its test accuracy {_fraction(selected['test']['accuracy'])} and AUC {_fraction(selected['test']['auc'])}"
     return shown

@@ -102,17 +102,9 @@ def resolve_run_arguments(values: Any, methods: tuple[str, ...] = METHODS) -> No
 
 
 def resolve_data_defaults(values: Any, input_shape: tuple[int, ...]) -> None:
-    """Fill in the defaults that depend on the data: for images, the CNN and a larger DP-SGD step.
-
-    Both were chosen on PneumoniaMNIST (README, "Baselines and the comparison"): at epsilon 4, with
-    the MLP and 0.05 Dopamine stayed at the majority class until round 94, with the CNN and 0.05 for
-    all 200 rounds, and with the CNN and 0.5 until round 35.
-    """
-    images = takes_images(input_shape)
+    """Fill in the model that depends on the data: the CNN for images, the MLP for other data."""
     if values.model is None:
-        values.model = "cnn" if images else "mlp"
-    if values.lr is None and "lr" in {flag.destination for flag in METHOD_FLAGS[values.method]}:
-        values.lr = 0.5 if images else 0.05
+        values.model = "cnn" if takes_images(input_shape) else "mlp"
 
 
 def run_argv(values: Any) -> list[str]:

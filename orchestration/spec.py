@@ -158,7 +158,7 @@ def resolve(spec: RunSpec) -> tuple[RunSpec, Dataset]:
     """The spec with every default filled in, and its data loaded; ``ConfigError`` for what cannot run.
 
     The defaults depend on the method (``rounds``, ``epsilon_budget``, its flags), then on the data
-    (the model and the DP-SGD step for images), and Dopamine's ``B`` is proposed where none is given:
+    (the CNN for images), and Dopamine's ``B`` is proposed where none is given:
     q times the data set's public training size over the number of hospitals, never a hospital's
     own count (``resolve(spec)[0].expected_batch_size``; a consortium states its own).
     """

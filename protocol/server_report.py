@@ -131,6 +131,7 @@ class RunRecord:
             else {
                 "round": selected.round,
                 "validation_accuracy": selected.validation_accuracy,
+                "validation_auc": selected.validation_auc,
                 "test": selected.test,
                 "model": SELECTED_MODEL_FILE,
             },

@@ -48,10 +48,12 @@ from orchestration.spec import RunSpec
 from scripts._cli import run
 from training.flags import positive_float, positive_int, probability, rate, widths
 from training.datasets import load_dataset
+from training.dopamine import DopamineSettings
 from training.evaluation import SELECTION_METRICS
 
 _NO_BUDGET = 1e9  # the comparison fixes each run's noise and rounds; a hospital's budget must not stop it early
 _COMPLETED = "completed all rounds"
+_FEDERATION_LR = next(flag.default for flag in DopamineSettings.FLAGS if flag.name == "--lr")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--lr",
         type=positive_float,
-        help="the DP-SGD learning rate of Dopamine and the DP baselines (default: the data's, as consilium-federation "
-        "chooses it)",
+        default=_FEDERATION_LR,
+        help=f"the DP-SGD learning rate of Dopamine and the DP baselines (default: consilium-federation's, {_FEDERATION_LR:g})",
     )
     parser.add_argument(
         "--fedavg-rounds", type=positive_int, default=20, help="rounds of dp-fedavg and F, epochs of C (default: 20)"
@@ -209,7 +211,8 @@ def _plan(args: argparse.Namespace, wanted: set[str]) -> list[dict]:
 def _record_level(args, base: RunSpec, wanted: set[str], calibrated, seed: int, steps_per_epoch: int) -> list[dict]:
     """Dopamine at each record-level target, and each DP baseline with the same steps, matched to its epsilon."""
     runs = []
-    dp_sgd = {"sample_rate": args.sample_rate, "momentum": 0.9, "lr": args.lr}  # lr None: the data's default
+    # lr always given: a run folder made under another default is then never taken for one made under this one
+    dp_sgd = {"sample_rate": args.sample_rate, "momentum": 0.9, "lr": args.lr}
     for target in args.epsilons:
         dopamine = f"dopamine-eps{target:g}-seed{seed}"
         if "dopamine" in wanted:
@@ -287,6 +290,8 @@ def _summary(report: dict) -> dict:
     elif epsilon is not None and "hospital" in final["epsilon_levels"]:  # dp-fedavg: per hospital, and per record
         record_level = final["epsilon_levels"]["record"]["server"]
     return {
+        "validation_accuracy": selected.get("validation_accuracy"),
+        "validation_auc": selected.get("validation_auc"),
         "test_accuracy": test.get("accuracy"),
         "test_auc": test.get("auc"),
         "selected_round": selected.get("round"),
@@ -310,14 +315,14 @@ def table(result: dict) -> str:
         rows.setdefault((entry["method"], entry["level"], entry["target_epsilon"]), []).append(entry)
     lines = [
         f"{result['hospitals']} hospitals on {Path(result['data']).name}, {len({e['seed'] for e in result['runs']})} seeds, "
-        f"delta {result['delta']:g}. Test scores of the round selected on validation {result['select_on']} among the "
+        f"delta {result['delta']:g}. Scores of the round selected on validation {result['select_on']} among the "
         "candidate rounds the row's column gives, mean ± standard deviation over seeds. Epsilon at the row's level (per "
         "record, or per hospital for dp-fedavg); against the server, central-dp's "
         "curator sees every record. Wall time on a shared 2-core machine: a federation's parties are separate processes "
         "of one thread each, a baseline is one process.",
         "",
-        "| method | level | target ε | ε against the server | ε against a fellow hospital | ε per record (dp-fedavg) | accountant | candidates | test accuracy | test AUC | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| method | level | target ε | ε against the server | ε against a fellow hospital | ε per record (dp-fedavg) | accountant | candidates | validation {result['select_on']} | test accuracy | test AUC | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (method, level, target), entries in rows.items():
         epsilons = [e["epsilon"] for e in entries if e["epsilon"] is not None]
@@ -327,6 +332,7 @@ def table(result: dict) -> str:
             f"| {method}{f' ({incomplete} runs stopped early)' if incomplete else ''} | {level} | {'—' if target is None else f'{target:g}'} | "
             f"{against_server} | {_spread([e['peer_hospital'] for e in epsilons], 2)} | {_spread([e['record_epsilon'] for e in entries], 2)} | "
             f"{entries[0]['accountant'] or '—'} | {_spread([e['candidates'] for e in entries], 0)} | "
+            f"{_spread([e.get('validation_' + result['select_on']) for e in entries], 3)} | "
             f"{_spread([e['test_accuracy'] for e in entries], 3)} | "
             f"{_spread([e['test_auc'] for e in entries], 3)} | {_spread([e['wall_seconds'] for e in entries], 0)} |"
         )

@@ -118,4 +118,4 @@ def test_a_baseline_selects_among_its_candidate_rounds_only(small):
     candidates = [r for r in result["rounds"] if r["round"] in (2, 4, 5)]
     best = max(candidates, key=lambda r: (r["validation_auc"], -r["round"]))
     assert final["selection"] == {"every": 2, "on": "auc", "candidates": 3}
-    assert final["selected"]["round"] == best["round"]
+    assert (final["selected"]["round"], final["selected"]["validation_auc"]) == (best["round"], best["validation_auc"])

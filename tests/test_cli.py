@@ -267,14 +267,14 @@ def test_bad_numbers_are_refused_by_the_parser(argv, reason):
 @pytest.mark.parametrize(
     "argv, input_shape, model, learning_rate",
     [
-        ((), (1, 28, 28), "cnn", 0.5),
+        ((), (1, 28, 28), "cnn", 0.05),
         ((), (30,), "mlp", 0.05),
-        (("--method", "central-dp"), (1, 28, 28), "cnn", 0.5),
+        (("--method", "central-dp"), (1, 28, 28), "cnn", 0.05),
         (("--lr", "0.2", "--model", "mlp"), (1, 28, 28), "mlp", 0.2),
         (("--method", "dp-fedavg"), (1, 28, 28), "cnn", None),  # dp-fedavg reads --local-lr, never --lr
     ],
 )
-def test_images_default_to_the_cnn_and_a_larger_dp_sgd_step(argv, input_shape, model, learning_rate):
+def test_images_default_to_the_cnn_and_dp_sgd_to_one_learning_rate(argv, input_shape, model, learning_rate):
     args = federation.build_parser().parse_args(list(argv))
     resolve_run_arguments(args, FEDERATION_METHODS)
     resolve_data_defaults(args, input_shape)

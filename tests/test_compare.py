@@ -69,6 +69,7 @@ def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spen
     best = max(released, key=lambda r: (r["validation_auc"], -r["round"]))  # consilium-compare selects on AUC
     selected = report["final"]["selected"]
     assert selected["round"] == best["round"] == dopamine["selected_round"]
+    assert dopamine["validation_auc"] == selected["validation_auc"] == best["validation_auc"]  # the score chosen on
     assert selected["test"] == best["test"] and dopamine["test_accuracy"] == best["test"]["accuracy"]
     # only a round that was the best on validation so far was ever scored on test
     running_best, scored = -1.0, []
@@ -81,6 +82,7 @@ def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spen
     assert (tmp_path / "cmp" / "runs" / dopamine["name"] / "server" / "selected_model.pt").is_file()
 
     markdown = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert f"| 2 | {dopamine['validation_auc']:.3f} | {dopamine['test_accuracy']:.3f} |" in markdown
     assert "| dopamine | record | 4 |" in markdown and "| central-dp | record | 4 | curator: none |" in markdown
     # one panel: no hospital-level method was run
     assert plt.imread(tmp_path / "cmp" / "comparison.png").shape[1] < 1000
@@ -92,7 +94,8 @@ def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spen
 def test_the_learning_rate_reaches_dopamine_and_the_dp_baselines(medmnist_format, tmp_path):
     argv = ["--data", str(medmnist_format), "--out", str(tmp_path), "--hospitals", "2", "--seeds", "1"]
     argv += ["--epsilons", "4", "--rounds", "10", "--model", "mlp", "--methods", "dopamine,central-dp,fedavg-local-dp"]
-    for extra, expected in (([], None), (["--lr", "0.05"], 0.05)):
+    # the default written out, so that a run folder made under another default is never reused as this one's
+    for extra, expected in (([], 0.05), (["--lr", "0.2"], 0.2)):
         plan = compare._plan(
             compare.build_parser().parse_args(argv + extra), {"dopamine", "central-dp", "fedavg-local-dp"}
         )

@@ -55,7 +55,9 @@ def test_a_run_may_select_on_auc(record):
     make, model = record
     run = make("auc")
     _release(run, model, range(1, 201))
-    assert run.final()["selected"]["round"] == 50  # the AUC falls as the accuracy rises
+    selected = run.final()["selected"]
+    assert selected["round"] == 50  # the AUC falls as the accuracy rises
+    assert selected["validation_auc"] == pytest.approx(1 - 0.55)  # the score it was selected on, reported
 
 
 def test_a_run_stopped_before_its_first_candidate_still_keeps_its_last_round(record, tmp_path):

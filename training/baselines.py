@@ -130,6 +130,7 @@ def run_baseline(
             "selected": {
                 "round": best[0],
                 "validation_accuracy": records[best[0] - 1]["validation_accuracy"],
+                "validation_auc": records[best[0] - 1]["validation_auc"],
                 "test": evaluate(model, dataset.test, num_classes=dataset.num_classes)
                 if dataset.test is not None
                 else None,
