@@ -332,7 +332,7 @@ def table(result: dict) -> str:
             f"| {method}{f' ({incomplete} runs stopped early)' if incomplete else ''} | {level} | {'—' if target is None else f'{target:g}'} | "
             f"{against_server} | {_spread([e['peer_hospital'] for e in epsilons], 2)} | {_spread([e['record_epsilon'] for e in entries], 2)} | "
             f"{entries[0]['accountant'] or '—'} | {_spread([e['candidates'] for e in entries], 0)} | "
-            f"{_spread([e.get('validation_' + result['select_on']) for e in entries], 3)} | "
+            f"{_spread([e['validation_' + result['select_on']] for e in entries], 3)} | "
             f"{_spread([e['test_accuracy'] for e in entries], 3)} | "
             f"{_spread([e['test_auc'] for e in entries], 3)} | {_spread([e['wall_seconds'] for e in entries], 0)} |"
         )
