@@ -141,7 +141,7 @@ class PublicContext:
         for start in range(0, len(polynomials), _BATCH):
             batch = polynomials[start : start + _BATCH]
             size = len(batch[0]) // 64 * self._bits  # 8 bytes a coefficient, eight of them to `bits` bytes
-            joined = _pack(b"".join(batch), self._bits)
+            joined = pack_words(b"".join(batch), self._bits)
             packed += [joined[i : i + size] for i in range(0, len(joined), size)]
         return packed
 
@@ -149,7 +149,9 @@ class PublicContext:
         """Each chunk's first ``packed_bytes`` unpacked to SEAL's 64-bit coefficients."""
         for start in range(0, len(chunks), _BATCH):
             batch = chunks[start : start + _BATCH]
-            words = _unpack(b"".join(chunk[:packed_bytes] for chunk in batch), coefficients * len(batch), self._bits)
+            words = unpack_words(
+                b"".join(chunk[:packed_bytes] for chunk in batch), coefficients * len(batch), self._bits
+            )
             yield from (words[i : i + 8 * coefficients] for i in range(0, len(words), 8 * coefficients))
 
     def _load(
@@ -202,22 +204,23 @@ class PublicContext:
             raise BfvError("SEAL's serialisation is not the layout this module reads")
         return payload
 
-    def _prefix(self, *, coefficients: int) -> bytes:
+    def _prefix(self, *, coefficients: int, ntt: bool = False) -> bytes:
         """What SEAL writes before a ciphertext's coefficients: fixed by the parameters."""
         degree = self.params.poly_modulus_degree
         array_bytes = _HEADER.size + 8 + 8 * coefficients
         return (
             struct.pack("<4Q", *self.seal.first_parms_id())
-            + struct.pack("<?QQQdQ", False, 2, degree, 1, 1.0, 1)  # NTT form, size, N, moduli, scale, correction
+            + struct.pack("<?QQQdQ", ntt, 2, degree, 1, 1.0, 1)  # NTT form, size, N, moduli, scale, correction
             + self._header(array_bytes)
             + struct.pack("<Q", coefficients)
         )
 
-    def _plaintext_prefix(self, coefficients: int) -> bytes:
-        """What SEAL writes before a plaintext's coefficients: no parameter id (not in NTT form), the
-        coefficient count, the scale, then the coefficient array's header and length."""
+    def _plaintext_prefix(self, coefficients: int, *, ntt: bool = False) -> bytes:
+        """What SEAL writes before a plaintext's coefficients: its parameter id (zero unless in NTT
+        form, then the data level's), the coefficient count, the scale, then the coefficient array's
+        header and length."""
         return (
-            bytes(32)
+            (struct.pack("<4Q", *self.seal.first_parms_id()) if ntt else bytes(32))
             + struct.pack("<Qd", coefficients, 1.0)
             + self._header(_HEADER.size + 8 + 8 * coefficients)
             + struct.pack("<Q", coefficients)
@@ -245,6 +248,37 @@ class PublicContext:
         coefficients = np.zeros(degree, dtype=np.int64)
         coefficients[:count] = np.frombuffer(body, dtype="<u8", offset=len(prefix))
         return coefficients
+
+    def load_ring_elements(self, file: "_MemoryFile", polynomials: np.ndarray, *, ntt: bool) -> seal.Ciphertext:
+        """Two polynomials of ``R_q`` (``N`` coefficients each, below ``q``) as one ciphertext, in NTT
+        form or not: the form in which SEAL multiplies and transforms them (``crypto.one_time_keys``)."""
+        body = self._prefix(coefficients=2 * self.params.poly_modulus_degree, ntt=ntt)
+        body += np.ascontiguousarray(polynomials, dtype="<u8").tobytes()
+        ciphertext = seal.Ciphertext()
+        try:
+            file.load(ciphertext, self.seal, self._header(_HEADER.size + len(body)) + body)
+        except Exception as error:  # SEAL's loader: a coefficient at or above q
+            raise BfvError(f"not two polynomials of R_q for these parameters: {error}") from None
+        return ciphertext
+
+    def ring_elements(self, file: "_MemoryFile", ciphertext: seal.Ciphertext) -> np.ndarray:
+        """A ciphertext's two polynomials, ``(2, N)`` uint64 below ``q``, read from SEAL's serialisation."""
+        prefix = self._prefix(coefficients=2 * self.params.poly_modulus_degree, ntt=ciphertext.is_ntt_form())
+        body = self._body(file.save(ciphertext), prefix)
+        if len(body) != len(prefix) + 16 * self.params.poly_modulus_degree:
+            raise BfvError("SEAL's ciphertext layout is not the one this module reads")
+        return np.frombuffer(body, dtype="<u8", offset=len(prefix)).reshape(2, -1)
+
+    def load_ntt_plaintext(self, file: "_MemoryFile", coefficients: np.ndarray) -> seal.Plaintext:
+        """A polynomial of ``R_q`` in NTT form (``N`` values below ``q``), as SEAL multiplies by it."""
+        degree = self.params.poly_modulus_degree
+        body = self._plaintext_prefix(degree, ntt=True) + np.ascontiguousarray(coefficients, dtype="<u8").tobytes()
+        plaintext = seal.Plaintext()
+        try:
+            file.load(plaintext, self.seal, self._header(_HEADER.size + len(body)) + body)
+        except Exception as error:  # SEAL's loader: a value at or above q
+            raise BfvError(f"not a polynomial of R_q in NTT form for these parameters: {error}") from None
+        return plaintext
 
     def _header(self, size: int) -> bytes:
         return _HEADER.pack(_SEAL_MAGIC, _HEADER.size, *self._version, _COMPRESSION_NONE, 0, size)
@@ -449,7 +483,7 @@ def _packed_bytes(coefficients: int, params: BfvParameters) -> int:
     return -(-coefficients * _coefficient_bits(params) // 8)
 
 
-def _pack(coefficients: bytes, bits: int) -> bytes:
+def pack_words(coefficients: bytes, bits: int) -> bytes:
     """Little-endian 64-bit words below ``2^bits`` to ``bits`` bits each, back to back (``N`` is a multiple of 8: no padding).
 
     Eight coefficients fill exactly ``bits`` bytes, so each group of eight is shifted into eight
@@ -465,7 +499,7 @@ def _pack(coefficients: bytes, bits: int) -> bytes:
     return np.ascontiguousarray(words.T).view(np.uint8)[:, :bits].tobytes()
 
 
-def _unpack(packed: bytes, coefficients: int, bits: int) -> bytes:
+def unpack_words(packed: bytes, coefficients: int, bits: int) -> bytes:
     groups = coefficients // 8
     padded = np.zeros((groups, 64), dtype=np.uint8)
     padded[:, :bits] = np.frombuffer(packed, dtype=np.uint8).reshape(groups, bits)

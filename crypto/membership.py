@@ -6,13 +6,10 @@ vector ``x_k`` of ``d`` integers, all modulo the plaintext modulus ``t``::
 
     c_{k,l} = <a_l, x_k> + tag_{k,l}        l = 1..L
 
-``a_l`` and ``tag_{k,l}`` are ChaCha20 keystream keyed with ``HMAC-SHA256(K, R | r | l)`` and
-``HMAC-SHA256(K, R | r | k)``. Each coefficient of ``a_l`` is a 32-bit word ``w`` mapped to
-``floor(w r / 2^32)`` in ``[0, r)``, ``r = min(t, 2^32)`` (the word itself once ``t > 2^32``: a
-coefficient needs 32 bits of chance, not ``log2 t``, and keeps the products short). A value of that
-map has at most ``ceil(2^32 / r)`` preimages, so a coefficient takes any one value with probability
-at most ``p = ceil(2^32 / r) / 2^32`` (``1 / t`` to within ``2^-32``; exactly ``2^-32`` for
-``t > 2^32``). A tag is a 256-bit word mapped to ``floor(w t / 2^256)`` in ``Z_t``: uniform to within
+``a_l`` are the challenges of a linear hash modulo ``t`` (``crypto.linear_hash``) seeded with
+``HMAC-SHA256(K, R | r)``: a coefficient takes any one value with probability at most ``p``
+(``1 / t`` to within ``2^-32``). ``tag_{k,l}`` is ChaCha20 keystream keyed with
+``HMAC-SHA256(K, R | r | k)``, a 256-bit word mapped to ``floor(w t / 2^256)`` in ``Z_t``: uniform to within
 a statistical distance of ``t / 2^256 < 2^-196``. A hospital told that a sum ``(y, c)`` adds the
 contributions of the set ``S`` accepts it only if, for every ``l``::
 
@@ -50,31 +47,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
-from threadpoolctl import ThreadpoolController
-
+from crypto.linear_hash import LinearHash, challenge_count
 from crypto.primes import is_prime
 
 __all__ = ["CHECK_KEY_BYTES", "MembershipError", "check_slot_count", "CheckKey"]
 
 CHECK_KEY_BYTES = 32
-SOUNDNESS_BITS = 128
 MAX_PLAIN_MODULUS_BITS = 60  # SEAL's largest plaintext modulus
-_COEFFICIENT_BITS = 32
 _TAG_BITS = 256  # a tag is uniform on Z_t to within t / 2^256: the argument needs it uniform
-_LIMB_BITS = 8  # a value's bytes: a product of a coefficient and a limb stays below 2^40...
-_BLOCK = 2 ** (53 - _COEFFICIENT_BITS - _LIMB_BITS)  # ...and 2^13 of them sum below 2^53, exact in float64
-_STRETCH = 2**16  # coefficients drawn at a time: a whole number of keystream blocks (16 a block)
-_NONCE = bytes(12)  # each label has its own key, so one nonce serves: every party recomputes the same stream
-_BLOCK_BYTES = 64  # ChaCha20's block
-# One BLAS thread for the products: each is small, and OpenBLAS's idle threads spin after it, taking
-# the core from the party's own work and its crypto worker's (a 1M update's products took 20 ms
-# with them and 6.5 ms with one thread, on 2 cores).
-_BLAS = ThreadpoolController()
+_NONCE = bytes(16)  # each label has its own key, so one counter-and-nonce serves
 
 
 class MembershipError(ValueError):
@@ -82,13 +67,8 @@ class MembershipError(ValueError):
 
 
 def check_slot_count(plain_modulus: int) -> int:
-    """``L``: the fewest slots with ``p^L <= 2^-128``, in exact arithmetic: at ``t = 65537``, ``p`` is
-    exactly ``2^-16``, where a logarithm in floating point decides the count by its rounding."""
-    p = Fraction(-(-(2**_COEFFICIENT_BITS) // _coefficient_range(plain_modulus)), 2**_COEFFICIENT_BITS)
-    slots, forgery = 1, p
-    while forgery > Fraction(1, 2**SOUNDNESS_BITS):
-        slots, forgery = slots + 1, forgery * p
-    return slots
+    """``L``: as many check slots as a linear hash modulo ``t`` needs challenges (``crypto.linear_hash``)."""
+    return challenge_count(plain_modulus)
 
 
 class CheckKey:
@@ -116,7 +96,8 @@ class CheckKey:
     def products(self, slots: np.ndarray, *, round_number: int, first: int = 0) -> list[int]:
         """``<a_l, y>`` modulo t for each ``l``, over the data slots ``y`` (in ``[0, t)``) at positions
         ``first, first + 1, ...`` of the vector: a vector's products are the sums of its pieces'."""
-        return self._inner_products(np.asarray(slots, dtype=np.int64), round_number, first)
+        seed = hmac.new(self._key, self._label(b"coefficients|%d" % round_number), hashlib.sha256).digest()
+        return LinearHash(seed, modulus=self._t, label=b"coefficients").products(slots, first=first)
 
     def check_slots(self, products: Sequence[int], *, round_number: int, hospital: str) -> list[int]:
         """This hospital's check slots for this round, given the products of its whole vector
@@ -139,31 +120,6 @@ class CheckKey:
                 f"round {round_number}: the sum is not one fresh contribution from each of {list(contributors)}"
             )
 
-    def _inner_products(self, reduced: np.ndarray, round_number: int, first: int) -> list[int]:
-        """``<a_l, x> mod t`` for each ``l``, exactly, by BLAS in float64: ``x`` is cut into its bytes,
-        and a block of ``2^13`` products of a byte and a 32-bit coefficient sums below ``2^53``, where
-        every partial sum of integers is exact whatever order BLAS adds in. The coefficients are drawn
-        a stretch at a time, so memory stays bounded whatever the vector's length."""
-        limb_count = -(-self._t.bit_length() // _LIMB_BITS)
-        x = np.ascontiguousarray(reduced, dtype="<i8")
-        totals = np.zeros((self.slots, limb_count), dtype=object)  # Python integers: no overflow
-        with _BLAS.limit(limits=1, user_api="blas"):
-            for start in range(0, x.size, _STRETCH):
-                self._add_stretch(totals, x[start : start + _STRETCH], round_number, first + start, limb_count)
-        return [
-            sum(int(total) << (_LIMB_BITS * position) for position, total in enumerate(row)) % self._t for row in totals
-        ]
-
-    def _add_stretch(self, totals: np.ndarray, piece: np.ndarray, round_number: int, first: int, limbs: int) -> None:
-        """Add the products of ``piece``, the values from position ``first`` on, to ``totals`` (by limb)."""
-        bytes_ = piece.view(np.uint8).reshape(-1, 8)[:, :limbs].astype(np.float64)
-        coefficients = np.empty((self.slots, piece.size))
-        for l in range(self.slots):
-            coefficients[l] = self._coefficients(b"coefficients|%d|%d" % (round_number, l), piece.size, first)
-        for block in range(0, piece.size, _BLOCK):
-            sums = coefficients[:, block : block + _BLOCK] @ bytes_[block : block + _BLOCK]
-            totals += sums.astype(np.int64)  # each below 2^53, exact
-
     def _tags(self, round_number: int, hospital: str) -> list[int]:
         size = _TAG_BITS // 8
         words = self._keystream(b"tags|%d|" % round_number + hospital.encode(), size * self.slots)
@@ -171,28 +127,9 @@ class CheckKey:
             int.from_bytes(words[i : i + size], "little") * self._t >> _TAG_BITS for i in range(0, len(words), size)
         ]
 
-    def _coefficients(self, label: bytes, size: int, first: int = 0) -> np.ndarray:
-        """Coefficients ``first`` to ``first + size - 1`` in ``[0, min(t, 2^32))``, from the keystream of
-        ``label``'s key (module docstring)."""
-        word_bytes = _COEFFICIENT_BITS // 8
-        stream = self._keystream(label, word_bytes * size, offset=word_bytes * first)
-        words = np.frombuffer(stream, dtype="<u4")
-        coefficient_range = _coefficient_range(self._t)
-        if coefficient_range == 2**_COEFFICIENT_BITS:
-            return words  # the words themselves
-        words = words.astype(np.uint64)
-        words *= np.uint64(coefficient_range)  # in place: d values a slot, twice a round
-        words >>= np.uint64(_COEFFICIENT_BITS)
-        return words
+    def _keystream(self, label: bytes, size: int) -> bytes:
+        key = hmac.new(self._key, self._label(label), hashlib.sha256).digest()
+        return Cipher(algorithms.ChaCha20(key, _NONCE), mode=None).encryptor().update(bytes(size))
 
-    def _keystream(self, label: bytes, size: int, *, offset: int = 0) -> bytes:
-        """``size`` bytes of ``label``'s keystream from byte ``offset`` on (a whole number of 64-byte blocks)."""
-        if offset % _BLOCK_BYTES:
-            raise ValueError(f"a keystream is entered at a block: offset {offset} is not a multiple of {_BLOCK_BYTES}")
-        key = hmac.new(self._key, b"consilium/check-slots/v5|" + self.run_id.encode() + b"|" + label, hashlib.sha256)
-        nonce = (offset // _BLOCK_BYTES).to_bytes(4, "little") + _NONCE  # RFC 7539: the block counter, then the nonce
-        return Cipher(algorithms.ChaCha20(key.digest(), nonce), mode=None).encryptor().update(bytes(size))
-
-
-def _coefficient_range(plain_modulus: int) -> int:
-    return min(plain_modulus, 2**_COEFFICIENT_BITS)
+    def _label(self, label: bytes) -> bytes:
+        return b"consilium/check-slots/v6|" + self.run_id.encode() + b"|" + label

@@ -11,8 +11,8 @@ from crypto.bfv import (
     CiphertextSum,
     PublicContext,
     SecretContext,
-    _pack,
-    _unpack,
+    pack_words,
+    unpack_words,
     aggregate_bytes,
     upload_bytes,
 )
@@ -128,8 +128,8 @@ def test_coefficients_are_packed_to_exactly_their_bits(bits):
         8 * bits, "little"
     )  # a bit string, by hand
     words = np.array(coefficients, dtype="<u8").tobytes()
-    assert _pack(words, bits) == packed
-    assert _unpack(packed, len(coefficients), bits) == words
+    assert pack_words(words, bits) == packed
+    assert unpack_words(packed, len(coefficients), bits) == words
 
 
 def _other_uploads(small_params):
@@ -278,11 +278,11 @@ def test_transparent_and_arbitrary_aggregates_are_refused(secret, public, small_
         public.load_upload(secret.encrypt_update(ones, round_number=1, hospital="hospital-1"))
     )
     q, bits = small_params.ciphertext_modulus, small_params.ciphertext_modulus.bit_length()
-    coefficients = np.frombuffer(_unpack(honest, 2 * small_params.poly_modulus_degree, bits), dtype="<u8")
+    coefficients = np.frombuffer(unpack_words(honest, 2 * small_params.poly_modulus_degree, bits), dtype="<u8")
     halved = [p * ((q + 1) // 2) % q for p in coefficients.tolist()]  # below the plaintext level: no slot-wise map
     assert np.array_equal(secret.decrypt_sum([honest], round_number=1, contributors=["hospital-1"]), ones)
     candidates = [
-        [_pack(np.array(halved, dtype="<u8").tobytes(), bits)],
+        [pack_words(np.array(halved, dtype="<u8").tobytes(), bits)],
         [b"\x00" * size],  # transparent: decrypts to c0 under any key
         [bytes(np.random.default_rng(1).integers(0, 256, half, dtype=np.uint8)) + b"\x00" * (size - half)],
         [other_key],  # a valid ciphertext under another key
