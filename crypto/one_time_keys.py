@@ -27,8 +27,11 @@ values rebuild the constant term by Lagrange interpolation; fewer are uniform an
 
 **Zero slots.** The last slots of an upload (where check slots were, ``BfvParameters.slot_count``)
 hold 0, so a sum decrypts to 0 there. A wrong rebuilt key ``K + eps`` adds ``a_c eps`` to each
-ciphertext, uniform unless ``eps`` was fitted to ``a_c``: every zero slot is then uniform modulo
-``t``, and ``check_slot_count(t)`` of them pass together with probability at most ``2^-128``.
+ciphertext, uniform for an ``eps`` drawn independently of the ``a_c``: every zero slot is then
+uniform modulo ``t``, and ``check_slot_count(t)`` of them pass together with probability at most
+``2^-128``. That catches a release damaged by mistake, not one fitted by a dishonest releaser: the
+condition is linear in ``eps``, so ``eps = (lambda a_C)^-1 y`` with ``y`` zero at those slots passes
+it (the design's "Open: F2" replaces it).
 """
 
 from __future__ import annotations
@@ -69,12 +72,16 @@ def public_polynomials(params, *, run: str, round_number: int) -> np.ndarray:
 
 
 class OneTimeKey:
-    """A hospital's key for one upload: it encrypts once, then only its shares remain to be dealt."""
+    """A hospital's key for one upload, dealt once as it is drawn: it encrypts once, and its shares
+    (``shares[x - 1]`` for party ``x``, NTT form) are all that may leave."""
 
-    def __init__(self, context: PublicContext) -> None:
+    def __init__(self, context: PublicContext, *, threshold: int, parties: int) -> None:
+        if not 2 <= threshold <= parties:
+            raise BfvError(f"a threshold of {threshold} among {parties} parties cannot be dealt")
         self._context = context
         self._q = context.params.ciphertext_modulus
         self._key = _uniform(self._q, context.params.poly_modulus_degree, os.urandom)  # NTT form
+        self.shares = self._deal(threshold, parties)
         self._used = False
 
     def encrypt(self, slots: np.ndarray, public: np.ndarray) -> list[bytes]:
@@ -98,11 +105,9 @@ class OneTimeKey:
                 scaled.append(_subtract(noisy, product, self._q))
         return pack_ring(self._context, np.stack(scaled))
 
-    def shares(self, threshold: int, parties: int) -> list[np.ndarray]:
-        """The key's Shamir shares for parties ``1..parties`` (NTT form, uint64), any ``threshold`` of
-        which rebuild it."""
-        if not 2 <= threshold <= parties:
-            raise BfvError(f"a threshold of {threshold} among {parties} parties cannot be dealt")
+    def _deal(self, threshold: int, parties: int) -> tuple[np.ndarray, ...]:
+        """Shamir shares for parties ``1..parties``, any ``threshold`` of which rebuild the key. A key is
+        dealt once: two dealings routed to different recipients would put the releases off one polynomial."""
         # Horner's rule in Python integers: a share is at most 60 bits, a party's index a few.
         coefficients = [_uniform(self._q, self._key.size, os.urandom) for _ in range(threshold - 1)]
         shares = []
@@ -111,7 +116,7 @@ class OneTimeKey:
             for coefficient in reversed(coefficients):
                 value = (value + coefficient.astype(object)) * x % self._q
             shares.append(((value + self._key.astype(object)) % self._q).astype(np.uint64))
-        return shares
+        return tuple(shares)
 
 
 def key_share_bytes(params) -> int:

@@ -33,9 +33,9 @@ def _round(context, hospitals=3, threshold=2, run="run-a", round_number=1):
     values, uploads, shares = [], [], []
     for _ in range(hospitals):
         values.append(rng.integers(-1000, 1000, size=LENGTH))
-        key = otk.OneTimeKey(context)
+        key = otk.OneTimeKey(context, threshold=threshold, parties=hospitals)
         uploads.append(otk.unpack_ring(context, key.encrypt(_slots(context, values[-1]), public), "upload"))
-        shares.append(key.shares(threshold, hospitals))
+        shares.append(key.shares)
     return public, values, uploads, shares
 
 
@@ -60,7 +60,7 @@ def test_an_upload_is_c0_alone_and_smaller_than_a_seeded_ciphertext(context):
     from crypto.bfv import upload_bytes
 
     public = otk.public_polynomials(context.params, run="run-a", round_number=1)
-    key = otk.OneTimeKey(context)
+    key = otk.OneTimeKey(context, threshold=2, parties=3)
     upload = key.encrypt(_slots(context, np.zeros(LENGTH, dtype=np.int64)), public)
     assert len(upload) == context.params.chunk_count
     assert all(len(chunk) == otk.key_share_bytes(context.params) < upload_bytes(context.params) for chunk in upload)
@@ -68,13 +68,16 @@ def test_an_upload_is_c0_alone_and_smaller_than_a_seeded_ciphertext(context):
 
 def test_a_key_encrypts_one_upload(context):
     public = otk.public_polynomials(context.params, run="run-a", round_number=1)
-    key = otk.OneTimeKey(context)
+    key = otk.OneTimeKey(context, threshold=2, parties=3)
     key.encrypt(_slots(context, np.ones(LENGTH, dtype=np.int64)), public)
     with pytest.raises(BfvError, match="encrypts one upload"):
         key.encrypt(_slots(context, np.ones(LENGTH, dtype=np.int64)), public)
     # Two keys are two independent draws: the same values encrypt to unrelated uploads.
     first, second = (
-        otk.OneTimeKey(context).encrypt(_slots(context, np.ones(LENGTH, dtype=np.int64)), public) for _ in "ab"
+        otk.OneTimeKey(context, threshold=2, parties=3).encrypt(
+            _slots(context, np.ones(LENGTH, dtype=np.int64)), public
+        )
+        for _ in "ab"
     )
     assert first != second
 
@@ -146,9 +149,24 @@ def test_malformed_polynomials_and_thresholds_are_refused(context):
         otk.unpack_ring(context, [bytes(size - 1)], "release")
     with pytest.raises(BfvError, match="at or above the ciphertext modulus"):
         otk.unpack_ring(context, [b"\xff" * size], "release")
-    key = otk.OneTimeKey(context)
     for threshold, parties in ((1, 3), (4, 3)):
         with pytest.raises(BfvError, match="cannot be dealt"):
-            key.shares(threshold, parties)
+            otk.OneTimeKey(context, threshold=threshold, parties=parties)
+    key = otk.OneTimeKey(context, threshold=2, parties=3)
     with pytest.raises(BfvError, match="exactly 2 releases"):
-        otk.rebuild({1: key.shares(2, 3)[0]}, 2, context.params.ciphertext_modulus)
+        otk.rebuild({1: key.shares[0]}, 2, context.params.ciphertext_modulus)
+
+
+def test_slots_that_wrap_modulo_t_sum_exactly(context):
+    """SEAL scales by round(q m / t), where a plaintext's wrap vanishes modulo q: a sum of K slots of
+    t - 1 decrypts to K (t - 1) mod t (with floor(q / t), the wrap would leave -(q mod t) per coefficient)."""
+    params = context.params
+    q, t, hospitals = params.ciphertext_modulus, params.plain_modulus, 5
+    public = otk.public_polynomials(params, run="run-a", round_number=2)
+    slots = np.zeros(params.chunk_count * params.poly_modulus_degree, dtype=np.int64)
+    slots[: params.digits.slots_for(LENGTH)] = t - 1
+    keys = [otk.OneTimeKey(context, threshold=2, parties=hospitals) for _ in range(hospitals)]
+    total = otk.sum_uploads(context, [otk.unpack_ring(context, key.encrypt(slots, public), "upload") for key in keys])
+    releases = {j + 1: otk.release([key.shares[j] for key in keys], q) for j in range(2)}
+    decrypted = otk.decrypt_sum(context, total, otk.rebuild(releases, 2, q), public)
+    assert set(decrypted[: params.digits.slots_for(LENGTH)].tolist()) == {hospitals * (t - 1) % t}
