@@ -21,9 +21,10 @@ bijection of ``R_q``, so uniform stays uniform) and Shamir sharing is linear, so
 and the rebuilt key stay in NTT form too: SEAL multiplies by them pointwise and only the product is
 transformed back.
 
-**Shares.** Coefficient by coefficient, ``k`` is the constant term of a random polynomial of degree
-``tau - 1`` over ``Z_q`` (``q`` is prime); party ``x`` (1-based) gets its value at ``x``. Any ``tau``
-values rebuild the constant term by Lagrange interpolation; fewer are uniform and independent of it.
+**Shares.** A key is dealt once, as it is drawn (``crypto.key_shares``): coefficient by
+coefficient, ``k`` is the constant term of a random polynomial of degree ``tau - 1`` over ``Z_q``
+(``q`` is prime); party ``x`` (1-based) gets its value at ``x``. Any ``tau`` values rebuild the
+constant term by Lagrange interpolation; fewer are uniform and independent of it.
 
 **Zero slots.** The last slots of an upload (where check slots were, ``BfvParameters.slot_count``)
 hold 0, so a sum decrypts to 0 there. A wrong rebuilt key ``K + eps`` adds ``a_c eps`` to each
@@ -38,12 +39,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import tenseal.sealapi as seal
 
 from crypto.bfv import BfvError, PublicContext, _MemoryFile, pack_words, unpack_words
+from crypto.key_shares import Dealing, KeyShareError, uniform
 
 __all__ = [
     "OneTimeKey",
@@ -52,8 +54,6 @@ __all__ = [
     "key_share_bytes",
     "pack_ring",
     "public_polynomials",
-    "rebuild",
-    "release",
     "sum_uploads",
     "unpack_ring",
 ]
@@ -65,23 +65,24 @@ def public_polynomials(params, *, run: str, round_number: int) -> np.ndarray:
     label = b"consilium/one-time-key/a/v1|%s|%d|" % (run.encode(), round_number)
     return np.stack(
         [
-            _uniform(params.ciphertext_modulus, params.poly_modulus_degree, lambda size, c=c: _shake(label, c, size))
+            uniform(params.ciphertext_modulus, params.poly_modulus_degree, lambda size, c=c: _shake(label, c, size))
             for c in range(params.chunk_count)
         ]
     )
 
 
 class OneTimeKey:
-    """A hospital's key for one upload, dealt once as it is drawn: it encrypts once, and its shares
-    (``shares[x - 1]`` for party ``x``, NTT form) are all that may leave."""
+    """A hospital's key for one upload, dealt as it is drawn (``dealing``: ``crypto.key_shares``): it
+    encrypts once, and only its shares, and the dealing's proof, may leave."""
 
     def __init__(self, context: PublicContext, *, threshold: int, parties: int) -> None:
-        if not 2 <= threshold <= parties:
-            raise BfvError(f"a threshold of {threshold} among {parties} parties cannot be dealt")
         self._context = context
         self._q = context.params.ciphertext_modulus
-        self._key = _uniform(self._q, context.params.poly_modulus_degree, os.urandom)  # NTT form
-        self.shares = self._deal(threshold, parties)
+        self._key = uniform(self._q, context.params.poly_modulus_degree, os.urandom)  # NTT form
+        try:
+            self.dealing = Dealing(self._key, threshold=threshold, parties=parties, modulus=self._q)
+        except KeyShareError as error:
+            raise BfvError(str(error)) from None
         self._used = False
 
     def encrypt(self, slots: np.ndarray, public: np.ndarray) -> list[bytes]:
@@ -104,19 +105,6 @@ class OneTimeKey:
                 product = _times(self._context, file, public[c], key)
                 scaled.append(_subtract(noisy, product, self._q))
         return pack_ring(self._context, np.stack(scaled))
-
-    def _deal(self, threshold: int, parties: int) -> tuple[np.ndarray, ...]:
-        """Shamir shares for parties ``1..parties``, any ``threshold`` of which rebuild the key. A key is
-        dealt once: two dealings routed to different recipients would put the releases off one polynomial."""
-        # Horner's rule in Python integers: a share is at most 60 bits, a party's index a few.
-        coefficients = [_uniform(self._q, self._key.size, os.urandom) for _ in range(threshold - 1)]
-        shares = []
-        for x in range(1, parties + 1):
-            value = np.zeros(self._key.size, dtype=object)
-            for coefficient in reversed(coefficients):
-                value = (value + coefficient.astype(object)) * x % self._q
-            shares.append(((value + self._key.astype(object)) % self._q).astype(np.uint64))
-        return tuple(shares)
 
 
 def key_share_bytes(params) -> int:
@@ -154,27 +142,6 @@ def sum_uploads(context: PublicContext, uploads: Sequence[np.ndarray]) -> np.nda
         total += upload  # both below q < 2^60: no overflow
         total[total >= q] -= q
     return total
-
-
-def release(shares: Sequence[np.ndarray], modulus: int) -> np.ndarray:
-    """What a party releases for a set: the sum modulo ``q`` of the shares it holds from its members."""
-    return _reduce(sum(share.astype(object) for share in shares), modulus)
-
-
-def rebuild(releases: Mapping[int, np.ndarray], threshold: int, modulus: int) -> np.ndarray:
-    """The constant term (the sum's key, NTT form) from ``threshold`` releases keyed by party index."""
-    if len(releases) != threshold:
-        raise BfvError(f"rebuilding needs exactly {threshold} releases, got {len(releases)}")
-    points = list(releases)
-    total = np.zeros(next(iter(releases.values())).size, dtype=object)
-    for x in points:
-        numerator, denominator = 1, 1
-        for other in points:
-            if other != x:
-                numerator, denominator = numerator * other % modulus, denominator * (other - x) % modulus
-        weight = numerator * pow(denominator, -1, modulus) % modulus
-        total += releases[x].astype(object) * weight
-    return _reduce(total, modulus)
 
 
 def decrypt_sum(context: PublicContext, total: np.ndarray, key: np.ndarray, public: np.ndarray) -> np.ndarray:
@@ -217,29 +184,11 @@ def _add(x: np.ndarray, y: np.ndarray, modulus: int) -> np.ndarray:
     return np.where(total >= np.uint64(modulus), total - np.uint64(modulus), total)
 
 
-def _reduce(values: np.ndarray, modulus: int) -> np.ndarray:
-    return (values % modulus).astype(np.uint64)
-
-
 def _zero_key(context: PublicContext) -> seal.SecretKey:
     """A secret key of all zeros: encryption under it leaves ``Delta m + e``, decryption only scales."""
     key = seal.KeyGenerator(context.seal).secret_key()
     key.data().set_zero()
     return key
-
-
-def _uniform(modulus: int, count: int, source) -> np.ndarray:
-    """``count`` values uniform below ``modulus``: words of ``bitlength(modulus)`` bits from ``source(size)``,
-    those at or above ``modulus`` rejected (fewer than half of them, as ``modulus > 2^(bits-1)``)."""
-    bits = modulus.bit_length()
-    mask = np.uint64(2**bits - 1)
-    drawn = 2 * count + 64
-    while True:
-        words = np.frombuffer(source(8 * drawn), dtype="<u8") & mask
-        kept = words[words < np.uint64(modulus)]
-        if kept.size >= count:
-            return kept[:count].copy()
-        drawn *= 2  # a SHAKE stream is prefix-stable: asking for more keeps every party's first values
 
 
 def _shake(label: bytes, chunk: int, size: int) -> bytes:

@@ -31,7 +31,16 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["OVERHEAD_BYTES", "SealedBoxError", "certify_key", "open_box", "seal", "verify_certified_key"]
+__all__ = [
+    "OVERHEAD_BYTES",
+    "SealedBoxError",
+    "box_key",
+    "certify_key",
+    "open_box",
+    "open_with_box_key",
+    "seal",
+    "verify_certified_key",
+]
 
 _VERSION = b"CSB1"
 _LABEL = b"consilium sealed box v1"
@@ -59,27 +68,55 @@ def seal(plaintext: bytes, *, recipient: X25519PublicKey, sender: Ed25519Private
 
 
 def open_box(box: bytes, *, recipient: X25519PrivateKey, sender: Ed25519PublicKey, context: bytes) -> bytes:
-    if len(box) < _HEADER_BYTES + _TAG_BYTES + _SIGNATURE_BYTES:
-        raise SealedBoxError(f"sealed box too short ({len(box)} bytes)")
-    if not box.startswith(_VERSION):
-        raise SealedBoxError("not a sealed box of a known version")
-    body, signature = box[:-_SIGNATURE_BYTES], box[-_SIGNATURE_BYTES:]
-    recipient_public = _raw(recipient.public_key())
+    return open_with_box_key(
+        box,
+        key=box_key(box, recipient=recipient),
+        recipient=recipient.public_key(),
+        sender=sender,
+        context=context,
+    )
+
+
+def box_key(box: bytes, *, recipient: X25519PrivateKey) -> bytes:
+    """The key of this one box. Revealed, it opens this box and no other: a recipient shows what a sender
+    sealed to it (``open_with_box_key``) without giving up its own key. A recipient cannot reveal a
+    false key to pin other contents on an honest sender: that key would have to pass the Poly1305 tag
+    of a box it did not make."""
+    _parts(box)
+    ephemeral_public = box[len(_VERSION) : len(_VERSION) + _KEY_BYTES]
     try:
-        sender.verify(signature, _signed_message(body, context, recipient_public))
+        shared = recipient.exchange(X25519PublicKey.from_public_bytes(ephemeral_public))
+    except ValueError:
+        raise SealedBoxError("sealed box does not decrypt with this recipient's key") from None
+    return _derive_key(shared, ephemeral_public, _raw(recipient.public_key()))
+
+
+def open_with_box_key(
+    box: bytes, *, key: bytes, recipient: X25519PublicKey, sender: Ed25519PublicKey, context: bytes
+) -> bytes:
+    """The contents of a box sealed to ``recipient`` by ``sender`` for ``context``, opened with its own key."""
+    body, signature = _parts(box)
+    try:
+        sender.verify(signature, _signed_message(body, context, _raw(recipient)))
     except InvalidSignature:
         raise SealedBoxError(
             "sealed box signature does not verify: altered, from another sender, "
             "for another recipient or for another purpose"
         ) from None
-    ephemeral_public = body[len(_VERSION) : len(_VERSION) + _KEY_BYTES]
     nonce = body[len(_VERSION) + _KEY_BYTES : _HEADER_BYTES]
     try:
-        shared = recipient.exchange(X25519PublicKey.from_public_bytes(ephemeral_public))
-        key = _derive_key(shared, ephemeral_public, recipient_public)
         return ChaCha20Poly1305(key).decrypt(nonce, body[_HEADER_BYTES:], context)
     except (InvalidTag, ValueError):
         raise SealedBoxError("sealed box does not decrypt with this recipient's key") from None
+
+
+def _parts(box: bytes) -> tuple[bytes, bytes]:
+    """A box's signed body and its signature, once its length and version are right."""
+    if len(box) < _HEADER_BYTES + _TAG_BYTES + _SIGNATURE_BYTES:
+        raise SealedBoxError(f"sealed box too short ({len(box)} bytes)")
+    if not box.startswith(_VERSION):
+        raise SealedBoxError("not a sealed box of a known version")
+    return box[:-_SIGNATURE_BYTES], box[-_SIGNATURE_BYTES:]
 
 
 def certify_key(public_key: X25519PublicKey, *, signer: Ed25519PrivateKey, context: bytes) -> bytes:

@@ -72,3 +72,27 @@ def test_identity_keys_round_trip_and_bad_keys_are_named(parties):
         PublicIdentity.from_text({"sign_public": "not base64!", "box_public": identity.public.to_text()["box_public"]})
     with pytest.raises(IdentityKeyError, match="box_secret"):
         PrivateIdentity.from_text({"sign_secret": identity.to_text()["sign_secret"]})
+
+
+def test_a_box_s_own_key_opens_it_for_anyone_and_no_other_box():
+    """A recipient shows what a sender sealed to it, and only that box, by revealing that box's key."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from crypto.sealed_box import box_key, open_with_box_key
+
+    sender, recipient = Ed25519PrivateKey.generate(), X25519PrivateKey.generate()
+    boxes = [
+        seal(b"share " + i, recipient=recipient.public_key(), sender=sender, context=b"round 3") for i in (b"1", b"2")
+    ]
+    key = box_key(boxes[0], recipient=recipient)
+    shown = dict(recipient=recipient.public_key(), sender=sender.public_key(), context=b"round 3")
+    assert open_with_box_key(boxes[0], key=key, **shown) == b"share 1"
+    with pytest.raises(SealedBoxError, match="does not decrypt"):
+        open_with_box_key(boxes[1], key=key, **shown)
+    with pytest.raises(
+        SealedBoxError, match="does not decrypt"
+    ):  # a made-up key cannot pin other contents on the sender
+        open_with_box_key(boxes[0], key=bytes(32), **shown)
+    with pytest.raises(SealedBoxError, match="signature"):
+        open_with_box_key(boxes[0], key=key, **{**shown, "context": b"round 4"})
