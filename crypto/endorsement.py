@@ -34,9 +34,10 @@ from typing import Mapping, Sequence
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-__all__ = ["EndorsementError", "aggregate_statement", "check_endorsements", "endorse"]
+__all__ = ["EndorsementError", "aggregate_statement", "check_endorsements", "endorse", "one_time_statement"]
 
 _LABEL = b"consilium endorsed aggregate v1"
+_ONE_TIME_LABEL = b"consilium one-time-key round v1"
 
 
 class EndorsementError(ValueError):
@@ -60,9 +61,37 @@ def aggregate_statement(
     parts = [_LABEL, run.encode(), b"%d" % round_number, b"%d" % len(contributors)]
     parts += [name.encode() for name in contributors]
     parts += [b"%d" % len(chunks)] + [hashlib.sha256(chunk).digest() for chunk in chunks]
-    parts += [b"%d" % len(round_state)] + [
+    parts += _round_state_parts(round_state)
+    return _digest(statement, parts)
+
+
+def one_time_statement(
+    *,
+    run: str,
+    round_number: int,
+    contributors: Sequence[str],
+    upload_digests: Sequence[bytes],
+    sum_digest: bytes,
+    round_state: Mapping[str, float],
+    box_keys_digest: bytes,
+    previous_result: bytes,
+) -> bytes:
+    """The 32 bytes every contributor of a one-time-key round signs (``docs/explanation/secure-round.md``):
+    the set, each member's upload digest, the sum's, the round state, the round's box keys and the
+    previous round's result, each part length-prefixed."""
+    parts = [_ONE_TIME_LABEL, run.encode(), b"%d" % round_number, b"%d" % len(contributors)]
+    parts += [name.encode() for name in contributors] + list(upload_digests)
+    parts += [sum_digest, box_keys_digest, previous_result] + _round_state_parts(round_state)
+    return _digest(hashlib.sha256(), parts)
+
+
+def _round_state_parts(round_state: Mapping[str, float]) -> list[bytes]:
+    return [b"%d" % len(round_state)] + [
         name.encode() + b"=" + struct.pack(">d", value) for name, value in sorted(round_state.items())
     ]
+
+
+def _digest(statement, parts: list[bytes]) -> bytes:
     for part in parts:
         statement.update(struct.pack(">Q", len(part)) + part)
     return statement.digest()

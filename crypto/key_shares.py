@@ -1,6 +1,6 @@
 """Shamir shares of a one-time key that every recipient and every verifier can check, naming a cheat.
 
-The design and its arguments are in ``docs/explanation/secure-round.md`` (section "F2"); this module
+The design and its arguments are in ``docs/explanation/secure-round.md`` (section "Verifiable dealing and releases"); this module
 is the arithmetic. All values are modulo the prime ``q`` (the BFV ciphertext modulus); a key is a
 vector of ``N`` such values (``crypto.one_time_keys``, NTT form), and party ``x`` is 1-based.
 
@@ -71,10 +71,16 @@ class Dealing:
             for m in range(challenge_count(modulus))
         ]
         self.shares = tuple(self._share(x) for x in range(1, parties + 1))
+        self._proved = False
 
     def proof(self, challenges: LinearHash) -> tuple[tuple[int, ...], ...]:
-        """``P^m`` for each challenge ``m``: ``tau`` coefficients, lowest degree first."""
+        """``P^m`` for each challenge ``m``: ``tau`` coefficients, lowest degree first. Once: the masks
+        are a one-time pad, and two proofs under different challenges would give away linear forms
+        of the key."""
         _check_challenges(challenges, self.modulus, len(self._masks))
+        if self._proved:
+            raise KeyShareError("a dealing is proved once")
+        self._proved = True
         products = [challenges.products(coefficient) for coefficient in self._coefficients]  # [t][m]
         return tuple(
             tuple((products[t][m] + mask[t]) % self.modulus for t in range(self.threshold))

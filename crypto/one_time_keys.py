@@ -32,7 +32,7 @@ ciphertext, uniform for an ``eps`` drawn independently of the ``a_c``: every zer
 uniform modulo ``t``, and ``check_slot_count(t)`` of them pass together with probability at most
 ``2^-128``. That catches a release damaged by mistake, not one fitted by a dishonest releaser: the
 condition is linear in ``eps``, so ``eps = (lambda a_C)^-1 y`` with ``y`` zero at those slots passes
-it (the design's section "F2" checks each dealing and release instead).
+it (the design's section "Verifiable dealing and releases" checks each dealing and release instead).
 """
 
 from __future__ import annotations

@@ -89,10 +89,12 @@ def test_the_proof_is_the_challenges_products_masked_and_says_nothing_by_itself(
     challenges = _challenges()
     first, second = (Dealing(key, threshold=2, parties=3, modulus=Q) for _ in "ab")
     products = challenges.products(key)
-    for dealing in (first, second):
-        proof = dealing.proof(challenges)
+    proofs = [dealing.proof(challenges) for dealing in (first, second)]
+    for dealing, proof in zip((first, second), proofs):
         assert [p[0] for p in proof] == [(products[m] + mask[0]) % Q for m, mask in enumerate(dealing._masks)]
-    assert first.proof(challenges) != second.proof(challenges)
+    assert proofs[0] != proofs[1]
+    with pytest.raises(KeyShareError, match="proved once"):
+        first.proof(_challenges(b"\x08" * 32))
 
 
 def test_a_dealing_needs_a_threshold_within_the_parties():
