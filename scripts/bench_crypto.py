@@ -18,7 +18,13 @@ The schemes, side by side:
 - ``consilium-seeded``: ``crypto.bfv`` with the parameters Consilium computes for ``K`` hospitals and
   Dopamine's integer mechanism at this ``d`` (what a run uses), seeded uploads packed to
   ``ceil(log2 q)`` bits a coefficient;
-- ``consilium-unseeded``: the same, sending both polynomials.
+- ``consilium-unseeded``: the same, sending both polynomials;
+- ``consilium-one-time``: the one-time-key round (``docs/explanation/secure-round.md``) at the same
+  parameters, through ``protocol.one_time_round``, threshold ``floor(K/2) + 1``: the upload is the
+  encryption, the dealing and the ``K`` sealed shares (the shares' bytes are counted); the download
+  is one hospital's whole part after its upload: opening its shares, endorsing, proving its dealing,
+  checking every proof against its shares, releasing, checking every release, rebuilding the key,
+  decrypting and checking the zero slots. The other ``K - 1`` hospitals' steps run untimed.
 
 The TenSEAL rows encrypt with the public key, as TenSEAL and NVFlare do by default; Consilium
 encrypts with the shared secret key, which is what makes its seeded uploads possible. Only
@@ -41,20 +47,31 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import tenseal
 from tqdm import tqdm
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from crypto.bfv import CiphertextSum, PublicContext, SecretContext
 from crypto.bfv_parameters import BfvParameters, select_bfv_parameters
+from protocol.one_time_round import HospitalRound, RoundSetting, SumRound
 from scripts._cli import run
 from training.flags import positive_float, positive_int
 from training.skellam import SkellamMechanism
 
-SCHEMES = ("plaintext-float32", "tenseal-bfv-default", "tenseal-ckks-nvflare", "consilium-seeded", "consilium-unseeded")
+SCHEMES = (
+    "plaintext-float32",
+    "tenseal-bfv-default",
+    "tenseal-ckks-nvflare",
+    "consilium-seeded",
+    "consilium-unseeded",
+    "consilium-one-time",
+)
 _TENSEAL_BFV_PLAIN_MODULUS = 1032193  # TenSEAL's tutorials' batching prime for N = 4096
 _TENSEAL_BFV_SCALE = 2**10  # fixed point: its sums of up to K values must stay below t / 2
 _CKKS_SCALE_BITS = 40
@@ -98,7 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--hospitals", type=positive_int, nargs="+", default=[2, 10, 100], help="numbers of hospitals K"
     )
-    parser.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES), help="which schemes to measure")
+    parser.add_argument(
+        "--schemes",
+        nargs="+",
+        choices=SCHEMES,
+        default=[scheme for scheme in SCHEMES if scheme != "consilium-one-time"],
+        help="which schemes to measure (default: all but consilium-one-time, whose every hospital plays the whole "
+        "round, minutes a cell at K = 100)",
+    )
     parser.add_argument(
         "--contributions", type=positive_int, default=5, help="distinct uploads per measurement (at most K)"
     )
@@ -186,7 +210,7 @@ def _measure(
             aggregate_seconds.append(time.perf_counter() - start)
         start = time.perf_counter()
         decoded = setup.download(total, contributions)
-        download_seconds.append(time.perf_counter() - start)
+        download_seconds.append(time.perf_counter() - start - getattr(setup, "untimed", 0.0))
     expected = np.sum([np.asarray(u, dtype=np.float64) for u in updates], axis=0)
     wire = _wire_bytes(uploads[0])
     return Measurement(
@@ -205,7 +229,10 @@ def _measure(
     )
 
 
-def _wire_bytes(upload: bytes | list[bytes]) -> int:
+def _wire_bytes(upload: bytes | list[bytes] | tuple[list[bytes], dict[str, bytes]]) -> int:
+    if isinstance(upload, tuple):  # the one-time round: the ciphertexts and the sealed shares
+        chunks, boxes = upload
+        return _wire_bytes(chunks) + sum(len(box) for box in boxes.values())
     return len(upload) if isinstance(upload, bytes) else sum(len(chunk) for chunk in upload)
 
 
@@ -352,12 +379,86 @@ class _ConsiliumUnseeded(_Consilium):
     seeded = False
 
 
+class _ConsiliumOneTime(_Consilium):
+    """The one-time-key round's cryptography, every party in this process (``protocol.one_time_round``)."""
+
+    def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
+        super().__init__(length, hospitals, args)
+        self._names = tuple(f"hospital-{index}" for index in range(hospitals))
+        self._signing = {name: Ed25519PrivateKey.generate() for name in self._names}
+        self._setting = RoundSetting(
+            _RUN_ID, 1, self._names, threshold=hospitals // 2 + 1, quorum=hospitals, params=self.params
+        )
+        self._rounds: dict[str, HospitalRound] = {}
+        self._boxes: dict[str, dict[str, bytes]] = {}
+
+    def upload(self, update: np.ndarray, index: int) -> tuple[list[bytes], dict[str, bytes]]:
+        name = self._names[index]
+        if index == 0:  # a new round: every hospital's box key for it
+            self._box = {n: X25519PrivateKey.generate() for n in self._names}
+            self._rounds, self._boxes = {}, {}
+        self._rounds[name] = HospitalRound(
+            self._setting, self._public, name=name, signing=self._signing[name], box=self._box[name]
+        )
+        slots = np.zeros(self.params.chunk_count * self.params.poly_modulus_degree, dtype=np.int64)
+        digits = self.params.digits.to_slots(update)
+        slots[: digits.size] = digits
+        chunks, self._boxes[name] = self._rounds[name].upload(slots, {n: k.public_key() for n, k in self._box.items()})
+        return chunks, self._boxes[name]
+
+    def new_sum(self) -> SumRound:
+        return SumRound(self._setting, self._public)
+
+    def add(self, total: SumRound, upload: tuple[list[bytes], dict[str, bytes]]) -> SumRound:
+        chunks, _ = upload
+        total.add(self._names[len(total.digests)], chunks)
+        return total
+
+    def download(self, total: SumRound, contributions: int) -> np.ndarray:
+        """One round's steps for every member; ``_measure`` times the whole, from which the members
+        other than the first are subtracted here, so that the figure is one hospital's part."""
+        members = self._names[:contributions]
+        setting = replace(self._setting, quorum=contributions, threshold=min(self._setting.threshold, contributions))
+        signers = {name: key.public_key() for name, key in self._signing.items()}
+        state = dict(round_state={}, box_keys_digest=bytes(32), previous_result=bytes(32))
+        summed = total.total(members)
+        total.statement(**state)
+        others = 0.0
+
+        def each(step, name):
+            nonlocal others
+            start = time.perf_counter()
+            result = step()
+            if name != members[0]:
+                others += time.perf_counter() - start
+            return result
+
+        rounds = {name: self._rounds[name] for name in members}
+        for one in rounds.values():
+            one._setting = setting
+        endorsements = {
+            name: each(
+                lambda r=r, name=name: r.endorse(
+                    members, total.digests, summed, {d: self._boxes[d][name] for d in members}, signers, **state
+                ),
+                name,
+            )
+            for name, r in rounds.items()
+        }
+        proofs = {name: each(lambda r=r: r.prove(endorsements, signers), name) for name, r in rounds.items()}
+        releases = {name: each(lambda r=r: r.release(proofs, signers), name) for name, r in rounds.items()}
+        slots = each(lambda: rounds[members[0]].open(releases, signers), members[0])
+        self.untimed = others
+        return self.params.digits.from_slots(slots[: self.params.digits.slots_for(self.length)], self.length)
+
+
 _SETUPS = {
     "plaintext-float32": _Plaintext,
     "tenseal-bfv-default": _TenSealBfv,
     "tenseal-ckks-nvflare": _TenSealCkks,
     "consilium-seeded": _Consilium,
     "consilium-unseeded": _ConsiliumUnseeded,
+    "consilium-one-time": _ConsiliumOneTime,
 }
 
 
