@@ -88,10 +88,14 @@ class Dealing:
         )
 
     def _share(self, x: int) -> DealtShare:
-        # Horner's rule in Python integers: a value is at most 62 bits, a party's index a few.
-        value = np.zeros(self._coefficients[0].size, dtype=object)
+        # Horner's rule, in uint64 where no step can overflow (value x + coefficient < q (x + 1) <= 2^64),
+        # else in Python integers.
+        exact = self.modulus * (x + 1) <= 2**64
+        value = np.zeros(self._coefficients[0].size, dtype=np.uint64 if exact else object)
         for coefficient in reversed(self._coefficients):
-            value = (value * x + coefficient.astype(object)) % self.modulus
+            value = (
+                value * (np.uint64(x) if exact else x) + (coefficient if exact else coefficient.astype(object))
+            ) % (np.uint64(self.modulus) if exact else self.modulus)
         return DealtShare(value.astype(np.uint64), tuple(_evaluate(mask, x, self.modulus) for mask in self._masks))
 
 

@@ -14,6 +14,7 @@ opening of that dealer's box (``crypto.sealed_box.box_key``), which anyone can c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from dataclasses import dataclass, field
@@ -97,7 +98,9 @@ class RoundSetting:
     def party(self, name: str) -> int:
         return self.hospitals.index(name) + 1
 
-    def public(self) -> np.ndarray:
+    @functools.cached_property
+    def public_polynomials(self) -> np.ndarray:
+        """``a_c`` of this round (``crypto.one_time_keys.public_polynomials``), derived once."""
         return public_polynomials(self.params, run=self.run, round_number=self.round_number)
 
 
@@ -185,7 +188,7 @@ class HospitalRound:
                 f"round {setting.round_number}: box keys for {sorted(box_keys)}, not for the run's hospitals"
             )
         self._key = OneTimeKey(self._public, threshold=setting.threshold, parties=len(setting.hospitals))
-        chunks = self._key.encrypt(slots, setting.public())
+        chunks = self._key.encrypt(slots, setting.public_polynomials)
         self._upload = unpack_ring(self._public, chunks, "our upload")
         self._digest = upload_digest(chunks)
         boxes = {
@@ -399,7 +402,7 @@ def open_sum(
     for x, share in points.items():
         if x not in chosen and not np.array_equal(_evaluate_at(chosen, x, q), share):
             raise RoundRefused(f"round {number}: the releases do not lie on one polynomial")
-    slots = decrypt_sum(public, opened.total, key, setting.public())
+    slots = decrypt_sum(public, opened.total, key, setting.public_polynomials)
     try:
         check_zero_slots(public, slots, setting.params.digits.slots_for(setting.params.vector_length))
     except BfvError:

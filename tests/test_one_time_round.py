@@ -121,7 +121,7 @@ def test_the_server_with_one_hospital_opens_the_sum_and_no_other_update(public):
     own_key = rebuild({1: dealt.shares[0].share, 2: dealt.shares[1].share}, 2, q)
     sum_key = rebuild({1: releases["h1"].release.share, 2: releases["h2"].release.share}, 2, q)
     others = ((sum_key.astype(object) - own_key.astype(object)) % q).astype(np.uint64)  # k1 + k2
-    a = federation.setting.public()
+    a = federation.setting.public_polynomials
     data_slots = public.params.digits.slots_for(LENGTH)
     for name in ("h1", "h2"):
         upload = unpack_ring(public, federation.uploads[name], "upload")
