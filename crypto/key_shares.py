@@ -77,15 +77,17 @@ class Dealing:
         """``P^m`` for each challenge ``m``: ``tau`` coefficients, lowest degree first. Once: the masks
         are a one-time pad, and two proofs under different challenges would give away linear forms
         of the key."""
-        _check_challenges(challenges, self.modulus, len(self._masks))
         if self._proved:
             raise KeyShareError("a dealing is proved once")
+        _check_challenges(challenges, self.modulus, len(self._masks))
         self._proved = True
         products = [challenges.products(coefficient) for coefficient in self._coefficients]  # [t][m]
-        return tuple(
+        proof = tuple(
             tuple((products[t][m] + mask[t]) % self.modulus for t in range(self.threshold))
             for m, mask in enumerate(self._masks)
         )
+        self._coefficients, self._masks = [], []  # the key and the masks are spent (Python cannot wipe them)
+        return proof
 
     def _share(self, x: int) -> DealtShare:
         # Horner's rule, in uint64 where no step can overflow (value x + coefficient < q (x + 1) <= 2^64),

@@ -78,6 +78,9 @@ class LinearHash:
         ``first, first + 1, ...`` of the vector hashed."""
         limb_count = -(-self.modulus.bit_length() // _LIMB_BITS)
         x = np.ascontiguousarray(values, dtype="<i8").ravel()
+        if x.size and (int(x.min()) < 0 or int(x.max()) >= self.modulus):
+            # Only a value's low limbs are read: one at or above m would hash as another (review 3, finding 4).
+            raise ValueError(f"a linear hash takes values in [0, {self.modulus})")
         totals = np.zeros((self.count, limb_count), dtype=object)  # Python integers: no overflow
         with _BLAS.limit(limits=1, user_api="blas"):
             for start in range(0, x.size, _STRETCH):

@@ -5,11 +5,15 @@ this module holds what each party computes and checks at each step, so the roles
 messages. ``HospitalRound`` is one hospital's side of one round: upload and deal, endorse, prove its
 dealing, release, open the sum. ``SumRound`` is the server's: add the uploads, then check the
 endorsements, the proofs and the releases as the members do (it holds no share, so it checks no
-dealing). Both open the sum with ``open_sum``, which checks every release before any is used.
+dealing). Both open the sum with ``open_sum``.
 
-A check that fails raises ``RoundRefused`` with the reason and the parties it names (``"server"``
-where only the relay can have done it); a hospital's refusal of a dishonest dealer carries the
-opening of that dealer's box (``crypto.sealed_box.box_key``), which anyone can check.
+Everything a peer sends is checked for its shape, type and range before anything else, and every
+signed or hashed value is a canonical, length-prefixed encoding (``_frame``), so that no value has
+two encodings a signature would cover alike (review 3, findings 1, 5, 11, 12). A check that fails
+raises ``RoundRefused`` with the reason and whom it names (``"server"`` where the relay alone can
+have done it); after a refusal the object refuses every later step. A hospital's refusal of a
+dishonest dealer carries, per dealer, that box's own key (``crypto.sealed_box.box_key``): with the
+relayed box and the dealer's signed proof, anyone can check it (``check_opening``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from crypto.bfv import BfvError, PublicContext
 from crypto.bfv_parameters import BfvParameters
@@ -40,28 +44,35 @@ from crypto.one_time_keys import (
     sum_uploads,
     unpack_ring,
 )
-from crypto.sealed_box import SealedBoxError, box_key, open_box, open_with_box_key, seal
+from crypto.sealed_box import SealedBoxError, box_key, open_box, open_with_box_key, seal, verify_certified_key
 
 __all__ = [
     "Endorsed",
+    "HospitalRound",
     "Proved",
     "Released",
-    "HospitalRound",
     "RoundRefused",
     "RoundSetting",
     "SumRound",
-    "box_context",
+    "box_key_context",
     "check_opening",
     "check_threshold",
-    "challenge_seed",
     "open_sum",
 ]
 
 _ENDORSEMENT_LABEL = b"consilium one-time endorsement v1"
 _COMMITMENT_LABEL = b"consilium one-time release commitment v1"
 _PROOF_LABEL = b"consilium one-time dealing proof v1"
+_PROOFS_LABEL = b"consilium one-time proofs used v1"
 _RELEASE_LABEL = b"consilium one-time release v1"
-_VALUE = struct.Struct("<Q")
+_SEED_LABEL = b"consilium one-time dealing challenges v1"
+_HASHES_LABEL = b"consilium one-time upload hashes v1"
+_UPLOAD_LABEL = b"consilium one-time upload v1"
+_BOX_LABEL = b"consilium one-time key share v1"
+_BOX_KEY_LABEL = b"consilium one-time box key v1"
+_BOX_KEYS_LABEL = b"consilium one-time box keys v1"
+_WORD = struct.Struct("<Q")
+_DIGEST_BYTES = 32
 
 
 class RoundRefused(RuntimeError):
@@ -75,12 +86,12 @@ class RoundRefused(RuntimeError):
 
 def check_threshold(hospitals: int, threshold: int, quorum: int) -> None:
     """``ValueError`` unless ``tau`` and ``K_min`` give the design's guarantee (review F1): ``n >= 3``,
-    ``floor(n/2) + 1 <= tau <= n`` and ``K_min >= tau + 1``, so every sum holds two honest updates."""
+    ``floor(n/2) + 1 <= tau <= n`` and ``tau + 1 <= K_min <= n``, so every sum holds two honest updates."""
     if hospitals < 3:
         raise ValueError(f"one-time keys need at least 3 hospitals, not {hospitals}")
     if not hospitals // 2 + 1 <= threshold <= hospitals:
         raise ValueError(f"the threshold must be between {hospitals // 2 + 1} and {hospitals}, not {threshold}")
-    if quorum < threshold + 1:
+    if not threshold + 1 <= quorum <= hospitals:
         raise ValueError(f"the quorum must be at least the threshold plus one ({threshold + 1}), not {quorum}")
 
 
@@ -95,6 +106,11 @@ class RoundSetting:
     quorum: int
     params: BfvParameters
 
+    def __post_init__(self) -> None:
+        if len(set(self.hospitals)) != len(self.hospitals):
+            raise ValueError("a run's hospitals must be distinct")
+        check_threshold(len(self.hospitals), self.threshold, self.quorum)
+
     def party(self, name: str) -> int:
         return self.hospitals.index(name) + 1
 
@@ -103,15 +119,25 @@ class RoundSetting:
         """``a_c`` of this round (``crypto.one_time_keys.public_polynomials``), derived once."""
         return public_polynomials(self.params, run=self.run, round_number=self.round_number)
 
+    @property
+    def challenges(self) -> int:
+        return challenge_count(self.params.ciphertext_modulus)
 
-def box_context(setting: RoundSetting, dealer: str, recipient: str, upload_digest: bytes) -> bytes:
+
+def box_key_context(run: str, owner: str, round_number: int) -> bytes:
+    """What a hospital's box key is certified for: one round of one run (review F3)."""
+    return _frame(_BOX_KEY_LABEL, run.encode(), owner.encode(), b"%d" % round_number)
+
+
+def _box_context(setting: RoundSetting, dealer: str, recipient: str, upload_digest: bytes) -> bytes:
     """What a sealed key share is bound to: run, round, dealer, recipient and the dealer's upload."""
-    return b"consilium/one-time-key-share/v1|%s|%d|%s|%s|%s" % (
+    return _frame(
+        _BOX_LABEL,
         setting.run.encode(),
-        setting.round_number,
+        b"%d" % setting.round_number,
         dealer.encode(),
         recipient.encode(),
-        upload_digest.hex().encode(),
+        upload_digest,
     )
 
 
@@ -136,7 +162,7 @@ class Proved:
 
 @dataclass(frozen=True)
 class Released:
-    """A member's signed release."""
+    """A member's signed release; the signature also covers the proofs it checked its shares against."""
 
     release: Release
     signature: bytes
@@ -152,6 +178,27 @@ class _Opened:
     endorsements: dict[str, Endorsed] = field(default_factory=dict)
     seed: bytes = b""
     proofs: dict[str, Proved] = field(default_factory=dict)
+    proofs_digest: bytes = b""
+
+
+class _Steps:
+    """One step after another, each once; after a refusal, none."""
+
+    def __init__(self, setting: RoundSetting) -> None:
+        self._setting, self._done, self._refused = setting, 0, ""
+
+    def run(self, number: int, name: str, step):
+        if self._refused:
+            raise RoundRefused(f"round {self._setting.round_number} was refused: {self._refused}")
+        if self._done != number - 1:
+            raise RoundRefused(f"round {self._setting.round_number}: {name} out of order, or a second time")
+        try:
+            result = step()
+        except RoundRefused as refusal:
+            self._refused = str(refusal)
+            raise
+        self._done = number
+        return result
 
 
 class HospitalRound:
@@ -168,39 +215,22 @@ class HospitalRound:
     ) -> None:
         self._setting, self._public, self._name = setting, public, name
         self._signing, self._box = signing, box
+        self._steps = _Steps(setting)
         self._key: OneTimeKey | None = None
         self._upload: np.ndarray | None = None
         self._digest = b""
+        self._box_keys_digest = b""
         self._shares: dict[str, DealtShare] = {}
-        self._boxes: dict[str, bytes] = {}
+        self._openings: dict[str, bytes] = {}  # each dealer's box key: evidence, should it have cheated
         self._release: Release | None = None
         self._opened = _Opened()
 
     def upload(
-        self, slots: np.ndarray, box_keys: Mapping[str, X25519PublicKey]
+        self, slots: np.ndarray, box_keys: Mapping[str, bytes], identities: Mapping[str, Ed25519PublicKey]
     ) -> tuple[list[bytes], dict[str, bytes]]:
-        """The upload (``c0`` of each ciphertext) and a sealed share for every hospital of the run."""
-        setting = self._setting
-        if self._key is not None:
-            raise RoundRefused(f"round {setting.round_number}: a hospital uploads once a round")
-        if set(box_keys) != set(setting.hospitals):
-            raise RoundRefused(
-                f"round {setting.round_number}: box keys for {sorted(box_keys)}, not for the run's hospitals"
-            )
-        self._key = OneTimeKey(self._public, threshold=setting.threshold, parties=len(setting.hospitals))
-        chunks = self._key.encrypt(slots, setting.public_polynomials)
-        self._upload = unpack_ring(self._public, chunks, "our upload")
-        self._digest = upload_digest(chunks)
-        boxes = {
-            recipient: seal(
-                _share_bytes(self._public, self._key.dealing.shares[setting.party(recipient) - 1]),
-                recipient=box_keys[recipient],
-                sender=self._signing,
-                context=box_context(setting, self._name, recipient, self._digest),
-            )
-            for recipient in setting.hospitals
-        }
-        return chunks, boxes
+        """The upload (``c0`` of each ciphertext) and a share sealed to every hospital's box key, once
+        each certificate checks for this round (``box_key_context``)."""
+        return self._steps.run(1, "the upload", lambda: self._do_upload(slots, box_keys, identities))
 
     def endorse(
         self,
@@ -208,17 +238,77 @@ class HospitalRound:
         digests: Mapping[str, bytes],
         total: Sequence[bytes],
         boxes: Mapping[str, bytes],
-        senders: Mapping[str, Ed25519PublicKey],
+        identities: Mapping[str, Ed25519PublicKey],
         *,
         round_state: Mapping[str, float],
-        box_keys_digest: bytes,
         previous_result: bytes,
     ) -> Endorsed:
         """Check the server's set and sum, open this hospital's shares from each member, and sign the
-        round's one statement with the upload's hashes and a commitment to the release."""
+        round's one statement with the upload's hashes and a commitment to the release.
+        ``previous_result`` is a digest of this hospital's model and update rule's state at the
+        round's start: the same at every honest hospital that applied the same sums."""
+        return self._steps.run(
+            2,
+            "the endorsement",
+            lambda: self._do_endorse(contributors, digests, total, boxes, identities, round_state, previous_result),
+        )
+
+    def prove(self, endorsements: Mapping[str, Endorsed], identities: Mapping[str, Ed25519PublicKey]) -> Proved:
+        """The signed proof of this hospital's dealing, once every member endorsed the statement it
+        signed and their hashes add up to the sum's. Computed once: a second proof under other
+        challenges would unmask linear forms of the key (review 2, R6)."""
+        return self._steps.run(3, "the proof", lambda: self._do_prove(endorsements, identities))
+
+    def release(self, proofs: Mapping[str, Proved], identities: Mapping[str, Ed25519PublicKey]) -> Released:
+        """This hospital's signed release, once every member's signed proof, under the same challenges,
+        matches the share it dealt this hospital. A dealer whose proof does not is named, with that
+        box's key as evidence: only a dealer whose own signed proof contradicts its own signed box can
+        be. The caller records the release durably before sending it."""
+        return self._steps.run(4, "the release", lambda: self._do_release(proofs, identities))
+
+    def open(self, releases: Mapping[str, Released], identities: Mapping[str, Ed25519PublicKey]) -> np.ndarray:
+        """The sum's slots, from every member's release (``open_sum``)."""
+        return self._steps.run(
+            5, "opening the sum", lambda: open_sum(self._setting, self._public, self._opened, releases, identities)
+        )
+
+    def _do_upload(self, slots, box_keys, identities):
+        setting = self._setting
+        if set(box_keys) != set(setting.hospitals):
+            raise RoundRefused(
+                f"round {setting.round_number}: box keys for {sorted(box_keys)}, not for the run's hospitals"
+            )
+        recipients = {}
+        for owner in setting.hospitals:
+            try:
+                recipients[owner] = verify_certified_key(
+                    box_keys[owner],
+                    signer=identities[owner],
+                    context=box_key_context(setting.run, owner, setting.round_number),
+                )
+            except SealedBoxError as error:
+                raise RoundRefused(
+                    f"round {setting.round_number}: {owner}'s box key is not certified for this round: {error}",
+                    named=["server"],
+                ) from None
+        self._box_keys_digest = box_keys_digest(setting, box_keys)
+        self._key = OneTimeKey(self._public, threshold=setting.threshold, parties=len(setting.hospitals))
+        chunks = self._key.encrypt(slots, setting.public_polynomials)
+        self._upload = unpack_ring(self._public, chunks, "our upload")
+        self._digest = upload_digest(chunks)
+        boxes = {
+            owner: seal(
+                _share_bytes(self._public, self._key.dealing.shares[setting.party(owner) - 1]),
+                recipient=recipients[owner],
+                sender=self._signing,
+                context=_box_context(setting, self._name, owner, self._digest),
+            )
+            for owner in setting.hospitals
+        }
+        return chunks, boxes
+
+    def _do_endorse(self, contributors, digests, total, boxes, identities, round_state, previous_result):
         setting, number = self._setting, self._setting.round_number
-        if self._upload is None or self._opened.statement:
-            raise RoundRefused(f"round {number}: a hospital endorses once a round, after its upload")
         members = tuple(contributors)
         if (
             self._name not in members
@@ -231,33 +321,30 @@ class HospitalRound:
             )
         if len(members) < setting.quorum:
             raise RoundRefused(f"round {number}: {len(members)} contributors, fewer than the quorum", named=["server"])
-        if set(digests) != set(members) or set(boxes) != set(members) or digests[self._name] != self._digest:
+        if (
+            set(digests) != set(members)
+            or set(boxes) != set(members)
+            or any(type(digest) is not bytes or len(digest) != _DIGEST_BYTES for digest in digests.values())
+            or digests[self._name] != self._digest
+        ):
             raise RoundRefused(
                 f"round {number}: the uploads listed are not the members' (ours included)", named=["server"]
             )
-        for dealer in members:
-            context = box_context(setting, dealer, self._name, digests[dealer])
-            try:
-                payload = open_box(boxes[dealer], recipient=self._box, sender=senders[dealer], context=context)
-                self._shares[dealer] = _share_from(self._public, payload)
-            except (SealedBoxError, BfvError) as error:
-                # The dealer signed the box: only its relay can make it fail to open (review F3).
-                raise RoundRefused(
-                    f"round {number}: the share from {dealer} does not open: {error}", named=["server"]
-                ) from None
-        self._boxes = dict(boxes)
         try:
-            summed = unpack_ring(self._public, total, "the sum")
+            summed = _chunks(self._public, total, "the sum")
         except BfvError as error:
             raise RoundRefused(f"round {number}: {error}", named=["server"]) from None
+        for dealer in members:
+            self._shares[dealer] = self._open_share(dealer, boxes[dealer], digests[dealer], identities[dealer])
+        self._box = None  # every box of this round is open: the private key has nothing left to open
         statement = one_time_statement(
             run=setting.run,
             round_number=number,
             contributors=members,
             upload_digests=[digests[name] for name in members],
-            sum_digest=upload_digest(total),
+            sum_digest=upload_digest(list(total)),
             round_state=round_state,
-            box_keys_digest=box_keys_digest,
+            box_keys_digest=self._box_keys_digest,
             previous_result=previous_result,
         )
         self._release = release([self._shares[dealer] for dealer in members], setting.params.ciphertext_modulus)
@@ -266,31 +353,44 @@ class HospitalRound:
         self._opened = _Opened(statement, members, summed)
         return Endorsed(hashes, commitment, self._signing.sign(_endorsement_message(statement, hashes, commitment)))
 
-    def prove(self, endorsements: Mapping[str, Endorsed], signers: Mapping[str, Ed25519PublicKey]) -> Proved:
-        """The signed proof of this hospital's dealing, once every member endorsed the statement it
-        signed and their hashes add up to the sum's. Computed once: a second proof under other
-        challenges would unmask linear forms of the key (review R6)."""
-        opened, number = self._opened, self._setting.round_number
-        if not opened.statement or opened.endorsements:
-            raise RoundRefused(f"round {number}: a hospital proves its dealing once a round, after endorsing")
-        check_endorsements(self._setting, opened, endorsements, signers)
+    def _open_share(self, dealer: str, box: bytes, digest: bytes, identity: Ed25519PublicKey) -> DealtShare:
+        """The share ``dealer`` sealed to us. A box that does not verify names the relay (the dealer's
+        signature holds over what it sent); one that verifies but holds no share names the dealer,
+        with the box's key as evidence (review 3, finding 6)."""
+        number = self._setting.round_number
+        context = _box_context(self._setting, dealer, self._name, digest)
+        if type(box) is not bytes:
+            raise RoundRefused(f"round {number}: the share from {dealer} is not a box", named=["server"])
+        try:
+            payload = open_box(box, recipient=self._box, sender=identity, context=context)
+        except SealedBoxError as error:
+            raise RoundRefused(
+                f"round {number}: the share from {dealer} does not open: {error}", named=["server"]
+            ) from None
+        self._openings[dealer] = box_key(box, recipient=self._box)
+        try:
+            return _share_from(self._public, payload)
+        except BfvError as error:
+            raise RoundRefused(
+                f"round {number}: {dealer} sealed us no share: {error}",
+                named=[dealer],
+                openings={dealer: self._openings[dealer]},
+            ) from None
+
+    def _do_prove(self, endorsements, identities):
+        opened = self._opened
+        check_endorsements(self._setting, opened, endorsements, identities)
         opened.endorsements = dict(endorsements)
         opened.seed = challenge_seed(self._setting, opened)
         proof = self._key.dealing.proof(_challenges(self._setting, opened.seed))
-        self._key = None  # the key and its dealing are not needed after the proof
-        message = _proof_message(opened.statement, opened.seed, proof)
-        return Proved(opened.seed, proof, self._signing.sign(message))
+        self._key = None  # the key and its dealing are not needed after the proof (review 2, R8)
+        return Proved(opened.seed, proof, self._signing.sign(_proof_message(opened.statement, opened.seed, proof)))
 
-    def release(self, proofs: Mapping[str, Proved], signers: Mapping[str, Ed25519PublicKey]) -> Released:
-        """This hospital's signed release, once every member's signed proof, under the same challenges,
-        matches the share it dealt this hospital. A dealer whose proof does not is named, with the
-        opening of its box as evidence (only a dishonest dealer's share is ever opened). The caller
-        records the release durably before sending it."""
+    def _do_release(self, proofs, identities):
         setting, opened = self._setting, self._opened
-        if not opened.seed or opened.proofs:
-            raise RoundRefused(f"round {setting.round_number}: a hospital releases once a round, after its proof")
-        check_proofs(setting, opened, proofs, signers)
+        check_proofs(setting, opened, proofs, identities)
         opened.proofs = dict(proofs)
+        opened.proofs_digest = proofs_digest(setting, opened)
         challenges, me = _challenges(setting, opened.seed), setting.party(self._name)
         dishonest = [
             dealer
@@ -298,21 +398,14 @@ class HospitalRound:
             if not check_share(self._shares[dealer], me, proofs[dealer].proof, challenges, threshold=setting.threshold)
         ]
         if dishonest:
-            openings = {dealer: box_key(self._boxes[dealer], recipient=self._box) for dealer in dishonest}
             raise RoundRefused(
                 f"round {setting.round_number}: the shares {', '.join(dishonest)} dealt us are not on the "
                 "polynomials they proved",
                 named=dishonest,
-                openings=openings,
+                openings={dealer: self._openings[dealer] for dealer in dishonest},
             )
-        message = _release_message(opened.statement, opened.seed, self._release)
+        message = _release_message(opened.statement, opened.seed, opened.proofs_digest, self._release)
         return Released(self._release, self._signing.sign(message))
-
-    def open(self, releases: Mapping[str, Released], signers: Mapping[str, Ed25519PublicKey]) -> np.ndarray:
-        """The sum's slots, from every member's release (``open_sum``)."""
-        if not self._opened.proofs:
-            raise RoundRefused(f"round {self._setting.round_number}: releases before this hospital released")
-        return open_sum(self._setting, self._public, self._opened, releases, signers)
 
 
 class SumRound:
@@ -320,47 +413,70 @@ class SumRound:
 
     def __init__(self, setting: RoundSetting, public: PublicContext) -> None:
         self._setting, self._public = setting, public
+        self._steps = _Steps(setting)
         self._uploads: dict[str, np.ndarray] = {}
         self.digests: dict[str, bytes] = {}
         self._opened = _Opened()
 
     def add(self, name: str, chunks: Sequence[bytes]) -> None:
         """Take ``name``'s upload (``BfvError`` if it is not one, and nothing changes)."""
+        if self._steps._done:
+            raise BfvError("the round's sum is made: no upload is taken any more")
         if name in self._uploads:
             raise BfvError(f"a second upload from {name}")
-        self._uploads[name] = unpack_ring(self._public, chunks, "upload ciphertext")
+        self._uploads[name] = _chunks(self._public, chunks, "upload")
         self.digests[name] = upload_digest(list(chunks))
 
-    def total(self, contributors: Sequence[str]) -> list[bytes]:
-        """The sum of the contributors' uploads, packed as an upload."""
-        total = sum_uploads(self._public, [self._uploads[name] for name in contributors])
-        self._opened = _Opened(contributors=tuple(contributors), total=total)
-        return pack_ring(self._public, total)
+    def total(
+        self,
+        contributors: Sequence[str],
+        box_keys: Mapping[str, bytes],
+        *,
+        round_state: Mapping[str, float],
+        previous_result: bytes,
+    ) -> list[bytes]:
+        """The sum of the contributors' uploads, packed as an upload; fixes the statement every member
+        must sign (``crypto.endorsement.one_time_statement``)."""
 
-    def statement(self, **parts) -> bytes:
-        """The statement every member must have signed (``crypto.endorsement.one_time_statement``)."""
-        members = self._opened.contributors
-        self._opened.statement = one_time_statement(
-            run=self._setting.run,
-            round_number=self._setting.round_number,
-            contributors=members,
-            upload_digests=[self.digests[name] for name in members],
-            sum_digest=upload_digest(pack_ring(self._public, self._opened.total)),
-            **parts,
+        def make() -> list[bytes]:
+            members = tuple(contributors)
+            total = sum_uploads(self._public, [self._uploads[name] for name in members])
+            packed = pack_ring(self._public, total)
+            statement = one_time_statement(
+                run=self._setting.run,
+                round_number=self._setting.round_number,
+                contributors=members,
+                upload_digests=[self.digests[name] for name in members],
+                sum_digest=upload_digest(packed),
+                round_state=round_state,
+                box_keys_digest=box_keys_digest(self._setting, box_keys),
+                previous_result=previous_result,
+            )
+            self._opened = _Opened(statement, members, total)
+            return packed
+
+        return self._steps.run(1, "the sum", make)
+
+    def endorsed(self, endorsements: Mapping[str, Endorsed], identities: Mapping[str, Ed25519PublicKey]) -> None:
+        def check() -> None:
+            check_endorsements(self._setting, self._opened, endorsements, identities, uploads=self._uploads)
+            self._opened.endorsements = dict(endorsements)
+            self._opened.seed = challenge_seed(self._setting, self._opened)
+
+        self._steps.run(2, "the endorsements", check)
+
+    def proved(self, proofs: Mapping[str, Proved], identities: Mapping[str, Ed25519PublicKey]) -> None:
+        def check() -> None:
+            check_proofs(self._setting, self._opened, proofs, identities)
+            self._opened.proofs = dict(proofs)
+            self._opened.proofs_digest = proofs_digest(self._setting, self._opened)
+
+        self._steps.run(3, "the proofs", check)
+
+    def open(self, releases: Mapping[str, Released], identities: Mapping[str, Ed25519PublicKey]) -> np.ndarray:
+        return self._steps.run(
+            4, "opening the sum", lambda: open_sum(self._setting, self._public, self._opened, releases, identities)
         )
-        return self._opened.statement
-
-    def endorsed(self, endorsements: Mapping[str, Endorsed], signers: Mapping[str, Ed25519PublicKey]) -> None:
-        check_endorsements(self._setting, self._opened, endorsements, signers)
-        self._opened.endorsements = dict(endorsements)
-        self._opened.seed = challenge_seed(self._setting, self._opened)
-
-    def proved(self, proofs: Mapping[str, Proved], signers: Mapping[str, Ed25519PublicKey]) -> None:
-        check_proofs(self._setting, self._opened, proofs, signers)
-        self._opened.proofs = dict(proofs)
-
-    def open(self, releases: Mapping[str, Released], signers: Mapping[str, Ed25519PublicKey]) -> np.ndarray:
-        return open_sum(self._setting, self._public, self._opened, releases, signers)
 
 
 def open_sum(
@@ -368,15 +484,17 @@ def open_sum(
     public: PublicContext,
     opened: _Opened,
     releases: Mapping[str, Released],
-    signers: Mapping[str, Ed25519PublicKey],
+    identities: Mapping[str, Ed25519PublicKey],
 ) -> np.ndarray:
-    """The sum's slots from every member's release. Each must carry its member's signature (else the
-    relay is named), match the commitment in its endorsement and pass the check against the signed
-    proofs (else its member is named: it released only after every dealing to it checked). Every
-    member's release is needed, so no party chooses, after seeing the honest ones, which are used
-    (review R3); all must lie on one polynomial of degree ``tau - 1``, and the key is rebuilt from
-    the ``tau`` with the smallest points. The zero slots then catch an upload made under another key
-    than its dealer shared; a dishonest member that fits that key is changing its own input."""
+    """The sum's slots from every member's release. Each must be well formed and signed by its member
+    over the proofs this party holds (else the relay is named; a release over other proofs means a
+    dealer signed two, or the relay split them: review 3, finding 2), match the commitment in its
+    endorsement and pass the check against the signed proofs (else its member is named: it
+    released only after every dealing to it checked). Every member's release is needed, so no party
+    chooses, after seeing the honest ones, which are used (review 2, R3); all must lie on one
+    polynomial of degree ``tau - 1``, and the key is rebuilt from the ``tau`` with the smallest
+    points. The zero slots then catch an upload made under another key than its dealer shared; a
+    dishonest member that fits that key is changing its own input."""
     number, members = setting.round_number, opened.contributors
     if set(releases) != set(members):
         raise RoundRefused(f"round {number}: releases from {sorted(releases)}, not from every member", named=["server"])
@@ -385,24 +503,33 @@ def open_sum(
     named = []
     for name in members:
         released = releases[name]
-        try:
-            signers[name].verify(released.signature, _release_message(opened.statement, opened.seed, released.release))
-        except InvalidSignature:
-            raise RoundRefused(f"round {number}: {name}'s release is not signed by {name}", named=["server"]) from None
-        if release_commitment(setting, name, released.release) != opened.endorsements[name].commitment or not (
-            check_release(released.release, setting.party(name), proofs, challenges, threshold=setting.threshold)
+        if not (
+            isinstance(released, Released)
+            and _encodable_release(setting, released.release)
+            and _signed(
+                identities[name],
+                released.signature,
+                _release_message(opened.statement, opened.seed, opened.proofs_digest, released.release),
+            )
         ):
-            named.append(name)
+            raise RoundRefused(
+                f"round {number}: {name}'s release is not its signed release over the proofs we hold", named=["server"]
+            )
+        if not (
+            _within_field(setting, released.release)
+            and release_commitment(setting, name, released.release) == opened.endorsements[name].commitment
+            and check_release(released.release, setting.party(name), proofs, challenges, threshold=setting.threshold)
+        ):
+            named.append(name)  # it signed this release: the fault is its own
     if named:
         raise RoundRefused(f"round {number}: {', '.join(named)} released wrong values", named=named)
-    points = {setting.party(name): releases[name].release.share for name in members}
     q = setting.params.ciphertext_modulus
+    points = {setting.party(name): releases[name].release.share for name in members}
     chosen = dict(sorted(points.items())[: setting.threshold])
-    key = rebuild(chosen, setting.threshold, q)
     for x, share in points.items():
         if x not in chosen and not np.array_equal(_evaluate_at(chosen, x, q), share):
             raise RoundRefused(f"round {number}: the releases do not lie on one polynomial")
-    slots = decrypt_sum(public, opened.total, key, setting.public_polynomials)
+    slots = decrypt_sum(public, opened.total, rebuild(chosen, setting.threshold, q), setting.public_polynomials)
     try:
         check_zero_slots(public, slots, setting.params.digits.slots_for(setting.params.vector_length))
     except BfvError:
@@ -413,82 +540,153 @@ def open_sum(
     return slots
 
 
-def check_proofs(
-    setting: RoundSetting, opened: _Opened, proofs: Mapping[str, Proved], signers: Mapping[str, Ed25519PublicKey]
-) -> None:
-    """Every member signed one proof under this party's challenges' seed. A proof under another seed
-    means members were shown different endorsements (the relay, or a member that endorsed twice):
-    the round ends naming the relay, and no share is opened (review R2)."""
-    number = setting.round_number
-    if set(proofs) != set(opened.contributors):
-        raise RoundRefused(f"round {number}: proofs from {sorted(proofs)}, not from every member", named=["server"])
-    for name, proved in proofs.items():
-        if proved.seed != opened.seed:
-            raise RoundRefused(
-                f"round {number}: {name} proved under other challenges: endorsements were split", named=["server"]
-            )
-        try:
-            signers[name].verify(proved.signature, _proof_message(opened.statement, opened.seed, proved.proof))
-        except (InvalidSignature, TypeError, struct.error):
-            raise RoundRefused(f"round {number}: {name}'s proof is not signed by {name}", named=["server"]) from None
-
-
 def check_endorsements(
     setting: RoundSetting,
     opened: _Opened,
     endorsements: Mapping[str, Endorsed],
-    signers: Mapping[str, Ed25519PublicKey],
+    identities: Mapping[str, Ed25519PublicKey],
+    *,
+    uploads: Mapping[str, np.ndarray] | None = None,
 ) -> None:
-    """Every member signed this statement, and the hashes they signed add up to the sum's."""
+    """Every member signed this statement, and the hashes they signed add up to the sum's. The
+    server, which holds every upload (``uploads``), names a member whose hashes are not of its own
+    upload; a hospital cannot tell that from a relay that changed the sum (review 3, finding 9)."""
     number = setting.round_number
     if set(endorsements) != set(opened.contributors):
         raise RoundRefused(
             f"round {number}: endorsements from {sorted(endorsements)}, not from every member", named=["server"]
         )
     hashes = _upload_hashes(setting, opened.statement)
+    q = setting.params.ciphertext_modulus
     for name, endorsed in endorsements.items():
-        try:
-            if len(endorsed.hashes) != hashes.count:
-                raise InvalidSignature
-            signers[name].verify(
-                endorsed.signature, _endorsement_message(opened.statement, endorsed.hashes, endorsed.commitment)
+        if not (
+            isinstance(endorsed, Endorsed)
+            and _words_below(endorsed.hashes, hashes.count, q)
+            and _is_digest(endorsed.commitment)
+            and _signed(
+                identities[name],
+                endorsed.signature,
+                _endorsement_message(opened.statement, endorsed.hashes, endorsed.commitment),
             )
-        except InvalidSignature:
+        ):
             raise RoundRefused(
                 f"round {number}: {name}'s endorsement is not its signature on this round", named=["server"]
-            ) from None
-    q = setting.params.ciphertext_modulus
+            )
+    if uploads is not None:
+        false = [
+            name for name, endorsed in endorsements.items() if list(endorsed.hashes) != hashes.products(uploads[name])
+        ]
+        if false:
+            raise RoundRefused(f"round {number}: {', '.join(false)} signed hashes of another upload", named=false)
     signed = [sum(column) % q for column in zip(*(endorsed.hashes for endorsed in endorsements.values()))]
     if signed != hashes.products(opened.total):
-        raise RoundRefused(f"round {number}: the sum is not the members' uploads", named=["server"])
+        raise RoundRefused(
+            f"round {number}: the sum is not the members' uploads (or a member signed hashes of another)",
+            named=["server"],
+        )
+
+
+def check_proofs(
+    setting: RoundSetting, opened: _Opened, proofs: Mapping[str, Proved], identities: Mapping[str, Ed25519PublicKey]
+) -> None:
+    """Every member signed one well-formed proof under this party's challenges' seed. A proof under
+    another seed means members were shown different endorsements (the relay, or a member that
+    endorsed twice): the round ends naming the relay, and no share is opened (review 2, R2). A
+    proof of the wrong shape, type or range names the relay before its signature is looked at:
+    only a well-formed signed proof can lead to an opening (review 3, finding 1)."""
+    number = setting.round_number
+    if set(proofs) != set(opened.contributors):
+        raise RoundRefused(f"round {number}: proofs from {sorted(proofs)}, not from every member", named=["server"])
+    for name, proved in proofs.items():
+        if not isinstance(proved, Proved) or proved.seed != opened.seed:
+            raise RoundRefused(
+                f"round {number}: {name} proved under other challenges: endorsements were split", named=["server"]
+            )
+        if not (
+            _well_formed_proof(setting, proved.proof)
+            and _signed(identities[name], proved.signature, _proof_message(opened.statement, opened.seed, proved.proof))
+        ):
+            raise RoundRefused(f"round {number}: {name}'s proof is not its signed proof", named=["server"])
+
+
+def check_opening(
+    setting: RoundSetting,
+    public: PublicContext,
+    *,
+    statement: bytes,
+    dealer: str,
+    recipient: str,
+    box: bytes,
+    key: bytes,
+    dealer_upload: bytes,
+    recipient_box_key: bytes,
+    identities: Mapping[str, Ed25519PublicKey],
+    proved: Proved,
+) -> bool:
+    """Whether a recipient's opening convicts ``dealer``: its box, signed by it, to the recipient's
+    certified box key of this round, opened with ``key``, holds no share, or one off the proof the
+    dealer signed for this statement (``True``). ``False`` shows the complaint false, or unproven."""
+    try:
+        recipient_key = verify_certified_key(
+            recipient_box_key,
+            signer=identities[recipient],
+            context=box_key_context(setting.run, recipient, setting.round_number),
+        )
+        if not (
+            isinstance(proved, Proved)
+            and _well_formed_proof(setting, proved.proof)
+            and _signed(identities[dealer], proved.signature, _proof_message(statement, proved.seed, proved.proof))
+            and type(key) is bytes
+        ):
+            return False
+        payload = open_with_box_key(
+            box,
+            key=key,
+            recipient=recipient_key,
+            sender=identities[dealer],
+            context=_box_context(setting, dealer, recipient, dealer_upload),
+        )
+    except (SealedBoxError, ValueError, TypeError):
+        return False
+    try:
+        dealt = _share_from(public, payload)
+    except BfvError:
+        return True  # it signed a box that holds no share
+    challenges = _challenges(setting, proved.seed)
+    return not check_share(dealt, setting.party(recipient), proved.proof, challenges, threshold=setting.threshold)
 
 
 def upload_digest(chunks: Sequence[bytes]) -> bytes:
-    digest = hashlib.sha256(b"consilium one-time upload v1")
-    for chunk in chunks:
-        digest.update(_VALUE.pack(len(chunk)) + chunk)
-    return digest.digest()
+    return hashlib.sha256(_frame(_UPLOAD_LABEL, *chunks)).digest()
+
+
+def box_keys_digest(setting: RoundSetting, box_keys: Mapping[str, bytes]) -> bytes:
+    """The round's certified box keys, in the run's order: what each member sealed to."""
+    return hashlib.sha256(_frame(_BOX_KEYS_LABEL, *(box_keys[owner] for owner in setting.hospitals))).digest()
 
 
 def release_commitment(setting: RoundSetting, name: str, released: Release) -> bytes:
-    digest = hashlib.sha256(
-        _COMMITMENT_LABEL + b"|%s|%d|%s|" % (setting.run.encode(), setting.round_number, name.encode())
-    )
-    digest.update(_release_bytes(released))
-    return digest.digest()
+    parts = (_COMMITMENT_LABEL, setting.run.encode(), b"%d" % setting.round_number, name.encode())
+    return hashlib.sha256(_frame(*parts, *_release_parts(released))).digest()
 
 
 def challenge_seed(setting: RoundSetting, opened: _Opened) -> bytes:
     """``gamma``'s seed: the statement and every member's signed fields in the order of their points,
-    never signature bytes or an order the relay chooses (review R2). Fixed after every release was
+    never signature bytes or an order the relay chooses (review 2, R2). Fixed after every release was
     committed."""
-    digest = hashlib.sha256(b"consilium one-time dealing challenges v1" + opened.statement)
+    parts = [_SEED_LABEL, opened.statement]
     for name in sorted(opened.contributors, key=setting.party):
         endorsed = opened.endorsements[name]
-        digest.update(
-            b"%d|" % setting.party(name) + b"".join(_VALUE.pack(h) for h in endorsed.hashes) + endorsed.commitment
-        )
-    return digest.digest()
+        parts += [b"%d" % setting.party(name), _words(endorsed.hashes), endorsed.commitment]
+    return hashlib.sha256(_frame(*parts)).digest()
+
+
+def proofs_digest(setting: RoundSetting, opened: _Opened) -> bytes:
+    """The proofs a party checks against, in the order of their dealers' points: every release names them."""
+    parts = [_PROOFS_LABEL, opened.statement, opened.seed]
+    for name in sorted(opened.contributors, key=setting.party):
+        parts += [b"%d" % setting.party(name), *(_words(row) for row in opened.proofs[name].proof)]
+    return hashlib.sha256(_frame(*parts)).digest()
 
 
 def _challenges(setting: RoundSetting, seed: bytes) -> LinearHash:
@@ -496,27 +694,104 @@ def _challenges(setting: RoundSetting, seed: bytes) -> LinearHash:
 
 
 def _upload_hashes(setting: RoundSetting, statement: bytes) -> LinearHash:
-    seed = hashlib.sha256(b"consilium one-time upload hashes v1" + statement).digest()
+    seed = hashlib.sha256(_frame(_HASHES_LABEL, statement)).digest()
     return LinearHash(seed, modulus=setting.params.ciphertext_modulus, label=b"upload")
 
 
 def _endorsement_message(statement: bytes, hashes: Sequence[int], commitment: bytes) -> bytes:
-    return _ENDORSEMENT_LABEL + statement + b"".join(_VALUE.pack(value) for value in hashes) + commitment
+    return _frame(_ENDORSEMENT_LABEL, statement, _words(hashes), commitment)
 
 
 def _proof_message(statement: bytes, seed: bytes, proof: Sequence[Sequence[int]]) -> bytes:
-    values = b"".join(_VALUE.pack(c) for polynomial in proof for c in polynomial)
-    return _PROOF_LABEL + statement + seed + b"%d|%d|" % (len(proof), len(proof[0]) if proof else 0) + values
+    return _frame(_PROOF_LABEL, statement, seed, *(_words(row) for row in proof))
 
 
-def _release_message(statement: bytes, seed: bytes, released: Release) -> bytes:
-    return _RELEASE_LABEL + statement + seed + _release_bytes(released)
+def _release_message(statement: bytes, seed: bytes, proofs: bytes, released: Release) -> bytes:
+    return _frame(_RELEASE_LABEL, statement, seed, proofs, *_release_parts(released))
 
 
-def _release_bytes(released: Release) -> bytes:
-    return np.ascontiguousarray(released.share, dtype="<u8").tobytes() + b"".join(
-        _VALUE.pack(m) for m in released.masks
+def _release_parts(released: Release) -> tuple[bytes, bytes]:
+    return np.ascontiguousarray(released.share, dtype="<u8").tobytes(), _words(released.masks)
+
+
+def _frame(*parts: bytes) -> bytes:
+    """Parts, each preceded by its length: one encoding for one sequence of parts."""
+    return b"".join(_WORD.pack(len(part)) + part for part in parts)
+
+
+def _words(values: Sequence[int]) -> bytes:
+    return b"".join(_WORD.pack(value) for value in values)
+
+
+def _words_below(values, count: int, modulus: int) -> bool:
+    return (
+        type(values) is tuple
+        and len(values) == count
+        and all(type(value) is int and 0 <= value < modulus for value in values)
     )
+
+
+def _is_digest(value) -> bool:
+    return type(value) is bytes and len(value) == _DIGEST_BYTES
+
+
+def _well_formed_proof(setting: RoundSetting, proof) -> bool:
+    """``lambda`` polynomials of ``tau`` coefficients, each an integer below ``q``."""
+    q = setting.params.ciphertext_modulus
+    return (
+        type(proof) is tuple
+        and len(proof) == setting.challenges
+        and all(_words_below(row, setting.threshold, q) for row in proof)
+    )
+
+
+def _encodable_release(setting: RoundSetting, released) -> bool:
+    """``N`` uint64 values and ``lambda`` masks that fit a word: what a release's signature covers."""
+    share = getattr(released, "share", None)
+    return (
+        isinstance(released, Release)
+        and isinstance(share, np.ndarray)
+        and share.dtype == np.uint64
+        and share.shape == (setting.params.poly_modulus_degree,)
+        and _words_below(released.masks, setting.challenges, 2**64)
+    )
+
+
+def _within_field(setting: RoundSetting, released: Release) -> bool:
+    """Every value and mask below ``q``: a value at or above would hash as another (review 3, finding 4)."""
+    q = setting.params.ciphertext_modulus
+    return bool(np.all(released.share < np.uint64(q))) and all(mask < q for mask in released.masks)
+
+
+def _signed(identity: Ed25519PublicKey, signature, message: bytes) -> bool:
+    if type(signature) is not bytes:
+        return False
+    try:
+        identity.verify(signature, message)
+    except InvalidSignature:
+        return False
+    return True
+
+
+def _chunks(public: PublicContext, chunks: Sequence[bytes], what: str) -> np.ndarray:
+    """An upload or a sum of exactly ``C`` packed ciphertexts (review 3, finding 10)."""
+    if len(chunks) != public.params.chunk_count:
+        raise BfvError(f"{what} must have {public.params.chunk_count} ciphertexts, not {len(chunks)}")
+    return unpack_ring(public, list(chunks), f"{what} ciphertext")
+
+
+def _share_bytes(public: PublicContext, dealt: DealtShare) -> bytes:
+    return pack_ring(public, dealt.share[np.newaxis])[0] + _words(dealt.masks)
+
+
+def _share_from(public: PublicContext, payload: bytes) -> DealtShare:
+    size, count = key_share_bytes(public.params), challenge_count(public.params.ciphertext_modulus)
+    if len(payload) != size + 8 * count:
+        raise BfvError(f"a key share must be {size + 8 * count} bytes")
+    masks = tuple(_WORD.unpack_from(payload, size + 8 * m)[0] for m in range(count))
+    if any(mask >= public.params.ciphertext_modulus for mask in masks):
+        raise BfvError("a key share's mask is at or above the ciphertext modulus")
+    return DealtShare(unpack_ring(public, [payload[:size]], "key share")[0], masks)
 
 
 def _evaluate_at(points: Mapping[int, np.ndarray], x: int, modulus: int) -> np.ndarray:
@@ -529,47 +804,3 @@ def _evaluate_at(points: Mapping[int, np.ndarray], x: int, modulus: int) -> np.n
                 numerator, denominator = numerator * (x - other) % modulus, denominator * (xi - other) % modulus
         total += values.astype(object) * (numerator * pow(denominator, -1, modulus) % modulus)
     return (total % modulus).astype(np.uint64)
-
-
-def _share_bytes(public: PublicContext, dealt: DealtShare) -> bytes:
-    return pack_ring(public, dealt.share[np.newaxis])[0] + b"".join(_VALUE.pack(mask) for mask in dealt.masks)
-
-
-def _share_from(public: PublicContext, payload: bytes) -> DealtShare:
-    size, count = key_share_bytes(public.params), challenge_count(public.params.ciphertext_modulus)
-    if len(payload) != size + 8 * count:
-        raise BfvError(f"a key share must be {size + 8 * count} bytes")
-    masks = tuple(_VALUE.unpack_from(payload, size + 8 * m)[0] for m in range(count))
-    if any(mask >= public.params.ciphertext_modulus for mask in masks):
-        raise BfvError("a key share's mask is at or above the ciphertext modulus")
-    return DealtShare(unpack_ring(public, [payload[:size]], "key share")[0], masks)
-
-
-def check_opening(
-    setting: RoundSetting,
-    public: PublicContext,
-    *,
-    dealer: str,
-    recipient: str,
-    box: bytes,
-    key: bytes,
-    dealer_upload: bytes,
-    recipient_box: X25519PublicKey,
-    dealer_signing: Ed25519PublicKey,
-    proof: Sequence,
-    challenges: LinearHash,
-) -> bool:
-    """Whether a recipient's opening of ``dealer``'s box shows a share off the dealer's proof: the
-    evidence that names a dishonest dealer alone (``True``), or shows the complaint false."""
-    try:
-        payload = open_with_box_key(
-            box,
-            key=key,
-            recipient=recipient_box,
-            sender=dealer_signing,
-            context=box_context(setting, dealer, recipient, dealer_upload),
-        )
-        dealt = _share_from(public, payload)
-    except (SealedBoxError, BfvError):
-        return False
-    return not check_share(dealt, setting.party(recipient), proof, challenges, threshold=setting.threshold)

@@ -47,7 +47,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +58,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from crypto.bfv import CiphertextSum, PublicContext, SecretContext
+from crypto.sealed_box import certify_key
 from crypto.bfv_parameters import BfvParameters, select_bfv_parameters
-from protocol.one_time_round import HospitalRound, RoundSetting, SumRound
+from protocol.one_time_round import HospitalRound, RoundSetting, SumRound, box_key_context
 from scripts._cli import run
 from training.flags import positive_float, positive_int
 from training.skellam import SkellamMechanism
@@ -383,9 +384,15 @@ class _ConsiliumOneTime(_Consilium):
     """The one-time-key round's cryptography, every party in this process (``protocol.one_time_round``)."""
 
     def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
+        if args.contributions < hospitals:
+            raise ValueError(
+                f"consilium-one-time sums every hospital's upload (its quorum is K): --contributions {args.contributions} "
+                f"is below K = {hospitals}"
+            )
         super().__init__(length, hospitals, args)
         self._names = tuple(f"hospital-{index}" for index in range(hospitals))
         self._signing = {name: Ed25519PrivateKey.generate() for name in self._names}
+        self._identities = {name: key.public_key() for name, key in self._signing.items()}
         self._setting = RoundSetting(
             _RUN_ID, 1, self._names, threshold=hospitals // 2 + 1, quorum=hospitals, params=self.params
         )
@@ -396,6 +403,10 @@ class _ConsiliumOneTime(_Consilium):
         name = self._names[index]
         if index == 0:  # a new round: every hospital's box key for it
             self._box = {n: X25519PrivateKey.generate() for n in self._names}
+            self._box_keys = {
+                n: certify_key(key.public_key(), signer=self._signing[n], context=box_key_context(_RUN_ID, n, 1))
+                for n, key in self._box.items()
+            }
             self._rounds, self._boxes = {}, {}
         self._rounds[name] = HospitalRound(
             self._setting, self._public, name=name, signing=self._signing[name], box=self._box[name]
@@ -403,7 +414,7 @@ class _ConsiliumOneTime(_Consilium):
         slots = np.zeros(self.params.chunk_count * self.params.poly_modulus_degree, dtype=np.int64)
         digits = self.params.digits.to_slots(update)
         slots[: digits.size] = digits
-        chunks, self._boxes[name] = self._rounds[name].upload(slots, {n: k.public_key() for n, k in self._box.items()})
+        chunks, self._boxes[name] = self._rounds[name].upload(slots, self._box_keys, self._identities)
         return chunks, self._boxes[name]
 
     def new_sum(self) -> SumRound:
@@ -418,11 +429,9 @@ class _ConsiliumOneTime(_Consilium):
         """One round's steps for every member; ``_measure`` times the whole, from which the members
         other than the first are subtracted here, so that the figure is one hospital's part."""
         members = self._names[:contributions]
-        setting = replace(self._setting, quorum=contributions, threshold=min(self._setting.threshold, contributions))
-        signers = {name: key.public_key() for name, key in self._signing.items()}
-        state = dict(round_state={}, box_keys_digest=bytes(32), previous_result=bytes(32))
-        summed = total.total(members)
-        total.statement(**state)
+        signers = self._identities
+        state = dict(round_state={}, previous_result=bytes(32))
+        summed = total.total(members, self._box_keys, **state)
         others = 0.0
 
         def each(step, name):
@@ -434,8 +443,6 @@ class _ConsiliumOneTime(_Consilium):
             return result
 
         rounds = {name: self._rounds[name] for name in members}
-        for one in rounds.values():
-            one._setting = setting
         endorsements = {
             name: each(
                 lambda r=r, name=name: r.endorse(

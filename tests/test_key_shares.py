@@ -80,7 +80,7 @@ def test_a_proof_of_another_degree_count_or_range_fails():
     for bad in (higher, proof[:-1], ((Q,) + proof[0][1:],) + proof[1:], ((1.0,) + proof[0][1:],) + proof[1:]):
         assert not check_share(dealt, 1, bad, challenges, threshold=3)
     with pytest.raises(KeyShareError, match="modulo this key's prime"):
-        dealing.proof(_challenges(modulus=2052097))
+        _dealings()[1][0].proof(_challenges(modulus=2052097))
 
 
 def test_the_proof_is_the_challenges_products_masked_and_says_nothing_by_itself():
@@ -89,9 +89,10 @@ def test_the_proof_is_the_challenges_products_masked_and_says_nothing_by_itself(
     challenges = _challenges()
     first, second = (Dealing(key, threshold=2, parties=3, modulus=Q) for _ in "ab")
     products = challenges.products(key)
+    masks = [[list(mask) for mask in dealing._masks] for dealing in (first, second)]
     proofs = [dealing.proof(challenges) for dealing in (first, second)]
-    for dealing, proof in zip((first, second), proofs):
-        assert [p[0] for p in proof] == [(products[m] + mask[0]) % Q for m, mask in enumerate(dealing._masks)]
+    for dealt_masks, proof in zip(masks, proofs):
+        assert [p[0] for p in proof] == [(products[m] + mask[0]) % Q for m, mask in enumerate(dealt_masks)]
     assert proofs[0] != proofs[1]
     with pytest.raises(KeyShareError, match="proved once"):
         first.proof(_challenges(b"\x08" * 32))

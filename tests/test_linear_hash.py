@@ -51,3 +51,10 @@ def test_a_seed_or_modulus_of_the_wrong_form_is_refused():
         LinearHash(bytes(16), modulus=65537, label=b"test")
     with pytest.raises(ValueError, match="prime"):
         LinearHash(bytes(32), modulus=65536, label=b"test")
+
+
+def test_a_value_outside_the_field_is_refused_not_read_by_its_low_bytes():
+    hashes = LinearHash(bytes(32), modulus=65537, label=b"test")
+    for bad in ([65537], [-1], [2**24 + 3]):
+        with pytest.raises(ValueError, match="values in"):
+            hashes.products(np.array(bad))
