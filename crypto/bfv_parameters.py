@@ -105,11 +105,16 @@ class BfvParameters:
         }
 
 
-def select_bfv_parameters(*, max_contributors: int, vector_length: int, sum_bound: int) -> BfvParameters:
+def select_bfv_parameters(
+    *, max_contributors: int, vector_length: int, sum_bound: int, key_shares: int = 0
+) -> BfvParameters:
     """The smallest-on-the-wire BFV parameters that sum ``max_contributors`` vectors exactly.
 
-    ``sum_bound`` bounds every coordinate of the summed vector (check slots are read modulo t). Raises
-    ``ParameterError`` when no parameter set within SEAL's limits can hold the sum.
+    ``sum_bound`` bounds every coordinate of the summed vector (check slots are read modulo t).
+    ``key_shares`` is the number of polynomials of ``R_q`` that travel with each upload besides its
+    ciphertexts (a one-time key's shares, one per hospital: ``crypto.one_time_keys``): they count in
+    its size, which favours a smaller ``N``. Raises ``ParameterError`` when no parameter set within
+    SEAL's limits can hold the sum.
     """
     if max_contributors < 1:
         raise ParameterError(f"max_contributors must be at least 1, got {max_contributors}")
@@ -117,6 +122,8 @@ def select_bfv_parameters(*, max_contributors: int, vector_length: int, sum_boun
         raise ParameterError(f"vector_length must be at least 1, got {vector_length}")
     if not 1 <= sum_bound < 2**_MAX_SUM_BOUND_BITS:
         raise ParameterError(f"sum_bound must be between 1 and 2^{_MAX_SUM_BOUND_BITS}, got {sum_bound}")
+    if key_shares < 0:
+        raise ParameterError(f"key_shares must be at least 0, got {key_shares}")
 
     candidates = []
     failures = []
@@ -133,7 +140,7 @@ def select_bfv_parameters(*, max_contributors: int, vector_length: int, sum_boun
             f"cannot sum {max_contributors} vectors whose sum is bounded by {sum_bound}: {failures[0]}; "
             "lower the bound or the number of contributors"
         )
-    return min(candidates, key=lambda p: (_upload_bits(p), p.chunk_count))
+    return min(candidates, key=lambda p: (_upload_bits(p, key_shares), p.chunk_count))
 
 
 def _parameters_for_degree(
@@ -209,8 +216,8 @@ def _chunk_count(digits: SlotDigits, vector_length: int, degree: int) -> int:
     return -(-_slot_count(digits, vector_length) // degree)
 
 
-def _upload_bits(params: BfvParameters) -> int:
-    return params.chunk_count * params.poly_modulus_degree * params.ciphertext_modulus.bit_length()
+def _upload_bits(params: BfvParameters, key_shares: int = 0) -> int:
+    return (params.chunk_count + key_shares) * params.poly_modulus_degree * params.ciphertext_modulus.bit_length()
 
 
 def _smallest_batching_prime_at_least(lower: int, degree: int) -> int:

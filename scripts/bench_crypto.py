@@ -19,8 +19,8 @@ The schemes, side by side:
   Dopamine's integer mechanism at this ``d`` (what a run uses), seeded uploads packed to
   ``ceil(log2 q)`` bits a coefficient;
 - ``consilium-unseeded``: the same, sending both polynomials;
-- ``consilium-one-time``: the one-time-key round (``docs/explanation/secure-round.md``) at the same
-  parameters, through ``protocol.one_time_round``, threshold ``floor(K/2) + 1``: the upload is the
+- ``consilium-one-time``: the one-time-key round (``docs/explanation/secure-round.md``) at the
+  parameters chosen with its ``K`` key shares counted in the upload, through ``protocol.one_time_round``, threshold ``floor(K/2) + 1``: the upload is the
   encryption, the dealing and the ``K`` sealed shares (the shares' bytes are counted); the download
   is one hospital's whole part after its upload: opening its shares, endorsing, proving its dealing,
   checking every proof against its shares, releasing, checking every release, rebuilding the key,
@@ -334,6 +334,7 @@ class _Consilium:
     """``crypto.bfv`` at the parameters a Dopamine run with ``K`` hospitals and ``d`` parameters gets."""
 
     seeded = True
+    key_shares = False
 
     def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
         mechanism = SkellamMechanism.calibrate(
@@ -341,7 +342,10 @@ class _Consilium:
         )
         bound = mechanism.sum_bound(contributors=hospitals, expected_batch_size=args.expected_batch_size).levels
         self.params: BfvParameters = select_bfv_parameters(
-            max_contributors=hospitals, vector_length=length, sum_bound=bound
+            max_contributors=hospitals,
+            vector_length=length,
+            sum_bound=bound,
+            key_shares=hospitals if self.key_shares else 0,
         )
         self.length = length
         self._hospitals = hospitals
@@ -381,7 +385,10 @@ class _ConsiliumUnseeded(_Consilium):
 
 
 class _ConsiliumOneTime(_Consilium):
-    """The one-time-key round's cryptography, every party in this process (``protocol.one_time_round``)."""
+    """The one-time-key round's cryptography, every party in this process (``protocol.one_time_round``),
+    at the parameters that count the ``K`` key shares in the upload (``select_bfv_parameters(key_shares=)``)."""
+
+    key_shares = True
 
     def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
         if args.contributions < hospitals:

@@ -110,3 +110,17 @@ def test_miller_rabin_agrees_with_trial_division():
 
     numbers = list(range(2000)) + list(np.random.default_rng(1).integers(10**6, 10**7, 300))
     assert all(is_prime(int(n)) == trial(int(n)) for n in numbers)
+
+
+def test_key_shares_count_in_the_upload_and_can_favour_a_smaller_degree():
+    """At the round benchmark's 1M setting, five shares of one polynomial each weigh as much as a third
+    of the largest degree's upload: counted, the smallest total is found at a smaller N."""
+    from crypto.bfv_parameters import _upload_bits
+
+    plain = select_bfv_parameters(max_contributors=5, vector_length=977_370, sum_bound=567_319)
+    shared = select_bfv_parameters(max_contributors=5, vector_length=977_370, sum_bound=567_319, key_shares=5)
+    assert shared.poly_modulus_degree < plain.poly_modulus_degree
+    assert _upload_bits(shared, 5) < _upload_bits(plain, 5)
+    assert _upload_bits(plain) <= _upload_bits(shared)
+    with pytest.raises(ParameterError, match="key_shares"):
+        select_bfv_parameters(max_contributors=5, vector_length=10, sum_bound=10, key_shares=-1)
