@@ -1,70 +1,37 @@
-"""BFV secure summation on SEAL (``tenseal.sealapi``): who can do what is carried by the type.
+"""BFV on SEAL (``tenseal.sealapi``): the parameters' context, and the exact moves between SEAL's objects
+and numpy's arrays that the one-time keys are built from (``crypto.one_time_keys``).
 
-- ``SecretContext`` (hospitals) holds the federation's shared secrets: the BFV secret key and the
-  check key of ``crypto.membership``. It encrypts an update with its check slots and decrypts only
-  a sum whose check slots prove it adds one fresh contribution from each listed contributor.
-  Encryption is symmetric: every hospital holds the secret key anyway, and the aggregator then has
-  no public key, so it cannot encrypt.
-- ``PublicContext`` (aggregator) is built from the agreed parameters alone: it holds no key.
-- ``CiphertextSum`` (aggregator) adds contributions; one either adds completely or changes nothing.
-
-**Wire format.** An upload is SEAL's *seeded* symmetric ciphertext: the first polynomial ``c0``,
-and for the second only the 64-byte seed of the PRNG that expands it, which halves the bytes. We
-send ``c0``'s coefficients packed to ``ceil(log2 q)`` bits each, then SEAL's PRNG record
-(1 byte of type, 64 of seed); an aggregate is both polynomials, packed the same way. Everything
-else SEAL serialises (parameter id, sizes, the NTT flag, the scale) is fixed by the parameters,
-so every party rebuilds it from them instead of reading it off the wire. A received blob must
-have exactly the packed length; it is then framed as SEAL's uncompressed serialisation and loaded
-with SEAL's validating loader (every coefficient below its modulus), and the loaded ciphertext
-must have two polynomials, not be in NTT form, be at the data level and not be transparent.
-
-Slots hold integers modulo ``t``, each the digits of ``k`` values (``crypto.slot_digits``): values
-are never clamped, and a decrypted sum is exact wherever it lies within the agreed sum bound. A
+``PublicContext`` is built from the agreed parameters alone: it holds no key, and every party has
+one. Slots hold integers modulo ``t``, each the digits of ``k`` values (``crypto.slot_digits``). A
 slot is a coefficient of the plaintext polynomial: a sum only adds, and adding ciphertexts adds
-their plaintexts coefficient by coefficient, so SEAL's batching (an NTT modulo ``t`` each way)
-would buy nothing and cost an encode and a decode per ciphertext. A plaintext is loaded from its
-coefficients through SEAL's validating loader (each below ``t``) and read back from SEAL's own
-serialisation.
+their plaintexts coefficient by coefficient, so SEAL's batching (an NTT modulo ``t`` each way) would
+buy nothing. A plaintext is loaded from its coefficients through SEAL's validating loader (each
+below ``t``) and read back from SEAL's own serialisation; a pair of polynomials of ``R_q`` is loaded
+as a ciphertext, in NTT form or not (each coefficient below ``q``), and read back the same way.
+Everything SEAL serialises besides the coefficients (parameter id, sizes, the NTT flag, the scale)
+is fixed by the parameters, so every party rebuilds it from them instead of reading it off the wire.
+Polynomials travel packed to ``ceil(log2 q)`` bits a coefficient (``pack_words``).
 """
 
 from __future__ import annotations
 
 import os
 import struct
-from typing import Iterator, Sequence
-
 import numpy as np
 import tenseal.sealapi as seal
 import zstandard
 
 from crypto.bfv_parameters import BfvParameters
-from crypto.membership import CHECK_KEY_BYTES, CheckKey, MembershipError
-from crypto.workers import CryptoWorkers
 
-__all__ = ["BfvError", "CiphertextSum", "PublicContext", "SecretContext", "aggregate_bytes", "upload_bytes"]
+__all__ = ["BfvError", "PublicContext", "pack_words", "unpack_words"]
 
 _SEAL_MAGIC = 0xA15E
 _HEADER = struct.Struct("<HBBBBHQ")  # magic, header size, version major, minor, compression, reserved, size
 _COMPRESSION_NONE = 0
-_PRNG_RECORD_BYTES = 1 + 64  # SEAL's UniformRandomGeneratorInfo: PRNG type, then a 512-bit seed
-# Ciphertexts packed or unpacked in one numpy call: one at a time, numpy's cost per call outweighed
-# its cost per coefficient (3x slower); beyond a few dozen nothing is gained, and the temporary
-# arrays would grow with the message.
-_BATCH = 64
 
 
 class BfvError(ValueError):
-    """A key, ciphertext or sum that does not fit the agreed parameters, key or contributors."""
-
-
-def upload_bytes(params: BfvParameters) -> int:
-    """The exact size of one uploaded (seeded) ciphertext: the packed ``c0`` and the PRNG record."""
-    return _packed_bytes(params.poly_modulus_degree, params) + _PRNG_RECORD_BYTES
-
-
-def aggregate_bytes(params: BfvParameters) -> int:
-    """The exact size of one summed (two-polynomial) ciphertext."""
-    return _packed_bytes(2 * params.poly_modulus_degree, params)
+    """A polynomial, plaintext or ciphertext that does not fit the agreed parameters."""
 
 
 class PublicContext:
@@ -84,116 +51,9 @@ class PublicContext:
         if data_level.parms().coeff_modulus()[0].value() != params.ciphertext_modulus:
             raise BfvError("SEAL chose a different ciphertext modulus than the agreed parameters")
         self.params = params
-        self._bits = _coefficient_bits(params)
         self.evaluator = seal.Evaluator(self.seal)
         self._version = _seal_version()
-        self._seeded_prefix = self._prefix(coefficients=params.poly_modulus_degree)
-        self._full_prefix = self._prefix(coefficients=2 * params.poly_modulus_degree)
         self._full_plaintext_prefix = self._plaintext_prefix(params.poly_modulus_degree)
-        self.workers: CryptoWorkers | None = None
-
-    def use_workers(self, count: int, *, secret: bytes | None = None, run_id: str = "") -> None:
-        """Spread the work on ciphertexts over ``count`` processes (``crypto.workers``), where there are several."""
-        if count > 1 and self.params.chunk_count > 1 and self.workers is None:
-            self.workers = CryptoWorkers(self.params.to_dict(), count, secret=secret, run_id=run_id)
-
-    def close(self) -> None:
-        if self.workers is not None:
-            self.workers.close()
-            self.workers = None
-
-    def load_upload(self, chunks: Sequence[bytes], shard: range | None = None) -> list[seal.Ciphertext]:
-        """An upload's ciphertexts, or those of ``shard`` (their indices in the upload), validated."""
-        degree = self.params.poly_modulus_degree
-        return self._load(chunks, self._seeded_prefix, degree, seeded=True, what="upload", shard=shard)
-
-    def load_aggregate(self, chunks: Sequence[bytes], shard: range | None = None) -> list[seal.Ciphertext]:
-        degree = 2 * self.params.poly_modulus_degree
-        return self._load(chunks, self._full_prefix, degree, seeded=False, what="aggregate", shard=shard)
-
-    def pack_uploads(self, serialized: Sequence[bytes]) -> list[bytes]:
-        """Our wire form of SEAL's own seeded serialisations (``Serializable.save``)."""
-        start = len(self._seeded_prefix)
-        end = start + 8 * self.params.poly_modulus_degree
-        polynomials, seeds = [], []
-        for one in serialized:
-            body = self._body(one, self._seeded_prefix)
-            suffix = body[end:]
-            if len(suffix) != _HEADER.size + _PRNG_RECORD_BYTES:
-                raise BfvError("SEAL's seeded ciphertext layout is not the one this module packs")
-            polynomials.append(body[start:end])
-            seeds.append(suffix[_HEADER.size :])
-        return [packed + seed for packed, seed in zip(self._pack_each(polynomials), seeds)]
-
-    def pack_aggregate(self, ciphertexts: Sequence[seal.Ciphertext]) -> list[bytes]:
-        with _MemoryFile() as file:
-            serialized = [file.save(ciphertext) for ciphertext in ciphertexts]
-        polynomials = []
-        for one in serialized:
-            coefficients = self._body(one, self._full_prefix)[len(self._full_prefix) :]
-            if len(coefficients) != 16 * self.params.poly_modulus_degree:
-                raise BfvError("SEAL's ciphertext layout is not the one this module packs")
-            polynomials.append(coefficients)
-        return self._pack_each(polynomials)
-
-    def _pack_each(self, polynomials: list[bytes]) -> list[bytes]:
-        packed = []
-        for start in range(0, len(polynomials), _BATCH):
-            batch = polynomials[start : start + _BATCH]
-            size = len(batch[0]) // 64 * self._bits  # 8 bytes a coefficient, eight of them to `bits` bytes
-            joined = pack_words(b"".join(batch), self._bits)
-            packed += [joined[i : i + size] for i in range(0, len(joined), size)]
-        return packed
-
-    def _each_unpacked(self, chunks: Sequence[bytes], packed_bytes: int, coefficients: int) -> Iterator[bytes]:
-        """Each chunk's first ``packed_bytes`` unpacked to SEAL's 64-bit coefficients."""
-        for start in range(0, len(chunks), _BATCH):
-            batch = chunks[start : start + _BATCH]
-            words = unpack_words(
-                b"".join(chunk[:packed_bytes] for chunk in batch), coefficients * len(batch), self._bits
-            )
-            yield from (words[i : i + 8 * coefficients] for i in range(0, len(words), 8 * coefficients))
-
-    def _load(
-        self,
-        chunks: Sequence[bytes],
-        prefix: bytes,
-        coefficients: int,
-        *,
-        seeded: bool,
-        what: str,
-        shard: range | None,
-    ) -> list[seal.Ciphertext]:
-        shard = shard or range(self.params.chunk_count)
-        if len(chunks) != len(shard):
-            raise BfvError(f"an {what} has {len(shard)} ciphertexts, got {len(chunks)}")
-        packed_bytes = _packed_bytes(coefficients, self.params)
-        size = packed_bytes + (_PRNG_RECORD_BYTES if seeded else 0)
-        for index, chunk in zip(shard, chunks):
-            if type(chunk) is not bytes or len(chunk) != size:
-                got = f"{len(chunk)}" if type(chunk) is bytes else type(chunk).__name__
-                raise BfvError(f"{what} ciphertext {index} must be {size} bytes, got {got}")
-        ciphertexts = []
-        unpacked = self._each_unpacked(chunks, packed_bytes, coefficients)
-        with _MemoryFile() as file:
-            for index, chunk, polynomial in zip(shard, chunks, unpacked, strict=True):
-                body = prefix + polynomial
-                if seeded:
-                    body += self._header(_HEADER.size + _PRNG_RECORD_BYTES) + chunk[packed_bytes:]
-                ciphertext = seal.Ciphertext()
-                try:
-                    file.load(ciphertext, self.seal, self._header(_HEADER.size + len(body)) + body)
-                except Exception as error:  # SEAL raises ValueError, RuntimeError or its logic_error on invalid data
-                    raise BfvError(f"{what} ciphertext {index} is not valid for these parameters: {error}") from None
-                if (
-                    ciphertext.size() != 2
-                    or ciphertext.is_ntt_form()
-                    or ciphertext.parms_id() != self.seal.first_parms_id()
-                    or ciphertext.is_transparent()
-                ):
-                    raise BfvError(f"{what} ciphertext {index} is not a fresh-form two-polynomial ciphertext")
-                ciphertexts.append(ciphertext)
-        return ciphertexts
 
     def _body(self, serialized: bytes, prefix: bytes) -> bytes:
         magic, header_size, _, _, compression, _, size = _HEADER.unpack_from(serialized)
@@ -284,205 +144,6 @@ class PublicContext:
         return _HEADER.pack(_SEAL_MAGIC, _HEADER.size, *self._version, _COMPRESSION_NONE, 0, size)
 
 
-class SecretContext:
-    """A hospital's view of the run's shared secrets: the BFV secret key and the check key."""
-
-    def __init__(self, public: PublicContext, secret_key: seal.SecretKey, check_key: CheckKey) -> None:
-        self._public = public
-        self._secret_key = secret_key
-        self._check = check_key
-        self._encryptor = seal.Encryptor(public.seal, secret_key)
-        self._decryptor = seal.Decryptor(public.seal, secret_key)
-        self.params = public.params
-        self._data_slots = self.params.digits.slots_for(self.params.vector_length)  # the check slots follow
-
-    @classmethod
-    def generate(cls, params: BfvParameters, *, run_id: str) -> "SecretContext":
-        public = PublicContext(params)
-        secret_key = seal.KeyGenerator(public.seal).secret_key()
-        return cls(public, secret_key, CheckKey.generate(run_id=run_id, plain_modulus=params.plain_modulus))
-
-    @classmethod
-    def from_bytes(cls, data: bytes, params: BfvParameters, *, run_id: str) -> "SecretContext":
-        public = PublicContext(params)
-        secret_key = seal.SecretKey()
-        try:
-            with _MemoryFile() as file:
-                file.load(secret_key, public.seal, data[CHECK_KEY_BYTES:])
-        except Exception as error:  # SEAL's loader rejects foreign or corrupt keys
-            raise BfvError(f"not a BFV secret key for these parameters: {error}") from None
-        try:
-            check_key = CheckKey(data[:CHECK_KEY_BYTES], run_id=run_id, plain_modulus=params.plain_modulus)
-        except MembershipError as error:
-            raise BfvError(str(error)) from None
-        return cls(public, secret_key, check_key)
-
-    def to_bytes(self) -> bytes:
-        """The run's secrets. They only ever leave a hospital sealed to another hospital."""
-        return self._check.to_bytes() + _save(self._secret_key)
-
-    def encrypt_update(
-        self, values: np.ndarray, *, round_number: int, hospital: str, seeded: bool = True
-    ) -> list[bytes]:
-        """The upload of an integer vector, as slots (``crypto.slot_digits``) and their check slots.
-
-        ``seeded=False`` sends both polynomials, in the aggregate's form: twice the bytes. The protocol
-        always seeds; the crypto benchmark uses the other form to show what seeding saves.
-        """
-        values = np.asarray(values)
-        if values.shape != (self.params.vector_length,) or not np.issubdtype(values.dtype, np.integer):
-            raise BfvError(
-                f"expected a vector of {self.params.vector_length} integers, got {values.dtype} of shape {values.shape}"
-            )
-        workers = self._public.workers
-        if seeded and workers is not None:
-            return workers.encrypt(
-                values,
-                round_number=round_number,
-                check_slots=lambda products: self._check.check_slots(
-                    products, round_number=round_number, hospital=hospital
-                ),
-            )
-        everything = range(self.params.chunk_count)
-        slots, products = self.shard_slots(values, everything, round_number=round_number)
-        checks = self._check.check_slots(products, round_number=round_number, hospital=hospital)
-        return self.encrypt_slots(self.with_checks(slots, everything, checks), seeded=seeded)
-
-    def shard_slots(self, values: np.ndarray, shard: range, *, round_number: int) -> tuple[np.ndarray, list[int]]:
-        """The slots of ``shard``'s ciphertexts, holding its piece of an update's ``values`` (the values
-        of those slots only) with the check slots left zero, and that piece's part of the check products."""
-        data = self.params.digits.to_slots(values)
-        slots = np.zeros(len(shard) * self.params.poly_modulus_degree, dtype=np.int64)
-        slots[: data.size] = data
-        return slots, self.data_products(slots, shard, round_number=round_number)
-
-    def with_checks(self, slots: np.ndarray, shard: range, checks: Sequence[int]) -> np.ndarray:
-        """``shard``'s slots with the check slots that fall among them: they follow the data slots."""
-        first = self._data_slots - shard.start * self.params.poly_modulus_degree
-        for position, check in enumerate(checks, start=first):
-            if 0 <= position < slots.size:
-                slots[position] = check
-        return slots
-
-    def data_products(self, slots: np.ndarray, shard: range, *, round_number: int) -> list[int]:
-        """The check products (``crypto.membership``) of the data slots among ``shard``'s ``slots``."""
-        first = shard.start * self.params.poly_modulus_degree
-        data = slots[: max(0, min(slots.size, self._data_slots - first))]
-        return self._check.products(data, round_number=round_number, first=first)
-
-    def use_workers(self, count: int) -> None:
-        """Encrypt and decrypt in ``count`` processes (``crypto.workers``), each given this run's secrets."""
-        self._public.use_workers(count, secret=self.to_bytes(), run_id=self._check.run_id)
-
-    def close(self) -> None:
-        self._public.close()
-
-    def encrypt_slots(self, slots: np.ndarray, *, seeded: bool = True) -> list[bytes]:
-        """The ciphertexts of whole ciphertexts' worth of slots, packed for the wire."""
-        encrypted = []
-        with _MemoryFile() as file:
-            for start in range(0, slots.size, self.params.poly_modulus_degree):
-                plaintext = self._public.load_plaintext(file, slots[start : start + self.params.poly_modulus_degree])
-                if seeded:
-                    encrypted.append(file.save(self._encryptor.encrypt_symmetric(plaintext)))
-                else:
-                    ciphertext = seal.Ciphertext()
-                    self._encryptor.encrypt_symmetric(plaintext, ciphertext)
-                    encrypted.append(ciphertext)
-        return self._public.pack_uploads(encrypted) if seeded else self._public.pack_aggregate(encrypted)
-
-    def decrypt_sum(self, chunks: Sequence[bytes], *, round_number: int, contributors: Sequence[str]) -> np.ndarray:
-        """The sum (int64, exact within the sum bound) of ``contributors``' updates for this round.
-
-        ``BfvError`` unless the aggregate is exactly one fresh contribution from each of them.
-        """
-        workers = self._public.workers
-        if workers is not None:
-            slots, products = workers.decrypt(list(chunks), round_number=round_number)
-        else:
-            slots = self.decrypt_slots(chunks)
-            products = self.data_products(slots, range(self.params.chunk_count), round_number=round_number)
-        checks = slots[self._data_slots : self.params.slot_count]
-        try:
-            self._check.verify(checks, products=products, round_number=round_number, contributors=contributors)
-        except MembershipError as error:
-            raise BfvError(str(error)) from None
-        return self.params.digits.from_slots(slots[: self._data_slots], self.params.vector_length)
-
-    def decrypt_slots(self, chunks: Sequence[bytes], shard: range | None = None) -> np.ndarray:
-        """The slots (int64, in [0, t)) of an aggregate's ciphertexts, or of its ``shard``, unchecked."""
-        slots = []
-        with _MemoryFile() as file:
-            for ciphertext in self._public.load_aggregate(chunks, shard):
-                plaintext = seal.Plaintext()
-                self._decryptor.decrypt(ciphertext, plaintext)
-                slots.append(self._public.plaintext_coefficients(file, plaintext))
-        return np.concatenate(slots)
-
-
-class CiphertextSum:
-    """Adds uploads. A contribution that fails validation, or whose addition fails, changes nothing.
-
-    ``seeded=False`` adds uploads sent with both polynomials (``SecretContext.encrypt_update``). Where
-    the context has workers (``PublicContext.use_workers``), they hold the sum, each its shard; a
-    worker's own sum covers its ``shard`` of the ciphertexts.
-    """
-
-    def __init__(self, context: PublicContext, *, seeded: bool = True, shard: range | None = None) -> None:
-        self._context = context
-        self._load = context.load_upload if seeded else context.load_aggregate
-        self._shard = shard
-        self._workers = context.workers if seeded and shard is None else None
-        if self._workers is not None:
-            self._workers.reset_sum()
-        self._totals: list[seal.Ciphertext] | None = None
-        self.contributions = 0
-
-    def add(self, chunks: Sequence[bytes]) -> None:
-        if self.contributions >= self._context.params.max_contributors:
-            raise BfvError(
-                f"this sum already holds {self.contributions} contributions, the most these parameters allow"
-            )
-        if self._workers is not None:
-            self._workers.add(list(chunks))
-        else:
-            self.keep(self.staged(chunks))
-        self.contributions += 1
-
-    def staged(self, chunks: Sequence[bytes]) -> list[seal.Ciphertext]:
-        """The totals with ``chunks`` added, not yet kept (``BfvError`` where they cannot be)."""
-        incoming = self._load(chunks, self._shard)
-        if self._totals is not None:
-            added = []
-            for total, ciphertext in zip(self._totals, incoming):
-                result = seal.Ciphertext()
-                try:
-                    self._context.evaluator.add(total, ciphertext, result)
-                except Exception as error:  # e.g. SEAL refusing a transparent result
-                    raise BfvError(f"cannot add this contribution: {error}") from None
-                added.append(result)
-            incoming = added
-        return incoming
-
-    def keep(self, totals: list[seal.Ciphertext]) -> None:
-        self._totals = totals
-
-    def to_chunks(self) -> list[bytes]:
-        if self._workers is not None and self.contributions:
-            return self._workers.sum_chunks()
-        if self._totals is None:
-            raise BfvError("the sum is empty")
-        return self._context.pack_aggregate(self._totals)
-
-
-def _coefficient_bits(params: BfvParameters) -> int:
-    return params.ciphertext_modulus.bit_length()
-
-
-def _packed_bytes(coefficients: int, params: BfvParameters) -> int:
-    return -(-coefficients * _coefficient_bits(params) // 8)
-
-
 def pack_words(coefficients: bytes, bits: int) -> bytes:
     """Little-endian 64-bit words below ``2^bits`` to ``bits`` bits each, back to back (``N`` is a multiple of 8: no padding).
 
@@ -520,7 +181,7 @@ def _seal_version() -> tuple[int, int]:
 
 
 class _MemoryFile:
-    """An in-memory file through which SEAL saves and loads by path: a secret key never touches a disk.
+    """An in-memory file through which SEAL saves and loads by path: a key never touches a disk.
 
     One file serves a whole batch of ciphertexts: a file per ciphertext took a fifth of the
     server's time to add an upload at d = 1e5.

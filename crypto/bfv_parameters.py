@@ -21,11 +21,10 @@ never clamped. Two failures would corrupt it silently; both are ruled out here b
    probability ``2^-40`` a round (union bound), when ``q >= t (K + 2 a_K)``, where ``q`` is the
    ciphertext modulus (the coefficient modulus without SEAL's special prime). The tail is what keeps
    ``q`` small for many contributors: ``a_K`` is 264 to 295 at ``K = 100`` (by the number of coefficients)
-   where the worst case is 2,100. If it ever failed, the garbled sum would fail its check slots (``crypto.membership``): the
-   hospitals would refuse it, as any sum that is not one contribution from each listed contributor,
-   never decrypt it wrongly.
+   where the worst case is 2,100. If it ever failed, the garbled sum would fail its zero slots: the
+   hospitals would refuse it, never use it decrypted wrongly.
 
-``t`` is prime (``crypto.membership`` needs it) and ``= 1 (mod 2N)``, the form SEAL's batching
+``t`` is prime (the zero slots' count is a linear hash's modulo ``t``: ``zero_slot_count``) and ``= 1 (mod 2N)``, the form SEAL's batching
 needs. Slots are plaintext coefficients now (``crypto.bfv``), so that form is no longer needed; it
 is kept so that the parameters every committed result was measured with stay the same. SEAL's NTT
 needs ``= 1 (mod 2N)`` of each prime of the coefficient modulus. SEAL keeps the last prime as the "special" prime of key switching; nobody here
@@ -46,7 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from crypto.membership import MAX_PLAIN_MODULUS_BITS, check_slot_count
+from crypto.linear_hash import challenge_count
 from crypto.primes import is_prime
 from crypto.slot_digits import SlotDigits
 
@@ -55,6 +54,7 @@ __all__ = ["BfvParameters", "ParameterError", "select_bfv_parameters"]
 _FRESH_ERROR_BITS = 21  # SEAL 4's centred binomial error: the difference of two sums of 21 fair bits
 _DECRYPTION_FAILURE_LOG_PROBABILITY = -40 * math.log(2)  # a round, over every coefficient of the sum
 _MAX_PRIME_BITS = 60  # SEAL's limit for each prime
+MAX_PLAIN_MODULUS_BITS = 60  # SEAL's largest plaintext modulus
 _MAX_SUM_BOUND_BITS = 31  # a summed value fits an int32, the plaintext benchmark's word (crypto.insecure_plaintext)
 _MIN_SPECIAL_PRIME_BITS = 20
 # Largest total coefficient-modulus bits at 128-bit classical security (SEAL's CoeffModulus::MaxBitCount).
@@ -84,7 +84,7 @@ class BfvParameters:
 
     @property
     def slot_count(self) -> int:
-        """The vector's slots, then the check slots that prove a sum's membership (``crypto.membership``)."""
+        """The vector's slots, then the zero slots (``zero_slot_count``)."""
         return _slot_count(self.digits, self.vector_length)
 
     @property
@@ -110,7 +110,7 @@ def select_bfv_parameters(
 ) -> BfvParameters:
     """The smallest-on-the-wire BFV parameters that sum ``max_contributors`` vectors exactly.
 
-    ``sum_bound`` bounds every coordinate of the summed vector (check slots are read modulo t).
+    ``sum_bound`` bounds every coordinate of the summed vector (zero slots are read modulo t).
     ``key_shares`` is the number of polynomials of ``R_q`` that travel with each upload besides its
     ciphertexts (a one-time key's shares, one per hospital: ``crypto.one_time_keys``): they count in
     its size, which favours a smaller ``N``. Raises ``ParameterError`` when no parameter set within
@@ -207,12 +207,19 @@ def _decryption_error_bound(contributors: int, coefficients: int) -> int:
     return high
 
 
+def zero_slot_count(plain_modulus: int) -> int:
+    """The slots after the data that every upload leaves at 0 (``crypto.one_time_keys``): a sum's key
+    rebuilt wrong leaves each uniform modulo ``t``, and this many all read 0 with probability at most
+    ``2^-128`` (as many as a linear hash modulo ``t`` has challenges: ``crypto.linear_hash``)."""
+    return challenge_count(plain_modulus)
+
+
 def _slot_count(digits: SlotDigits, vector_length: int) -> int:
-    return digits.slots_for(vector_length) + check_slot_count(digits.modulus)
+    return digits.slots_for(vector_length) + zero_slot_count(digits.modulus)
 
 
 def _chunk_count(digits: SlotDigits, vector_length: int, degree: int) -> int:
-    """Ciphertexts of ``degree`` slots that hold the vector's slots and their check slots."""
+    """Ciphertexts of ``degree`` slots that hold the vector's slots and the zero slots."""
     return -(-_slot_count(digits, vector_length) // degree)
 
 

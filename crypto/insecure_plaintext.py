@@ -7,10 +7,10 @@ holds** in this mode. It exists for that comparison alone; its name says so wher
 (``--insecure-plaintext-benchmark``), and a hospital only ever sends plaintext when its own operator
 chose this, never because a server asked.
 
-The stand-ins keep ``SecretContext``'s and ``CiphertextSum``'s interface, so that the round is the
-same code in both modes. An upload is one chunk: the vector modulo ``2^32`` as little-endian 32-bit
+In this mode a round is an upload and the sum sent back (``protocol.server``, ``protocol.hospital``):
+no key, share, endorsement or release. An upload is one chunk: the vector modulo ``2^32`` as little-endian 32-bit
 words (the same bytes as float32), summed modulo ``2^32``: exact like the encrypted sum within the
-sum bound, which is below ``2^31``. Check slots are part of secure aggregation and are left out.
+sum bound, which is below ``2^31``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _WORD = np.dtype("<u4")
 
 
 class InsecurePlaintextUploads:
-    """A hospital's updates and sums in the clear, in place of ``SecretContext``."""
+    """A hospital's updates and sums in the clear."""
 
     def __init__(self, params: BfvParameters) -> None:
         self.params = params
@@ -48,7 +48,7 @@ class InsecurePlaintextUploads:
 
 
 class InsecurePlaintextSum:
-    """The server's sum of plaintext updates, in place of ``CiphertextSum``."""
+    """The server's sum of plaintext updates."""
 
     def __init__(self, params: BfvParameters) -> None:
         self._params = params

@@ -47,8 +47,8 @@ _STRETCH = 2**16  # coefficients drawn at a time: a whole number of keystream bl
 _NONCE = bytes(12)  # each challenge has its own key, so one nonce serves: every party recomputes the same stream
 _BLOCK_BYTES = 64  # ChaCha20's block
 # One BLAS thread for the products: each is small, and OpenBLAS's idle threads spin after it, taking
-# the core from the party's own work and its crypto worker's (a 1M update's products took 20 ms
-# with them and 6.5 ms with one thread, on 2 cores).
+# the core from the party's other work (a 1M update's products took 20 ms with them and 6.5 ms
+# with one thread, on 2 cores).
 _BLAS = ThreadpoolController()
 
 

@@ -29,7 +29,7 @@ constant term by Lagrange interpolation; fewer are uniform and independent of it
 **Zero slots.** The last slots of an upload (where check slots were, ``BfvParameters.slot_count``)
 hold 0, so a sum decrypts to 0 there. A wrong rebuilt key ``K + eps`` adds ``a_c eps`` to each
 ciphertext, uniform for an ``eps`` drawn independently of the ``a_c``: every zero slot is then
-uniform modulo ``t``, and ``check_slot_count(t)`` of them pass together with probability at most
+uniform modulo ``t``, and ``crypto.bfv_parameters.zero_slot_count(t)`` of them pass together with probability at most
 ``2^-128``. That catches a release damaged by mistake, not one fitted by a dishonest releaser: the
 condition is linear in ``eps``, so ``eps = (lambda a_C)^-1 y`` with ``y`` zero at those slots passes
 it (the design's section "Verifiable dealing and releases" checks each dealing and release instead).
@@ -161,7 +161,7 @@ def decrypt_sum(context: PublicContext, total: np.ndarray, key: np.ndarray, publ
 
 
 def check_zero_slots(context: PublicContext, slots: np.ndarray, data_slots: int) -> None:
-    """``BfvError`` unless every slot from ``data_slots`` to the last check slot decrypted to 0."""
+    """``BfvError`` unless every slot from ``data_slots`` to the last zero slot decrypted to 0."""
     zero = slots[data_slots : context.params.slot_count]
     if np.any(zero):
         raise BfvError("the sum's zero slots are not zero: the key rebuilt from the releases is wrong")

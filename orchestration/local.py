@@ -28,7 +28,6 @@ from typing import Callable
 
 import numpy as np
 
-from crypto.workers import available_cores
 from orchestration.planning import check_first_round
 from orchestration.report import (
     baseline_summary,
@@ -136,7 +135,6 @@ def _start_parties(
     common = [*confirmed, "--data", spec.data, "--data-seed", str(spec.seed)]
     common += ["--image-size", shown(spec.image_size)] if spec.image_size else []
     common += ["--image-channels", str(spec.image_channels)] if spec.image_channels else []
-    common += ["--crypto-threads", str(spec.crypto_threads or _cores_each(spec))]
     common += ["--device", spec.device] if spec.device else []
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     server = _launch(
@@ -155,14 +153,6 @@ def _start_parties(
         argv = [*common, *_hospital_argv(spec, group, first)]
         hospitals[process] = _launch("scripts.hospital", argv, logs / f"{process}.log", environment)
     return server, hospitals, talliers
-
-
-def _cores_each(spec: RunSpec) -> int:
-    """Each party's crypto workers where the spec names none: this machine's cores shared out among the
-    server and the hospitals, which all run here and would otherwise start a worker per core each. On 2
-    cores at 977,370 parameters and K = 5 two workers a party gained nothing (a secure round 1.26x the
-    plaintext one; 1.15x and 1.28x with none, in two runs of consilium-bench-round)."""
-    return max(1, available_cores() // (spec.hospitals + 1))
 
 
 def _server_argv(spec: RunSpec, out: Path) -> list[str]:

@@ -191,8 +191,9 @@ def _wire(hospital_rounds: list[dict], *, float32_bytes: int) -> dict:
         "aggregate_bytes_per_round": mean_of("received_bytes"),
         "aggregate_ratio_to_float32": mean_of("received_bytes") / float32_bytes,
         "sent_bytes_per_round": mean_of("sent_bytes"),
-        "note": "per hospital per round; update = the encrypted upload, aggregate = the encrypted sum downloaded, "
-        "sent = upload plus the release message (the first contributor's includes the float32 mean)",
+        "note": "per hospital per round; update = the encrypted upload with its sealed key shares, aggregate = the "
+        "encrypted sum and the shares sealed to this hospital, downloaded; sent = the update plus the endorsement, "
+        "proof, release and confirmation",
     }
 
 

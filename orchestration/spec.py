@@ -65,7 +65,6 @@ class RunSpec:
     talliers: int = 3  # voting
     hospitals_per_process: int = 1  # voting: hospitals simulated in threads of one process
     round_timeout: float = 60.0
-    crypto_threads: int | None = None  # each party's crypto workers (default: the cores shared out among the parties)
     device: str | None = None  # where the server's and hospitals' models compute (default: cpu)
     send_offset: float = DEFAULT_SEND_OFFSET_S
     select_every: int = 1  # the model kept is selected among every n-th round and the last ...
@@ -85,8 +84,6 @@ class RunSpec:
             raise ConfigError(str(error)) from None
         if (self.select_every, self.select_on) != (1, "accuracy") and self.method in VOTING_METHODS:
             raise ConfigError("a selection is for training runs: a voting server trains its model once, at the end")
-        if self.crypto_threads is not None and self.crypto_threads < 1:
-            raise ConfigError(f"crypto_threads must be at least 1, got {self.crypto_threads}")
         if self.image_channels not in (None, 1, 3):
             raise ConfigError(f"image_channels must be 1 or 3, got {self.image_channels}")
         if self.image_size is not None and (

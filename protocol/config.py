@@ -14,8 +14,11 @@ import json
 import re
 from dataclasses import dataclass
 
-from crypto.bfv import aggregate_bytes
 from crypto.bfv_parameters import BfvParameters, ParameterError, select_bfv_parameters
+from crypto.linear_hash import challenge_count
+from crypto.one_time_keys import key_share_bytes
+from crypto.sealed_box import OVERHEAD_BYTES
+from protocol.one_time_round import RoundSetting, check_threshold
 from training.methods import TrainingMethod, settings_from_dict
 from training.models import ModelSpec
 from training.skellam import SkellamMechanism
@@ -41,7 +44,6 @@ MAX_ROUNDS = 1_000_000  # round numbers travel through the voting MPC's field to
 # What a hospital accepts before it knows the run, and so ever. A Welcome carries four float32 vectors
 # of the model's size: 179 MB for a ResNet-18 of 11.2M parameters, which this is sized for.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-_SEALED_KEY_SLACK_BYTES = 4096  # SEAL's header and zstd framing, the check key, the box
 _WELCOME_VECTORS = 4  # float32 vectors of the model's size in a Welcome (message_limit)
 
 
@@ -79,7 +81,7 @@ def run_fingerprint(label: bytes, settings: dict, payload: bytes) -> str:
 class RunConfig:
     run_id: str
     dataset: str
-    hospitals: tuple[str, ...]  # in roster order; the first holds the key and releases the mean
+    hospitals: tuple[str, ...]  # in roster order: hospital i is the one-time keys' Shamir party i + 1
     rounds: int
     delta: float
     model: ModelSpec
@@ -87,18 +89,24 @@ class RunConfig:
     # Part of the fingerprint, so a hospital and a server in different modes never share a round:
     # each hospital refuses a run whose mode is not the one its own operator chose.
     aggregation: str = SECURE_AGGREGATION
+    threshold: int = 0  # tau, the releases that rebuild a sum's key; 0: floor(n/2) + 1, the least allowed
 
     def __post_init__(self) -> None:
         check_run(self.run_id, self.hospitals, quorum=self.training.quorum, rounds=self.rounds, delta=self.delta)
         check_aggregation(self.aggregation)
+        if self.aggregation == SECURE_AGGREGATION:
+            try:
+                check_threshold(len(self.hospitals), self.key_threshold, self.training.quorum)
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
         if _WELCOME_VECTORS * 4 * self.parameter_count > MAX_MESSAGE_BYTES:  # before anything of that size is allocated
             raise ConfigError(
                 f"a model of {self.parameter_count:,} parameters does not fit the {MAX_MESSAGE_BYTES:,} bytes a party accepts in a message"
             )
 
     @property
-    def key_holder(self) -> str:
-        return self.hospitals[0]
+    def key_threshold(self) -> int:
+        return self.threshold or len(self.hospitals) // 2 + 1
 
     @property
     def parameter_count(self) -> int:
@@ -112,26 +120,38 @@ class RunConfig:
         bound = mechanism.sum_bound(contributors=len(self.hospitals), expected_batch_size=self.training.rows_per_share)
         try:
             return select_bfv_parameters(
-                max_contributors=len(self.hospitals), vector_length=mechanism.dimension, sum_bound=bound.levels
+                max_contributors=len(self.hospitals),
+                vector_length=mechanism.dimension,
+                sum_bound=bound.levels,
+                key_shares=len(self.hospitals) if self.aggregation == SECURE_AGGREGATION else 0,
             )
         except ParameterError as error:
             raise ConfigError(str(error)) from None
 
+    def round_setting(self, run: str, round_number: int, params: BfvParameters) -> RoundSetting:
+        """What every party of round ``round_number`` of ``run`` (``fingerprint``) agrees on."""
+        return RoundSetting(
+            run,
+            round_number,
+            self.hospitals,
+            threshold=self.key_threshold,
+            quorum=self.training.quorum,
+            params=params,
+        )
+
     def message_limit(self) -> int:
-        """The largest message this run needs: an encrypted sum, the sealed keys, or a Welcome.
+        """The largest message this run needs: an upload or a sum with their sealed key shares, or a Welcome.
 
         A Welcome carries the initial and the current parameters and the update rule's state (at
         most two vectors, FedAdam's): four float32 vectors. The released mean is one."""
         params = self.bfv_parameters()
-        ciphertexts = params.chunk_count * aggregate_bytes(params)
-        # A sealed secret key: N coefficients of 8 bytes for each prime of the key level.
-        sealed_keys = len(self.hospitals) * (
-            len(params.coeff_mod_bit_sizes) * params.poly_modulus_degree * 8 + _SEALED_KEY_SLACK_BYTES
-        )
+        polynomial = key_share_bytes(params)
+        box = polynomial + 8 * challenge_count(params.ciphertext_modulus) + OVERHEAD_BYTES
+        with_shares = (params.chunk_count + 1) * polynomial + len(self.hospitals) * (box + 256)
         welcome = _WELCOME_VECTORS * 4 * params.vector_length + len(
             json.dumps(self.to_dict())
         )  # msgpack is no longer than JSON here
-        limit = max(ciphertexts, sealed_keys, welcome) + _MESSAGE_SLACK_BYTES
+        limit = max(with_shares, welcome) + _MESSAGE_SLACK_BYTES
         if limit > MAX_MESSAGE_BYTES:
             raise ConfigError(
                 f"this run's largest message would take {limit:,} bytes, over the {MAX_MESSAGE_BYTES:,} a party accepts"
@@ -156,6 +176,7 @@ class RunConfig:
             "model": self.model.to_dict(),
             "training": self.training.to_dict(),
             "aggregation": self.aggregation,
+            "threshold": self.threshold,
         }
 
     @classmethod
@@ -176,6 +197,7 @@ class RunConfig:
                 model=ModelSpec.from_dict(values["model"]),
                 training=settings_from_dict(values["training"]),
                 aggregation=str(values["aggregation"]),
+                threshold=int(values["threshold"]),
             )
         except (KeyError, TypeError) as error:
             raise ConfigError(f"malformed run configuration: missing or wrong {error}") from None

@@ -1,14 +1,13 @@
 """A hospital: trains on its own data, encrypts what it sends, and keeps its own privacy ledger.
 
 Per round it computes its noisy integer share with the run's method (``training.methods``:
-Dopamine's DP-SGD step, or DP-FedAvg's sub-client updates), encrypts it under the federation's shared
-BFV key and sends the ciphertexts to the server. It accepts only a sum of at least the quorum whose
-check slots prove it is one fresh contribution from each contributor the server names
-(``crypto.membership``), endorses at most one such aggregate per round, and uses the sum only once
-every contributor has endorsed that same aggregate (``crypto.endorsement``), so that its update is
-released at most once. It then applies the mean with the method's update rule like every other party and tells
-the server what it decrypted (the first contributor also sends the mean itself: the DP-protected
-release).
+Dopamine's DP-SGD step, or DP-FedAvg's sub-client updates) and uploads it under a key it draws for
+that upload alone, whose Shamir shares it seals to the other hospitals; it endorses at most one sum
+a round, proves its dealing, and releases its share of the sum's key only once every contributor
+has endorsed that same sum and every dealing to it checks (``docs/explanation/secure-round.md``;
+the checks are ``protocol.one_time_round``'s). It then opens the sum from every member's release,
+applies the mean with the method's update rule like every other party, and tells the server what
+it applied. Where a check fails it refuses the round, naming whom the check caught.
 
 It does not trust the server's count of the privacy spent: before each update leaves (when nobody
 knows how many hospitals will contribute), it charges its own durable ledger for the least noise a
@@ -20,10 +19,10 @@ so a server cannot make releases count less by repeating a run id or a round.
 **Joining again.** A hospital takes part in one run. If its connection to the server is made
 again (the server restarted, say), what was in flight is dropped and it says Hello again; a
 restarted hospital process does the same. It accepts a Welcome only to the run it began (the same
-fingerprint), takes the model and update rule's state the server has now, and takes part only in rounds after
-the last one its ledger charged, so a restart on either side never releases an update twice or
-resets epsilon. The BFV key lives in memory only: a hospital that lost it gets it sealed again by
-any hospital of the run that holds it, exactly as at the start.
+fingerprint), takes the model and update rule's state the server has now, and takes part only in
+rounds after the last one its ledger charged, so a restart on either side never releases an update
+twice or resets epsilon. No key outlives its round: a hospital that restarted makes a box key for
+the next round, and nothing else.
 
 It takes part only in a run of the method and aggregation mode its own operator chose (a server
 cannot switch it to plaintext uploads, or to another method, whose ledger entries would mean
@@ -38,29 +37,34 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from torch import nn
 
-from crypto.bfv import BfvError, SecretContext
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from crypto.bfv import BfvError, PublicContext
 from crypto.insecure_plaintext import InsecurePlaintextUploads
-from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements, endorse
+from crypto.one_time_keys import pack_ring
+from crypto.sealed_box import certify_key
 from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig, check_aggregation
 from protocol.messages import (
     TO_HOSPITAL,
     Aggregate,
+    BoxKey,
+    Confirmed,
     Endorsement,
     Endorsements,
     Finish,
-    KeyReady,
-    KeyRequest,
-    MeanRequest,
     Message,
     MessageError,
+    Proof,
+    Proofs,
     ProtocolError,
-    Released,
+    Refused,
+    Release,
+    Releases,
     RoundAbort,
     RoundStart,
     Update,
@@ -70,16 +74,31 @@ from protocol.messages import (
     float32_values,
     release_digest,
 )
+from protocol.one_time_round import (
+    Endorsed,
+    HospitalRound,
+    Proved,
+    RoundRefused,
+    box_key_context,
+    released_from,
+    state_digest,
+)
 from protocol.channel import ServerChannel
 from protocol.hospital_metrics import Contribution, HospitalMetrics
-from protocol.key_ceremony import HospitalKeys
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
-from training.accounting import Release
+from training.accounting import Release as Charge
 from training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
 from training.datasets import Split
 from training.methods import METHODS, LocalStep, SharedState, TrainingMethod, ledger_release
-from training.models import ModelError, build_model, check_model_for, parameter_count, set_flat_parameters
+from training.models import (
+    ModelError,
+    build_model,
+    check_model_for,
+    get_flat_parameters,
+    parameter_count,
+    set_flat_parameters,
+)
 
 __all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital"]
 
@@ -112,7 +131,6 @@ class Hospital:
         send_offset_s: float = DEFAULT_SEND_OFFSET_S,
         method: str,
         aggregation: str = SECURE_AGGREGATION,
-        crypto_workers: int = 1,
         own_model: str | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
@@ -124,7 +142,6 @@ class Hospital:
         self._state_dir = state_dir
         self._upgrade_ledger = upgrade_ledger  # read an unchained (older) ledger once: its operator's say
         self._send_offset_s = send_offset_s
-        self._crypto_workers = crypto_workers  # processes that encrypt and decrypt (crypto.workers)
         check_aggregation(aggregation)
         if method not in METHODS:
             raise ConfigError(f"a hospital of the secure round trains with one of {', '.join(METHODS)}, not {method!r}")
@@ -137,11 +154,9 @@ class Hospital:
         self._model: nn.Module | None = None
         self._step: LocalStep | None = None
         self._shared: SharedState | None = None
-        self._keys: HospitalKeys | None = None
-        self._secret: SecretContext | None = None
-        self._uploads: SecretContext | InsecurePlaintextUploads | None = None  # the secret, unless benchmarking
+        self._public: PublicContext | None = None
+        self._box_keys: dict[int, X25519PrivateKey] = {}  # round -> this hospital's box key for it (memory only)
         self._last_round = 0  # the last round this hospital was charged for: it takes part only in later ones
-        self._released: Released | None = None  # the last release, with the mean, should the server ask for it
         self._metrics = HospitalMetrics(state_dir, self._name)
         self._channel = ServerChannel.connect(roster, credentials, accept=TO_HOSPITAL, timeout_s=timeout_s, log=log)
 
@@ -153,8 +168,6 @@ class Hospital:
         finally:
             if self._config is not None:
                 self._metrics.write(self._config, finish_reason, rejected=self._channel.rejections.total)
-            if self._secret is not None:
-                self._secret.close()
             self._channel.close()
         return {"finish_reason": finish_reason, "rounds": self._metrics.rounds}
 
@@ -163,7 +176,8 @@ class Hospital:
         return self._rounds_loop()
 
     def _join(self, welcome: Welcome) -> None:
-        """Take the run's settings (the first time) and the model as it is now; then hold the run's key."""
+        """Take the run's settings (the first time) and the model as it is now; then send a box key for the
+        next round."""
         training = welcome.config.get("training")
         announced = training.get("method") if isinstance(training, dict) else None
         announced = announced if isinstance(announced, str) and len(announced) <= 64 else None  # shown in one line
@@ -194,15 +208,16 @@ class Hospital:
             )
         except ValueError as error:
             raise ProtocolError(f"the server's optimizer state is unusable: {error}") from None
-        self._secret = self._keys.hold(self._secret, self._channel, generate=welcome.generate_key)
-        if self._aggregation == SECURE_AGGREGATION:
-            self._secret.use_workers(self._crypto_workers)
-        self._uploads = (
-            InsecurePlaintextUploads(config.bfv_parameters())
-            if self._aggregation == INSECURE_PLAINTEXT
-            else self._secret
-        )
-        self._channel.send(KeyReady())
+        self._channel.send(BoxKey(round=welcome.next_round, certified_key=self._box_key(welcome.next_round)))
+
+    def _box_key(self, round_number: int) -> bytes:
+        """A fresh box key for ``round_number``, certified for it; its private half stays in memory (b"" in
+        the plaintext benchmark, which seals nothing)."""
+        if self._aggregation == INSECURE_PLAINTEXT:
+            return b""
+        key = self._box_keys[round_number] = X25519PrivateKey.generate()
+        context = box_key_context(self._run, self._name, round_number)
+        return certify_key(key.public_key(), signer=self._credentials.identity.signing, context=context)
 
     def _begin(self, config: RunConfig, run: str, initial_parameters: bytes) -> None:
         if self._name not in config.hospitals:
@@ -230,7 +245,7 @@ class Hospital:
             self._metrics.continue_run(config.run_id)
         self._channel.limit = config.message_limit()
         self._config, self._run = config, run
-        self._keys = HospitalKeys(self._credentials, self._roster, config, run)
+        self._public = PublicContext(config.bfv_parameters()) if self._aggregation == SECURE_AGGREGATION else None
         self._model = model
         self._step = self._local_step(config.training)
         self._shared = SharedState(config.training, model)
@@ -243,24 +258,13 @@ class Hospital:
 
     def _rounds_loop(self) -> str:
         pending: Contribution | None = None
+        steps = {Aggregate: self._endorse, Endorsements: self._prove, Proofs: self._release, Releases: self._open}
         while True:
-            message = self._channel.expect(
-                RoundStart, Aggregate, Endorsements, RoundAbort, KeyRequest, MeanRequest, Finish
-            )
+            message = self._channel.expect(RoundStart, Aggregate, Endorsements, Proofs, Releases, RoundAbort, Finish)
             received = time.monotonic()
             if isinstance(message, Finish):
                 return message.reason
-            if isinstance(message, KeyRequest):
-                try:
-                    self._channel.send(self._keys.seal(self._secret, message))
-                except ProtocolError as error:  # nothing sealed; the run goes on without the newcomer
-                    self._reject(message, str(error))
-            elif isinstance(message, MeanRequest):
-                if self._released is None or self._released.round != message.round:
-                    self._reject(message, f"we released no mean gradient for round {message.round}")
-                else:
-                    self._channel.send(self._released)  # the same release again, now with the mean itself
-            elif isinstance(message, RoundStart):
+            if isinstance(message, RoundStart):
                 pending, refusal = self._start_round(message, received)
                 if refusal:
                     return refusal
@@ -269,15 +273,26 @@ class Hospital:
             elif isinstance(message, RoundAbort):
                 log.warning("round %d aborted by the server: %s", message.round, message.reason)
                 pending = None
-            elif isinstance(message, Aggregate) and pending.endorsed is not None:
-                self._reject(message, "a second aggregate: a hospital endorses one per round")
-            elif isinstance(message, Aggregate):
-                self._endorse(message, pending)
-            elif pending.endorsed is None:
-                self._reject(message, "endorsements before the round's aggregate")
+            elif self._aggregation == INSECURE_PLAINTEXT:
+                if isinstance(message, Aggregate):
+                    self._apply_plaintext(message, pending)
+                    pending = None
+                else:
+                    self._reject(message, "the plaintext benchmark's round has no such step")
             else:
-                self._release(message, pending)
-                pending = None
+                try:
+                    steps[type(message)](message, pending)
+                except RoundRefused as refusal:
+                    log.warning("%s refuses round %d: %s", self._name, message.round, refusal)
+                    self._channel.send(
+                        Refused(
+                            round=message.round, reason=str(refusal), named=refusal.named, openings=refusal.openings
+                        )
+                    )
+                    pending = None
+                    continue
+                if isinstance(message, Releases):
+                    pending = None
 
     def _start_round(self, message: RoundStart, received: float) -> tuple[Contribution | None, str]:
         """Take part in the round, or say why not (its budget spent): the update, or the refusal."""
@@ -295,14 +310,15 @@ class Hospital:
             self._channel.send(Withdraw(round=message.round, reason=refusal))
             self._ledger.finish_run(self._config.run_id)
             return None, refusal
-        pending = self._contribute(training, least_noise, message.round, send_at=received + self._send_offset_s)
+        pending = self._contribute(training, least_noise, message, send_at=received + self._send_offset_s)
         if message.round == self._config.rounds:  # no later round exists: a replayed Welcome begins nothing
             self._ledger.finish_run(self._config.run_id)
         return pending, ""
 
     def _contribute(
-        self, training: TrainingMethod, charge: Release, round_number: int, *, send_at: float
+        self, training: TrainingMethod, charge: Charge, message: RoundStart, *, send_at: float
     ) -> "Contribution":
+        round_number = message.round
         # Durable before the update leaves: a crash can only over-count.
         self._ledger.record(charge, run_id=self._config.run_id, round_number=round_number)
         if self._step.settings != training:  # adaptive v moved on
@@ -320,8 +336,28 @@ class Hospital:
             raise ProtocolError(f"round {round_number}: {error}") from None
         contribution.seconds["train"] = time.perf_counter() - started
         started = time.perf_counter()
-        chunks = self._uploads.encrypt_update(share, round_number=round_number, hospital=self._name)
-        update = encode(Update(round=round_number, chunks=tuple(chunks)))
+        next_key = self._box_key(round_number + 1) if round_number < self._config.rounds else b""
+        if self._aggregation == INSECURE_PLAINTEXT:
+            chunks = InsecurePlaintextUploads(self._config.bfv_parameters()).encrypt_update(
+                share, round_number=round_number, hospital=self._name
+            )
+            boxes: dict[str, bytes] = {}
+        else:
+            box = self._box_keys.pop(round_number, None)
+            if box is None:
+                raise ProtocolError(f"round {round_number}: this hospital made no box key for it")
+            contribution.round_keys = HospitalRound(
+                self._config.round_setting(self._run, round_number, self._public.params),
+                self._public,
+                name=self._name,
+                signing=self._credentials.identity.signing,
+                box=box,
+            )
+            try:
+                chunks, boxes = contribution.round_keys.upload(self._slots(share), message.box_keys, self._identities())
+            except RoundRefused as refusal:
+                raise ProtocolError(f"round {round_number}: {refusal}") from None
+        update = encode(Update(round=round_number, chunks=tuple(chunks), boxes=boxes, next_box_key=next_key))
         contribution.seconds["encrypt"] = time.perf_counter() - started
         contribution.update_bytes = len(update)
         wait = send_at - time.monotonic()
@@ -340,53 +376,103 @@ class Hospital:
         return contribution
 
     def _endorse(self, message: Aggregate, pending: "Contribution") -> None:
-        """Check the aggregate and decrypt it for this hospital alone; then sign it: the one endorsement of the round."""
-        contributors = list(message.contributors)
-        if (
-            self._name not in contributors
-            or len(contributors) != len(set(contributors))
-            or not set(contributors) <= set(self._config.hospitals)
-        ):
-            raise ProtocolError(f"round {message.round}: the contributor list {contributors} is inconsistent")
-        if len(contributors) < self._config.training.quorum:
-            raise ProtocolError(f"round {message.round}: {len(contributors)} contributors, fewer than the quorum")
+        """Check the sum and the set, open this hospital's shares, and sign the round's one statement."""
         pending.bytes_received_aggregate = self._channel.transport.bytes_received - pending.bytes_received_before
-        started = time.perf_counter()
-        try:
-            total = self._uploads.decrypt_sum(message.chunks, round_number=message.round, contributors=contributors)
-        except BfvError as error:
-            raise ProtocolError(f"round {message.round}: refusing the server's sum: {error}") from None
-        pending.mean = pending.settings.read_sum(total, len(contributors), self._shared.parameter_count)
-        pending.seconds["decrypt"] = time.perf_counter() - started
-        pending.endorsed = message.contributors
-        pending.statement = aggregate_statement(
-            run=self._run,
-            round_number=message.round,
-            contributors=message.contributors,
-            chunks=message.chunks,
+        pending.contributors = tuple(message.contributors)
+        endorsed = pending.round_keys.endorse(
+            message.contributors,
+            message.digests,
+            message.chunks,
+            message.boxes,
+            self._identities(),
             round_state=pending.settings.round_state(),
+            previous_result=state_digest(get_flat_parameters(self._model).tobytes(), self._shared.state().tobytes()),
         )
         self._channel.send(
-            Endorsement(round=message.round, signature=endorse(pending.statement, self._credentials.identity.signing))
+            Endorsement(
+                round=message.round,
+                hashes=endorsed.hashes,
+                commitment=endorsed.commitment,
+                signature=endorsed.signature,
+            )
         )
 
-    def _release(self, message: Endorsements, pending: "Contribution") -> None:
-        """Use and release the sum, once every contributor has endorsed the aggregate this hospital endorsed."""
-        contributors = pending.endorsed
-        signers = {name: self._roster.party(name).identity.signing for name in contributors}
-        try:
-            check_endorsements(pending.statement, message.signatures, signers)
-        except EndorsementError as error:
-            raise ProtocolError(f"round {message.round}: refusing to release the sum: {error}") from None
-        self._shared.apply(pending.mean, len(contributors))
-        payload = pending.mean.tobytes()
-        self._released = Released(
-            round=message.round, digest=release_digest(message.round, payload), mean_gradient=payload
+    def _prove(self, message: Endorsements, pending: "Contribution") -> None:
+        if not set(message.hashes) == set(message.commitments) == set(message.signatures):
+            raise RoundRefused(f"round {message.round}: endorsements with parts missing", named=["server"])
+        endorsements = {
+            name: Endorsed(message.hashes[name], message.commitments[name], message.signatures[name])
+            for name in message.signatures
+        }
+        proved = pending.round_keys.prove(endorsements, self._identities())
+        self._channel.send(Proof(round=message.round, seed=proved.seed, proof=proved.proof, signature=proved.signature))
+
+    def _release(self, message: Proofs, pending: "Contribution") -> None:
+        """Release this hospital's share of the sum's key, once every dealing to it checks."""
+        if not set(message.seeds) == set(message.proofs) == set(message.signatures):
+            raise RoundRefused(f"round {message.round}: proofs with parts missing", named=["server"])
+        proofs = {
+            name: Proved(message.seeds[name], message.proofs[name], message.signatures[name]) for name in message.seeds
+        }
+        released = pending.round_keys.release(proofs, self._identities())
+        share = pack_ring(self._public, released.release.share[np.newaxis])[0]
+        self._channel.send(
+            Release(round=message.round, share=share, masks=released.release.masks, signature=released.signature)
         )
-        releaser = contributors[0] == self._name
-        self._channel.send(self._released if releaser else replace(self._released, mean_gradient=b""))
+
+    def _open(self, message: Releases, pending: "Contribution") -> None:
+        """Open the sum from every member's release, apply its mean, and say what was applied."""
+        if not set(message.shares) == set(message.masks) == set(message.signatures):
+            raise RoundRefused(f"round {message.round}: releases with parts missing", named=["server"])
+        started = time.perf_counter()
+        try:
+            releases = {
+                name: released_from(self._public, message.shares[name], message.masks[name], message.signatures[name])
+                for name in message.shares
+            }
+        except BfvError as error:
+            raise RoundRefused(f"round {message.round}: {error}", named=["server"]) from None
+        slots = pending.round_keys.open(releases, self._identities())
+        params = self._public.params
+        total = params.digits.from_slots(slots[: params.digits.slots_for(params.vector_length)], params.vector_length)
+        pending.seconds["decrypt"] = time.perf_counter() - started
+        self._apply(message.round, pending, total)
+
+    def _apply_plaintext(self, message: Aggregate, pending: "Contribution") -> None:
+        """The plaintext benchmark: the server sends the sum as it is."""
+        pending.bytes_received_aggregate = self._channel.transport.bytes_received - pending.bytes_received_before
+        pending.contributors = tuple(message.contributors)
+        try:
+            total = InsecurePlaintextUploads(self._config.bfv_parameters()).decrypt_sum(
+                message.chunks, round_number=message.round, contributors=message.contributors
+            )
+        except BfvError as error:
+            raise ProtocolError(f"round {message.round}: the server's plaintext sum is unusable: {error}") from None
+        self._apply(message.round, pending, total)
+
+    def _apply(self, round_number: int, pending: "Contribution", total: np.ndarray) -> None:
+        contributors = len(pending.contributors)
+        mean = pending.settings.read_sum(total, contributors, self._shared.parameter_count)
+        self._shared.apply(mean, contributors)
+        self._channel.send(Confirmed(round=round_number, digest=release_digest(round_number, mean.tobytes())))
         sent_bytes = self._channel.transport.bytes_sent - pending.bytes_sent_before
-        self._metrics.released(pending, len(contributors), sent_bytes, self._ledger.epsilons(self._budget.delta))
+        self._metrics.released(pending, contributors, sent_bytes, self._ledger.epsilons(self._budget.delta))
+
+    def _slots(self, share: np.ndarray) -> np.ndarray:
+        """An update's slots: its values as digits (``crypto.slot_digits``), the zero slots after them."""
+        params = self._public.params
+        values = np.asarray(share)
+        if values.shape != (params.vector_length,) or not np.issubdtype(values.dtype, np.integer):
+            raise ProtocolError(
+                f"an update of {values.dtype} and shape {values.shape}, not {params.vector_length} integers"
+            )
+        slots = np.zeros(params.chunk_count * params.poly_modulus_degree, dtype=np.int64)
+        digits = params.digits.to_slots(values)
+        slots[: digits.size] = digits
+        return slots
+
+    def _identities(self) -> dict:
+        return {name: self._roster.party(name).identity.signing for name in self._config.hospitals}
 
     def _reject(self, message: Message, reason: str) -> None:
         self._channel.rejections.reject("the server", message.TYPE, reason)

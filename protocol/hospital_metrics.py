@@ -13,9 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from protocol.config import RunConfig
+from protocol.one_time_round import HospitalRound
 from training.methods import TrainingMethod
 
 __all__ = ["Contribution", "HospitalMetrics"]
@@ -34,11 +33,9 @@ class Contribution:
     update_bytes: int = 0
     overran_send_offset: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
-    # Set once this hospital has endorsed an aggregate of the round: it endorses no other.
-    endorsed: tuple[str, ...] | None = None  # that aggregate's contributors
-    statement: bytes = b""
-    mean: np.ndarray | None = None  # the released vector: the mean's direction, then the method's statistics
     settings: TrainingMethod | None = None  # the round's (training.methods.SharedState)
+    round_keys: HospitalRound | None = None  # the round's one-time key and checks (not in the plaintext benchmark)
+    contributors: tuple[str, ...] = ()  # the sum's, once the server sends it
 
 
 class HospitalMetrics:

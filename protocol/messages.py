@@ -9,21 +9,21 @@ changes no state.
 The sender is never a field: the server learns it from the CurveZMQ key that authenticated the
 connection (``protocol.transport``).
 
-Sequence of one run (H = each hospital, KH = the key holder, the first hospital of the run)::
+Sequence of one run (H = each hospital; the round is ``docs/explanation/secure-round.md``'s)::
 
-    H  -> S  Hello                          S  -> H  Welcome(config, initial and current model, generate_key)
-    KH -> S  KeyReady                       (KH, told to generate the run's key, holds it now)
-    H  -> S  RunKey(certified key)          (every other hospital: a fresh box key for this run)
-    S  -> KH KeyRequest(run keys)           KH -> S  KeySetup(sealed keys)
-    S  -> H  SealedKey(box, sealer)         H  -> S  KeyReady
+    H  -> S  Hello                          S  -> H  Welcome(config, initial and current model, next round)
+    H  -> S  BoxKey(r, certified key)       (its box key for the next round it takes part in)
     per round r:
-    S  -> H  RoundStart(r)                  H  -> S  Update(r, ciphertexts) | Withdraw(r, reason)
-    S  -> H  Aggregate(r, contributors, ciphertexts) | RoundAbort(r, reason)
-    H  -> S  Endorsement(r, signature)      (crypto.endorsement: one aggregate per round)
-    S  -> H  Endorsements(r, every contributor's signature) | RoundAbort(r, reason)
-    H  -> S  Released(r, digest, mean gradient from the first contributor only)
-    S  -> H  MeanRequest(r)                 (only if the first contributor left: the next one sends it)
+    S  -> H  RoundStart(r, box keys)        H  -> S  Update(r, ciphertexts, sealed shares, box key for r + 1)
+                                                     | Withdraw(r, reason)
+    S  -> H  Aggregate(r, contributors, sum, upload digests, its shares) | RoundAbort(r, reason)
+    H  -> S  Endorsement(r, hashes, commitment, signature)
+    S  -> H  Endorsements(r, every member's) H  -> S  Proof(r, seed, proof, signature)
+    S  -> H  Proofs(r, every member's)       H  -> S  Release(r, share, masks, signature)
+    S  -> H  Releases(r, every member's)     H  -> S  Confirmed(r, digest of the mean) | Refused(r, ...)
     S  -> H  Finish(reason)
+
+A member that refuses a step sends Refused(r, reason, named, openings) instead of its next message.
 
 A voting run (AE-DPFL, kNN-DPFL; T = each tallier)::
 
@@ -42,9 +42,8 @@ again, says Hello again: a tallier gets VotingWelcome and answers RunKey with th
 hospital gets VotingWelcome with every tallier's key before the next round.
 
 Joining later runs the same exchange between rounds: a hospital that restarted, or whose connection
-to a restarted server was re-established, says Hello again and is welcomed to the model as it is
-now. It answers KeyReady if it still holds the run's key, RunKey if not; any hospital that holds
-the key then seals it (KeyRequest, KeySetup), as the key holder did at the start.
+to a restarted server was re-established, says Hello again, is welcomed to the model as it is now,
+and answers with a box key for the next round. No key outlives its round, so nothing else is needed.
 """
 
 from __future__ import annotations
@@ -61,24 +60,25 @@ __all__ = [
     "TO_HOSPITAL",
     "TO_SERVER",
     "Aggregate",
+    "Ballot",
+    "BoxKey",
+    "Confirmed",
     "Endorsement",
     "Endorsements",
     "Finish",
     "Hello",
     "Labels",
-    "Ballot",
-    "KeyReady",
-    "KeyRequest",
-    "KeySetup",
-    "MeanRequest",
     "Message",
     "MessageError",
+    "Proof",
+    "Proofs",
     "ProtocolError",
-    "Released",
+    "Refused",
+    "Release",
+    "Releases",
     "RoundAbort",
     "RoundStart",
     "RunKey",
-    "SealedKey",
     "Shares",
     "TO_TALLIER",
     "TO_VOTING_HOSPITAL",
@@ -95,7 +95,7 @@ __all__ = [
     "release_digest",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 _MAX_ARRAY_ITEMS = 1 << 17
 _MAX_MAP_ITEMS = 1 << 14
 _MAX_OBJECTS = 1 << 20  # in all: a few hundred in an honest message, whose bulk travels as bytes
@@ -128,50 +128,36 @@ class Welcome(Message):
     initial_parameters: bytes  # float32, little-endian; with the config, names the run (RunConfig.fingerprint)
     parameters: bytes  # the model now: float32, the initial parameters until a round is released
     optimizer_state: bytes  # the update rule's state now (training.update_rules): float32
-    generate_key: bool  # the key holder creates the run's key (the first join only); others ask for it sealed
+    next_round: int  # the first round the hospital can take part in: its box key is for that round
 
 
 @dataclass(frozen=True)
 class RunKey(Message):
     TYPE = "run_key"
-    certified_key: bytes  # crypto.sealed_box.certify_key: an X25519 key for this run, signed by the sender
+    certified_key: bytes  # crypto.sealed_box.certify_key: a tallier's X25519 key for this run, signed by it
 
 
 @dataclass(frozen=True)
-class KeyRequest(Message):
-    TYPE = "key_request"
-    run_keys: dict[str, bytes]  # recipient hospital -> its RunKey.certified_key
-
-
-@dataclass(frozen=True)
-class KeySetup(Message):
-    TYPE = "key_setup"
-    sealed_keys: dict[str, bytes]  # recipient hospital -> sealed secret context
-
-
-@dataclass(frozen=True)
-class SealedKey(Message):
-    TYPE = "sealed_key"
-    box: bytes
-    sealer: str  # the hospital that sealed it (the key holder, or any hospital holding the key later)
-
-
-@dataclass(frozen=True)
-class KeyReady(Message):
-    TYPE = "key_ready"
+class BoxKey(Message):
+    TYPE = "box_key"
+    round: int
+    certified_key: bytes  # a hospital's X25519 key for that round (protocol.one_time_round.box_key_context)
 
 
 @dataclass(frozen=True)
 class RoundStart(Message):
     TYPE = "round_start"
     round: int
+    box_keys: dict[str, bytes]  # hospital -> its BoxKey.certified_key for this round
 
 
 @dataclass(frozen=True)
 class Update(Message):
     TYPE = "update"
     round: int
-    chunks: tuple[bytes, ...]
+    chunks: tuple[bytes, ...]  # the upload's ciphertexts (their c0), or the plaintext benchmark's one chunk
+    boxes: dict[str, bytes]  # recipient hospital -> its key share, sealed to its box key (empty in plaintext)
+    next_box_key: bytes  # this hospital's certified box key for the next round (empty after the last)
 
 
 @dataclass(frozen=True)
@@ -186,21 +172,109 @@ class Aggregate(Message):
     TYPE = "aggregate"
     round: int
     contributors: tuple[str, ...]
-    chunks: tuple[bytes, ...]
+    chunks: tuple[bytes, ...]  # the sum
+    digests: dict[str, bytes]  # member -> the digest of its upload
+    boxes: dict[str, bytes]  # member -> the share it sealed to this recipient
 
 
 @dataclass(frozen=True)
 class Endorsement(Message):
     TYPE = "endorsement"
     round: int
-    signature: bytes  # crypto.endorsement.endorse of the aggregate's statement
+    hashes: tuple[int, ...]  # of its own upload, under the statement's challenges
+    commitment: bytes  # to the release it will make
+    signature: bytes
 
 
 @dataclass(frozen=True)
 class Endorsements(Message):
     TYPE = "endorsements"
     round: int
-    signatures: dict[str, bytes]  # contributor -> its Endorsement.signature
+    hashes: dict[str, tuple[int, ...]]  # member -> its Endorsement's fields
+    commitments: dict[str, bytes]
+    signatures: dict[str, bytes]
+
+    @classmethod
+    def of(cls, round_number: int, sent: dict[str, Endorsement]) -> "Endorsements":
+        """Every member's endorsement, as the server relays them."""
+        return cls(
+            round=round_number,
+            hashes={name: e.hashes for name, e in sent.items()},
+            commitments={name: e.commitment for name, e in sent.items()},
+            signatures={name: e.signature for name, e in sent.items()},
+        )
+
+
+@dataclass(frozen=True)
+class Proof(Message):
+    TYPE = "proof"
+    round: int
+    seed: bytes
+    proof: tuple[tuple[int, ...], ...]  # the masked proof of its dealing (crypto.key_shares)
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class Proofs(Message):
+    TYPE = "proofs"
+    round: int
+    seeds: dict[str, bytes]  # member -> its Proof's fields
+    proofs: dict[str, tuple[tuple[int, ...], ...]]
+    signatures: dict[str, bytes]
+
+    @classmethod
+    def of(cls, round_number: int, sent: dict[str, Proof]) -> "Proofs":
+        """Every member's proof, as the server relays them."""
+        return cls(
+            round=round_number,
+            seeds={name: p.seed for name, p in sent.items()},
+            proofs={name: p.proof for name, p in sent.items()},
+            signatures={name: p.signature for name, p in sent.items()},
+        )
+
+
+@dataclass(frozen=True)
+class Release(Message):
+    TYPE = "release"
+    round: int
+    share: bytes  # the sum of the shares it holds from the members, packed as a polynomial of R_q
+    masks: tuple[int, ...]
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class Releases(Message):
+    TYPE = "releases"
+    round: int
+    shares: dict[str, bytes]  # member -> its Release's fields
+    masks: dict[str, tuple[int, ...]]
+    signatures: dict[str, bytes]
+
+    @classmethod
+    def of(cls, round_number: int, sent: dict[str, Release]) -> "Releases":
+        """Every member's release, as the server relays them."""
+        return cls(
+            round=round_number,
+            shares={name: r.share for name, r in sent.items()},
+            masks={name: r.masks for name, r in sent.items()},
+            signatures={name: r.signature for name, r in sent.items()},
+        )
+
+
+@dataclass(frozen=True)
+class Confirmed(Message):
+    TYPE = "confirmed"
+    round: int
+    digest: bytes  # release_digest(round, the mean gradient it applied)
+
+
+@dataclass(frozen=True)
+class Refused(Message):
+    TYPE = "refused"
+    round: int
+    reason: str
+    named: tuple[str, ...]  # whom its checks name ("server" for the relay)
+    openings: dict[str, bytes]  # dealer -> the key of the box it sealed to this hospital: the evidence
 
 
 @dataclass(frozen=True)
@@ -208,22 +282,6 @@ class RoundAbort(Message):
     TYPE = "round_abort"
     round: int
     reason: str
-
-
-@dataclass(frozen=True)
-class Released(Message):
-    TYPE = "released"
-    round: int
-    digest: bytes  # release_digest(round, mean gradient)
-    mean_gradient: (
-        bytes  # float32; sent by the first contributor only (or one asked by MeanRequest), empty from the others
-    )
-
-
-@dataclass(frozen=True)
-class MeanRequest(Message):
-    TYPE = "mean_request"
-    round: int  # the round whose mean gradient this hospital released: send it (the first contributor left)
 
 
 @dataclass(frozen=True)
@@ -286,10 +344,8 @@ class TallyFailed(Message):
 
 
 # What each role accepts: a message of another type is refused by ``decode``.
-TO_SERVER = frozenset({Hello, RunKey, KeySetup, KeyReady, Update, Withdraw, Endorsement, Released})
-TO_HOSPITAL = frozenset(
-    {Welcome, KeyRequest, SealedKey, RoundStart, Aggregate, Endorsements, RoundAbort, MeanRequest, Finish}
-)
+TO_SERVER = frozenset({Hello, BoxKey, Update, Withdraw, Endorsement, Proof, Release, Confirmed, Refused})
+TO_HOSPITAL = frozenset({Welcome, RoundStart, Aggregate, Endorsements, Proofs, Releases, RoundAbort, Finish})
 TO_VOTING_SERVER = frozenset({Hello, RunKey, Ballot, Withdraw, Labels, TallyFailed})
 TO_VOTING_HOSPITAL = frozenset({VotingWelcome, VoteRequest, Finish})
 TO_TALLIER = frozenset({VotingWelcome, Shares, Finish})
@@ -305,7 +361,7 @@ def float32_values(payload: bytes, count: int, what: str) -> np.ndarray:
 
 
 def release_digest(round_number: int, mean_gradient: bytes) -> bytes:
-    """What every contributor states it decrypted, so that the server can check they agree."""
+    """What every contributor states it applied, so that the server can check they agree."""
     return hashlib.sha256(b"consilium release v1|%d|" % round_number + mean_gradient).digest()
 
 

@@ -58,6 +58,8 @@ __all__ = [
     "check_opening",
     "check_threshold",
     "open_sum",
+    "released_from",
+    "state_digest",
 ]
 
 _ENDORSEMENT_LABEL = b"consilium one-time endorsement v1"
@@ -274,12 +276,13 @@ class HospitalRound:
 
     def _do_upload(self, slots, box_keys, identities):
         setting = self._setting
-        if set(box_keys) != set(setting.hospitals):
+        if not set(box_keys) <= set(setting.hospitals) or self._name not in box_keys or len(box_keys) < setting.quorum:
             raise RoundRefused(
-                f"round {setting.round_number}: box keys for {sorted(box_keys)}, not for the run's hospitals"
+                f"round {setting.round_number}: box keys for {sorted(box_keys)}: not ours and a quorum of the run's hospitals",
+                named=["server"],
             )
         recipients = {}
-        for owner in setting.hospitals:
+        for owner in box_keys:
             try:
                 recipients[owner] = verify_certified_key(
                     box_keys[owner],
@@ -303,7 +306,7 @@ class HospitalRound:
                 sender=self._signing,
                 context=_box_context(setting, self._name, owner, self._digest),
             )
-            for owner in setting.hospitals
+            for owner in recipients
         }
         return chunks, boxes
 
@@ -456,6 +459,51 @@ class SumRound:
             return packed
 
         return self._steps.run(1, "the sum", make)
+
+    def endorsement_refusal(self, name: str, endorsed: Endorsed, identity: Ed25519PublicKey) -> str:
+        """Why the server rejects one member's endorsement as it arrives (""): not its signature on this
+        round's statement, or hashes of another upload than the one it sent."""
+        opened, hashes = self._opened, _upload_hashes(self._setting, self._opened.statement)
+        if not (
+            _words_below(endorsed.hashes, hashes.count, self._setting.params.ciphertext_modulus)
+            and _is_digest(endorsed.commitment)
+            and _signed(
+                identity,
+                endorsed.signature,
+                _endorsement_message(opened.statement, endorsed.hashes, endorsed.commitment),
+            )
+        ):
+            return f"{name}'s endorsement is not its signature on this round"
+        if list(endorsed.hashes) != hashes.products(self._uploads[name]):
+            return f"{name} signed hashes of another upload than its own"
+        return ""
+
+    def proof_refusal(self, name: str, proved: Proved, identity: Ed25519PublicKey) -> str:
+        """Why the server rejects one member's proof as it arrives (""): under other challenges, or not
+        its well-formed signed proof."""
+        opened = self._opened
+        if proved.seed != opened.seed:
+            return f"{name} proved under other challenges than this round's"
+        if not (
+            _well_formed_proof(self._setting, proved.proof)
+            and _signed(identity, proved.signature, _proof_message(opened.statement, opened.seed, proved.proof))
+        ):
+            return f"{name}'s proof is not its signed proof"
+        return ""
+
+    def release_refusal(self, name: str, released: Released, identity: Ed25519PublicKey) -> str:
+        """Why the server rejects one member's release as it arrives (""): not its signed release."""
+        opened = self._opened
+        if not (
+            _encodable_release(self._setting, released.release)
+            and _signed(
+                identity,
+                released.signature,
+                _release_message(opened.statement, opened.seed, opened.proofs_digest, released.release),
+            )
+        ):
+            return f"{name}'s release is not its signed release over this round's proofs"
+        return ""
 
     def endorsed(self, endorsements: Mapping[str, Endorsed], identities: Mapping[str, Ed25519PublicKey]) -> None:
         def check() -> None:
@@ -656,13 +704,26 @@ def check_opening(
     return not check_share(dealt, setting.party(recipient), proved.proof, challenges, threshold=setting.threshold)
 
 
+def released_from(public: PublicContext, share: bytes, masks: Sequence[int], signature: bytes) -> Released:
+    """A release as it travels (its share packed) as the checks take it; ``BfvError`` if it does not unpack."""
+    return Released(Release(unpack_ring(public, [share], "a release")[0], tuple(masks)), signature)
+
+
+def state_digest(parameters: bytes, optimizer_state: bytes) -> bytes:
+    """A party's model and update rule's state at a round's start: the statement's ``previous_result``."""
+    return hashlib.sha256(_frame(b"consilium one-time model state v1", parameters, optimizer_state)).digest()
+
+
 def upload_digest(chunks: Sequence[bytes]) -> bytes:
     return hashlib.sha256(_frame(_UPLOAD_LABEL, *chunks)).digest()
 
 
 def box_keys_digest(setting: RoundSetting, box_keys: Mapping[str, bytes]) -> bytes:
     """The round's certified box keys, in the run's order: what each member sealed to."""
-    return hashlib.sha256(_frame(_BOX_KEYS_LABEL, *(box_keys[owner] for owner in setting.hospitals))).digest()
+    owners = [owner for owner in setting.hospitals if owner in box_keys]
+    return hashlib.sha256(
+        _frame(_BOX_KEYS_LABEL, *(part for o in owners for part in (o.encode(), box_keys[o])))
+    ).digest()
 
 
 def release_commitment(setting: RoundSetting, name: str, released: Release) -> bytes:

@@ -1,25 +1,24 @@
 """The server (aggregator): adds ciphertexts it cannot read, and learns only what hospitals release.
 
-It holds the run configuration, a ``PublicContext`` (BFV parameters, no key: it can neither encrypt
-nor decrypt), its copy of the model, moved only by the DP-protected mean gradient the hospitals
-release, and the run's privacy ledger. It never holds the secret key or a hospital's update in the
-clear.
+It holds the run configuration, a ``PublicContext`` (BFV parameters, no key), its copy of the model,
+moved only by the DP-protected sum the hospitals' releases open, and the run's privacy ledger. No
+key outlives a round: each upload is under a one-time key whose shares the other hospitals hold and
+release only for one sum every contributor endorsed (``docs/explanation/secure-round.md``).
 
-A run is a join, a key ceremony (``protocol.key_ceremony``) and rounds (``protocol.messages``
-shows the sequence); this module is the rounds' phases. What the server reports and keeps of each
-round is ``protocol.server_report``'s. Every wait
-has a deadline. A message that fails validation, is out of sequence, or comes from a party with
-nothing to say at that point is logged as rejected and changes nothing. A round that gathers fewer
-contributions than the quorum is aborted and its sum is never sent for decryption; one that some
-contributor does not endorse (``crypto.endorsement``) is aborted before anyone may decrypt it; a
-hospital that misses a deadline is dropped from the run.
+A run is a join and rounds (``protocol.messages`` shows the sequence); this module is the rounds'
+phases, ``protocol.one_time_round`` the checks the server makes at each. What the server reports
+and keeps of each round is ``protocol.server_report``'s. Every wait has a deadline. A message that
+fails validation, is out of sequence, or comes from a party with nothing to say at that point is
+logged as rejected and changes nothing. A round that gathers fewer contributions than the quorum
+is aborted and its sum is never opened; one that a member refuses, or does not answer in time, is
+aborted, with whom the refusals name; a hospital that misses a deadline is dropped from the run.
 
 Hospitals of the run may join again (``protocol.participants``): one that says Hello after the run
 began, because it restarted or its connection was made again, leaves the round under way and is
-welcomed before the next one to the model and its update rule's state as they are then, and gets
-the key as at the start (``protocol.key_ceremony``). The server checkpoints what it needs to
-resume after a crash (``protocol.checkpoint``); ``Server.resume`` goes on from it, and the
-hospitals, which notice the new connection, join again by themselves.
+welcomed before the next one, to the model and its update rule's state as they are then, and
+answers with a box key for that round. The server checkpoints what it needs to resume after a crash
+(``protocol.checkpoint``); ``Server.resume`` goes on from it, and the hospitals, which notice the new
+connection, join again by themselves.
 """
 
 from __future__ import annotations
@@ -30,26 +29,44 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from crypto.bfv import CiphertextSum, PublicContext
-from crypto.insecure_plaintext import InsecurePlaintextSum
+from crypto.bfv import BfvError, PublicContext
+from crypto.insecure_plaintext import InsecurePlaintextSum, InsecurePlaintextUploads
+from crypto.sealed_box import SealedBoxError, verify_certified_key
 from protocol.channel import PartyChannels
 from protocol.checkpoint import Checkpoint, CheckpointError, write_report, write_retrying
-from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig
-from protocol.key_ceremony import hand_out_key
+from protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
 from protocol.messages import (
     TO_SERVER,
     Aggregate,
+    BoxKey,
+    Confirmed,
+    Endorsement,
     Endorsements,
     MessageError,
+    Proof,
+    Proofs,
     ProtocolError,
+    Release,
+    Releases,
     RoundAbort,
     RoundStart,
+    Welcome,
     float32_values,
+    release_digest,
+)
+from protocol.one_time_round import (
+    Endorsed,
+    Proved,
+    RoundRefused,
+    SumRound,
+    box_key_context,
+    released_from,
+    state_digest,
 )
 from protocol.participants import Participants, Timeouts, run_to_the_end
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
-from protocol.secure_round import await_release, collect_endorsements, collect_updates
+from protocol.secure_round import collect_from_members, collect_updates
 from protocol.server_report import RoundRecord, RunRecord, mechanism_report, save_model
 from protocol.transcript import Transcript
 from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
@@ -79,7 +96,6 @@ class Server:
         transcript_payloads: bool = False,
         max_messages_per_second: float = DEFAULT_MAX_MESSAGES_PER_SECOND,
         on_round: Callable[[dict], None] | None = None,
-        crypto_workers: int = 1,
         model_seed: int | None = None,
         selection: Selection | None = None,
         _checkpoint: Checkpoint | None = None,
@@ -118,7 +134,7 @@ class Server:
         ledger = PrivacyLedger(ledger_path, key=credentials.ledger_key)
         self._record = RunRecord(config, self._mechanism, ledger, out_dir, test, selection=self._selection)
         self._public: PublicContext | None = None
-        self._crypto_workers = crypto_workers  # processes that add the ciphertexts (crypto.workers)
+        self._box_keys: dict[str, tuple[int, bytes]] = {}  # hospital -> (round, its certified box key for it)
         self._run = ""  # RunConfig.fingerprint of what every hospital is welcomed with, once known
         self._rounds_started = 0
         self._resumed_from = _checkpoint
@@ -178,10 +194,10 @@ class Server:
         self._record.phase_seconds["join"] = time.perf_counter() - started
         started = time.perf_counter()
         self._admit()
-        self._record.phase_seconds["key_ceremony"] = time.perf_counter() - started
+        self._record.phase_seconds["welcome"] = time.perf_counter() - started
         quorum = self._config.training.quorum
         for round_number in range(self._rounds_started + 1, self._config.rounds + 1):
-            if participants.joining:
+            while participants.joining:  # also those that said Hello while others were being welcomed
                 self._admit()
             if len(participants.active) < quorum:
                 break
@@ -205,33 +221,59 @@ class Server:
         )
         self._participants.hospitals = self._config.hospitals
         self._params = self._config.bfv_parameters()
-        self._public = self._public_context()
+        self._public = PublicContext(self._params)
         self._run = self._config.fingerprint(self._initial_parameters.tobytes())
         self._record.begin_run(self._run)
 
     def _admit(self) -> None:
-        """Welcome the hospitals that said Hello to the model as it is now, and see that each holds the key."""
-        deadline = time.monotonic() + self._timeouts.key_s
-        welcome = dict(
+        """Welcome the hospitals that said Hello to the model as it is now; each answers with its box key
+        for the next round (``protocol.one_time_round.box_key_context``), or is turned away."""
+        participants, timeout_s = self._participants, self._timeouts.key_s
+        deadline, next_round = time.monotonic() + timeout_s, self._rounds_started + 1
+        welcome = Welcome(
             config=self._config.to_dict(),
             initial_parameters=self._initial_parameters.tobytes(),
             parameters=get_flat_parameters(self._model).tobytes(),
             optimizer_state=self._shared.state().tobytes(),
+            next_round=next_round,
         )
-        participants = self._participants
-        key_exists = bool(participants.active) or self._resumed_from is not None or self._rounds_started > 0
-        ready = hand_out_key(
-            participants,
-            welcome,
-            key_exists=key_exists,
-            key_holder=self._config.key_holder,
-            deadline=deadline,
-            timeout_s=self._timeouts.key_s,
-        )
-        participants.admit(ready, before_round=self._rounds_started + 1)
-        log.info("%d hospitals hold the key; the server holds parameters only", len(participants.active))
+        newcomers, participants.joining = participants.joining, []
+        for name in newcomers:
+            participants.parties.send(name, welcome)
+        ready: list[str] = []
+        while set(ready) != set(newcomers) and (got := participants.next_message(deadline)) is not None:
+            sender, message = got
+            if sender not in newcomers or sender in ready or not isinstance(message, BoxKey):
+                participants.parties.reject(sender, message, "expected nothing while hospitals join")
+            elif reason := self._take_box_key(sender, message.round, message.certified_key, next_round):
+                participants.parties.reject(sender, message, reason)
+            else:
+                ready.append(sender)
+        for name in (
+            set(newcomers) - set(ready) - set(participants.joining)
+        ):  # (one that said Hello again is welcomed again)
+            participants.turn_away(name, f"sent no box key within {timeout_s:g} s")
+        participants.admit(ready, before_round=next_round)
+        log.info("%d hospitals take part; the server holds parameters only", len(participants.active))
         participants.open_rounds()
         self._save_checkpoint()
+
+    def _take_box_key(self, name: str, round_number: int, certified: bytes, expected_round: int) -> str:
+        """Keep ``name``'s box key for ``round_number``; or say why not."""
+        if self._config.aggregation == INSECURE_PLAINTEXT:
+            return ""  # nothing is sealed in the plaintext benchmark
+        if round_number != expected_round:
+            return f"a box key for round {round_number}, not {expected_round}"
+        try:
+            verify_certified_key(
+                certified,
+                signer=self._roster.party(name).identity.signing,
+                context=box_key_context(self._run, name, round_number),
+            )
+        except SealedBoxError as error:
+            return f"the box key is not {name}'s for round {round_number}: {error}"
+        self._box_keys[name] = (round_number, certified)
+        return ""
 
     def _run_round(self, round_number: int) -> None:
         training, participants, timeout_s = self._shared.settings, self._participants, self._timeouts.round_s
@@ -239,42 +281,47 @@ class Server:
         self._rounds_started = round_number
         self._save_checkpoint(required=True)  # before RoundStart leaves: a resumed server never starts this round again
         started = time.perf_counter()
-        for name in participants.active:
-            participants.parties.send(name, RoundStart(round=round_number))
         insecure = self._config.aggregation == INSECURE_PLAINTEXT
-        total = InsecurePlaintextSum(self._params) if insecure else CiphertextSum(self._public)
-        contributors, record.update_bytes, aggregate_seconds = collect_updates(
-            participants, total, round_number, timeout_s
-        )
-        record.contributors = sorted(contributors, key=self._config.hospitals.index)
-        record.seconds["collect"] = time.perf_counter() - started
-        record.seconds["aggregate"] = aggregate_seconds
+        for name in list(participants.active):
+            if not insecure and self._box_keys.get(name, (0, b""))[0] != round_number:
+                participants.drop(name, f"holds no box key for round {round_number}")
+        box_keys = {} if insecure else {name: self._box_keys[name][1] for name in participants.active}
+        for name in participants.active:
+            participants.parties.send(name, RoundStart(round=round_number, box_keys=box_keys))
         quorum = self._config.training.quorum
+        if len(participants.active) < quorum:
+            self._abort(
+                record,
+                f"{len(participants.active)} hospitals hold a box key for this round, fewer than the quorum of {quorum}",
+            )
+            return
+        setting = self._config.round_setting(self._run, round_number, self._params) if not insecure else None
+        total = SumRound(setting, self._public) if setting else InsecurePlaintextSum(self._params)
+        updates, record.seconds["aggregate"] = collect_updates(
+            participants, total, round_number, timeout_s, boxes_for=set(box_keys)
+        )
+        record.update_bytes = {
+            name: sum(map(len, update.chunks)) + sum(map(len, update.boxes.values()))
+            for name, update in updates.items()
+        }
+        record.contributors = sorted(updates, key=self._config.hospitals.index)
+        record.seconds["collect"] = time.perf_counter() - started
+        for name, update in updates.items():
+            if round_number < self._config.rounds and (
+                reason := self._take_box_key(name, round_number + 1, update.next_box_key, round_number + 1)
+            ):
+                log.warning("%s's box key for round %d is refused: %s", name, round_number + 1, reason)
         if len(record.contributors) < quorum:
             self._abort(record, f"{len(record.contributors)} contributions, fewer than the quorum of {quorum}")
             return
-
         started = time.perf_counter()
-        aggregate = Aggregate(
-            round=round_number, contributors=tuple(record.contributors), chunks=tuple(total.to_chunks())
-        )
-        for name in record.contributors:
-            participants.parties.send(name, aggregate)
-        signatures = collect_endorsements(
-            participants, self._roster, aggregate, self._run, record.round_state, timeout_s
-        )
-        if set(signatures) != set(record.contributors):
-            self._abort(record, f"{len(signatures)} of {len(record.contributors)} contributors endorsed the aggregate")
+        if insecure:
+            mean_gradient = self._open_plaintext(record, total)
+        else:
+            mean_gradient = self._open_secure(record, total, updates, box_keys)
+        if mean_gradient is None:
             return
-        # Charged before the endorsements leave: from then on the contributors may decrypt and use the sum.
-        self._record.charge(ledger_release(training, self._mechanism, len(record.contributors)), round_number)
-        for name in record.contributors:
-            participants.parties.send(name, Endorsements(round=round_number, signatures=signatures))
-        mean_gradient = await_release(
-            participants, round_number, record.contributors, self._mechanism.dimension, timeout_s
-        )
         record.seconds["release"] = time.perf_counter() - started
-
         started = time.perf_counter()
         self._shared.apply(mean_gradient, len(record.contributors))
         self._record.score(record, self._model, self._validation)
@@ -282,13 +329,140 @@ class Server:
         self._record.account(record)
         self._finish_round(record)
 
+    def _open_secure(self, record: RoundRecord, total: SumRound, updates: dict, box_keys: dict[str, bytes]):
+        """The round's mean, once every member endorsed, proved and released (``protocol.one_time_round``);
+        None where the round was aborted."""
+        participants, members, number = self._participants, record.contributors, record.round
+        identities = self._identities()
+        chunks = total.total(members, box_keys, round_state=record.round_state, previous_result=self._state_digest())
+        digests = {name: total.digests[name] for name in members}
+        for name in members:
+            boxes = {dealer: updates[dealer].boxes[name] for dealer in members}
+            participants.parties.send(
+                name,
+                Aggregate(
+                    round=number, contributors=tuple(members), chunks=tuple(chunks), digests=digests, boxes=boxes
+                ),
+            )
+        try:
+            endorsements = self._step(
+                record,
+                Endorsement,
+                "endorse the sum",
+                lambda n, e: total.endorsement_refusal(n, Endorsed(e.hashes, e.commitment, e.signature), identities[n]),
+            )
+            if endorsements is None:
+                return None
+            total.endorsed(
+                {n: Endorsed(e.hashes, e.commitment, e.signature) for n, e in endorsements.items()}, identities
+            )
+            self._send_all(members, Endorsements.of(number, endorsements))
+            proofs = self._step(
+                record,
+                Proof,
+                "prove their dealing",
+                lambda n, p: total.proof_refusal(n, Proved(p.seed, p.proof, p.signature), identities[n]),
+            )
+            if proofs is None:
+                return None
+            total.proved({n: Proved(p.seed, p.proof, p.signature) for n, p in proofs.items()}, identities)
+            self._send_all(members, Proofs.of(number, proofs))
+            releases = self._step(
+                record, Release, "release", lambda n, r: self._release_refusal(total, n, r, identities)
+            )
+            if releases is None:
+                return None
+            # From here on the sum can be opened: the ledger first.
+            self._record.charge(ledger_release(self._shared.settings, self._mechanism, len(members)), number)
+            slots = total.open(
+                {n: released_from(self._public, r.share, r.masks, r.signature) for n, r in releases.items()},
+                identities,
+            )
+        except RoundRefused as refusal:
+            self._abort(record, f"{refusal} (named: {', '.join(refusal.named) or 'nobody'})")
+            return None
+        self._send_all(members, Releases.of(number, releases))
+        digits = self._params.digits
+        summed = digits.from_slots(slots[: digits.slots_for(self._params.vector_length)], self._params.vector_length)
+        mean = self._shared.settings.read_sum(summed, len(members), self._shared.parameter_count)
+        return self._confirmed(record, mean)
+
+    def _open_plaintext(self, record: RoundRecord, total: InsecurePlaintextSum):
+        """The plaintext benchmark's round: the sum goes back to the contributors as it is."""
+        chunks, members = total.to_chunks(), record.contributors
+        self._record.charge(ledger_release(self._shared.settings, self._mechanism, len(members)), record.round)
+        self._send_all(
+            members,
+            Aggregate(round=record.round, contributors=tuple(members), chunks=tuple(chunks), digests={}, boxes={}),
+        )
+        summed = InsecurePlaintextUploads(self._params).decrypt_sum(
+            chunks, round_number=record.round, contributors=members
+        )
+        return self._confirmed(
+            record, self._shared.settings.read_sum(summed, len(members), self._shared.parameter_count)
+        )
+
+    def _confirmed(self, record: RoundRecord, mean):
+        """``mean``, once every member said it applied the same; a member that applied another is
+        rejected and dropped (its model has left the run's)."""
+        expected = release_digest(record.round, mean.tobytes())
+        check = lambda sender, message: "" if message.digest == expected else "it applied another mean than the sum's"  # noqa: E731
+        _, refusals = collect_from_members(
+            self._participants, record.contributors, Confirmed, record.round, self._timeouts.round_s, check
+        )
+        for name, refusal in refusals.items():
+            log.warning(
+                "round %d: %s refused the opened sum: %s (named: %s)",
+                record.round,
+                name,
+                refusal.reason,
+                ", ".join(refusal.named),
+            )
+        return mean
+
+    def _step(self, record: RoundRecord, kind, what: str, check):
+        """Every member's ``kind`` message of the round, each passing ``check`` as it arrives, or None
+        where one refused or fell silent (the round aborted)."""
+        answers, refusals = collect_from_members(
+            self._participants, record.contributors, kind, record.round, self._timeouts.round_s, check
+        )
+        if refusals:
+            named = sorted({n for refusal in refusals.values() for n in refusal.named})
+            reasons = "; ".join(f"{name}: {refusal.reason}" for name, refusal in sorted(refusals.items()))
+            self._abort(
+                record, f"refused by {', '.join(sorted(refusals))} ({reasons}; named: {', '.join(named) or 'nobody'})"
+            )
+            return None
+        if set(answers) != set(record.contributors):
+            self._abort(record, f"{len(answers)} of {len(record.contributors)} contributors did {what}")
+            return None
+        return answers
+
+    def _release_refusal(self, total: SumRound, name: str, message: Release, identities: dict) -> str:
+        try:
+            released = released_from(self._public, message.share, message.masks, message.signature)
+        except BfvError as error:
+            return f"{name}'s release is malformed: {error}"
+        return total.release_refusal(name, released, identities[name])
+
+    def _send_all(self, members: list[str], message) -> None:
+        for name in members:
+            self._participants.parties.send(name, message)
+
+    def _identities(self) -> dict:
+        return {name: self._roster.party(name).identity.signing for name in self._config.hospitals}
+
+    def _state_digest(self) -> bytes:
+        """The model and update rule's state at the round's start: what every honest hospital holds too."""
+        return state_digest(get_flat_parameters(self._model).tobytes(), self._shared.state().tobytes())
+
     def _abort(self, record: RoundRecord, reason: str) -> None:
-        """End a round whose sum no hospital may decrypt."""
+        """End a round whose sum nobody opens."""
         record.reason = reason
         for name in record.contributors:
             if name in self._participants.active:
                 self._participants.parties.send(name, RoundAbort(round=record.round, reason=reason))
-        log.warning("round %d aborted: %s; its sum is never decrypted", record.round, reason)
+        log.warning("round %d aborted: %s; its sum is never opened", record.round, reason)
         self._finish_round(record)
 
     # -- persistence ----------------------------------------------------------------------------
@@ -342,7 +516,7 @@ class Server:
         self._run = self._config.fingerprint(checkpoint.initial_parameters)
         charged_up_to = self._record.begin_run(self._run)
         self._record.restore(rounds)
-        self._public = self._public_context()
+        self._public = PublicContext(self._params)
         # Never a round number used before, even if the checkpoint on disk were older than the ledger.
         self._rounds_started = max(checkpoint.rounds_started, charged_up_to)
         if self._rounds_started > max((r.round for r in rounds), default=0):
@@ -387,15 +561,7 @@ class Server:
         write_retrying(lambda: write_report(self._out_dir, report), "the server's report")
         write_retrying(lambda: save_model(self._model, self._out_dir / "model.pt"), "the final model")
 
-    def _public_context(self) -> PublicContext:
-        public = PublicContext(self._params)
-        if self._config.aggregation == SECURE_AGGREGATION:
-            public.use_workers(self._crypto_workers)
-        return public
-
     def _close(self) -> None:
-        if self._public is not None:
-            self._public.close()
         self._transport.close()
         if self._transcript:
             self._transcript.close()

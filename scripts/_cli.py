@@ -26,8 +26,7 @@ from training.datasets import DatasetError
 from training.partition import PartitionError
 from training.fedavg import FedAvgError
 from orchestration.run_flags import COMMON_FLAGS, FLAG_READERS, METHOD_DEFAULTS, METHOD_FLAGS, shown
-from crypto.workers import WorkerError, available_cores
-from training.flags import Flag, image_size, positive_int
+from training.flags import Flag, image_size
 
 USER_ERRORS = (
     BfvError,
@@ -47,7 +46,6 @@ USER_ERRORS = (
     ShareError,
     TranscriptError,
     TransportError,
-    WorkerError,
     OSError,
 )
 
@@ -80,19 +78,12 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_hardware_arguments(parser: argparse.ArgumentParser) -> None:
-    """The party's own hardware: cores for the ciphertexts, and where its models compute."""
+    """The party's own hardware: where its models compute."""
     parser.add_argument(
         "--device",
         default="cpu",
         help="where per-example gradients and scores are computed: cpu, cuda or cuda:N (default: cpu); "
         "the rounding, noise and cryptography stay on the CPU",
-    )
-    parser.add_argument(
-        "--crypto-threads",
-        type=positive_int,
-        default=available_cores(),
-        help="cores for the work on ciphertexts, as worker processes (SEAL holds Python's lock); the upload's bytes "
-        f"are the same (default: all this process may use, {available_cores()})",
     )
 
 

@@ -43,7 +43,7 @@ def _reuse_freed_memory() -> None:
     """Have glibc keep freed blocks of up to 32 MiB for reuse instead of unmapping them (elsewhere: nothing).
 
     A round allocates and frees arrays of ``d`` values many times over (rounding each example, the
-    noise, the check slots, the ciphertexts). By default glibc maps many of them afresh, and the
+    noise, the key shares, the ciphertexts). By default glibc maps many of them afresh, and the
     kernel's zeroing of the new pages took as long as the computing: at ``d`` = 977,370 a hospital
     spent as much time in the kernel as in the program, and rounding 15 examples took 0.67 s instead
     of 0.12 s (measured on a 2-core machine; ``consilium-bench-round`` measures the whole round).

@@ -6,7 +6,7 @@ three steps, timed on one core:
 1. **upload**, at each hospital: encode, encrypt and serialise one update;
 2. **aggregate**, at the server: deserialise and add each upload (reported per upload);
 3. **download**, back at a hospital: the server serialises the sum, the hospital deserialises,
-   decrypts and decodes it (for Consilium: and verifies its check slots).
+   decrypts and decodes it (for Consilium: one hospital's whole part of opening the sum, below).
 
 The schemes, side by side:
 
@@ -15,28 +15,20 @@ The schemes, side by side:
   ([36, 36, 37] bits), t = 1032193, values in fixed point;
 - ``tenseal-ckks-nvflare``: TenSEAL's CKKS vector with NVFlare's defaults (N = 8192, [60, 40, 40],
   scale 2^40);
-- ``consilium-seeded``: ``crypto.bfv`` with the parameters Consilium computes for ``K`` hospitals and
-  Dopamine's integer mechanism at this ``d`` (what a run uses), seeded uploads packed to
-  ``ceil(log2 q)`` bits a coefficient;
-- ``consilium-unseeded``: the same, sending both polynomials;
-- ``consilium-one-time``: the one-time-key round (``docs/explanation/secure-round.md``) at the
-  parameters chosen with its ``K`` key shares counted in the upload, through ``protocol.one_time_round``, threshold ``floor(K/2) + 1``: the upload is the
-  encryption, the dealing and the ``K`` sealed shares (the shares' bytes are counted); the download
-  is one hospital's whole part after its upload: opening its shares, endorsing, proving its dealing,
+- ``consilium``: the one-time-key round (``docs/explanation/secure-round.md``) at the parameters a
+  Dopamine run computes for ``K`` hospitals and ``d`` (its ``K`` key shares counted in the upload),
+  through ``protocol.one_time_round``, threshold ``floor(K/2) + 1``: the upload is the encryption, the
+  dealing and the ``K`` sealed shares (the shares' bytes are counted); the download is one
+  hospital's whole part after its upload: opening its shares, endorsing, proving its dealing,
   checking every proof against its shares, releasing, checking every release, rebuilding the key,
   decrypting and checking the zero slots. The other ``K - 1`` hospitals' steps run untimed.
 
-The TenSEAL rows encrypt with the public key, as TenSEAL and NVFlare do by default; Consilium
-encrypts with the shared secret key, which is what makes its seeded uploads possible. Only
+The TenSEAL rows encrypt with the public key, as TenSEAL and NVFlare do by default. Only
 Consilium's parameters depend on ``K``; the other schemes are measured once per ``d``. Each
-measurement uses ``--contributions`` distinct uploads (at most ``K``), after one untimed upload and
-addition: timings are medians per upload, and
-the sum is checked against the plaintext sum (CKKS: its largest error is reported).
-
-**On several cores** (``--cores``): Consilium's seeded scheme again at ``--cores-length`` and
-``--cores-hospitals`` (by default the round benchmark's 1M setting, K = 5), with its work on
-ciphertexts spread over 1, 2, ... worker processes (``crypto.workers``, what ``--crypto-threads``
-sets), measured first, before the rest is pinned to one core. The speed-up is each count's over one.
+measurement uses ``--contributions`` distinct uploads (at least ``K`` for Consilium, whose quorum
+is every hospital), after one untimed upload and addition: timings are medians per upload, and the
+sum is checked against the plaintext sum (CKKS: its largest error is reported). Everything runs
+pinned to one core.
 """
 
 from __future__ import annotations
@@ -57,7 +49,7 @@ from tqdm import tqdm
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from crypto.bfv import CiphertextSum, PublicContext, SecretContext
+from crypto.bfv import PublicContext
 from crypto.sealed_box import certify_key
 from crypto.bfv_parameters import BfvParameters, select_bfv_parameters
 from protocol.one_time_round import HospitalRound, RoundSetting, SumRound, box_key_context
@@ -65,19 +57,11 @@ from scripts._cli import run
 from training.flags import positive_float, positive_int
 from training.skellam import SkellamMechanism
 
-SCHEMES = (
-    "plaintext-float32",
-    "tenseal-bfv-default",
-    "tenseal-ckks-nvflare",
-    "consilium-seeded",
-    "consilium-unseeded",
-    "consilium-one-time",
-)
+SCHEMES = ("plaintext-float32", "tenseal-bfv-default", "tenseal-ckks-nvflare", "consilium")
 _TENSEAL_BFV_PLAIN_MODULUS = 1032193  # TenSEAL's tutorials' batching prime for N = 4096
 _TENSEAL_BFV_SCALE = 2**10  # fixed point: its sums of up to K values must stay below t / 2
 _CKKS_SCALE_BITS = 40
 _RUN_ID = "0123456789abcdef"
-_CORES_REPEATS = 4  # the several-cores rows' uploads and sums, each this many times: their medians steady
 
 
 @dataclass
@@ -93,7 +77,6 @@ class Measurement:
     download_seconds: float
     max_error: float  # of the decoded sum against the plaintext sum
     parameters: str
-    workers: int | None = None  # the several-cores rows: processes for the ciphertexts (None: the one-core grid)
 
     @property
     def upload_values_per_second(self) -> float:
@@ -114,18 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--lengths", type=positive_int, nargs="+", default=[10**4, 10**5, 10**6, 10**7], help="vector lengths d"
     )
     parser.add_argument(
-        "--hospitals", type=positive_int, nargs="+", default=[2, 10, 100], help="numbers of hospitals K"
+        "--hospitals", type=positive_int, nargs="+", default=[3, 10], help="numbers of hospitals K (at least 3)"
     )
+    parser.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES), help="which schemes to measure")
     parser.add_argument(
-        "--schemes",
-        nargs="+",
-        choices=SCHEMES,
-        default=[scheme for scheme in SCHEMES if scheme != "consilium-one-time"],
-        help="which schemes to measure (default: all but consilium-one-time, whose every hospital plays the whole "
-        "round, minutes a cell at K = 100)",
-    )
-    parser.add_argument(
-        "--contributions", type=positive_int, default=5, help="distinct uploads per measurement (at most K)"
+        "--contributions", type=positive_int, default=10, help="distinct uploads per measurement (at least K)"
     )
     parser.add_argument(
         "--noise-multiplier", type=positive_float, default=2.3, help="Dopamine's sigma, for Consilium's parameters"
@@ -138,13 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="Dopamine's B: records a hospital samples per round",
     )
     parser.add_argument(
-        "--cores", type=positive_int, nargs="*", default=[1, 2], help="worker counts for Consilium on several cores"
-    )
-    parser.add_argument(
-        "--cores-length", type=positive_int, default=977_370, help="d for the several-cores rows (default: 977370)"
-    )
-    parser.add_argument("--cores-hospitals", type=positive_int, default=5, help="K for the several-cores rows")
-    parser.add_argument(
         "--out", type=Path, default=Path("results/bench_crypto"), help="where results.md, results.json and plots go"
     )
     return parser
@@ -156,9 +125,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def benchmark(args: argparse.Namespace) -> list[Measurement]:
-    on_cores = [
-        _measure("consilium-seeded", args.cores_length, args.cores_hospitals, args, workers=n) for n in args.cores
-    ]
     _one_core()
     cells = [
         (scheme, length, k)
@@ -171,7 +137,6 @@ def benchmark(args: argparse.Namespace) -> list[Measurement]:
         for scheme, length, hospitals in progress:
             progress.set_postfix_str(f"{scheme} d={length:.0e}" + (f" K={hospitals}" if hospitals else ""))
             measurements.append(_measure(scheme, length, hospitals, args))
-    measurements += on_cores
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(
         json.dumps({"argv": sys.argv[1:], "cpu": _cpu(), "measurements": [asdict(m) for m in measurements]}, indent=1)
@@ -188,13 +153,10 @@ def _measure(
     hospitals: int | None,
     args: argparse.Namespace,
     *,
-    workers: int | None = None,
     repeats: int = 1,
 ) -> Measurement:
     contributions = min(args.contributions, hospitals or args.contributions)
     setup = _SETUPS[scheme](length, hospitals or max(args.hospitals), args)
-    if workers:
-        setup.use_workers(workers)
     updates = [setup.update(np.random.default_rng(seed)) for seed in range(contributions)]
     setup.add(setup.new_sum(), setup.upload(updates[0], 0))  # warm-up, untimed: first-call allocations
     upload_seconds, aggregate_seconds, download_seconds = [], [], []
@@ -226,7 +188,6 @@ def _measure(
         download_seconds=statistics.median(download_seconds),
         max_error=float(np.max(np.abs(np.asarray(decoded, dtype=np.float64) - expected))),
         parameters=setup.parameters,
-        workers=workers,
     )
 
 
@@ -331,72 +292,30 @@ class _TenSealCkks(_TenSeal):
 
 
 class _Consilium:
-    """``crypto.bfv`` at the parameters a Dopamine run with ``K`` hospitals and ``d`` parameters gets."""
-
-    seeded = True
-    key_shares = False
+    """The one-time-key round's cryptography, every party in this process (``protocol.one_time_round``),
+    at the parameters a Dopamine run with ``K`` hospitals and ``d`` parameters gets."""
 
     def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
+        if args.contributions < hospitals:
+            raise ValueError(
+                f"consilium sums every hospital's upload (its quorum is K): --contributions {args.contributions} "
+                f"is below K = {hospitals}"
+            )
         mechanism = SkellamMechanism.calibrate(
             dimension=length, max_grad_norm=args.max_grad_norm, noise_multiplier=args.noise_multiplier, quorum=hospitals
         )
         bound = mechanism.sum_bound(contributors=hospitals, expected_batch_size=args.expected_batch_size).levels
         self.params: BfvParameters = select_bfv_parameters(
-            max_contributors=hospitals,
-            vector_length=length,
-            sum_bound=bound,
-            key_shares=hospitals if self.key_shares else 0,
+            max_contributors=hospitals, vector_length=length, sum_bound=bound, key_shares=hospitals
         )
         self.length = length
         self._hospitals = hospitals
-        self._secret = SecretContext.generate(self.params, run_id=_RUN_ID)
         self._public = PublicContext(self.params)
         q_bits = self.params.ciphertext_modulus.bit_length()
         self.parameters = (
             f"N={self.params.poly_modulus_degree}, q={q_bits} bits, t={self.params.plain_modulus} "
             f"({self.params.plain_modulus.bit_length()} bits), {self.params.values_per_slot} value(s) a slot, sum bound {bound:,}"
         )
-
-    def update(self, rng: np.random.Generator) -> np.ndarray:
-        share = self.params.sum_bound // self._hospitals  # no sum of K shares can leave the bound
-        return rng.integers(-share, share, self.length, endpoint=True)
-
-    def use_workers(self, count: int) -> None:
-        self._secret.use_workers(count)
-        self._public.use_workers(count)
-
-    def upload(self, update: np.ndarray, index: int) -> list[bytes]:
-        return self._secret.encrypt_update(update, round_number=1, hospital=f"hospital-{index}", seeded=self.seeded)
-
-    def new_sum(self) -> CiphertextSum:
-        return CiphertextSum(self._public, seeded=self.seeded)
-
-    def add(self, total: CiphertextSum, upload: list[bytes]) -> CiphertextSum:
-        total.add(upload)
-        return total
-
-    def download(self, total: CiphertextSum, contributions: int) -> np.ndarray:
-        contributors = [f"hospital-{index}" for index in range(contributions)]
-        return self._secret.decrypt_sum(total.to_chunks(), round_number=1, contributors=contributors)
-
-
-class _ConsiliumUnseeded(_Consilium):
-    seeded = False
-
-
-class _ConsiliumOneTime(_Consilium):
-    """The one-time-key round's cryptography, every party in this process (``protocol.one_time_round``),
-    at the parameters that count the ``K`` key shares in the upload (``select_bfv_parameters(key_shares=)``)."""
-
-    key_shares = True
-
-    def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:
-        if args.contributions < hospitals:
-            raise ValueError(
-                f"consilium-one-time sums every hospital's upload (its quorum is K): --contributions {args.contributions} "
-                f"is below K = {hospitals}"
-            )
-        super().__init__(length, hospitals, args)
         self._names = tuple(f"hospital-{index}" for index in range(hospitals))
         self._signing = {name: Ed25519PrivateKey.generate() for name in self._names}
         self._identities = {name: key.public_key() for name, key in self._signing.items()}
@@ -405,6 +324,10 @@ class _ConsiliumOneTime(_Consilium):
         )
         self._rounds: dict[str, HospitalRound] = {}
         self._boxes: dict[str, dict[str, bytes]] = {}
+
+    def update(self, rng: np.random.Generator) -> np.ndarray:
+        share = self.params.sum_bound // self._hospitals  # no sum of K shares can leave the bound
+        return rng.integers(-share, share, self.length, endpoint=True)
 
     def upload(self, update: np.ndarray, index: int) -> tuple[list[bytes], dict[str, bytes]]:
         name = self._names[index]
@@ -470,9 +393,7 @@ _SETUPS = {
     "plaintext-float32": _Plaintext,
     "tenseal-bfv-default": _TenSealBfv,
     "tenseal-ckks-nvflare": _TenSealCkks,
-    "consilium-seeded": _Consilium,
-    "consilium-unseeded": _ConsiliumUnseeded,
-    "consilium-one-time": _ConsiliumOneTime,
+    "consilium": _Consilium,
 }
 
 
@@ -491,46 +412,23 @@ def results_table(measurements: list[Measurement], args: argparse.Namespace) -> 
         "| download (s) | largest error of the sum | parameters |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for m in [m for m in measurements if m.workers is None]:
+    for m in measurements:
         lines.append(
             f"| {m.scheme} | {m.length:.0e} | {m.hospitals or 'any'} | {m.upload_ratio:.2f}x | "
             f"{m.upload_values_per_second / 1e6:.2f} | {m.aggregate_values_per_second / 1e6:.1f} | "
             f"{m.download_seconds:.3f} | {m.max_error:.2g} | {m.parameters} |"
         )
-    lines += _cores_table([m for m in measurements if m.workers is not None])
     lines += ["", "## Targets", ""] + _targets(measurements)
     return "\n".join(lines) + "\n"
 
 
-def _cores_table(rows: list[Measurement]) -> list[str]:
-    if not rows:
-        return []
-    rows = sorted(rows, key=lambda m: m.workers)
-    one = rows[0]
-    lines = [
-        "",
-        f"## On several cores: Consilium, d = {one.length:,}, K = {one.hospitals}, not pinned",
-        "",
-        "| worker processes | upload (M values/s) | speed-up | aggregate (M values/s per upload) | speed-up | download (s) | speed-up |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for m in rows:
-        lines.append(
-            f"| {m.workers} | {m.upload_values_per_second / 1e6:.2f} | {one.upload_seconds / m.upload_seconds:.2f}x "
-            f"| {m.aggregate_values_per_second / 1e6:.1f} | {one.aggregate_seconds / m.aggregate_seconds:.2f}x "
-            f"| {m.download_seconds:.3f} | {one.download_seconds / m.download_seconds:.2f}x |"
-        )
-    return lines
-
-
 def _targets(measurements: list[Measurement]) -> list[str]:
-    seeded = [m for m in measurements if m.scheme == "consilium-seeded" and m.workers is None]
-    lines = _cores_targets([m for m in measurements if m.workers is not None])
-    if not seeded:
-        return lines or ["(Consilium was not measured.)"]
-    ratio = max(seeded, key=lambda m: m.upload_ratio)
-    upload = min(seeded, key=lambda m: m.upload_values_per_second)
-    aggregate = min(seeded, key=lambda m: m.aggregate_values_per_second)
+    consilium = [m for m in measurements if m.scheme == "consilium"]
+    if not consilium:
+        return ["(Consilium was not measured.)"]
+    ratio = max(consilium, key=lambda m: m.upload_ratio)
+    upload = min(consilium, key=lambda m: m.upload_values_per_second)
+    aggregate = min(consilium, key=lambda m: m.aggregate_values_per_second)
     lines = [
         f"- Upload at most 1.1x float32 for K <= 100: largest {ratio.upload_ratio:.3f}x (d {ratio.length:.0e}, K {ratio.hospitals}): "
         f"{'met' if ratio.upload_ratio <= 1.1 else 'not met'}.",
@@ -538,19 +436,8 @@ def _targets(measurements: list[Measurement]) -> list[str]:
         f"(d {upload.length:.0e}, K {upload.hospitals}): {'met' if upload.upload_values_per_second >= 2e6 else 'not met'}.",
         f"- Aggregation at least 10M values/s on one core: slowest {aggregate.aggregate_values_per_second / 1e6:.1f}M "
         f"(d {aggregate.length:.0e}, K {aggregate.hospitals}): {'met' if aggregate.aggregate_values_per_second >= 1e7 else 'not met'}.",
-    ] + lines
-    return lines
-
-
-def _cores_targets(rows: list[Measurement]) -> list[str]:
-    one, two = (next((m for m in rows if m.workers == n), None) for n in (1, 2))
-    if one is None or two is None:
-        return []
-    upload, aggregate = one.upload_seconds / two.upload_seconds, one.aggregate_seconds / two.aggregate_seconds
-    met = "met" if min(upload, aggregate) >= 1.7 else "not met"
-    return [
-        f"- Encryption and aggregation at least 1.7x faster on 2 cores than on 1: {upload:.2f}x and {aggregate:.2f}x, {met}."
     ]
+    return lines
 
 
 def plot(measurements: list[Measurement], out: Path) -> None:

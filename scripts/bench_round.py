@@ -3,7 +3,8 @@
 Each setting runs twice as a real ``consilium-federation`` (a server and K hospital processes over
 CurveZMQ), with the same model, data, K, seed and rounds:
 
-- ``secure``: the protocol as it is, BFV uploads with check slots, the encrypted sum, decryption;
+- ``secure``: the protocol as it is, one-time-key uploads with their sealed shares, the encrypted sum,
+  endorsements, proofs and releases, the sum opened by every party;
 - ``plaintext``: ``--insecure-plaintext-benchmark`` (``crypto.insecure_plaintext``), the same round
   with the integer updates sent and summed in the clear, and nothing else changed.
 
@@ -92,7 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="the 11M setting's MedMNIST-format images (default: ../shared/data/pneumoniamnist.npz)",
     )
     parser.add_argument("--device", help="where the parties' models compute, e.g. cuda (default: cpu)")
-    parser.add_argument("--crypto-threads", type=positive_int, help="each party's crypto workers (default: all cores)")
     parser.add_argument(
         "--flower",
         action="store_true",
@@ -123,7 +123,6 @@ def benchmark(args: argparse.Namespace) -> None:
                     SETTINGS[setting]["spec"],
                     data=args.images if setting == "11M" else SETTINGS[setting]["spec"].data,
                     device=args.device,
-                    crypto_threads=args.crypto_threads,
                     insecure_plaintext_benchmark=MODES[mode],
                     rounds=args.rounds or SETTINGS[setting]["rounds"],
                     seed=args.seed,

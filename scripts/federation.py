@@ -45,11 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
         "module:function of your own code (default: breast_cancer; digits for voting)",
     )
     add_image_arguments(parser)
-    parser.add_argument(
-        "--crypto-threads",
-        type=positive_int,
-        help="each party's cores for the work on ciphertexts (default: this machine's, shared out among the parties)",
-    )
     parser.add_argument("--device", help="where each party's models compute: cpu or cuda (default: cpu)")
     parser.add_argument(
         "--hospitals-per-process",

@@ -198,7 +198,6 @@ def _hospital(
             send_offset_s=args.send_offset,
             method=args.method,
             aggregation=chosen_aggregation(args),
-            crypto_workers=args.crypto_threads,
         )
     return VotingHospital(**common, min_quorum=args.min_quorum, allow_histogram=args.allow_histogram)
 

@@ -164,7 +164,6 @@ def serve(args: argparse.Namespace) -> None:
         transcript_payloads=args.transcript_payloads,
         max_messages_per_second=args.max_messages_per_second,
         on_round=lambda record: _print_round(record, server.config),
-        crypto_workers=args.crypto_threads,
         model_seed=args.model_seed,
         selection=None
         if args.select_every is None and args.select_on is None

@@ -7,22 +7,23 @@ Run from the repository, beside the tests whose scripted peers it uses (``tests/
 Targets, each a real component:
 
 - ``server``: a consilium-server process (its rate limit lifted, so that the messages are read,
-  not dropped). Two scripted hospitals run honest rounds; before each of hospital-2's messages of a
-  round (its update, its endorsement, its release) hospital-2 first sends a batch of fuzz messages.
-  Every round's sum must then decrypt to exactly the sum of the two honest updates, the endorsements
-  the server relays must be both hospitals' own, the server must keep running with no traceback in
-  its log, and its report must count exactly as many rejected messages as were sent.
-- ``hospital``: a consilium-hospital process, with a second one beside it, against a scripted
-  server that sends hospital-1 a batch of fuzz messages while it waits for each round's aggregate.
-  The round must then complete with both hospitals releasing the same digest, and hospital-1 must
-  count every message as rejected. Messages the hospital would act on (an aggregate or endorsements
-  for its pending round) end its run when hostile, so they are not fuzzed here:
-  ``tests/test_malicious_server.py`` sends those, and the ``decrypt`` target fuzzes the loader.
-- ``decrypt``: mutated aggregates into ``SecretContext.decrypt_sum`` in this process (its rejected
-  count is the fuzzer's own: this target checks for crashes and accepted forgeries). Anything but a
-  ``BfvError`` is a crash (a segfault ends the run), and a mutation that decrypts to anything but
-  the honest sum is a state change. A small change to a coefficient stays within BFV's decryption
-  noise and decrypts to exactly the honest sum; those are counted apart.
+  not dropped). Three scripted hospitals run honest rounds; before each of hospital-2's messages of
+  a round (its update, endorsement, proof and release) hospital-2 first sends a batch of fuzz
+  messages. The endorsements and proofs the server relays must pass every hospital's checks, every
+  round's sum must open to exactly the sum of the three honest updates, the server must keep running
+  with no traceback in its log, and its report must count exactly as many rejected messages as
+  were sent.
+- ``hospital``: a consilium-hospital process, with two more beside it, against a scripted server
+  that sends hospital-1 a batch of fuzz messages while it waits for each round's aggregate. The
+  round must then complete with every hospital confirming the same mean, and hospital-1 must count
+  every message as rejected. Messages the hospital would act on (a step of its pending round) make
+  it refuse the round when hostile, so they are not fuzzed here: ``tests/test_malicious_server.py``
+  sends those, and the ``decrypt`` target fuzzes the checks.
+- ``decrypt``: mutated sums into the checks every member makes before it releases anything
+  (``protocol.one_time_round``: each endorses the sum it was sent, and the hashes they signed must
+  refuse it), in this process (its rejected count is the fuzzer's own: this target checks for
+  crashes and accepted forgeries). Anything but a refusal is a crash, and a mutated sum that passes
+  is a state change.
 
 Messages come from five families: random bytes; generated maps of a random type with random
 fields; real messages with bytes flipped, cut or inserted; real messages with a field dropped,
@@ -55,32 +56,41 @@ from typing import Callable
 import msgpack
 import numpy as np
 
-from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from crypto.bfv import BfvError, PublicContext
 from crypto.bfv_parameters import select_bfv_parameters
-from crypto.endorsement import EndorsementError, check_endorsements
+from crypto.one_time_keys import unpack_ring
+from crypto.sealed_box import certify_key
 from protocol.messages import (
+    PROTOCOL_VERSION,
     TO_HOSPITAL,
     TO_SERVER,
     Aggregate,
-    Endorsement,
+    BoxKey,
+    Confirmed,
     Endorsements,
     Finish,
     Hello,
-    KeyReady,
-    KeyRequest,
-    KeySetup,
-    MeanRequest,
     MessageError,
-    Released,
+    Proofs,
+    Refused,
+    Releases,
     RoundAbort,
-    RunKey,
     RoundStart,
-    SealedKey,
     Update,
     Withdraw,
     decode,
     encode,
-    release_digest,
+)
+from protocol.one_time_round import (
+    HospitalRound,
+    RoundRefused,
+    RoundSetting,
+    SumRound,
+    box_key_context,
+    box_keys_digest,
 )
 from protocol.party_keys import SERVER, Credentials
 from protocol.roster import local_federation
@@ -91,7 +101,7 @@ from scripted_peers import ScriptedHospital, ScriptedServer, small_run_config
 
 _BATCH = 300  # fuzz messages per phase of a round
 _MAX_RSS_GROWTH_KIB = 64 * 1024  # beyond this from the first round to the largest, memory is not bounded
-_SHARES = {"server": 0.5, "hospital": 0.35, "decrypt": 0.15}
+_SHARES = {"server": 0.5, "hospital": 0.35, "decrypt": 0.15}  # of the messages
 _FIELD_NAMES = sorted({f.name for cls in TO_SERVER | TO_HOSPITAL for f in dataclasses.fields(cls)} | {"sender", "x"})
 _TYPE_NAMES = sorted(cls.TYPE for cls in TO_SERVER | TO_HOSPITAL) + ["", "Update", "update ", "\x00", "hello\n"]
 
@@ -282,7 +292,7 @@ class _Mutator:
         chunk = bytearray(chunks[target])
         if op == 0:  # a coefficient bit
             chunk[rng.integers(len(chunk) - 65)] ^= 1 << int(rng.integers(8))
-        elif op == 1:  # the seed record at the end
+        elif op == 1:  # the last coefficients
             chunk[len(chunk) - 1 - int(rng.integers(65))] ^= 1 << int(rng.integers(8))
         elif op == 2:
             chunk = chunk[: int(rng.integers(len(chunk)))]
@@ -340,8 +350,8 @@ def _progress(name: str, result: TargetResult, quota: int) -> None:
 
 def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path) -> None:
     work.mkdir(parents=True)
-    roster = local_federation(work / "federation", hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
-    rounds = max(1, math.ceil(quota / (3 * _BATCH)))
+    roster = local_federation(work / "federation", hospitals=3, address=f"tcp://127.0.0.1:{free_port()}")
+    rounds = max(1, math.ceil(quota / (4 * _BATCH)))
     log_path = work / "server.log"
     command = [
         sys.executable,
@@ -355,8 +365,6 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
         work / "server",
         "--rounds",
         rounds,
-        "--quorum",
-        "2",
         "--expected-batch-size",
         "5",
         "--hidden",
@@ -371,104 +379,111 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
     process = subprocess.Popen(
         [str(part) for part in command], stdout=subprocess.DEVNULL, stderr=log_path.open("w"), env=_environment()
     )
-    h1, h2 = (
-        ScriptedHospital(roster, Credentials.load(work / "federation" / name)) for name in ("hospital-1", "hospital-2")
-    )
+    hospitals = [
+        ScriptedHospital(roster, Credentials.load(work / "federation" / name))
+        for name in ("hospital-1", "hospital-2", "hospital-3")
+    ]
+    fuzzer, names = hospitals[1], [h.name for h in hospitals]
     try:
-        h1.send(Hello())
-        h2.send(Hello())
-        config = h1.welcome()
-        h2.welcome()
-        h2.send_run_key()
-        h1.send(h1.key_setup())
-        h2.receive_key()
+        for hospital in hospitals:
+            hospital.send(Hello())
+        config = hospitals[0].welcome()
+        for hospital in hospitals[1:]:
+            hospital.welcome()
         params, limit = config.bfv_parameters(), config.message_limit()
         public = PublicContext(params)
         bound = params.sum_bound // params.max_contributors
         for round_number in range(1, rounds + 1):
-            h1.expect(RoundStart)
-            h2.expect(RoundStart)
-            x1, x2 = (mutator.rng.integers(-bound, bound, params.vector_length, endpoint=True) for _ in range(2))
-            u1 = h1.secret.encrypt_update(x1, round_number=round_number, hospital="hospital-1")
-            u2 = h2.secret.encrypt_update(x2, round_number=round_number, hospital="hospital-2")
-            h1.send(Update(round=round_number, chunks=tuple(u1)))
-            update = encode(Update(round=round_number, chunks=tuple(u2)))
+            starts = {h.name: h.expect(RoundStart) for h in hospitals}
+            values = {
+                h.name: mutator.rng.integers(-bound, bound, params.vector_length, endpoint=True) for h in hospitals
+            }
+            updates = {h.name: h.upload(starts[h.name], values[h.name]) for h in hospitals}
+            honest = fuzzer_update = updates[fuzzer.name]
             bases = [
-                update,
+                encode(fuzzer_update),
                 encode(Hello()),
-                encode(KeyReady()),
-                encode(RunKey(certified_key=b"k" * 96)),
-                encode(KeySetup(sealed_keys={"hospital-1": b"b" * 200})),
-                encode(Released(round=round_number, digest=b"d" * 32, mean_gradient=b"")),
+                encode(BoxKey(round=round_number + 1, certified_key=b"k" * 96)),
+                encode(Confirmed(round=round_number, digest=b"d" * 32)),
+                encode(Refused(round=round_number, reason="fuzz", named=("server",), openings={})),
             ]
 
-            def accepted_now(message) -> bool:
+            def as_update(chunks, update=honest) -> bytes:
+                body = {"v": PROTOCOL_VERSION, "type": "update", "round": round_number, "chunks": chunks}
+                return _pack({**body, "boxes": update.boxes, "next_box_key": update.next_box_key})
+
+            def update_accepted(message) -> bool:
                 if isinstance(message, Withdraw):
                     return True
-                if isinstance(message, Update) and message.round == round_number:
-                    try:
-                        CiphertextSum(public).add(message.chunks)
-                    except BfvError:
-                        return False
-                    return True
-                return False
+                if not (isinstance(message, Update) and message.round == round_number):
+                    return False
+                try:
+                    unpack_ring(public, list(message.chunks), "upload")
+                except BfvError:
+                    return False
+                return len(message.chunks) == params.chunk_count and set(message.boxes) == set(names)
 
-            as_update = lambda chunks: _pack({"v": 1, "type": "update", "round": round_number, "chunks": chunks})  # noqa: E731
-            _send_batch(h2.send_raw, mutator, result, bases, as_update, u2, accepted_now, TO_SERVER, limit, quota)
-            h2.send_raw(update)
-
-            aggregate = h1.expect(Aggregate)
-            h2.expect(Aggregate)
-            total = h1.secret.decrypt_sum(
-                aggregate.chunks, round_number=round_number, contributors=aggregate.contributors
+            for hospital in hospitals:
+                if hospital is not fuzzer:
+                    hospital.send(updates[hospital.name])
+            chunks = list(fuzzer_update.chunks)
+            _send_batch(
+                fuzzer.send_raw, mutator, result, bases, as_update, chunks, update_accepted, TO_SERVER, limit, quota
             )
-            if aggregate.contributors != ("hospital-1", "hospital-2") or not np.array_equal(total, x1 + x2):
+            fuzzer.send(fuzzer_update)
+
+            aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
+            if any(a.contributors != tuple(names) for a in aggregates.values()):
                 result.state_changes += 1
-            h1.endorse(aggregate)
-            statement = h2.statement(aggregate)
-            signer = {"hospital-2": h2.roster.party("hospital-2").identity.signing}
-            bases.append(encode(Endorsement(round=round_number, signature=h2.signature(aggregate))))
-            next_round = dataclasses.replace(aggregate, round=round_number + 1)
-            forged = [bytes(64), mutator.rng.bytes(64), h1.signature(aggregate), h2.signature(next_round)]
+            endorsements = {h.name: h.endorse(aggregates[h.name]) for h in hospitals}
+            for hospital in hospitals:
+                if hospital is not fuzzer:
+                    hospital.send(endorsements[hospital.name])
+            honest = endorsements[fuzzer.name]
+            bases.append(encode(honest))
+            forged = [bytes(64), mutator.rng.bytes(64), endorsements["hospital-1"].signature]
             for forgery in forged:  # the few a random mutation would hardly ever hit
-                h2.send(Endorsement(round=round_number, signature=forgery))
+                fuzzer.send(dataclasses.replace(honest, signature=forgery))
                 result.sent += 1
                 result.by_family["forged_endorsement"] = result.by_family.get("forged_endorsement", 0) + 1
-
-            def endorsement_accepted(message) -> bool:
-                if not (isinstance(message, Endorsement) and message.round == round_number):
-                    return False
-                try:
-                    check_endorsements(statement, {"hospital-2": message.signature}, signer)
-                except EndorsementError:
-                    return False
-                return True
-
-            _send_batch(
-                h2.send_raw, mutator, result, bases, as_update, u2, endorsement_accepted, TO_SERVER, limit, quota
-            )
-            h2.endorse(aggregate)
-            everyone = {name: h1.roster.party(name).identity.signing for name in aggregate.contributors}
-            for hospital in (h1, h2):  # what the real hospitals check before they use the sum
-                try:
-                    check_endorsements(statement, hospital.expect(Endorsements).signatures, everyone)
-                except EndorsementError as error:
+            same = lambda message, sent=honest: message == sent  # noqa: E731 (only the very message is accepted)
+            _send_batch(fuzzer.send_raw, mutator, result, bases, as_update, chunks, same, TO_SERVER, limit, quota)
+            fuzzer.send(honest)
+            relayed = {h.name: h.expect(Endorsements) for h in hospitals}
+            try:  # what the real hospitals check before they prove: every member's own signature and hashes
+                proofs = {h.name: h.prove(relayed[h.name]) for h in hospitals}
+            except RoundRefused as refusal:
+                result.state_changes += 1
+                result.notes.append(f"round {round_number}: {refusal}")
+                raise
+            for hospital in hospitals:
+                if hospital is not fuzzer:
+                    hospital.send(proofs[hospital.name])
+            honest = proofs[fuzzer.name]
+            bases.append(encode(honest))
+            same = lambda message, sent=honest: message == sent  # noqa: E731
+            _send_batch(fuzzer.send_raw, mutator, result, bases, as_update, chunks, same, TO_SERVER, limit, quota)
+            fuzzer.send(honest)
+            relayed = {h.name: h.expect(Proofs) for h in hospitals}
+            releases = {h.name: h.release(relayed[h.name]) for h in hospitals}
+            for hospital in hospitals:
+                if hospital is not fuzzer:
+                    hospital.send(releases[hospital.name])
+            honest = releases[fuzzer.name]
+            bases.append(encode(honest))
+            same = lambda message, sent=honest: message == sent  # noqa: E731
+            _send_batch(fuzzer.send_raw, mutator, result, bases, as_update, chunks, same, TO_SERVER, limit, quota)
+            fuzzer.send(honest)
+            opened = {h.name: h.expect(Releases) for h in hospitals}
+            for hospital in hospitals:
+                hospital.send(hospital.confirm(opened[hospital.name]))
+                if not np.array_equal(hospital.opened[round_number], sum(values.values())):
                     result.state_changes += 1
-                    result.notes.append(f"round {round_number}: {error}")
-            mean = (total / 2).astype("<f4").tobytes()
-            digest = release_digest(round_number, mean)
-            h1.send(Released(round=round_number, digest=digest, mean_gradient=mean))
-
-            def release_accepted(message) -> bool:
-                return isinstance(message, Released) and message.round == round_number and not message.mean_gradient
-
-            _send_batch(h2.send_raw, mutator, result, bases, as_update, u2, release_accepted, TO_SERVER, limit, quota)
-            h2.send(Released(round=round_number, digest=digest, mean_gradient=b""))
             result.rounds += 1
             _track_rss(result, process.pid)
             _progress("server", result, quota)
-        h1.expect(Finish)
-        h2.expect(Finish)
+        for hospital in hospitals:
+            hospital.expect(Finish)
         status = process.wait(timeout=120)
         if status != 0:
             result.crashes += 1
@@ -489,17 +504,17 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
         if process.poll() is None:
             process.kill()
             process.wait()
-        h1.close()
-        h2.close()
+        for hospital in hospitals:
+            hospital.close()
         result.tracebacks += log_path.read_text().count("Traceback")
 
 
 def _fuzz_hospital(quota: int, mutator: _Mutator, result: TargetResult, work: Path) -> None:
     work.mkdir(parents=True)
     federation = work / "federation"
-    roster = local_federation(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
+    roster = local_federation(federation, hospitals=3, address=f"tcp://127.0.0.1:{free_port()}")
     rounds = max(1, math.ceil(quota / _BATCH))
-    config = small_run_config(roster, quorum=2, rounds=rounds)
+    config = small_run_config(roster, quorum=3, rounds=rounds)
     server = ScriptedServer(roster, Credentials.load(federation / SERVER), config)
     logs = {name: work / f"{name}.log" for name in config.hospitals}
     processes = {
@@ -521,7 +536,7 @@ def _fuzz_hospital(quota: int, mutator: _Mutator, result: TargetResult, work: Pa
                 "--epsilon-budget",
                 "1e9",
                 "--parts",
-                "2",
+                "3",
                 "--part",
                 str(index),
             ],
@@ -533,51 +548,48 @@ def _fuzz_hospital(quota: int, mutator: _Mutator, result: TargetResult, work: Pa
     }
     target = "hospital-1"
     limit = config.message_limit()
+    members = tuple(config.hospitals)
     try:
         server.set_up()
         for round_number in range(1, rounds + 1):
-            uploads = server.start_round(round_number)
-            chunks = tuple(server.add(*uploads.values()))
-            aggregate = Aggregate(round=round_number, contributors=config.hospitals, chunks=chunks)
+            updates = server.start_round(round_number)
+            aggregates = server.aggregate(updates, round_number, members)
+            aggregate = aggregates[target]
             bases = [
                 encode(aggregate),
-                encode(Endorsements(round=round_number, signatures={name: b"s" * 64 for name in config.hospitals})),
-                encode(RoundStart(round=round_number + 1)),
+                encode(Endorsements(round=round_number, hashes={}, commitments={}, signatures={})),
+                encode(Proofs(round=round_number, seeds={}, proofs={}, signatures={})),
+                encode(Releases(round=round_number, shares={}, masks={}, signatures={})),
+                encode(RoundStart(round=round_number + 1, box_keys={})),
                 encode(RoundAbort(round=round_number, reason="fuzz")),
-                encode(KeyRequest(run_keys={"hospital-2": b"k" * 96})),
-                encode(SealedKey(box=b"b" * 200, sealer="hospital-2")),
-                encode(MeanRequest(round=round_number)),
                 encode(Finish(reason="fuzz")),
             ]
 
             def acted_on(message) -> bool:
                 if isinstance(message, (RoundStart, Finish)):
                     return True
-                if isinstance(message, MeanRequest):  # the last round's release is sent again
-                    return message.round == round_number - 1
-                return isinstance(message, (Aggregate, Endorsements, RoundAbort)) and message.round == round_number
+                steps = (Aggregate, Endorsements, Proofs, Releases, RoundAbort)
+                return isinstance(message, steps) and message.round == round_number
 
             def as_aggregate(mutated) -> bytes:
-                # For a round not pending: one for the pending round the hospital would try to decrypt, and
-                # leave the run on failure (test_malicious_server); the decrypt target fuzzes that loader.
-                body = {"v": 1, "type": "aggregate", "round": round_number + 1, "contributors": list(config.hospitals)}
+                # For a round not pending: one for the pending round would be checked and refused, ending
+                # the round (test_malicious_server sends those); the decrypt target fuzzes the checks.
+                body = {"v": PROTOCOL_VERSION, "type": "aggregate", "round": round_number + 1}
+                body |= {"contributors": list(members), "digests": aggregate.digests, "boxes": aggregate.boxes}
                 return _pack({**body, "chunks": mutated})
 
             send = lambda payload: server.send_raw(target, payload)  # noqa: E731
-            _send_batch(send, mutator, result, bases, as_aggregate, list(chunks), acted_on, TO_HOSPITAL, limit, quota)
-            for name in config.hospitals:
-                server.send(name, aggregate)
-            endorsements = server.receive_from_each(Endorsement, config.hospitals)
-            signatures = {name: message.signature for name, message in endorsements.items()}
-            for name in config.hospitals:
-                server.send(name, Endorsements(round=round_number, signatures=signatures))
-            releases = server.receive_from_each(Released, config.hospitals)
-            if len({message.digest for message in releases.values()}) != 1:
+            chunks = list(aggregate.chunks)
+            _send_batch(send, mutator, result, bases, as_aggregate, chunks, acted_on, TO_HOSPITAL, limit, quota)
+            for name in members:
+                server.send(name, aggregates[name])
+            confirmed = server.relay(round_number, members)
+            if len({message.digest for message in confirmed.values()}) != 1:
                 result.state_changes += 1
             result.rounds += 1
             _track_rss(result, processes[target].pid)
             _progress("hospital", result, quota)
-        for name in config.hospitals:
+        for name in members:
             server.send(name, Finish(reason="fuzzing done"))
         for name, process in processes.items():
             status = process.wait(timeout=120)
@@ -602,17 +614,34 @@ def _fuzz_hospital(quota: int, mutator: _Mutator, result: TargetResult, work: Pa
 
 
 def _fuzz_decrypt(quota: int, mutator: _Mutator, result: TargetResult, work: Path) -> None:
+    """Mutated sums into every check a hospital makes of the sum (``protocol.one_time_round``): each member
+    endorses the mutated sum, and the hashes they signed must refuse it before anyone proves or releases."""
     params = select_bfv_parameters(max_contributors=3, vector_length=300, sum_bound=40_000)
-    names = ["hospital-1", "hospital-2", "hospital-3"]
+    public = PublicContext(params)
+    names = ("hospital-1", "hospital-2", "hospital-3")
+    signing = {name: Ed25519PrivateKey.generate() for name in names}
+    identities = {name: key.public_key() for name, key in signing.items()}
+    state = dict(round_state={}, previous_result=bytes(32))
     result.rejected = 0
     while result.sent < quota:
         round_number = result.rounds + 1
-        secret = SecretContext.generate(params, run_id="f0f0f0f0")
-        total = CiphertextSum(PublicContext(params))
+        setting = RoundSetting("f0f0f0f0:00", round_number, names, threshold=2, quorum=3, params=params)
+        boxes = {name: X25519PrivateKey.generate() for name in names}
+        box_keys = {
+            name: certify_key(
+                key.public_key(), signer=signing[name], context=box_key_context(setting.run, name, round_number)
+            )
+            for name, key in boxes.items()
+        }
+        slots = np.zeros(params.chunk_count * params.poly_modulus_degree, dtype=np.int64)
+        slots[:300] = params.digits.to_slots(np.arange(300))
+        server = SumRound(setting, public)
+        uploads = {}
         for name in names:
-            total.add(secret.encrypt_update(np.arange(300), round_number=round_number, hospital=name))
-        honest = total.to_chunks()
-        expected = 3 * np.arange(300)
+            one = HospitalRound(setting, public, name=name, signing=signing[name], box=boxes[name])
+            uploads[name] = one.upload(slots, box_keys, identities)
+            server.add(name, uploads[name][0])
+        honest = server.total(names, box_keys, **state)
         until = min(result.sent + _BATCH, quota)
         while result.sent < until:
             chunks = mutator.mutate_chunks(honest)
@@ -621,20 +650,37 @@ def _fuzz_decrypt(quota: int, mutator: _Mutator, result: TargetResult, work: Pat
             result.sent += 1
             result.by_family["ciphertext"] = result.by_family.get("ciphertext", 0) + 1
             try:
-                decrypted = secret.decrypt_sum(chunks, round_number=round_number, contributors=names)
-            except BfvError:
+                members = {}
+                for name in names:
+                    members[name] = HospitalRound(setting, public, name=name, signing=signing[name], box=boxes[name])
+                    members[name]._steps._done, members[name]._upload = 1, unpack_ring(public, uploads[name][0], "ours")
+                    members[name]._digest, members[name]._key = server.digests[name], None
+                    members[name]._box_keys_digest = box_keys_digest(setting, box_keys)
+                boxes_to = {name: {dealer: uploads[dealer][1][name] for dealer in names} for name in names}
+                endorsed = {
+                    name: member.endorse(names, server.digests, chunks, boxes_to[name], identities, **state)
+                    for name, member in members.items()
+                }
+                members["hospital-1"]._key = _FakeDealing()  # never reached: the hashes refuse first
+                members["hospital-1"].prove(endorsed, identities)
+            except RoundRefused:
                 result.rejected += 1
             except Exception as error:  # anything else is the finding
                 result.crashes += 1
                 result.notes.append(f"{type(error).__name__}: {error}"[:200])
             else:
-                if np.array_equal(decrypted, expected):
-                    result.accepted_unchanged += 1
-                else:
-                    result.state_changes += 1
+                result.state_changes += 1  # a changed sum passed every check before release
         result.rounds += 1
         _track_rss(result, os.getpid())
         _progress("decrypt", result, quota)
+
+
+class _FakeDealing:
+    """Stands where a member's key would be proved; the fuzz target fails the round before that."""
+
+    @property
+    def dealing(self):
+        raise AssertionError("a mutated sum reached the proof")
 
 
 def _last_line(log: Path) -> str:

@@ -10,30 +10,43 @@ from __future__ import annotations
 import secrets
 from typing import Iterable
 
+import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from crypto.bfv import CiphertextSum, PublicContext, SecretContext
-from crypto.endorsement import aggregate_statement, endorse
-from crypto.sealed_box import certify_key, open_box, seal, verify_certified_key
+from crypto.bfv import PublicContext
+from crypto.one_time_keys import pack_ring
+from crypto.sealed_box import certify_key
 from protocol.config import RunConfig
-from protocol.key_ceremony import run_key_context, sealed_key_context
 from protocol.messages import (
     TO_HOSPITAL,
     TO_SERVER,
     Aggregate,
+    BoxKey,
+    Confirmed,
     Endorsement,
+    Endorsements,
     Hello,
-    KeyReady,
-    KeyRequest,
-    KeySetup,
     Message,
+    Proof,
+    Proofs,
+    Release,
+    Releases,
     RoundStart,
-    RunKey,
-    SealedKey,
     Update,
     Welcome,
     decode,
     encode,
+    release_digest,
+)
+from protocol.one_time_round import (
+    Endorsed,
+    HospitalRound,
+    Proved,
+    RoundSetting,
+    SumRound,
+    box_key_context,
+    released_from,
+    state_digest,
 )
 from protocol.party_keys import SERVER, Credentials
 from protocol.roster import Roster
@@ -72,6 +85,9 @@ def small_run_config(roster: Roster, *, quorum: int, rounds: int, run_id: str | 
 
 
 class ScriptedHospital:
+    """A hospital played step by step with the real round (``protocol.one_time_round``); every secret it
+    holds is an attribute, so a test can hand them to an attacker."""
+
     def __init__(self, roster: Roster, credentials: Credentials) -> None:
         self.name = credentials.name
         self.roster = roster
@@ -79,8 +95,11 @@ class ScriptedHospital:
         self.transport = ClientTransport(
             roster.server_address, roster.server.curve_public, credentials.curve, _MAX_BYTES
         )
-        self.secret: SecretContext | None = None
         self.config: RunConfig | None = None
+        self.box_keys: dict[int, X25519PrivateKey] = {}  # round -> this hospital's box key for it
+        self.rounds: dict[int, HospitalRound] = {}
+        self.opened: dict[int, np.ndarray] = {}  # round -> the sum this hospital opened
+        self.dealt: dict[int, tuple] = {}  # round -> the shares of its own key
 
     def send(self, message: Message) -> None:
         self.transport.send(encode(message))
@@ -98,69 +117,85 @@ class ScriptedHospital:
         return message
 
     def welcome(self) -> RunConfig:
-        """Take the run's settings; told to, create the run's key and say so (KeyReady)."""
+        """Take the run's settings, and answer with a box key for the round it may join."""
         welcome = self.expect(Welcome)
         self.config = RunConfig.from_dict(welcome.config)
         self.run = self.config.fingerprint(welcome.initial_parameters)
-        if welcome.generate_key:
-            self.secret = SecretContext.generate(self.config.bfv_parameters(), run_id=self.config.run_id)
-            self.send(KeyReady())
+        self.public = PublicContext(self.config.bfv_parameters())
+        self.model_state = state_digest(welcome.parameters, welcome.optimizer_state)
+        self.send(BoxKey(round=welcome.next_round, certified_key=self.box_key(welcome.next_round)))
         return self.config
 
-    def key_setup(self) -> KeySetup:
-        """As a hospital holding the key: answer the key request with the key sealed to the others."""
-        run_keys = self.expect(KeyRequest).run_keys
-        secret_bytes = self.secret.to_bytes()
-        sealed = {
-            name: seal(
-                secret_bytes,
-                recipient=verify_certified_key(
-                    certified, signer=self.roster.party(name).identity.signing, context=run_key_context(self.run, name)
-                ),
-                sender=self.credentials.identity.signing,
-                context=sealed_key_context(self.run, name),
-            )
-            for name, certified in run_keys.items()
-        }
-        return KeySetup(sealed_keys=sealed)
-
-    def send_run_key(self) -> None:
-        """As a recipient: announce a fresh box key for this run, certified by this hospital's identity."""
-        self.run_key = X25519PrivateKey.generate()
-        context = run_key_context(self.run, self.name)
-        self.send(
-            RunKey(
-                certified_key=certify_key(
-                    self.run_key.public_key(), signer=self.credentials.identity.signing, context=context
-                )
-            )
+    def box_key(self, round_number: int) -> bytes:
+        key = self.box_keys[round_number] = X25519PrivateKey.generate()
+        return certify_key(
+            key.public_key(),
+            signer=self.credentials.identity.signing,
+            context=box_key_context(self.run, self.name, round_number),
         )
 
-    def receive_key(self) -> None:
-        sealed = self.expect(SealedKey)
-        secret_bytes = open_box(
-            sealed.box,
-            recipient=self.run_key,
-            sender=self.roster.party(sealed.sealer).identity.signing,
-            context=sealed_key_context(self.run, self.name),
-        )
-        self.secret = SecretContext.from_bytes(secret_bytes, self.config.bfv_parameters(), run_id=self.config.run_id)
-        self.send(KeyReady())
+    def identities(self) -> dict:
+        return {name: self.roster.party(name).identity.signing for name in self.config.hospitals}
 
-    def statement(self, aggregate: Aggregate) -> bytes:
-        return aggregate_statement(
-            run=self.run,
-            round_number=aggregate.round,
-            contributors=aggregate.contributors,
-            chunks=aggregate.chunks,
+    def upload(self, start: RoundStart, values: np.ndarray) -> Update:
+        """This hospital's honest update for the round ``start`` began (not sent)."""
+        params, number = self.public.params, start.round
+        setting = self.config.round_setting(self.run, number, params)
+        self.rounds[number] = HospitalRound(
+            setting, self.public, name=self.name, signing=self.credentials.identity.signing, box=self.box_keys[number]
+        )
+        slots = np.zeros(params.chunk_count * params.poly_modulus_degree, dtype=np.int64)
+        digits = params.digits.to_slots(values)
+        slots[: digits.size] = digits
+        chunks, boxes = self.rounds[number].upload(slots, start.box_keys, self.identities())
+        self.dealt[number] = self.rounds[number]._key.dealing.shares  # its own key's shares: a test's ground truth
+        return Update(round=number, chunks=tuple(chunks), boxes=boxes, next_box_key=self.box_key(number + 1))
+
+    def endorse(self, aggregate: Aggregate) -> Endorsement:
+        endorsed = self.rounds[aggregate.round].endorse(
+            aggregate.contributors,
+            aggregate.digests,
+            aggregate.chunks,
+            aggregate.boxes,
+            self.identities(),
             round_state=self.config.training.round_state(),  # a scripted hospital's run keeps its first round's settings
+            previous_result=self.model_state,
+        )
+        return Endorsement(
+            round=aggregate.round, hashes=endorsed.hashes, commitment=endorsed.commitment, signature=endorsed.signature
         )
 
-    def signature(self, aggregate: Aggregate) -> bytes:
-        return endorse(self.statement(aggregate), self.credentials.identity.signing)
+    def prove(self, endorsements: Endorsements) -> Proof:
+        given = {
+            name: Endorsed(endorsements.hashes[name], endorsements.commitments[name], signature)
+            for name, signature in endorsements.signatures.items()
+        }
+        proved = self.rounds[endorsements.round].prove(given, self.identities())
+        return Proof(round=endorsements.round, seed=proved.seed, proof=proved.proof, signature=proved.signature)
 
-    def endorse(self, aggregate: Aggregate) -> None:
-        self.send(Endorsement(round=aggregate.round, signature=self.signature(aggregate)))
+    def release(self, proofs: Proofs) -> Release:
+        given = {name: Proved(proofs.seeds[name], proofs.proofs[name], sig) for name, sig in proofs.signatures.items()}
+        released = self.rounds[proofs.round].release(given, self.identities())
+        share = pack_ring(self.public, released.release.share[np.newaxis])[0]
+        return Release(round=proofs.round, share=share, masks=released.release.masks, signature=released.signature)
+
+    def open(self, releases: Releases) -> np.ndarray:
+        """The sum's values, opened from every member's release."""
+        given = {
+            name: released_from(self.public, releases.shares[name], releases.masks[name], releases.signatures[name])
+            for name in releases.shares
+        }
+        slots = self.rounds[releases.round].open(given, self.identities())
+        params = self.public.params
+        return params.digits.from_slots(slots[: params.digits.slots_for(params.vector_length)], params.vector_length)
+
+    def confirm(self, releases: Releases) -> Confirmed:
+        """Open the sum (kept in ``opened``) and say which mean this hospital applies."""
+        total = self.opened[releases.round] = self.open(releases)
+        mean = self.config.training.read_sum(
+            total, len(self.rounds[releases.round]._opened.contributors), self.config.parameter_count
+        )
+        return Confirmed(round=releases.round, digest=release_digest(releases.round, mean.tobytes()))
 
     def close(self) -> None:
         self.transport.close()
@@ -177,6 +212,7 @@ class ScriptedServer:
         self.initial = get_flat_parameters(build_model(config.model)).tobytes()
         self.run = config.fingerprint(self.initial)
         self.public = PublicContext(config.bfv_parameters())
+        self.box_keys: dict[str, bytes] = {}  # hospital -> its certified box key for the next round
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
         self.transport = ServerTransport(roster.server_address, credentials.curve, enrolled, config.message_limit())
 
@@ -210,41 +246,72 @@ class ScriptedServer:
             self.send(name, self.welcome(name))
 
     def welcome(self, name: str, config: RunConfig | None = None) -> Welcome:
-        """The Welcome to the start of this run, or of one with ``config`` (the key holder creates the key)."""
+        """The Welcome to the start of this run, or of one with ``config``."""
         config = config or self.config
         return Welcome(
             config=config.to_dict(),
             initial_parameters=self.initial,
             parameters=self.initial,
             optimizer_state=bytes(len(self.initial)),
-            generate_key=name == config.key_holder,
+            next_round=1,
         )
 
     def set_up(self) -> None:
-        """Join and key ceremony, as an honest server runs them."""
+        """Join, as an honest server runs it: every hospital's box key for round 1."""
         self.join()
-        holder, recipients = self.config.hospitals[0], self.config.hospitals[1:]
-        replies = self.receive_from_each((KeyReady, RunKey), self.config.hospitals)
-        if not isinstance(replies.pop(holder), KeyReady) or not all(isinstance(r, RunKey) for r in replies.values()):
-            raise ScriptError(f"expected key ready from {holder} and run keys from the others, got {replies}")
-        self.send(holder, KeyRequest(run_keys={name: message.certified_key for name, message in replies.items()}))
-        setup = self.receive_from_each(KeySetup, [holder])[holder]
-        for name, box in setup.sealed_keys.items():
-            self.send(name, SealedKey(box=box, sealer=holder))
-        self.receive_from_each(KeyReady, recipients)
+        replies = self.receive_from_each(BoxKey, self.config.hospitals)
+        self.box_keys = {name: message.certified_key for name, message in replies.items()}
 
-    def start_round(self, round_number: int) -> dict[str, list[bytes]]:
-        """Start a round and collect every hospital's upload."""
+    def setting(self, round_number: int) -> RoundSetting:
+        return self.config.round_setting(self.run, round_number, self.public.params)
+
+    def start_round(self, round_number: int) -> dict[str, Update]:
+        """Start a round and collect every hospital's update (keeping their box keys for the next)."""
         for name in self.config.hospitals:
-            self.send(name, RoundStart(round=round_number))
+            self.send(name, RoundStart(round=round_number, box_keys=dict(self.box_keys)))
+        self.round_box_keys = dict(self.box_keys)
         updates = self.receive_from_each(Update, self.config.hospitals)
-        return {name: list(update.chunks) for name, update in updates.items()}
+        self.box_keys = {name: update.next_box_key for name, update in updates.items()}
+        return updates
 
-    def add(self, *uploads: list[bytes]) -> list[bytes]:
-        total = CiphertextSum(self.public)
-        for chunks in uploads:
-            total.add(chunks)
-        return total.to_chunks()
+    def aggregate(self, updates: dict[str, Update], round_number: int, members: tuple[str, ...], chunks=None):
+        """The honest Aggregate of ``members``' uploads for each member (``chunks``: another sum instead)."""
+        total = SumRound(self.setting(round_number), self.public)
+        for name in members:
+            total.add(name, updates[name].chunks)
+        summed = total.total(
+            members,
+            self.round_box_keys,
+            round_state=self.config.training.round_state(),
+            previous_result=state_digest(self.initial, bytes(len(self.initial))),
+        )
+        return {
+            name: Aggregate(
+                round=round_number,
+                contributors=members,
+                chunks=tuple(chunks if chunks is not None else summed),
+                digests={m: total.digests[m] for m in members},
+                boxes={m: updates[m].boxes[name] for m in members},
+            )
+            for name in members
+        }
+
+    def relay(self, round_number: int, members: Iterable[str]) -> dict[str, Confirmed]:
+        """After the Aggregates: relay every member's endorsement, proof and release as an honest server
+        does; returns what each confirmed."""
+        members = list(members)
+        for kind, relayed in ((Endorsement, Endorsements), (Proof, Proofs), (Release, Releases)):
+            message = relayed.of(round_number, self.receive_from_each(kind, members))
+            for name in members:
+                self.send(name, message)
+        return self.receive_from_each(Confirmed, members)
+
+    def add(self, *uploads: Update) -> list[bytes]:
+        """The coefficient-wise sum of uploads, whatever their senders: what a dishonest server can send."""
+        from crypto.one_time_keys import sum_uploads, unpack_ring
+
+        rows = [unpack_ring(self.public, list(update.chunks), "upload") for update in uploads]
+        return pack_ring(self.public, sum_uploads(self.public, rows))
 
     def close(self) -> None:
         self.transport.close()

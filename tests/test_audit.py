@@ -22,16 +22,25 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
-import tenseal.sealapi as seal
 import zstandard
 from scipy import stats
 
 from conftest import REPO, party_ledger, run_launcher
-from crypto.bfv import BfvError, CiphertextSum, PublicContext, SecretContext
+from crypto.bfv import BfvError, PublicContext
 from crypto.bfv_parameters import select_bfv_parameters
-from crypto.membership import CHECK_KEY_BYTES, CheckKey
+from crypto.key_shares import rebuild
+from crypto.key_shares import release as release_of_shares
+from crypto.one_time_keys import (
+    OneTimeKey,
+    check_zero_slots,
+    decrypt_sum,
+    public_polynomials,
+    sum_uploads,
+    unpack_ring,
+)
 from protocol.config import RunConfig
-from protocol.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Released, Update
+from protocol.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Release, Update
+from protocol.one_time_round import released_from
 from protocol.transcript import read_messages
 from protocol.voting_config import VotingConfig
 from training.accounting import release_of
@@ -249,6 +258,44 @@ def _dopamine_parts(run):
     return out, report, config, received, updates
 
 
+def _released_sums(config: RunConfig, report: dict, received: list) -> dict[int, np.ndarray]:
+    """Each released round's sum, opened from what the server received alone: the contributors'
+    uploads and their releases of the sum's key."""
+    public = PublicContext(config.bfv_parameters())
+    params, q = public.params, public.params.ciphertext_modulus
+    sums = {}
+    for record in report["rounds"]:
+        if record["status"] != "released":
+            continue
+        number, members = record["round"], record["contributors"]
+        uploads = [m for sender, m, _ in received if isinstance(m, Update) and m.round == number and sender in members]
+        shares = {
+            config.hospitals.index(sender) + 1: released_from(public, m.share, m.masks, m.signature).release.share
+            for sender, m, _ in received
+            if isinstance(m, Release) and m.round == number
+        }
+        key = rebuild(dict(sorted(shares.items())[: config.key_threshold]), config.key_threshold, q)
+        total = sum_uploads(public, [unpack_ring(public, list(m.chunks), "upload") for m in uploads])
+        slots = decrypt_sum(
+            public, total, key, public_polynomials(params, run=report["run_fingerprint"], round_number=number)
+        )
+        sums[number] = params.digits.from_slots(
+            slots[: params.digits.slots_for(params.vector_length)], params.vector_length
+        )
+    return sums
+
+
+def _released_vectors(config: RunConfig, report: dict, received: list) -> dict[int, np.ndarray]:
+    """Each released round's vector (the method's ``read_sum`` of the sum), as the server computes it."""
+    rounds = {r["round"]: r for r in report["rounds"]}
+    return {
+        number: config.training.with_round_state(rounds[number]["round_state"]).read_sum(
+            total, len(rounds[number]["contributors"]), config.parameter_count
+        )
+        for number, total in _released_sums(config, report, received).items()
+    }
+
+
 def test_no_update_or_key_reaches_the_server_in_any_encoding(dopamine):
     _, _, config, received, updates = _dopamine_parts(dopamine)
     params = config.bfv_parameters()
@@ -258,38 +305,43 @@ def test_no_update_or_key_reaches_the_server_in_any_encoding(dopamine):
             forms = _encodings(u[kind], params.plain_modulus)
             forms["slots, uint64"] = params.digits.to_slots(u[kind]).astype("<u8").tobytes()  # as BFV encodes them
             secrets |= {f"{u['hospital']} round {u['round']} {kind} ({form})": data for form, data in forms.items()}
-    run_secrets = {u["secrets"] for u in updates}
-    assert len(run_secrets) == 1  # one run key, shared by every hospital
-    (run_secret,) = run_secrets
-    secrets["check key"] = run_secret[:32]
-    secrets["BFV secret key (SEAL's serialisation)"] = run_secret[32:]
+    keys = [u["key"] for u in updates]
+    assert len(set(keys)) == len(keys)  # a key for every upload: none encrypts two
+    for u in updates:
+        secrets[f"{u['hospital']} round {u['round']} one-time key"] = u["key"]
     assert _leaks([raw for _, _, raw in received], secrets) == []
     assert len(updates) == DOPAMINE_ROUNDS * len(config.hospitals)  # the ground truth saw every update
 
 
-def test_the_server_holds_ciphertexts_of_the_updates_that_only_the_run_key_opens(dopamine):
-    """Every upload is the encryption of exactly the update its hospital recorded, every one has the
-    same length and no structure (it does not compress), and a key the server makes opens none."""
-    _, _, config, received, updates = _dopamine_parts(dopamine)
+def test_each_upload_opens_under_its_own_one_time_key_and_no_other(dopamine):
+    """Every upload is the encryption of exactly the update its hospital recorded, under the key it drew
+    for it; no other hospital's key of that round, nor a key the server makes, opens it; every upload
+    has the same length and no structure (it does not compress)."""
+    _, report, config, received, updates = _dopamine_parts(dopamine)
     params = config.bfv_parameters()
     public = PublicContext(params)
-    run_key = SecretContext.from_bytes(updates[0]["secrets"], params, run_id=config.run_id)
-    # The server's own BFV key, given even the run's check key: only the BFV key differs.
-    check_key = CheckKey(
-        updates[0]["secrets"][:CHECK_KEY_BYTES], run_id=config.run_id, plain_modulus=params.plain_modulus
-    )
-    own_key = SecretContext(public, seal.KeyGenerator(public.seal).secret_key(), check_key)
-    truth = {(u["hospital"], u["round"]): u["values"] for u in updates}
+    data_slots = params.digits.slots_for(params.vector_length)
+    truth = {(u["hospital"], u["round"]): u for u in updates}
     uploads = [(sender, m) for sender, m, _ in received if isinstance(m, Update)]
     assert len(uploads) == len(updates)
-    lengths = {tuple(len(c) for c in m.chunks) for _, m in uploads}
-    assert len(lengths) == 1
+    assert len({tuple(len(c) for c in m.chunks) for _, m in uploads}) == 1
+    server_key = (
+        np.random.default_rng().integers(0, params.ciphertext_modulus, params.poly_modulus_degree).astype(np.uint64)
+    )
     for sender, message in uploads:
-        as_sum = public.pack_aggregate(public.load_upload(message.chunks))
-        opened = run_key.decrypt_sum(as_sum, round_number=message.round, contributors=[sender])
-        np.testing.assert_array_equal(opened, truth[sender, message.round])
-        with pytest.raises(BfvError):
-            own_key.decrypt_sum(as_sum, round_number=message.round, contributors=[sender])
+        a = public_polynomials(params, run=report["run_fingerprint"], round_number=message.round)
+        upload = unpack_ring(public, list(message.chunks), "upload")
+        own = np.frombuffer(truth[sender, message.round]["key"], dtype="<u8")
+        slots = decrypt_sum(public, upload, own, a)
+        check_zero_slots(public, slots, data_slots)
+        opened = params.digits.from_slots(slots[:data_slots], params.vector_length)
+        np.testing.assert_array_equal(opened, truth[sender, message.round]["values"])
+        others = [
+            np.frombuffer(u["key"], dtype="<u8") for (h, r), u in truth.items() if r == message.round and h != sender
+        ]
+        for key in [*others, server_key]:
+            with pytest.raises(BfvError, match="zero slots"):
+                check_zero_slots(public, decrypt_sum(public, upload, key, a), data_slots)
         blob = b"".join(message.chunks)
         assert len(zstandard.ZstdCompressor(level=19).compress(blob)) > 0.97 * len(blob)
 
@@ -305,30 +357,30 @@ def test_the_released_noise_has_the_variance_the_accountant_assumes(method, requ
     ledger charged for."""
     out, report, config, received, updates = _dopamine_parts(request.getfixturevalue(method))
     mechanism = config.mechanism()
-    releases = [m for _, m, _ in received if isinstance(m, Released) and m.mean_gradient]
-    assert len(releases) == DOPAMINE_ROUNDS
+    vectors = _released_vectors(config, report, received)
+    assert len(vectors) == DOPAMINE_ROUNDS
     totals = []
     rounds = {r["round"]: r for r in report["rounds"]}
-    for release in releases:
-        contributors = rounds[release.round]["contributors"]
-        training = config.training.with_round_state(rounds[release.round]["round_state"])
+    for number, vector in vectors.items():
+        contributors = rounds[number]["contributors"]
+        training = config.training.with_round_state(rounds[number]["round_state"])
         offset = training.read_sum(np.zeros(mechanism.dimension), len(contributors), config.parameter_count).astype(
             np.float64
         )
         c = training.read_sum(np.ones(mechanism.dimension), len(contributors), config.parameter_count) - offset
-        total = np.rint((np.frombuffer(release.mean_gradient, dtype="<f4") - offset) / c).astype(np.int64)
-        np.testing.assert_array_equal(total, sum(u["values"] for u in updates if u["round"] == release.round))
-        rows = sum(u["gradient"] for u in updates if u["round"] == release.round)
+        total = np.rint((vector - offset) / c).astype(np.int64)
+        np.testing.assert_array_equal(total, sum(u["values"] for u in updates if u["round"] == number))
+        rows = sum(u["gradient"] for u in updates if u["round"] == number)
         assert np.count_nonzero(rows) > 0.5 * rows.size  # something to hide
         totals.append(total - rows)
     # The server's ledger charged exactly these rounds of this mechanism: the mu checked below.
     charged = PrivacyLedger()
     charged.begin_run(config.run_id, report["run_fingerprint"])
-    for release in releases:
+    for number in vectors:
         charged.record(
             ledger_release(config.training, mechanism, len(config.hospitals)),
             run_id=config.run_id,
-            round_number=release.round,
+            round_number=number,
         )
     server_ledger = party_ledger(out / "federation" / "server", out / "server")
     assert server_ledger.epsilon(config.delta) == pytest.approx(charged.epsilon(config.delta))
@@ -378,7 +430,7 @@ def test_adaptive_v_and_c_are_computed_from_the_server_s_transcript_alone(dp_fed
       sub-clients within C (the fraction kept within [0, 1]), in float32."""
     out, report, config, received, updates = _dopamine_parts(dp_fedavg)
     dimension = config.parameter_count
-    releases = {m.round: m for _, m, _ in received if isinstance(m, Released) and m.mean_gradient}
+    releases = _released_vectors(config, report, received)
     uploads = {}
     for sender, message, _ in received:
         if isinstance(message, Update):
@@ -387,9 +439,7 @@ def test_adaptive_v_and_c_are_computed_from_the_server_s_transcript_alone(dp_fed
     for round_number in sorted(releases):
         computed[round_number] = {"subclients": v, "max_update_norm": bound}
         mechanism = config.training.with_round_state(computed[round_number]).mechanism(dimension)
-        norm_sum, within = np.frombuffer(releases[round_number].mean_gradient, dtype="<f4")[dimension:].astype(
-            np.float64
-        )
+        norm_sum, within = np.asarray(releases[round_number], dtype="<f4")[dimension:].astype(np.float64)
         contributors = len(uploads[round_number])
         sigma = np.sqrt(2 * contributors * mechanism.share_mu) / mechanism.scale / (v * contributors)
         fraction = min(max(within / (v * contributors), 0.0), 1.0)
@@ -417,9 +467,10 @@ def test_adaptive_v_and_c_are_computed_from_the_server_s_transcript_alone(dp_fed
 
 
 def test_ciphertext_sizes_do_not_depend_on_the_plaintext():
-    """Zeros, random and extreme vectors give uploads of one fixed length, seeded or not."""
+    """Zeros, random and extreme vectors give uploads of one fixed length."""
     params = select_bfv_parameters(max_contributors=3, vector_length=3000, sum_bound=40_000)
-    secret = SecretContext.generate(params, run_id="0123456789abcdef")
+    public = PublicContext(params)
+    a = public_polynomials(params, run="run", round_number=1)
     half = params.plain_modulus // 2
     rng = np.random.default_rng()
     vectors = {
@@ -428,13 +479,15 @@ def test_ciphertext_sizes_do_not_depend_on_the_plaintext():
         "largest": np.full(3000, half, dtype=np.int64),
         "smallest": np.full(3000, -half, dtype=np.int64),
     }
-    for seeded in (True, False):
-        sizes = {}
-        for name, vector in vectors.items():
-            for _ in range(5):
-                chunks = secret.encrypt_update(vector, round_number=1, hospital="hospital-1", seeded=seeded)
-                sizes.setdefault(name, set()).add(tuple(len(c) for c in chunks))
-        assert len(set().union(*sizes.values())) == 1, sizes
+    sizes = {}
+    for name, vector in vectors.items():
+        slots = np.zeros(params.chunk_count * params.poly_modulus_degree, dtype=np.int64)
+        digits = params.digits.to_slots(vector)
+        slots[: digits.size] = digits
+        for _ in range(5):
+            chunks = OneTimeKey(public, threshold=2, parties=3).encrypt(slots, a)
+            sizes.setdefault(name, set()).add(tuple(len(c) for c in chunks))
+    assert len(set().union(*sizes.values())) == 1, sizes
 
 
 # -- voting: the server's and the talliers' views ----------------------------------------------------------
@@ -624,25 +677,35 @@ def _canary_scores(
     direction = next(ClippedGradients(copy.deepcopy(model), *canary, 1.0).batches(np.array([0])))[0]
     bound = mechanism.sum_bound(contributors=2, expected_batch_size=5.0).levels
     params = select_bfv_parameters(max_contributors=2, vector_length=mechanism.dimension, sum_bound=bound)
-    secret = SecretContext.generate(params, run_id="0123456789abcdef")
     public = PublicContext(params)
-    contributors = ["hospital-1", "hospital-2"]
     scores = {}
     for world, steps in worlds.items():
         values = []
         for round_number in range(1, trials + 1):
-            total = CiphertextSum(public)
-            for name, step in zip(contributors, steps):
-                share, _ = step()
-                total.add(secret.encrypt_update(share, round_number=round_number, hospital=name))
-            released = secret.decrypt_sum(total.to_chunks(), round_number=round_number, contributors=contributors)
-            values.append(float(released @ direction))
+            values.append(float(_encrypted_sum(public, [step()[0] for step in steps], round_number) @ direction))
         scores[world] = np.array(values)
     charged = settings(noise_multiplier if accountant_noise is None else accountant_noise).mechanism(
         mechanism.dimension
     )
     epsilon = PrivacyLedger().epsilon(1e-5, extra=release_of(charged, sample_rate=1.0, contributors=2))
     return scores["in"], scores["out"], epsilon
+
+
+def _encrypted_sum(public: PublicContext, shares: list[np.ndarray], round_number: int) -> np.ndarray:
+    """The hospitals' shares summed as the secure round sums them: each under its one-time key, the
+    sum opened with the key both hospitals' releases rebuild."""
+    params, q = public.params, public.params.ciphertext_modulus
+    a = public_polynomials(params, run="audit", round_number=round_number)
+    keys, uploads = [], []
+    for share in shares:
+        slots = np.zeros(params.chunk_count * params.poly_modulus_degree, dtype=np.int64)
+        digits = params.digits.to_slots(share)
+        slots[: digits.size] = digits
+        keys.append(OneTimeKey(public, threshold=2, parties=2))
+        uploads.append(unpack_ring(public, keys[-1].encrypt(slots, a), "upload"))
+    releases = {x: release_of_shares([key.dealing.shares[x - 1] for key in keys], q).share for x in (1, 2)}
+    slots = decrypt_sum(public, sum_uploads(public, uploads), rebuild(releases, 2, q), a)
+    return params.digits.from_slots(slots[: params.digits.slots_for(params.vector_length)], params.vector_length)
 
 
 def _epsilon_lower_bound(inside: np.ndarray, outside: np.ndarray, *, delta: float, failure: float = FAILURE) -> float:

@@ -3,7 +3,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from crypto.bfv import PublicContext, upload_bytes
+from crypto.bfv import PublicContext
+from crypto.one_time_keys import key_share_bytes
 from crypto.bfv_parameters import ParameterError, _decryption_error_bound, select_bfv_parameters
 from crypto.primes import is_prime
 
@@ -77,7 +78,7 @@ def test_fewer_contributors_never_cost_more_bytes():
     sizes = []
     for k in (1, 3, 10, 30, 100, 300):
         params = select_bfv_parameters(max_contributors=k, vector_length=4000, sum_bound=2000 * k)
-        sizes.append(params.chunk_count * upload_bytes(params))
+        sizes.append(params.chunk_count * key_share_bytes(params))
     assert sizes == sorted(sizes)
 
 

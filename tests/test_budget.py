@@ -33,7 +33,7 @@ def _run(federation, out, rounds, budgets):
                 "--name",
                 name,
                 "--parts",
-                "2",
+                "3",
                 "--part",
                 index,
                 "--epsilon-budget",
@@ -58,8 +58,8 @@ def _run(federation, out, rounds, budgets):
 
 def test_a_restart_keeps_the_ledger_and_the_budget_binds_on_the_worst_view(tmp_path):
     federation = tmp_path / "federation"
-    local_federation(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
-    _run(federation, tmp_path / "run1", 2, {"hospital-1": "10", "hospital-2": "10"})
+    local_federation(federation, hospitals=3, address=f"tcp://127.0.0.1:{free_port()}")
+    _run(federation, tmp_path / "run1", 2, {"hospital-1": "10", "hospital-2": "10", "hospital-3": "10"})
     first = party_ledger(federation / "hospital-1")
     assert first.steps == 2
     spent = first.epsilon(1e-5)
@@ -67,13 +67,15 @@ def test_a_restart_keeps_the_ledger_and_the_budget_binds_on_the_worst_view(tmp_p
     # A new run: one more round would keep the server's view within hospital-1's budget, but not a
     # fellow hospital's (it knows its own noise share), so hospital-1 withdraws before sending.
     dimension = sum(p.numel() for p in build_model(ModelSpec("mlp", (30,), 2, (4,))).parameters())
-    mechanism = SkellamMechanism.calibrate(dimension=dimension, max_grad_norm=1.0, noise_multiplier=1.0, quorum=2)
-    third = release_of(mechanism, sample_rate=0.1, contributors=2)
+    mechanism = SkellamMechanism.calibrate(dimension=dimension, max_grad_norm=1.0, noise_multiplier=1.0, quorum=3)
+    third = release_of(mechanism, sample_rate=0.1, contributors=3)
     server_view, peer_view = (first.epsilon(1e-5, view=v, extra=third) for v in ("server", "peer_hospital"))
     budget = (server_view + peer_view) / 2
-    outputs = _run(federation, tmp_path / "run2", 5, {"hospital-1": f"{budget:.6f}", "hospital-2": "10"})
+    outputs = _run(
+        federation, tmp_path / "run2", 5, {"hospital-1": f"{budget:.6f}", "hospital-2": "10", "hospital-3": "10"}
+    )
     assert "epsilon against the peer hospital" in outputs["hospital-1"]
     after = party_ledger(federation / "hospital-1")
     assert after.steps == 2 and after.epsilon(1e-5) == pytest.approx(spent)
-    # hospital-2 contributed to the aborted round: its charge stays (a crash or abort can only over-count).
-    assert party_ledger(federation / "hospital-2").steps == 3
+    # The others contributed to the aborted round: their charges stay (a crash or abort can only over-count).
+    assert party_ledger(federation / "hospital-2").steps == party_ledger(federation / "hospital-3").steps == 3

@@ -81,7 +81,7 @@ def test_a_launched_process_reports_a_mistake_in_one_line(tmp_path):
 
 def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
     federation = tmp_path / "federation"
-    roster = local_federation(federation, hospitals=2, address="tcp://127.0.0.1:5999")
+    roster = local_federation(federation, hospitals=3, address="tcp://127.0.0.1:5999")
     confirmed = ["--federation", federation, "--roster-fingerprint", roster.fingerprint]
     hospital = [*confirmed, "--name", "hospital-1"]
     server = [*confirmed, "--out", tmp_path / "out", "--expected-batch-size", "5"]
@@ -92,7 +92,7 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
     torn.mkdir()
     (torn / "checkpoint.json").write_text('{"format": "consilium-server-checkpoint", "version": 1, "config"')
     secure = tmp_path / "secure"  # a checkpointed run with secure aggregation, before its first round
-    config = small_run_config(roster, quorum=2, rounds=3)
+    config = small_run_config(roster, quorum=3, rounds=3)
     model = get_flat_parameters(build_model(config.model)).tobytes()
     Checkpoint(config.to_dict(), model, model, bytes(len(model)), 0, list(config.hospitals), [], {}, []).save(secure)
     damaged = {}  # checkpoints a disk or a hand damaged: each resume refused in one line
@@ -139,7 +139,8 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
         ),
         (("server", *server, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("server", *server, "--model", "cnn"), "the CNN needs"),
-        (("server", *server, "--quorum", "3"), "exceeds the 2 hospitals"),
+        (("server", *server, "--quorum", "4"), "exceeds the 3 hospitals"),
+        (("server", *server, "--quorum", "2"), "the quorum must be at least the threshold plus one (3)"),
         (
             ("provision", "--out", federation, "--address", "tcp://h:1", federation / "server" / "server.public.toml"),
             "already holds a roster",
@@ -286,7 +287,7 @@ def test_adaptive_clipping_flags_reach_the_run_s_settings():
     resolve_run_arguments(args, FEDERATION_METHODS)
     data = load_dataset("breast_cancer")
     resolve_data_defaults(args, data.input_shape)
-    training = build_run_config(args, ("hospital-1", "hospital-2"), data).training
+    training = build_run_config(args, ("hospital-1", "hospital-2", "hospital-3"), data).training
     assert (training.clip_rule, training.target_quantile, training.clip_learning_rate) == ("adaptive", 0.7, 0.3)
     assert training.round_state() == {"max_update_norm": 0.5}  # --max-update-norm's default, the first round's C
 

@@ -36,7 +36,7 @@ def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spen
         "--out",
         str(tmp_path / "cmp"),
         "--hospitals",
-        "2",
+        "3",
         "--seeds",
         "1",
         "--epsilons",
@@ -92,7 +92,7 @@ def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spen
 
 
 def test_the_learning_rate_reaches_dopamine_and_the_dp_baselines(medmnist_format, tmp_path):
-    argv = ["--data", str(medmnist_format), "--out", str(tmp_path), "--hospitals", "2", "--seeds", "1"]
+    argv = ["--data", str(medmnist_format), "--out", str(tmp_path), "--hospitals", "3", "--seeds", "1"]
     argv += ["--epsilons", "4", "--rounds", "10", "--model", "mlp", "--methods", "dopamine,central-dp,fedavg-local-dp"]
     # the default written out, so that a run folder made under another default is never reused as this one's
     for extra, expected in (([], 0.05), (["--lr", "0.2"], 0.2)):

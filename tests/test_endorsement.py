@@ -1,56 +1,33 @@
 import numpy as np
-import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from crypto.endorsement import EndorsementError, aggregate_statement, check_endorsements, endorse
+from crypto.endorsement import one_time_statement
 
-KEYS = {name: Ed25519PrivateKey.generate() for name in ("hospital-1", "hospital-2", "hospital-3")}
-PUBLIC = {name: key.public_key() for name, key in KEYS.items()}
 BASE = dict(
     run="0123abcd:00ff",
     round_number=4,
     contributors=("hospital-1", "hospital-2"),
-    chunks=(b"c0", b"c1"),
+    upload_digests=(b"a" * 32, b"b" * 32),
+    sum_digest=b"s" * 32,
     round_state={},
+    box_keys_digest=b"k" * 32,
+    previous_result=b"p" * 32,
 )
 
 
-def _signed(statement, names):
-    return {name: endorse(statement, KEYS[name]) for name in names}
-
-
-def test_a_statement_binds_the_run_the_round_the_list_every_byte_of_the_aggregate_and_the_round_state():
+def test_a_statement_binds_the_run_the_round_the_set_every_upload_the_sum_the_keys_the_past_and_the_round_state():
     variants = [
         dict(run="0123abcd:00fe"),
         dict(round_number=5),
         dict(contributors=("hospital-2", "hospital-1")),
-        dict(contributors=("hospital-1", "hospital-2", "hospital-3")),
-        dict(chunks=(b"c0", b"c2")),
-        dict(chunks=(b"c0c", b"1")),  # the same bytes split differently
-        dict(contributors=("hospital-1hospital-2",)),
+        dict(contributors=("hospital-1hospital-2",), upload_digests=(b"a" * 32,)),
+        dict(upload_digests=(b"a" * 32, b"c" * 32)),
+        dict(upload_digests=(b"a" * 31, b"a" + b"b" * 32)),  # the same bytes split differently
+        dict(sum_digest=b"t" * 32),
+        dict(box_keys_digest=b"l" * 32),
+        dict(previous_result=b"q" * 32),
         dict(round_state={"subclients": 3}),  # contributors that trained with different v
-        dict(round_state={"subclients": 4}),
         dict(round_state={"subclients": 4, "max_update_norm": 0.5}),  # ... or a different clipping bound
         dict(round_state={"subclients": 4, "max_update_norm": float(np.nextafter(np.float32(0.5), np.float32(1)))}),
-        dict(round_state={"subclients": 4, "max_update_norm": 0.25}),
     ]
-    statements = {aggregate_statement(**{**BASE, **change}) for change in variants}
-    assert len(statements) == len(variants) and aggregate_statement(**BASE) not in statements
-
-
-def test_only_every_contributors_signature_on_this_statement_is_accepted():
-    statement = aggregate_statement(**BASE)
-    contributors = {name: PUBLIC[name] for name in BASE["contributors"]}
-    check_endorsements(statement, _signed(statement, contributors), contributors)
-    other = aggregate_statement(**{**BASE, "round_number": 5})
-    bad = [
-        _signed(statement, ["hospital-1"]),  # one missing
-        {**_signed(statement, contributors), **_signed(statement, ["hospital-3"])},  # a stranger's too
-        _signed(other, contributors),  # another aggregate's
-        {"hospital-1": endorse(statement, KEYS["hospital-1"]), "hospital-2": endorse(statement, KEYS["hospital-3"])},
-        {"hospital-1": endorse(statement, KEYS["hospital-1"]), "hospital-2": b"\x00" * 64},
-        {"hospital-1": endorse(statement, KEYS["hospital-1"]), "hospital-2": b"short"},
-    ]
-    for signatures in bad:
-        with pytest.raises(EndorsementError):
-            check_endorsements(statement, signatures, contributors)
+    statements = {one_time_statement(**{**BASE, **change}) for change in variants}
+    assert len(statements) == len(variants) and one_time_statement(**BASE) not in statements

@@ -122,7 +122,7 @@ def test_thousands_of_idle_and_slow_connections_cost_the_run_nothing(tmp_path):
         )
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process holds the flood
     federation = tmp_path / "federation"
-    roster = local_federation(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
+    roster = local_federation(federation, hospitals=3, address=f"tcp://127.0.0.1:{free_port()}")
     host, port = roster.server_address.removeprefix("tcp://").rsplit(":", 1)
     log = tmp_path / "server.log"
     with log.open("w") as handle:
@@ -160,7 +160,7 @@ def test_thousands_of_idle_and_slow_connections_cost_the_run_nothing(tmp_path):
                     "--name",
                     name,
                     "--parts",
-                    "2",
+                    "3",
                     "--part",
                     index,
                     "--timeout",
@@ -195,7 +195,7 @@ def test_a_checkpoint_the_disk_refuses_ends_the_run_with_its_report_before_any_r
     """Every write of the checkpoint fails, as on a full disk: a round never starts before its number
     is on disk, so the run stops, in one line, and still writes its report."""
     federation = tmp_path / "federation"
-    roster = local_federation(federation, hospitals=2, address=f"tcp://127.0.0.1:{free_port()}")
+    roster = local_federation(federation, hospitals=3, address=f"tcp://127.0.0.1:{free_port()}")
     out = tmp_path / "out"
     (out / "checkpoint.json.tmp").mkdir(parents=True)  # where the checkpoint is written first: nothing can be
     server = subprocess.Popen(
@@ -208,7 +208,7 @@ def test_a_checkpoint_the_disk_refuses_ends_the_run_with_its_report_before_any_r
     hospitals = [
         subprocess.Popen(
             launcher(
-                "hospital", *confirmed(federation), "--name", name, "--parts", "2", "--part", index, "--timeout", "60"
+                "hospital", *confirmed(federation), "--name", name, "--parts", "3", "--part", index, "--timeout", "60"
             ),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -10,21 +10,22 @@ from protocol.messages import (
     TO_VOTING_SERVER,
     Aggregate,
     Ballot,
+    BoxKey,
+    Confirmed,
     Endorsement,
     Endorsements,
     Finish,
     Hello,
-    KeyReady,
-    KeyRequest,
-    KeySetup,
     Labels,
-    MeanRequest,
     MessageError,
-    Released,
+    Proof,
+    Proofs,
+    Refused,
+    Release,
+    Releases,
     RoundAbort,
     RoundStart,
     RunKey,
-    SealedKey,
     Shares,
     TallyFailed,
     Update,
@@ -41,27 +42,36 @@ from protocol.messages import (
 LIMIT = 1 << 20
 SAMPLES = [
     Hello(),
-    KeySetup(sealed_keys={"hospital-2": b"box"}),
-    KeyReady(),
-    Update(round=3, chunks=(b"a", b"b")),
+    BoxKey(round=1, certified_key=b"k" * 96),
+    Update(round=3, chunks=(b"a", b"b"), boxes={"hospital-2": b"box"}, next_box_key=b"k" * 96),
     Withdraw(round=3, reason="budget"),
-    Released(round=3, digest=b"d" * 32, mean_gradient=b""),
     Welcome(
         config={"run_id": "abc", "nested": {"x": [1, 2.5]}},
         initial_parameters=b"\x00" * 8,
         parameters=b"\x01" * 8,
         optimizer_state=b"\x02" * 8,
-        generate_key=True,
+        next_round=1,
     ),
-    KeyRequest(run_keys={"hospital-2": b"k" * 96}),
     RunKey(certified_key=b"k" * 96),
-    SealedKey(box=b"box", sealer="hospital-2"),
-    RoundStart(round=1),
-    Aggregate(round=1, contributors=("hospital-1", "hospital-2"), chunks=(b"c",)),
-    Endorsement(round=1, signature=b"s" * 64),
-    Endorsements(round=1, signatures={"hospital-1": b"s" * 64, "hospital-2": b"t" * 64}),
+    RoundStart(round=1, box_keys={"hospital-1": b"k" * 96}),
+    Aggregate(
+        round=1,
+        contributors=("hospital-1", "hospital-2"),
+        chunks=(b"c",),
+        digests={"hospital-1": b"d" * 32},
+        boxes={"hospital-1": b"b"},
+    ),
+    Endorsement(round=1, hashes=(1, 2**60), commitment=b"c" * 32, signature=b"s" * 64),
+    Endorsements(
+        round=1, hashes={"hospital-1": (1, 2)}, commitments={"hospital-1": b"c"}, signatures={"hospital-1": b"s"}
+    ),
+    Proof(round=1, seed=b"s" * 32, proof=((1, 2), (3, 4)), signature=b"s" * 64),
+    Proofs(round=1, seeds={"hospital-1": b"s"}, proofs={"hospital-1": ((1,),)}, signatures={"hospital-1": b"s"}),
+    Release(round=1, share=b"z" * 40, masks=(5, 6), signature=b"s" * 64),
+    Releases(round=1, shares={"hospital-1": b"z"}, masks={"hospital-1": (5,)}, signatures={"hospital-1": b"s"}),
+    Confirmed(round=3, digest=b"d" * 32),
+    Refused(round=3, reason="no", named=("server",), openings={"hospital-2": b"k" * 32}),
     RoundAbort(round=1, reason="quorum"),
-    MeanRequest(round=1),
     Finish(reason="done"),
     VotingWelcome(config={"run_id": "ab"}, feature_map=b"", tallier_keys={"tallier-1": b"k" * 96}),
     VoteRequest(round=1, queries=b"\x00" * 16),
@@ -85,7 +95,7 @@ def test_each_role_refuses_the_other_method_s_messages():
     with pytest.raises(MessageError, match="unexpected message type"):
         decode(encode(Ballot(round=1, boxes={})), accept=TO_SERVER, max_bytes=LIMIT)
     with pytest.raises(MessageError, match="unexpected message type"):
-        decode(encode(RoundStart(round=1)), accept=TO_TALLIER, max_bytes=LIMIT)
+        decode(encode(RoundStart(round=1, box_keys={})), accept=TO_TALLIER, max_bytes=LIMIT)
 
 
 def _raw(**body):
@@ -97,27 +107,32 @@ def _raw(**body):
     [
         (b"\xc1garbage", "not a msgpack"),
         (b"\x92\x01", "not a msgpack"),
-        (_raw(v=1, type="update", round=1, chunks=[b"a"]) + b"\x00", "not a msgpack"),
+        (_raw(v=2, type="withdraw", round=1, reason="x") + b"\x00", "not a msgpack"),
         (msgpack.packb([1, 2]), "must be a map"),
-        (_raw(v=2, type="hello"), "unsupported protocol version"),
+        (_raw(v=1, type="hello"), "unsupported protocol version"),
         (_raw(type="hello"), "unsupported protocol version"),
-        (_raw(v=1, type="launch_missiles"), "unexpected message type"),
-        (_raw(v=1, type="aggregate", round=1, contributors=[], chunks=[]), "unexpected message type"),
-        (_raw(v=1, type="update", round=1), "expected fields"),
-        (_raw(v=1, type="update", round=1, chunks=[b"a"], sender="hospital-2"), "expected fields"),
-        (_raw(v=1, type="update", round=-1, chunks=[b"a"]), "non-negative integer"),
-        (_raw(v=1, type="update", round=True, chunks=[b"a"]), "non-negative integer"),
-        (_raw(v=1, type="update", round="1", chunks=[b"a"]), "non-negative integer"),
-        (_raw(v=1, type="update", round=1, chunks=b"a"), "must be a list"),
-        (_raw(v=1, type="update", round=1, chunks=["text"]), "must be bytes"),
-        (_raw(v=1, type="key_setup", sealed_keys={"h": "text"}), "must be bytes"),
+        (_raw(v=2, type="launch_missiles"), "unexpected message type"),
+        (
+            _raw(v=2, type="aggregate", round=1, contributors=[], chunks=[], digests={}, boxes={}),
+            "unexpected message type",
+        ),
+        (_raw(v=2, type="withdraw", round=1), "expected fields"),
+        (_raw(v=2, type="withdraw", round=1, reason="x", sender="hospital-2"), "expected fields"),
+        (_raw(v=2, type="withdraw", round=-1, reason="x"), "non-negative integer"),
+        (_raw(v=2, type="withdraw", round=True, reason="x"), "non-negative integer"),
+        (_raw(v=2, type="withdraw", round="1", reason="x"), "non-negative integer"),
+        (_raw(v=2, type="update", round=1, chunks=b"a", boxes={}, next_box_key=b""), "must be a list"),
+        (_raw(v=2, type="update", round=1, chunks=["text"], boxes={}, next_box_key=b""), "must be bytes"),
+        (_raw(v=2, type="update", round=1, chunks=[], boxes={"h": "text"}, next_box_key=b""), "must be bytes"),
+        (_raw(v=2, type="endorsement", round=1, hashes=[-1], commitment=b"", signature=b""), "non-negative integer"),
+        (_raw(v=2, type="proof", round=1, seed=b"", proof=[1], signature=b""), "must be a list"),
         (msgpack.packb({1: 2}), "not a msgpack"),
-        (_raw(v=1, type=["update"]), "unexpected message type"),
-        (_raw(v=1, type="withdraw", round=1, reason="done\nWARNING forged log line"), "printable characters"),
-        (_raw(v=1, type="withdraw", round=1, reason="x" * 501), "printable characters"),
-        (msgpack.packb({"v": 1, "type": "hello", b"type": b"x"}, use_bin_type=True), "field names must be strings"),
+        (_raw(v=2, type=["update"]), "unexpected message type"),
+        (_raw(v=2, type="withdraw", round=1, reason="done\nWARNING forged log line"), "printable characters"),
+        (_raw(v=2, type="withdraw", round=1, reason="x" * 501), "printable characters"),
+        (msgpack.packb({"v": 2, "type": "hello", b"type": b"x"}, use_bin_type=True), "field names must be strings"),
         (_raw(v=True, type="hello"), "unsupported protocol version"),
-        (_raw(v=1.0, type="hello"), "unsupported protocol version"),
+        (_raw(v=2.0, type="hello"), "unsupported protocol version"),
         (b"\x00" * (LIMIT + 1), "exceeds the limit"),
     ],
 )
@@ -136,9 +151,9 @@ def test_a_message_of_millions_of_tiny_objects_is_refused_before_they_are_all_ma
 
 @pytest.mark.parametrize("flag", [1, 0, "true", None])
 def test_a_boolean_is_only_a_boolean(flag):
-    welcome = dict(config={}, initial_parameters=b"", parameters=b"", optimizer_state=b"", generate_key=flag)
+    failed = dict(round=1, reason="x", tampered=[], interrupted=flag)
     with pytest.raises(MessageError, match="must be a boolean"):
-        decode(_raw(v=1, type="welcome", **welcome), accept=TO_HOSPITAL, max_bytes=LIMIT)
+        decode(_raw(v=2, type="tally_failed", **failed), accept=TO_VOTING_SERVER, max_bytes=LIMIT)
 
 
 @pytest.mark.parametrize("payload", [b"\x00" * 7, b"\x00" * 12, b"\x00\x00\xc0\x7f" + b"\x00" * 4])

@@ -56,14 +56,15 @@ def test_the_sum_decrypts_exactly_from_any_threshold_of_releases(context):
         np.testing.assert_array_equal(_decrypted(context, total, key, public), sum(values))
 
 
-def test_an_upload_is_c0_alone_and_smaller_than_a_seeded_ciphertext(context):
-    from crypto.bfv import upload_bytes
-
+def test_an_upload_is_c0_alone(context):
+    """One polynomial of ``ceil(log2 q)`` bits a coefficient for each ciphertext: ``a`` never travels."""
     public = otk.public_polynomials(context.params, run="run-a", round_number=1)
     key = otk.OneTimeKey(context, threshold=2, parties=3)
     upload = key.encrypt(_slots(context, np.zeros(LENGTH, dtype=np.int64)), public)
-    assert len(upload) == context.params.chunk_count
-    assert all(len(chunk) == otk.key_share_bytes(context.params) < upload_bytes(context.params) for chunk in upload)
+    size = context.params.poly_modulus_degree * context.params.ciphertext_modulus.bit_length() // 8
+    assert len(upload) == context.params.chunk_count and all(
+        len(chunk) == otk.key_share_bytes(context.params) == size for chunk in upload
+    )
 
 
 def test_a_key_encrypts_one_upload(context):

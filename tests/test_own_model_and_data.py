@@ -75,7 +75,7 @@ def test_a_model_in_a_file_of_one_s_own_trains_on_an_image_folder_through_a_real
     model = own_resnet(tmp_path / "elsewhere")
     data = image_folder(tmp_path / "images")
     out = tmp_path / "run"
-    argv = ["--data", data, "--model", f"{model}:build", "--hospitals", "2", "--rounds", "3", "--out", out]
+    argv = ["--data", data, "--model", f"{model}:build", "--hospitals", "3", "--rounds", "3", "--out", out]
     result = run_launcher("federation", *argv)
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "report.json").read_text())
@@ -89,7 +89,11 @@ def test_a_model_in_a_file_of_one_s_own_trains_on_an_image_folder_through_a_real
         p.numel() for p in build_model(describe_model(f"{model}:build", (1, 8, 8), 3)).parameters()
     )
     assert [r["status"] for r in report["rounds"]] == ["released"] * 3
-    for name in ("hospital-1", "hospital-2"):  # each loaded its own copy of the code, named on its own command line
+    for name in (
+        "hospital-1",
+        "hospital-2",
+        "hospital-3",
+    ):  # each loaded its own copy of the code, named on its own command line
         assert "Traceback" not in (out / "logs" / f"{name}.log").read_text()
 
 

@@ -1,4 +1,5 @@
-"""Restarts, as they happen: a server killed mid-run resumes, a hospital killed mid-run rejoins.
+"""Restarts, as they happen: a server killed mid-run resumes, a hospital killed mid-run rejoins, and
+every hospital killed at once comes back and the run goes on (no key outlives its round).
 
 Real server and hospital processes; SIGKILL, so nothing gets to clean up. Each step waits for
 something a process printed, never for a guess at timing.
@@ -83,8 +84,8 @@ def test_a_server_killed_mid_run_resumes_and_no_hospitals_epsilon_goes_down(tmp_
 
 
 def test_a_hospital_killed_mid_run_rejoins_with_its_ledger_continuous(tmp_path):
-    """hospital-1, the key holder, is killed and started again: another hospital seals it the key."""
-    server, hospitals = _federation(tmp_path, quorum=2, send_offset="0")
+    """hospital-1 is killed and started again: it makes a box key for the next round, and that is all it needs."""
+    server, hospitals = _federation(tmp_path, quorum=3, send_offset="0")
     first, *others = hospitals
     try:
         server.wait_for_log(_round_line(2))
@@ -117,3 +118,33 @@ def test_a_hospital_killed_mid_run_rejoins_with_its_ledger_continuous(tmp_path):
     metrics = json.loads((first.state / f"metrics-{run_id}.json").read_text())
     recorded = [r["round"] for r in metrics["rounds"]]
     assert metrics["joins"] == 1 and recorded == [r["round"] for r in after_join]  # the killed process wrote none
+
+
+def test_every_hospital_killed_at_once_comes_back_and_the_run_reaches_its_last_round(tmp_path):
+    """No key lives longer than its round, so nothing is lost when every hospital restarts: the round
+    in flight is aborted, each rejoins with a box key for the next, and every later round is released."""
+    server, hospitals = _federation(tmp_path, quorum=3, send_offset="0")
+    try:
+        server.wait_for_log(_round_line(2))
+        for hospital in hospitals:
+            hospital.kill()  # SIGKILL, all three
+        charged_before = {hospital.name: _charged_rounds(hospital) for hospital in hospitals}
+        for hospital in hospitals:
+            hospital.start_again()
+        report = _finish(server, hospitals)
+    finally:
+        for process in (server, *hospitals):
+            process.kill()
+
+    rounds = report["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
+    assert {join["hospital"] for join in report["joins"]} == {h.name for h in hospitals}
+    back = max(join["before_round"] for join in report["joins"])
+    after = [r for r in rounds if r["round"] >= back]
+    assert after and all(r["status"] == "released" and len(r["contributors"]) == 3 for r in after)
+    assert rounds[-1]["status"] == "released"
+    for hospital in hospitals:
+        charged = _charged_rounds(hospital)
+        before = charged_before[hospital.name]
+        assert charged[: len(before)] == before and charged == sorted(set(charged))  # no round charged twice
+        assert (hospital.state / "privacy_ledger.jsonl").read_text().count('"fingerprint"') == 1

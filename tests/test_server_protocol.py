@@ -8,24 +8,19 @@ import numpy as np
 import pytest
 import zmq
 
-from crypto.bfv import SecretContext
-from crypto.bfv_parameters import select_bfv_parameters
 from protocol.messages import (
     Aggregate,
     Endorsement,
     Endorsements,
     Finish,
     Hello,
-    KeyReady,
-    KeySetup,
-    MeanRequest,
-    Released,
+    Proofs,
     RoundAbort,
     RoundStart,
+    Releases,
     Update,
     Withdraw,
     encode,
-    release_digest,
 )
 from protocol.party_keys import CurveKeyPair
 from protocol.transport import ClientTransport
@@ -42,71 +37,99 @@ def server(request, tmp_path):
     process.close()
 
 
-@pytest.mark.parametrize("server", [(2, "--rounds", "2", "--round-timeout", "30")], indirect=True)
+def _join(hospitals) -> None:
+    for hospital in hospitals:
+        hospital.send(Hello())
+    for hospital in hospitals:
+        hospital.welcome()
+
+
+def _uploads(hospitals, round_number: int) -> dict:
+    """Each hospital's honest update for the round the server starts (not sent), and its values."""
+    updates, values = {}, {}
+    for seed, hospital in enumerate(hospitals, start=1):
+        start = hospital.expect(RoundStart)
+        assert start.round == round_number
+        values[hospital.name] = hospital.random_update(seed)
+        updates[hospital.name] = hospital.upload(start, values[hospital.name])
+    return updates, values
+
+
+def _rest_of_round(hospitals) -> dict:
+    """After the uploads: endorse, prove, release and open, each hospital honestly; returns the sums opened."""
+    aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
+    for hospital in hospitals:
+        hospital.send(hospital.endorse(aggregates[hospital.name]))
+    endorsements = {h.name: h.expect(Endorsements) for h in hospitals}
+    for hospital in hospitals:
+        hospital.send(hospital.prove(endorsements[hospital.name]))
+    proofs = {h.name: h.expect(Proofs) for h in hospitals}
+    for hospital in hospitals:
+        hospital.send(hospital.release(proofs[hospital.name]))
+    releases = {h.name: h.expect(Releases) for h in hospitals}
+    for hospital in hospitals:
+        hospital.send(hospital.confirm(releases[hospital.name]))
+    return {h.name: h.opened[releases[h.name].round] for h in hospitals}
+
+
+@pytest.mark.parametrize("server", [(3, "--rounds", "2", "--round-timeout", "30")], indirect=True)
 def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
-    h1, h2 = ScriptedHospital(server, "hospital-1"), ScriptedHospital(server, "hospital-2")
+    h1, h2, h3 = (ScriptedHospital(server, f"hospital-{i}") for i in (1, 2, 3))
     h1.send_raw(b"\xc1 not msgpack")  # rejected 1
     h2.send(Hello())
     h2.send(Hello())  # rejected 2: joined already
-    # Only then may hospital-1 join: the join phase must still be open when the repeat arrives.
+    # Only then may the others join: the join phase must still be open when the repeat arrives.
     server.wait_for_log("already joined")
-    h1.send(Hello())
+    for hospital in (h1, h3):
+        hospital.send(Hello())
     config = h1.welcome()
     h2.welcome()
-    assert config.hospitals == ("hospital-1", "hospital-2") and config.key_holder == "hospital-1"
-    h2.send_run_key()
+    h3.welcome()
+    assert config.hospitals == ("hospital-1", "hospital-2", "hospital-3") and config.key_threshold == 2
 
-    setup = h1.key_setup()
-    h2.send(setup)  # rejected 3: not the key holder
-    h1.send(KeySetup(sealed_keys={"hospital-9": b"box"}))  # rejected 4: not the run's recipients
-    h1.send(setup)
-    h2.receive_key()
-
-    assert h1.expect(RoundStart).round == 1 and h2.expect(RoundStart).round == 1
-    x1, x2 = h1.random_update(1), h2.random_update(2)
-    good = h1.secret.encrypt_update(x1, round_number=1, hospital="hospital-1")
-    other_params = select_bfv_parameters(max_contributors=50, vector_length=len(x1), sum_bound=50_000)
-    foreign = SecretContext.generate(other_params, run_id=config.run_id).encrypt_update(
-        np.zeros(len(x1), dtype=np.int64), round_number=1, hospital="hospital-1"
-    )
-    h1.send(Update(round=2, chunks=tuple(good)))  # rejected 5: out of sequence
-    h1.send(Update(round=1, chunks=tuple(foreign)))  # rejected 6: other parameters
-    h1.send(Update(round=1, chunks=tuple(good + good)))  # rejected 7: wrong number of ciphertexts
-    h1.send_raw(b"\x00" * (config.message_limit() + 1))  # rejected 8: oversized
-    h1.send_raw(msgpack.packb({"v": 1, "type": "update", "round": 1, "chunks": good, "sender": "hospital-2"}))  # 9
+    updates, values = _uploads((h1, h2, h3), 1)
+    good = updates["hospital-1"]
+    h1.send(Update(round=2, chunks=good.chunks, boxes=good.boxes, next_box_key=good.next_box_key))  # rejected 3
+    h1.send(Update(round=1, chunks=good.chunks + good.chunks, boxes=good.boxes, next_box_key=b""))  # 4: twice as many
+    h1.send(Update(round=1, chunks=good.chunks, boxes={"hospital-1": b"box"}, next_box_key=b""))  # 5: shares missing
+    h1.send_raw(b"\x00" * (config.message_limit() + 1))  # rejected 6: oversized
+    h1.send_raw(msgpack.packb({"v": 2, "type": "update", "round": 1, "chunks": list(good.chunks), "sender": "x"}))  # 7
     intruder = ClientTransport(
         server.roster.server_address, server.roster.server.curve_public, CurveKeyPair(*zmq.curve_keypair()), 1 << 24
     )
-    intruder.send(encode(Update(round=1, chunks=tuple(good))))  # refused at the handshake: never counted
-    h1.send(Update(round=1, chunks=tuple(good)))
-    h1.send(Update(round=1, chunks=tuple(good)))  # rejected 10: a replay
-    h2.send(Update(round=1, chunks=tuple(h2.secret.encrypt_update(x2, round_number=1, hospital="hospital-2"))))
+    intruder.send(encode(good))  # refused at the handshake: never counted
+    h1.send(good)
+    h1.send(good)  # rejected 8: a replay
+    h2.send(updates["hospital-2"])
+    h3.send(updates["hospital-3"])
 
-    aggregate = h1.expect(Aggregate)
-    assert h2.expect(Aggregate) == aggregate
-    assert aggregate.contributors == ("hospital-1", "hospital-2")
-    total = h1.secret.decrypt_sum(aggregate.chunks, round_number=1, contributors=aggregate.contributors)
-    assert np.array_equal(total, x1 + x2)
-    h1.endorse(aggregate)
-    h1.endorse(aggregate)  # rejected 11: a second endorsement
-    server.wait_for_log("second endorsement")  # before hospital-2's endorsement can close the collection
-    h2.send(Endorsement(round=1, signature=b"\x00" * 64))  # rejected 12: not hospital-2's signature
-    h2.endorse(aggregate)
-    assert set(h1.expect(Endorsements).signatures) == {"hospital-1", "hospital-2"}
-    h2.expect(Endorsements)
-    mean = (total / 2).astype("<f4").tobytes()
-    poisoned = np.full(len(x1), np.nan, dtype="<f4").tobytes()
-    h1.send(Released(round=1, digest=release_digest(1, poisoned), mean_gradient=poisoned))  # rejected 13: NaN
-    h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
-    h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))  # rejected 14: repeated
-    h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=b""))
+    aggregates = {h.name: h.expect(Aggregate) for h in (h1, h2, h3)}
+    assert aggregates["hospital-1"].contributors == ("hospital-1", "hospital-2", "hospital-3")
+    h1.send(h1.endorse(aggregates["hospital-1"]))
+    h1.send(Endorsement(round=1, hashes=(1,), commitment=b"c" * 32, signature=b"\x00" * 64))  # 9: a second
+    server.wait_for_log("expected nothing more from hospital-1")  # before the others can close the collection
+    forged = h2.endorse(aggregates["hospital-2"])
+    h2.send(Endorsement(round=1, hashes=forged.hashes, commitment=forged.commitment, signature=b"\x00" * 64))  # 10
+    h2.send(forged)
+    h3.send(h3.endorse(aggregates["hospital-3"]))
+    endorsements = {h.name: h.expect(Endorsements) for h in (h1, h2, h3)}
+    for hospital in (h1, h2, h3):
+        hospital.send(hospital.prove(endorsements[hospital.name]))
+    proofs = {h.name: h.expect(Proofs) for h in (h1, h2, h3)}
+    for hospital in (h1, h2, h3):
+        hospital.send(hospital.release(proofs[hospital.name]))
+    releases = {h.name: h.expect(Releases) for h in (h1, h2, h3)}
+    expected = sum(values.values())
+    for hospital in (h1, h2, h3):
+        hospital.send(hospital.confirm(releases[hospital.name]))
+        assert np.array_equal(hospital.opened[1], expected)
 
-    assert h1.expect(RoundStart).round == 2 and h2.expect(RoundStart).round == 2
-    h1.send(Withdraw(round=2, reason="test over"))
-    h2.send(Withdraw(round=2, reason="test over"))
+    for hospital in (h1, h2, h3):
+        assert hospital.expect(RoundStart).round == 2
+        hospital.send(Withdraw(round=2, reason="test over"))
     report = server.finish()
     intruder.close()
-    assert report["rejected_messages"] == 14
+    assert report["rejected_messages"] == 10
     assert [r["status"] for r in report["rounds"]] == ["released", "aborted"]
     assert "fewer than the quorum" in report["finish_reason"]
     log = server.log.read_text()
@@ -115,67 +138,49 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
         "already joined",
         "exceeds the limit",
         "round 2 during round 1",
-        "upload ciphertext 0 must be",
-        "sealed keys are for",
+        "upload must have",
+        "shares sealed to",
         "unenrolled CurveZMQ key",
         "expected fields",
-        "second endorsement",
+        "expected nothing more from hospital-1",
         "hospital-2's endorsement is not its signature",
     ):
         assert reason in log, reason
     # The replay lands during the round (a second update) or after it closed (not an endorsement).
-    assert "second update" in log or "expected an endorsement of the aggregate of round 1" in log
-    assert "not 134 finite float32 values" in log
+    assert "second update" in log or "expected its endorsement for round 1" in log
     assert "Traceback" not in log
 
 
-@pytest.mark.parametrize("server", [(3, "--rounds", "3", "--quorum", "2", "--round-timeout", "4")], indirect=True)
-def test_a_vanished_hospital_is_dropped_and_a_round_below_quorum_is_never_decrypted(server):
-    hospitals = [ScriptedHospital(server, f"hospital-{i}") for i in (1, 2, 3)]
-    h1, h2, h3 = hospitals
-    for hospital in hospitals:
-        hospital.send(Hello())
-    for hospital in hospitals:
-        hospital.welcome()
-    h2.send_run_key()
-    h3.send_run_key()
-    h1.send(h1.key_setup())
-    h2.receive_key()
-    h3.receive_key()
-    for hospital in hospitals:
-        assert hospital.expect(RoundStart).round == 1
-    x1, x2 = h1.random_update(1), h2.random_update(2)
-    h1.send(Update(round=1, chunks=tuple(h1.secret.encrypt_update(x1, round_number=1, hospital="hospital-1"))))
-    h2.send(Update(round=1, chunks=tuple(h2.secret.encrypt_update(x2, round_number=1, hospital="hospital-2"))))
-    # hospital-3 says nothing: after the round deadline it is dropped and the others' sum goes ahead.
-    assert "sent no update" in h3.expect(Finish, timeout=30).reason
-    aggregate = h1.expect(Aggregate, timeout=30)
-    assert aggregate.contributors == ("hospital-1", "hospital-2")
-    total = h1.secret.decrypt_sum(aggregate.chunks, round_number=1, contributors=aggregate.contributors)
-    h1.endorse(aggregate)
-    h2.endorse(h2.expect(Aggregate))
-    h1.expect(Endorsements)
-    h2.expect(Endorsements)
-    mean = (total / 2).astype("<f4").tobytes()
-    h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
-    h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=b""))
+@pytest.mark.parametrize("server", [(5, "--rounds", "3", "--quorum", "4", "--round-timeout", "4")], indirect=True)
+def test_a_vanished_hospital_is_dropped_and_a_round_below_quorum_is_never_opened(server):
+    hospitals = [ScriptedHospital(server, f"hospital-{i}") for i in range(1, 6)]
+    present, vanished = hospitals[:4], hospitals[4]
+    _join(hospitals)
+    updates, values = _uploads(hospitals, 1)
+    for hospital in present:
+        hospital.send(updates[hospital.name])
+    # hospital-5 says nothing: after the round deadline it is dropped and the others' sum goes ahead.
+    assert "sent no update" in vanished.expect(Finish, timeout=30).reason
+    totals = _rest_of_round(present)
+    expected = sum(values[h.name] for h in present)
+    assert all(np.array_equal(total, expected) for total in totals.values())
 
-    assert h1.expect(RoundStart).round == 2 and h2.expect(RoundStart).round == 2
-    h2.send(Withdraw(round=2, reason="budget"))
-    h1.send(Update(round=2, chunks=tuple(h1.secret.encrypt_update(x1, round_number=2, hospital="hospital-1"))))
-    abort = h1.expect(RoundAbort)  # one contribution, quorum two: no aggregate is ever sent
+    starts = {hospital.name: hospital.expect(RoundStart) for hospital in present}
+    present[1].send(Withdraw(round=2, reason="budget"))
+    for seed, hospital in enumerate((present[0], present[2], present[3])):
+        hospital.send(hospital.upload(starts[hospital.name], hospital.random_update(seed)))
+    abort = present[0].expect(RoundAbort)  # three contributions, quorum four: the sum is never opened
     assert abort.round == 2 and "fewer than the quorum" in abort.reason
-    assert "fewer than the quorum" in h1.expect(Finish).reason
     report = server.finish()
     first, second = report["rounds"]
-    assert first["status"] == "released" and first["contributors"] == ["hospital-1", "hospital-2"]
+    assert first["status"] == "released" and first["contributors"] == [h.name for h in present]
     assert 0 < first["epsilon"]["server"] < first["epsilon"]["peer_hospital"]
     assert second["status"] == "aborted" and second["validation_accuracy"] is None
     for hospital in hospitals:
         hospital.close()
 
 
-@pytest.mark.parametrize("server", [(2, "--rounds", "2")], indirect=True)
+@pytest.mark.parametrize("server", [(3, "--rounds", "2")], indirect=True)
 def test_a_run_stopped_by_an_unexpected_error_says_so(server):
     """Interrupted mid-join: the report and the Finish name the interruption, not a completed run."""
     h1 = ScriptedHospital(server, "hospital-1")
@@ -192,77 +197,67 @@ def test_a_run_stopped_by_an_unexpected_error_says_so(server):
         h1.close()
 
 
-@pytest.mark.parametrize("server", [(2, "--rounds", "1", "--quorum", "1", "--join-timeout", "5")], indirect=True)
+@pytest.mark.parametrize("server", [(5, "--rounds", "1", "--quorum", "4", "--join-timeout", "5")], indirect=True)
 def test_a_flood_is_dropped_over_the_rate_and_logged_boundedly(server):
-    """6,000 junk messages from hospital-2: most dropped unread, a few log lines, and hospital-1's round is exact."""
-    h1, h2 = ScriptedHospital(server, "hospital-1"), ScriptedHospital(server, "hospital-2")
-    # hospital-1 joins first: on a loaded machine the flood can outlast the 5 s join, and a join
+    """6,000 junk messages from hospital-5: most dropped unread, a few log lines, and the others' round is exact."""
+    hospitals = [ScriptedHospital(server, f"hospital-{i}") for i in (1, 2, 3, 4, 5)]
+    flooder = hospitals[4]
+    # The others join first: on a loaded machine the flood can outlast the 5 s join, and a join
     # with nobody in it ends the run. The flooder waits as long as the server takes to drain it.
-    h1.send(Hello())
-    h2.transport._socket.setsockopt(zmq.SNDTIMEO, 120_000)
+    for hospital in hospitals[:4]:
+        hospital.send(Hello())
+    flooder.transport._socket.setsockopt(zmq.SNDTIMEO, 120_000)
     for _ in range(5000):
-        h2.send_raw(b"\xc1")
+        flooder.send_raw(b"\xc1")
     for _ in range(1000):
-        h2.transport._socket.send_multipart([b"two", b"frames"])  # never a message: dropped, not logged each
-    server.wait_for_log("dropping messages from hospital-2")
-    config = h1.welcome()  # once the join times out without hospital-2
-    assert config.hospitals == ("hospital-1",)  # it holds the key it created: nobody needs it sealed
-    assert h1.expect(RoundStart).round == 1
-    x1 = h1.random_update(1)
-    h1.send(Update(round=1, chunks=tuple(h1.secret.encrypt_update(x1, round_number=1, hospital="hospital-1"))))
-    aggregate = h1.expect(Aggregate)
-    assert np.array_equal(h1.secret.decrypt_sum(aggregate.chunks, round_number=1, contributors=["hospital-1"]), x1)
-    h1.endorse(aggregate)
-    h1.expect(Endorsements)
-    mean = x1.astype("<f4").tobytes()
-    h1.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
+        flooder.transport._socket.send_multipart([b"two", b"frames"])  # never a message: dropped, not logged each
+    server.wait_for_log("dropping messages from hospital-5")
+    for hospital in hospitals[:4]:
+        assert hospital.welcome().hospitals == (
+            "hospital-1",
+            "hospital-2",
+            "hospital-3",
+            "hospital-4",
+        )  # once the join times out
+    updates, values = _uploads(hospitals[:4], 1)
+    for hospital in hospitals[:4]:
+        hospital.send(updates[hospital.name])
+    totals = _rest_of_round(hospitals[:4])
+    assert all(np.array_equal(total, sum(values.values())) for total in totals.values())
     report = server.finish()
-    dropped = report["dropped_messages_over_rate"]["hospital-2"]
+    dropped = report["dropped_messages_over_rate"]["hospital-5"]
     assert dropped > 3000 and report["rejected_messages"] + dropped == 6000
-    lines = [line for line in server.log.read_text().splitlines() if "hospital-2" in line]
+    lines = [line for line in server.log.read_text().splitlines() if "hospital-5" in line]
     assert len(lines) < 40, len(lines)
-    for hospital in (h1, h2):
+    for hospital in hospitals:
         hospital.close()
 
 
-@pytest.mark.parametrize("server", [(2, "--rounds", "2", "--quorum", "2", "--round-timeout", "30")], indirect=True)
-def test_a_releaser_that_joins_again_is_replaced_and_the_run_goes_on(server):
-    """hospital-1, which sends the mean, says Hello again instead: hospital-2 is asked for it, then hospital-1 rejoins."""
-    h1, h2 = ScriptedHospital(server, "hospital-1"), ScriptedHospital(server, "hospital-2")
-    h1.send(Hello())
-    h2.send(Hello())
-    h1.welcome()
-    h2.welcome()
-    h2.send_run_key()
-    h1.send(h1.key_setup())
-    h2.receive_key()
-    for hospital in (h1, h2):
-        assert hospital.expect(RoundStart).round == 1
-    updates = [h.random_update(seed) for h, seed in ((h1, 1), (h2, 2))]
-    for hospital, update in zip((h1, h2), updates):
-        hospital.send(
-            Update(
-                round=1, chunks=tuple(hospital.secret.encrypt_update(update, round_number=1, hospital=hospital.name))
-            )
-        )
-    aggregates = [hospital.expect(Aggregate) for hospital in (h1, h2)]
-    for hospital, aggregate in zip((h1, h2), aggregates):
-        hospital.endorse(aggregate)
-    for hospital in (h1, h2):
+@pytest.mark.parametrize("server", [(3, "--rounds", "2", "--quorum", "3", "--round-timeout", "30")], indirect=True)
+def test_a_hospital_that_joins_again_mid_round_costs_that_round_only(server):
+    """hospital-1 says Hello again after the endorsements: the round aborts, it is welcomed again with a
+    box key for round 2, and round 2 is released with all three."""
+    hospitals = h1, h2, h3 = [ScriptedHospital(server, f"hospital-{i}") for i in (1, 2, 3)]
+    _join(hospitals)
+    updates, _ = _uploads(hospitals, 1)
+    for hospital in hospitals:
+        hospital.send(updates[hospital.name])
+    aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
+    for hospital in hospitals:
+        hospital.send(hospital.endorse(aggregates[hospital.name]))
+    for hospital in hospitals:
         hospital.expect(Endorsements)
-    mean = (updates[0] + updates[1]).astype("<f4").tobytes()  # any agreed float32 vector of the right length
-    h1.send(Hello())  # restarted before it released
-    h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=b""))
-    assert h2.expect(MeanRequest).round == 1
-    h2.send(Released(round=1, digest=release_digest(1, mean), mean_gradient=mean))
-    h1.welcome()  # welcomed again before round 2, holding the key
-    h1.send(KeyReady())
-    assert h1.expect(RoundStart).round == 2 and h2.expect(RoundStart).round == 2
-    for hospital in (h1, h2):
-        hospital.send(Withdraw(round=2, reason="done"))
+    h1.send(Hello())  # restarted before it proved anything
+    h1.welcome()
+    for hospital in (h2, h3):
+        assert hospital.expect(RoundAbort).round == 1
+    updates, values = _uploads(hospitals, 2)
+    for hospital in hospitals:
+        hospital.send(updates[hospital.name])
+    _rest_of_round(hospitals)
     report = server.finish()
-    assert [r["status"] for r in report["rounds"]] == ["released", "aborted"]
+    assert [r["status"] for r in report["rounds"]] == ["aborted", "released"]
     assert report["joins"] == [{"hospital": "hospital-1", "before_round": 2}]
     assert "Traceback" not in server.log.read_text()
-    for hospital in (h1, h2):
+    for hospital in hospitals:
         hospital.close()

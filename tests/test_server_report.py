@@ -16,8 +16,8 @@ from training.models import build_model
 def record(tmp_path, monkeypatch):
     """A run of 200 rounds selecting among every 50th, whose round r scores ``accuracy[r]`` on validation
     (and the AUC 1 - accuracy[r])."""
-    roster = local_federation(tmp_path / "federation", hospitals=2, address="tcp://127.0.0.1:5999")
-    config = small_run_config(roster, quorum=2, rounds=200)
+    roster = local_federation(tmp_path / "federation", hospitals=3, address="tcp://127.0.0.1:5999")
+    config = small_run_config(roster, quorum=3, rounds=200)
     accuracy = {r: 0.9 if r == 17 else 0.5 + 0.001 * r for r in range(1, 201)}  # round 17 the best of all
     scored = iter(range(1, 201))
 

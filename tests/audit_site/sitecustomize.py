@@ -6,10 +6,10 @@ process of a federation the tests launch with ``CONSILIUM_AUDIT_RECORD=<folder>`
 places where a hospital's secrets take their last plaintext form and appends them, pickled, to
 ``<folder>/<pid>.pickle``:
 
-- ``SecretContext.encrypt_update``: the integer update, the run's secrets (BFV key, check key), and
-  the hospital's rounded gradient sum before its noise was added, with the number of rows it sums
-  and the scale they were rounded at (``SkellamMechanism.round_examples``, called just before in the
-  same step: examples for Dopamine, sub-clients for DP-FedAvg);
+- ``HospitalRound.upload``: the integer update, the one-time key it was encrypted under (NTT form,
+  uint64), and the hospital's rounded gradient sum before its noise was added, with the number of
+  rows it sums and the scale they were rounded at (``SkellamMechanism.round_examples``, called just
+  before in the same step: examples for Dopamine, sub-clients for DP-FedAvg);
 - ``seal_ballot`` and the ``share_checked`` it calls: the noisy votes, the checked share for each
   tallier (in the order of the talliers' names) and its layout, in one entry.
 
@@ -38,8 +38,8 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     import_mpyc()  # MPyC reads its options from sys.argv when first imported: not this process's
 
-    import crypto.bfv
     import protocol.ballots
+    import protocol.one_time_round
     import protocol.voting_hospital
     import tallier.mpc_network
     import training.skellam
@@ -60,25 +60,28 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     training.skellam.SkellamMechanism.round_examples = _recorded_round_examples
 
-    _encrypt_update = crypto.bfv.SecretContext.encrypt_update
+    _upload = protocol.one_time_round.HospitalRound.upload
 
-    def _recorded_encrypt_update(self, values, *, round_number, hospital, **options):
+    def _recorded_upload(self, slots, box_keys, identities):
         gradient, rows, scale = _gradient.pop() if _gradient else ([], 0, None)
+        uploaded = _upload(self, slots, box_keys, identities)
+        params = self._setting.params
+        data = slots[: params.digits.slots_for(params.vector_length)]
         _record(
             {
                 "kind": "update",
-                "hospital": hospital,
-                "round": round_number,
-                "values": np.asarray(values, dtype=np.int64),
+                "hospital": self._name,
+                "round": self._setting.round_number,
+                "values": np.asarray(params.digits.from_slots(data, params.vector_length), dtype=np.int64),
                 "gradient": np.asarray(gradient, dtype=np.int64),
                 "rows": rows,
                 "scale": scale,
-                "secrets": self.to_bytes(),
+                "key": np.ascontiguousarray(self._key._key, dtype="<u8").tobytes(),
             }
         )
-        return _encrypt_update(self, values, round_number=round_number, hospital=hospital, **options)
+        return uploaded
 
-    crypto.bfv.SecretContext.encrypt_update = _recorded_encrypt_update
+    protocol.one_time_round.HospitalRound.upload = _recorded_upload
 
     _ballot = threading.local()  # the ballot being sealed in this thread, which share() completes
     _seal_ballot = protocol.voting_hospital.seal_ballot
