@@ -39,6 +39,7 @@ __all__ = [
     "open_box",
     "open_with_box_key",
     "seal",
+    "verify_box",
     "verify_certified_key",
 ]
 
@@ -91,10 +92,9 @@ def box_key(box: bytes, *, recipient: X25519PrivateKey) -> bytes:
     return _derive_key(shared, ephemeral_public, _raw(recipient.public_key()))
 
 
-def open_with_box_key(
-    box: bytes, *, key: bytes, recipient: X25519PublicKey, sender: Ed25519PublicKey, context: bytes
-) -> bytes:
-    """The contents of a box sealed to ``recipient`` by ``sender`` for ``context``, opened with its own key."""
+def verify_box(box: bytes, *, recipient: X25519PublicKey, sender: Ed25519PublicKey, context: bytes) -> None:
+    """``SealedBoxError`` unless ``sender`` signed this box for ``recipient`` and ``context``: what a relay
+    can check without opening it (whatever fails after this is the sender's own doing)."""
     body, signature = _parts(box)
     try:
         sender.verify(signature, _signed_message(body, context, _raw(recipient)))
@@ -103,6 +103,14 @@ def open_with_box_key(
             "sealed box signature does not verify: altered, from another sender, "
             "for another recipient or for another purpose"
         ) from None
+
+
+def open_with_box_key(
+    box: bytes, *, key: bytes, recipient: X25519PublicKey, sender: Ed25519PublicKey, context: bytes
+) -> bytes:
+    """The contents of a box sealed to ``recipient`` by ``sender`` for ``context``, opened with its own key."""
+    verify_box(box, recipient=recipient, sender=sender, context=context)
+    body = box[:-_SIGNATURE_BYTES]
     nonce = body[len(_VERSION) + _KEY_BYTES : _HEADER_BYTES]
     try:
         return ChaCha20Poly1305(key).decrypt(nonce, body[_HEADER_BYTES:], context)

@@ -40,6 +40,9 @@ AGGREGATIONS = (SECURE_AGGREGATION, INSECURE_PLAINTEXT)
 _RUN_ID = re.compile(r"^[0-9a-f]{8,64}$")
 _MESSAGE_SLACK_BYTES = 64 * 1024
 MAX_HOSPITALS = 10_000
+# The one-time round's messages grow with n^2 (every member's proof of lambda x tau values to every member)
+# and its dealing with n tau: beyond this many hospitals a run is refused (review 4, finding 5).
+MAX_SECURE_HOSPITALS = 256
 MAX_ROUNDS = 1_000_000  # round numbers travel through the voting MPC's field too
 # What a hospital accepts before it knows the run, and so ever. A Welcome carries four float32 vectors
 # of the model's size: 179 MB for a ResNet-18 of 11.2M parameters, which this is sized for.
@@ -94,6 +97,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_run(self.run_id, self.hospitals, quorum=self.training.quorum, rounds=self.rounds, delta=self.delta)
         check_aggregation(self.aggregation)
+        if self.aggregation == SECURE_AGGREGATION and len(self.hospitals) > MAX_SECURE_HOSPITALS:
+            raise ConfigError(
+                f"the secure round takes at most {MAX_SECURE_HOSPITALS} hospitals, not {len(self.hospitals)}"
+            )
         if self.aggregation == SECURE_AGGREGATION:
             try:
                 check_threshold(len(self.hospitals), self.key_threshold, self.training.quorum)
@@ -145,13 +152,17 @@ class RunConfig:
         A Welcome carries the initial and the current parameters and the update rule's state (at
         most two vectors, FedAdam's): four float32 vectors. The released mean is one."""
         params = self.bfv_parameters()
-        polynomial = key_share_bytes(params)
-        box = polynomial + 8 * challenge_count(params.ciphertext_modulus) + OVERHEAD_BYTES
-        with_shares = (params.chunk_count + 1) * polynomial + len(self.hospitals) * (box + 256)
+        polynomial, n = key_share_bytes(params), len(self.hospitals)
+        challenges = challenge_count(params.ciphertext_modulus)
+        box = polynomial + 8 * challenges + OVERHEAD_BYTES
+        with_shares = (params.chunk_count + 1) * polynomial + n * (box + 256)
+        # Every member's proof (lambda x tau values of up to 9 bytes each in msgpack), or release, relayed to all.
+        proofs = n * (9 * challenges * self.key_threshold + 256)
+        releases = n * (polynomial + 9 * challenges + 256)
         welcome = _WELCOME_VECTORS * 4 * params.vector_length + len(
             json.dumps(self.to_dict())
         )  # msgpack is no longer than JSON here
-        limit = max(with_shares, welcome) + _MESSAGE_SLACK_BYTES
+        limit = max(with_shares, proofs, releases, welcome) + _MESSAGE_SLACK_BYTES
         if limit > MAX_MESSAGE_BYTES:
             raise ConfigError(
                 f"this run's largest message would take {limit:,} bytes, over the {MAX_MESSAGE_BYTES:,} a party accepts"

@@ -44,7 +44,15 @@ from crypto.one_time_keys import (
     sum_uploads,
     unpack_ring,
 )
-from crypto.sealed_box import SealedBoxError, box_key, open_box, open_with_box_key, seal, verify_certified_key
+from crypto.sealed_box import (
+    SealedBoxError,
+    box_key,
+    open_box,
+    open_with_box_key,
+    seal,
+    verify_box,
+    verify_certified_key,
+)
 
 __all__ = [
     "Endorsed",
@@ -357,20 +365,29 @@ class HospitalRound:
         return Endorsed(hashes, commitment, self._signing.sign(_endorsement_message(statement, hashes, commitment)))
 
     def _open_share(self, dealer: str, box: bytes, digest: bytes, identity: Ed25519PublicKey) -> DealtShare:
-        """The share ``dealer`` sealed to us. A box that does not verify names the relay (the dealer's
-        signature holds over what it sent); one that verifies but holds no share names the dealer,
-        with the box's key as evidence (review 3, finding 6)."""
+        """The share ``dealer`` sealed to us. A box whose signature fails names the relay (the server
+        checks every dealer's signatures before it relays: review 4, finding 1); one that is signed
+        but does not decrypt, or holds no share, names the dealer, with the box's key (evidence that
+        convicts where the box opens to no share: ``check_opening``; review 3, finding 6)."""
         number = self._setting.round_number
         context = _box_context(self._setting, dealer, self._name, digest)
         if type(box) is not bytes:
             raise RoundRefused(f"round {number}: the share from {dealer} is not a box", named=["server"])
         try:
+            verify_box(box, recipient=self._box.public_key(), sender=identity, context=context)
+        except SealedBoxError as error:
+            raise RoundRefused(
+                f"round {number}: the share from {dealer} does not verify: {error}", named=["server"]
+            ) from None
+        self._openings[dealer] = box_key(box, recipient=self._box)
+        try:
             payload = open_box(box, recipient=self._box, sender=identity, context=context)
         except SealedBoxError as error:
             raise RoundRefused(
-                f"round {number}: the share from {dealer} does not open: {error}", named=["server"]
+                f"round {number}: {dealer} signed a share that does not open: {error}",
+                named=[dealer],
+                openings={dealer: self._openings[dealer]},
             ) from None
-        self._openings[dealer] = box_key(box, recipient=self._box)
         try:
             return _share_from(self._public, payload)
         except BfvError as error:
@@ -416,10 +433,32 @@ class SumRound:
 
     def __init__(self, setting: RoundSetting, public: PublicContext) -> None:
         self._setting, self._public = setting, public
+        self.setting, self.public = setting, public
         self._steps = _Steps(setting)
         self._uploads: dict[str, np.ndarray] = {}
         self.digests: dict[str, bytes] = {}
         self._opened = _Opened()
+
+    def box_refusal(
+        self, name: str, chunks: Sequence[bytes], boxes: Mapping[str, bytes], box_keys: Mapping[str, bytes], identities
+    ) -> str:
+        """Why the server refuses ``name``'s upload for its sealed shares (""): each must be signed by
+        ``name`` for its recipient's certified box key of this round, bound to this upload, so that a
+        box a hospital cannot open is never the relay's doing (review 4, finding 1)."""
+        setting, digest = self._setting, upload_digest(list(chunks))
+        for recipient, box in boxes.items():
+            try:
+                key = verify_certified_key(
+                    box_keys[recipient],
+                    signer=identities[recipient],
+                    context=box_key_context(setting.run, recipient, setting.round_number),
+                )
+                verify_box(
+                    box, recipient=key, sender=identities[name], context=_box_context(setting, name, recipient, digest)
+                )
+            except (SealedBoxError, KeyError, TypeError) as error:
+                return f"the share {name} sealed to {recipient} does not verify: {error}"
+        return ""
 
     def add(self, name: str, chunks: Sequence[bytes]) -> None:
         """Take ``name``'s upload (``BfvError`` if it is not one, and nothing changes)."""
@@ -459,6 +498,11 @@ class SumRound:
             return packed
 
         return self._steps.run(1, "the sum", make)
+
+    @property
+    def statement_bytes(self) -> bytes:
+        """The statement every member signs, once the sum is made."""
+        return self._opened.statement
 
     def endorsement_refusal(self, name: str, endorsed: Endorsed, identity: Ed25519PublicKey) -> str:
         """Why the server rejects one member's endorsement as it arrives (""): not its signature on this
@@ -669,22 +713,25 @@ def check_opening(
     dealer_upload: bytes,
     recipient_box_key: bytes,
     identities: Mapping[str, Ed25519PublicKey],
-    proved: Proved,
+    proved: Proved | None,
 ) -> bool:
     """Whether a recipient's opening convicts ``dealer``: its box, signed by it, to the recipient's
-    certified box key of this round, opened with ``key``, holds no share, or one off the proof the
-    dealer signed for this statement (``True``). ``False`` shows the complaint false, or unproven."""
+    certified box key of this round, opened with ``key``, holds no share, or (given the dealer's
+    signed ``proved``) one off that proof (``True``). ``False`` shows the complaint false, or
+    unproven (a box that does not decrypt under the key shown proves nothing: the key may be false)."""
     try:
         recipient_key = verify_certified_key(
             recipient_box_key,
             signer=identities[recipient],
             context=box_key_context(setting.run, recipient, setting.round_number),
         )
-        if not (
-            isinstance(proved, Proved)
-            and _well_formed_proof(setting, proved.proof)
-            and _signed(identities[dealer], proved.signature, _proof_message(statement, proved.seed, proved.proof))
-            and type(key) is bytes
+        if type(key) is not bytes or (
+            proved is not None
+            and not (
+                isinstance(proved, Proved)
+                and _well_formed_proof(setting, proved.proof)
+                and _signed(identities[dealer], proved.signature, _proof_message(statement, proved.seed, proved.proof))
+            )
         ):
             return False
         payload = open_with_box_key(
@@ -700,6 +747,8 @@ def check_opening(
         dealt = _share_from(public, payload)
     except BfvError:
         return True  # it signed a box that holds no share
+    if proved is None:
+        return False
     challenges = _challenges(setting, proved.seed)
     return not check_share(dealt, setting.party(recipient), proved.proof, challenges, threshold=setting.threshold)
 

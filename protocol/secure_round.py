@@ -33,10 +33,12 @@ def collect_updates(
     timeout_s: float,
     *,
     boxes_for: set[str],
+    check: Callable[[str, Update], str] = lambda sender, update: "",
 ) -> tuple[dict[str, Update], float]:
     """Add each active hospital's update for ``round_number`` to ``total``; returns the updates taken
     (in arrival order) and the seconds spent adding. An update must carry a sealed share for each of
-    ``boxes_for`` (the hospitals whose box keys the round started with) and no other."""
+    ``boxes_for`` (the hospitals whose box keys the round started with) and no other, and pass
+    ``check`` (which says why not, or "")."""
     parties = participants.parties
     updates: dict[str, Update] = {}
     aggregate_seconds = 0.0
@@ -57,6 +59,8 @@ def collect_updates(
             parties.reject(sender, message, f"second update for round {round_number}")
         elif set(message.boxes) != boxes_for:
             parties.reject(sender, message, f"shares sealed to {sorted(message.boxes)}, not to {sorted(boxes_for)}")
+        elif reason := check(sender, message):
+            parties.reject(sender, message, reason)
         else:
             started = time.perf_counter()
             try:

@@ -46,6 +46,7 @@ from protocol.messages import (
     Proof,
     Proofs,
     ProtocolError,
+    Refused,
     Release,
     Releases,
     RoundAbort,
@@ -57,6 +58,7 @@ from protocol.messages import (
 from protocol.one_time_round import (
     Endorsed,
     Proved,
+    check_opening,
     RoundRefused,
     SumRound,
     box_key_context,
@@ -76,7 +78,9 @@ from training.evaluation import Selection
 from training.methods import SharedState, ledger_release
 from training.models import build_model, get_flat_parameters, set_flat_parameters
 
-__all__ = ["Server"]
+__all__ = ["MAX_UNPROVEN_REFUSALS", "Server"]
+
+MAX_UNPROVEN_REFUSALS = 2  # a hospital's refusals of rounds that no evidence bears out, before it leaves the run
 
 log = logging.getLogger("consilium.server")
 
@@ -135,6 +139,7 @@ class Server:
         self._record = RunRecord(config, self._mechanism, ledger, out_dir, test, selection=self._selection)
         self._public: PublicContext | None = None
         self._box_keys: dict[str, tuple[int, bytes]] = {}  # hospital -> (round, its certified box key for it)
+        self._unproven: dict[str, int] = {}  # hospital -> its refusals that no evidence bore out
         self._run = ""  # RunConfig.fingerprint of what every hospital is welcomed with, once known
         self._rounds_started = 0
         self._resumed_from = _checkpoint
@@ -197,8 +202,9 @@ class Server:
         self._record.phase_seconds["welcome"] = time.perf_counter() - started
         quorum = self._config.training.quorum
         for round_number in range(self._rounds_started + 1, self._config.rounds + 1):
-            while participants.joining:  # also those that said Hello while others were being welcomed
-                self._admit()
+            for _ in range(2):  # and once more for those that said Hello while others were being welcomed
+                if participants.joining:
+                    self._admit()
             if len(participants.active) < quorum:
                 break
             self._run_round(round_number)
@@ -253,6 +259,11 @@ class Server:
             set(newcomers) - set(ready) - set(participants.joining)
         ):  # (one that said Hello again is welcomed again)
             participants.turn_away(name, f"sent no box key within {timeout_s:g} s")
+        # A Hello instead of a box key is a join too: it counts towards the cap, so that no hospital can
+        # keep the server welcoming it while the others wait (review 4, finding 3).
+        participants.joins += [
+            {"hospital": name, "before_round": next_round} for name in newcomers if name in participants.joining
+        ]
         participants.admit(ready, before_round=next_round)
         log.info("%d hospitals take part; the server holds parameters only", len(participants.active))
         participants.open_rounds()
@@ -297,8 +308,14 @@ class Server:
             return
         setting = self._config.round_setting(self._run, round_number, self._params) if not insecure else None
         total = SumRound(setting, self._public) if setting else InsecurePlaintextSum(self._params)
+        identities = self._identities()
+        boxes_checked = (
+            (lambda name, update: total.box_refusal(name, update.chunks, update.boxes, box_keys, identities))
+            if setting
+            else (lambda name, update: "")
+        )
         updates, record.seconds["aggregate"] = collect_updates(
-            participants, total, round_number, timeout_s, boxes_for=set(box_keys)
+            participants, total, round_number, timeout_s, boxes_for=set(box_keys), check=boxes_checked
         )
         record.update_bytes = {
             name: sum(map(len, update.chunks)) + sum(map(len, update.boxes.values()))
@@ -345,11 +362,13 @@ class Server:
                 ),
             )
         try:
+            evidence = _Evidence(total, updates, box_keys, identities)
             endorsements = self._step(
                 record,
                 Endorsement,
                 "endorse the sum",
                 lambda n, e: total.endorsement_refusal(n, Endorsed(e.hashes, e.commitment, e.signature), identities[n]),
+                evidence,
             )
             if endorsements is None:
                 return None
@@ -362,13 +381,15 @@ class Server:
                 Proof,
                 "prove their dealing",
                 lambda n, p: total.proof_refusal(n, Proved(p.seed, p.proof, p.signature), identities[n]),
+                evidence,
             )
             if proofs is None:
                 return None
             total.proved({n: Proved(p.seed, p.proof, p.signature) for n, p in proofs.items()}, identities)
+            evidence.proofs = {n: Proved(p.seed, p.proof, p.signature) for n, p in proofs.items()}
             self._send_all(members, Proofs.of(number, proofs))
             releases = self._step(
-                record, Release, "release", lambda n, r: self._release_refusal(total, n, r, identities)
+                record, Release, "release", lambda n, r: self._release_refusal(total, n, r, identities), evidence
             )
             if releases is None:
                 return None
@@ -420,9 +441,10 @@ class Server:
             )
         return mean
 
-    def _step(self, record: RoundRecord, kind, what: str, check):
+    def _step(self, record: RoundRecord, kind, what: str, check, evidence: "_Evidence"):
         """Every member's ``kind`` message of the round, each passing ``check`` as it arrives, or None
-        where one refused or fell silent (the round aborted)."""
+        where one refused or fell silent (the round aborted). A refusal's evidence is weighed
+        (``_weigh``) before the round is aborted."""
         answers, refusals = collect_from_members(
             self._participants, record.contributors, kind, record.round, self._timeouts.round_s, check
         )
@@ -432,11 +454,26 @@ class Server:
             self._abort(
                 record, f"refused by {', '.join(sorted(refusals))} ({reasons}; named: {', '.join(named) or 'nobody'})"
             )
+            self._weigh(record.round, refusals, evidence)
             return None
         if set(answers) != set(record.contributors):
             self._abort(record, f"{len(answers)} of {len(record.contributors)} contributors did {what}")
             return None
         return answers
+
+    def _weigh(self, round_number: int, refusals: dict[str, Refused], evidence: "_Evidence") -> None:
+        """Act on refusals: a dealer that an opening convicts (``protocol.one_time_round.check_opening``)
+        leaves the run. This server checked every box, endorsement, proof and release it relayed, so a
+        refusal it cannot verify is its refuser's word alone: after ``MAX_UNPROVEN_REFUSALS`` of them
+        the refuser leaves the run, so that one hospital cannot abort every round (review 4, finding 2)."""
+        for name, refusal in refusals.items():
+            convicted = [dealer for dealer, key in refusal.openings.items() if evidence.convicts(name, dealer, key)]
+            for dealer in convicted:
+                self._participants.drop(dealer, f"round {round_number}: {name}'s opening shows it dealt a wrong share")
+            if not convicted:
+                self._unproven[name] = self._unproven.get(name, 0) + 1
+                if self._unproven[name] >= MAX_UNPROVEN_REFUSALS:
+                    self._participants.drop(name, f"refused {self._unproven[name]} rounds without evidence")
 
     def _release_refusal(self, total: SumRound, name: str, message: Release, identities: dict) -> str:
         try:
@@ -572,3 +609,28 @@ def _checkpointed_config(checkpoint: Checkpoint, out_dir: Path) -> RunConfig:
         return RunConfig.from_dict(checkpoint.config)
     except ConfigError as error:
         raise CheckpointError(f"the checkpoint in {out_dir} holds an unusable configuration: {error}") from None
+
+
+class _Evidence:
+    """What the server holds to weigh a refusal's openings: the round's statement, boxes and proofs."""
+
+    def __init__(self, total: SumRound, updates: dict, box_keys: dict[str, bytes], identities: dict) -> None:
+        self._total, self._updates, self._box_keys, self._identities = total, updates, box_keys, identities
+        self.proofs: dict[str, Proved] = {}
+
+    def convicts(self, recipient: str, dealer: str, key: bytes) -> bool:
+        if dealer not in self._updates or recipient not in self._box_keys:
+            return False
+        return check_opening(
+            self._total.setting,
+            self._total.public,
+            statement=self._total.statement_bytes,
+            dealer=dealer,
+            recipient=recipient,
+            box=self._updates[dealer].boxes[recipient],
+            key=key,
+            dealer_upload=self._total.digests[dealer],
+            recipient_box_key=self._box_keys[recipient],
+            identities=self._identities,
+            proved=self.proofs.get(dealer),
+        )

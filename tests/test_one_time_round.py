@@ -196,7 +196,7 @@ def test_a_replayed_upload_or_box_or_a_box_key_of_another_round_is_refused_and_b
         new.hospitals["h1"].endorse(NAMES, replayed, new.total, new.boxes_for("h1"), new.identities, **STATE)
     assert refused.value.named == ("server",)
     boxes = dict(new.boxes_for("h2"), h1=old.boxes["h1"]["h2"])
-    with pytest.raises(RoundRefused, match="from h1 does not open") as refused:
+    with pytest.raises(RoundRefused, match="from h1 does not verify") as refused:
         new.hospitals["h2"].endorse(NAMES, new.server.digests, new.total, boxes, new.identities, **STATE)
     assert refused.value.named == ("server",)
     fresh = HospitalRound(new.setting, public, name="h1", signing=new.signing["h1"], box=new.box["h1"])
@@ -430,3 +430,35 @@ def test_thresholds_below_the_guarantee_are_refused(public, hospitals, threshold
         RoundSetting("run-x", 1, names, threshold=threshold, quorum=quorum, params=public.params)
     check_threshold(3, 2, 3)
     check_threshold(5, 3, 4)
+
+
+def test_a_signed_box_that_does_not_decrypt_names_its_dealer_and_the_server_refuses_unsigned_boxes(public):
+    """The server checks every dealer's signatures before it relays (review 4, finding 1): a box that
+    does not verify is refused with its upload, so a hospital that gets one names the relay; a box the
+    dealer signed but that does not decrypt is the dealer's."""
+    federation = Federation(public)
+    box = federation.boxes["h3"]["h1"]
+    garbled = box[:60] + bytes([box[60] ^ 1]) + box[61:]
+    assert "" == federation.server.box_refusal(
+        "h3", federation.uploads["h3"], federation.boxes["h3"], federation.box_keys, federation.identities
+    )
+    fresh = SumRound(federation.setting, public)
+    refusal = fresh.box_refusal(
+        "h3",
+        federation.uploads["h3"],
+        dict(federation.boxes["h3"], h1=garbled),
+        federation.box_keys,
+        federation.identities,
+    )
+    assert refusal.startswith("the share h3 sealed to h1 does not verify")
+    # Signed by h3 over a ciphertext whose tag fails: the signature holds, the box does not open.
+    from crypto.sealed_box import _signed_message, _SIGNATURE_BYTES
+
+    body = bytearray(box[:-_SIGNATURE_BYTES])
+    body[-1] ^= 1
+    context = _box_context(federation.setting, "h3", "h1", federation.server.digests["h3"])
+    message = _signed_message(bytes(body), context, federation.box["h1"].public_key().public_bytes_raw())
+    federation.boxes["h3"]["h1"] = bytes(body) + federation.signing["h3"].sign(message)
+    with pytest.raises(RoundRefused, match="h3 signed a share that does not open") as refused:
+        federation.endorse(names=("h1",))
+    assert refused.value.named == ("h3",) and set(refused.value.openings) == {"h3"}

@@ -15,6 +15,7 @@ from protocol.messages import (
     Finish,
     Hello,
     Proofs,
+    Refused,
     RoundAbort,
     RoundStart,
     Releases,
@@ -90,8 +91,12 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
     updates, values = _uploads((h1, h2, h3), 1)
     good = updates["hospital-1"]
     h1.send(Update(round=2, chunks=good.chunks, boxes=good.boxes, next_box_key=good.next_box_key))  # rejected 3
-    h1.send(Update(round=1, chunks=good.chunks + good.chunks, boxes=good.boxes, next_box_key=b""))  # 4: twice as many
+    h1.send(
+        Update(round=1, chunks=good.chunks + good.chunks, boxes=good.boxes, next_box_key=b"")
+    )  # 4: shares for others
     h1.send(Update(round=1, chunks=good.chunks, boxes={"hospital-1": b"box"}, next_box_key=b""))  # 5: shares missing
+    forged = dict(good.boxes, **{"hospital-2": good.boxes["hospital-3"]})  # a share sealed to another hospital
+    h1.send(Update(round=1, chunks=good.chunks, boxes=forged, next_box_key=good.next_box_key))  # 5b: does not verify
     h1.send_raw(b"\x00" * (config.message_limit() + 1))  # rejected 6: oversized
     h1.send_raw(msgpack.packb({"v": 2, "type": "update", "round": 1, "chunks": list(good.chunks), "sender": "x"}))  # 7
     intruder = ClientTransport(
@@ -129,7 +134,7 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
         hospital.send(Withdraw(round=2, reason="test over"))
     report = server.finish()
     intruder.close()
-    assert report["rejected_messages"] == 10
+    assert report["rejected_messages"] == 11
     assert [r["status"] for r in report["rounds"]] == ["released", "aborted"]
     assert "fewer than the quorum" in report["finish_reason"]
     log = server.log.read_text()
@@ -138,8 +143,8 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
         "already joined",
         "exceeds the limit",
         "round 2 during round 1",
-        "upload must have",
         "shares sealed to",
+        "the share hospital-1 sealed to hospital-2 does not verify",
         "unenrolled CurveZMQ key",
         "expected fields",
         "expected nothing more from hospital-1",
@@ -259,5 +264,29 @@ def test_a_hospital_that_joins_again_mid_round_costs_that_round_only(server):
     assert [r["status"] for r in report["rounds"]] == ["aborted", "released"]
     assert report["joins"] == [{"hospital": "hospital-1", "before_round": 2}]
     assert "Traceback" not in server.log.read_text()
+    for hospital in hospitals:
+        hospital.close()
+
+
+@pytest.mark.parametrize("server", [(3, "--rounds", "4", "--round-timeout", "30")], indirect=True)
+def test_a_hospital_that_refuses_rounds_without_evidence_leaves_the_run(server):
+    """The server checked everything it relayed, so a refusal it cannot verify is its refuser's word alone:
+    after two such, the refuser leaves the run (one hospital cannot abort every round)."""
+    hospitals = h1, h2, h3 = [ScriptedHospital(server, f"hospital-{i}") for i in (1, 2, 3)]
+    _join(hospitals)
+    for round_number in (1, 2):
+        updates, _ = _uploads(hospitals, round_number)
+        for hospital in hospitals:
+            hospital.send(updates[hospital.name])
+        aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
+        h1.send(Refused(round=round_number, reason="I say so", named=("hospital-2",), openings={}))
+        for hospital in (h2, h3):
+            hospital.send(hospital.endorse(aggregates[hospital.name]))
+        for hospital in hospitals:
+            assert hospital.expect(RoundAbort).round == round_number
+    assert "refused 2 rounds without evidence" in h1.expect(Finish).reason
+    report = server.finish()
+    assert [r["status"] for r in report["rounds"]] == ["aborted", "aborted"]
+    assert "without evidence" in report["departures"]["hospital-1"]
     for hospital in hospitals:
         hospital.close()
