@@ -442,12 +442,14 @@ class Hospital:
         """The plaintext benchmark: the server sends the sum as it is."""
         pending.bytes_received_aggregate = self._channel.transport.bytes_received - pending.bytes_received_before
         pending.contributors = tuple(message.contributors)
+        started = time.perf_counter()
         try:
             total = InsecurePlaintextUploads(self._config.bfv_parameters()).decrypt_sum(
                 message.chunks, round_number=message.round, contributors=message.contributors
             )
         except BfvError as error:
             raise ProtocolError(f"round {message.round}: the server's plaintext sum is unusable: {error}") from None
+        pending.seconds["decrypt"] = time.perf_counter() - started  # reading the sum: no key in this mode
         self._apply(message.round, pending, total)
 
     def _apply(self, round_number: int, pending: "Contribution", total: np.ndarray) -> None:
