@@ -408,6 +408,10 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
                 encode(Refused(round=round_number, reason="fuzz", named=("server",), openings={})),
             ]
 
+            def acted_on(message, sent) -> bool:
+                """The very message hospital-2 is about to send, or a refusal of the round, which ends it."""
+                return message == sent or (isinstance(message, Refused) and message.round == round_number)
+
             def as_update(chunks, update=honest) -> bytes:
                 body = {"v": PROTOCOL_VERSION, "type": "update", "round": round_number, "chunks": chunks}
                 return _pack({**body, "boxes": update.boxes, "next_box_key": update.next_box_key})
@@ -446,7 +450,7 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
                 fuzzer.send(dataclasses.replace(honest, signature=forgery))
                 result.sent += 1
                 result.by_family["forged_endorsement"] = result.by_family.get("forged_endorsement", 0) + 1
-            same = lambda message, sent=honest: message == sent  # noqa: E731 (only the very message is accepted)
+            same = lambda message, sent=honest: acted_on(message, sent)  # noqa: E731
             _send_batch(fuzzer.send_raw, mutator, result, bases, as_update, chunks, same, TO_SERVER, limit, quota)
             fuzzer.send(honest)
             relayed = {h.name: h.expect(Endorsements) for h in hospitals}
@@ -461,7 +465,7 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
                     hospital.send(proofs[hospital.name])
             honest = proofs[fuzzer.name]
             bases.append(encode(honest))
-            same = lambda message, sent=honest: message == sent  # noqa: E731
+            same = lambda message, sent=honest: acted_on(message, sent)  # noqa: E731
             _send_batch(fuzzer.send_raw, mutator, result, bases, as_update, chunks, same, TO_SERVER, limit, quota)
             fuzzer.send(honest)
             relayed = {h.name: h.expect(Proofs) for h in hospitals}
@@ -471,7 +475,7 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
                     hospital.send(releases[hospital.name])
             honest = releases[fuzzer.name]
             bases.append(encode(honest))
-            same = lambda message, sent=honest: message == sent  # noqa: E731
+            same = lambda message, sent=honest: acted_on(message, sent)  # noqa: E731
             _send_batch(fuzzer.send_raw, mutator, result, bases, as_update, chunks, same, TO_SERVER, limit, quota)
             fuzzer.send(honest)
             opened = {h.name: h.expect(Releases) for h in hospitals}

@@ -52,7 +52,8 @@ from protocol.party_keys import SERVER, Credentials
 from protocol.roster import Roster
 from protocol.transport import ClientTransport, ServerTransport
 from training.dopamine import DopamineSettings
-from training.models import ModelSpec, build_model, get_flat_parameters
+from training.methods import SharedState
+from training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
 
 __all__ = ["ScriptError", "ScriptedHospital", "ScriptedServer", "small_run_config"]
 
@@ -122,7 +123,12 @@ class ScriptedHospital:
         self.config = RunConfig.from_dict(welcome.config)
         self.run = self.config.fingerprint(welcome.initial_parameters)
         self.public = PublicContext(self.config.bfv_parameters())
-        self.model_state = state_digest(welcome.parameters, welcome.optimizer_state)
+        # The model and update rule's state, moved by every sum it applies, as a real hospital's: the
+        # statement of each round names their digest.
+        self.model = build_model(self.config.model)
+        set_flat_parameters(self.model, np.frombuffer(welcome.parameters, dtype="<f4").copy())
+        self.shared = SharedState(self.config.training, self.model)
+        self.shared.load_state(np.frombuffer(welcome.optimizer_state, dtype="<f4").copy())
         self.send(BoxKey(round=welcome.next_round, certified_key=self.box_key(welcome.next_round)))
         return self.config
 
@@ -159,7 +165,7 @@ class ScriptedHospital:
             aggregate.boxes,
             self.identities(),
             round_state=self.config.training.round_state(),  # a scripted hospital's run keeps its first round's settings
-            previous_result=self.model_state,
+            previous_result=state_digest(get_flat_parameters(self.model).tobytes(), self.shared.state().tobytes()),
         )
         return Endorsement(
             round=aggregate.round, hashes=endorsed.hashes, commitment=endorsed.commitment, signature=endorsed.signature
@@ -192,9 +198,9 @@ class ScriptedHospital:
     def confirm(self, releases: Releases) -> Confirmed:
         """Open the sum (kept in ``opened``) and say which mean this hospital applies."""
         total = self.opened[releases.round] = self.open(releases)
-        mean = self.config.training.read_sum(
-            total, len(self.rounds[releases.round]._opened.contributors), self.config.parameter_count
-        )
+        contributors = len(self.rounds[releases.round]._opened.contributors)
+        mean = self.shared.settings.read_sum(total, contributors, self.config.parameter_count)
+        self.shared.apply(mean, contributors)
         return Confirmed(round=releases.round, digest=release_digest(releases.round, mean.tobytes()))
 
     def close(self) -> None:
