@@ -30,7 +30,17 @@ import numpy as np
 
 from crypto.linear_hash import LinearHash, challenge_count
 
-__all__ = ["DealtShare", "Dealing", "KeyShareError", "Release", "check_release", "check_share", "rebuild", "release"]
+__all__ = [
+    "DealtShare",
+    "Dealing",
+    "KeyShareError",
+    "Release",
+    "check_release",
+    "check_share",
+    "interpolate",
+    "rebuild",
+    "release",
+]
 
 
 class KeyShareError(ValueError):
@@ -127,13 +137,19 @@ def rebuild(releases: Mapping[int, np.ndarray], threshold: int, modulus: int) ->
     """The constant term (a sum of keys) from exactly ``threshold`` shares or releases keyed by party."""
     if len(releases) != threshold:
         raise KeyShareError(f"rebuilding needs exactly {threshold} releases, got {len(releases)}")
-    total = np.zeros(next(iter(releases.values())).size, dtype=object)
-    for x in releases:
+    return interpolate(releases, 0, modulus)
+
+
+def interpolate(points: Mapping[int, np.ndarray], x: int, modulus: int) -> np.ndarray:
+    """The polynomial through ``points`` (degree ``len(points) - 1``, coefficient by coefficient) at ``x``,
+    by Lagrange."""
+    total = np.zeros(next(iter(points.values())).size, dtype=object)
+    for xi, values in points.items():
         numerator, denominator = 1, 1
-        for other in releases:
-            if other != x:
-                numerator, denominator = numerator * other % modulus, denominator * (other - x) % modulus
-        total += releases[x].astype(object) * (numerator * pow(denominator, -1, modulus) % modulus)
+        for other in points:
+            if other != xi:
+                numerator, denominator = numerator * (x - other) % modulus, denominator * (xi - other) % modulus
+        total += values.astype(object) * (numerator * pow(denominator, -1, modulus) % modulus)
     return (total % modulus).astype(np.uint64)
 
 

@@ -22,7 +22,7 @@ import functools
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature
@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from crypto.bfv import BfvError, PublicContext
 from crypto.bfv_parameters import BfvParameters
 from crypto.endorsement import one_time_statement
-from crypto.key_shares import DealtShare, Release, check_release, check_share, rebuild, release
+from crypto.key_shares import DealtShare, Release, check_release, check_share, interpolate, rebuild, release
 from crypto.linear_hash import LinearHash, challenge_count
 from crypto.one_time_keys import (
     OneTimeKey,
@@ -432,10 +432,10 @@ class SumRound:
     """The server's side of one round: it adds uploads and opens the sum once the members released."""
 
     def __init__(self, setting: RoundSetting, public: PublicContext) -> None:
-        self._setting, self._public = setting, public
         self.setting, self.public = setting, public
         self._steps = _Steps(setting)
         self._uploads: dict[str, np.ndarray] = {}
+        self._hashed: dict[str, list[int]] = {}  # each upload's hashes under this round's statement
         self.digests: dict[str, bytes] = {}
         self._opened = _Opened()
 
@@ -445,7 +445,7 @@ class SumRound:
         """Why the server refuses ``name``'s upload for its sealed shares (""): each must be signed by
         ``name`` for its recipient's certified box key of this round, bound to this upload, so that a
         box a hospital cannot open is never the relay's doing (review 4, finding 1)."""
-        setting, digest = self._setting, upload_digest(list(chunks))
+        setting, digest = self.setting, upload_digest(list(chunks))
         for recipient, box in boxes.items():
             try:
                 key = verify_certified_key(
@@ -466,7 +466,7 @@ class SumRound:
             raise BfvError("the round's sum is made: no upload is taken any more")
         if name in self._uploads:
             raise BfvError(f"a second upload from {name}")
-        self._uploads[name] = _chunks(self._public, chunks, "upload")
+        self._uploads[name] = _chunks(self.public, chunks, "upload")
         self.digests[name] = upload_digest(list(chunks))
 
     def total(
@@ -482,16 +482,16 @@ class SumRound:
 
         def make() -> list[bytes]:
             members = tuple(contributors)
-            total = sum_uploads(self._public, [self._uploads[name] for name in members])
-            packed = pack_ring(self._public, total)
+            total = sum_uploads(self.public, [self._uploads[name] for name in members])
+            packed = pack_ring(self.public, total)
             statement = one_time_statement(
-                run=self._setting.run,
-                round_number=self._setting.round_number,
+                run=self.setting.run,
+                round_number=self.setting.round_number,
                 contributors=members,
                 upload_digests=[self.digests[name] for name in members],
                 sum_digest=upload_digest(packed),
                 round_state=round_state,
-                box_keys_digest=box_keys_digest(self._setting, box_keys),
+                box_keys_digest=box_keys_digest(self.setting, box_keys),
                 previous_result=previous_result,
             )
             self._opened = _Opened(statement, members, total)
@@ -507,9 +507,9 @@ class SumRound:
     def endorsement_refusal(self, name: str, endorsed: Endorsed, identity: Ed25519PublicKey) -> str:
         """Why the server rejects one member's endorsement as it arrives (""): not its signature on this
         round's statement, or hashes of another upload than the one it sent."""
-        opened, hashes = self._opened, _upload_hashes(self._setting, self._opened.statement)
+        opened, hashes = self._opened, _upload_hashes(self.setting, self._opened.statement)
         if not (
-            _words_below(endorsed.hashes, hashes.count, self._setting.params.ciphertext_modulus)
+            _words_below(endorsed.hashes, hashes.count, self.setting.params.ciphertext_modulus)
             and _is_digest(endorsed.commitment)
             and _signed(
                 identity,
@@ -518,9 +518,16 @@ class SumRound:
             )
         ):
             return f"{name}'s endorsement is not its signature on this round"
-        if list(endorsed.hashes) != hashes.products(self._uploads[name]):
+        if list(endorsed.hashes) != self._hashes_of(name):
             return f"{name} signed hashes of another upload than its own"
         return ""
+
+    def _hashes_of(self, name: str) -> list[int]:
+        """``name``'s upload's hashes under the statement, computed once (the server checks each
+        endorsement as it arrives, then all together)."""
+        if name not in self._hashed:
+            self._hashed[name] = _upload_hashes(self.setting, self._opened.statement).products(self._uploads[name])
+        return self._hashed[name]
 
     def proof_refusal(self, name: str, proved: Proved, identity: Ed25519PublicKey) -> str:
         """Why the server rejects one member's proof as it arrives (""): under other challenges, or not
@@ -529,7 +536,7 @@ class SumRound:
         if proved.seed != opened.seed:
             return f"{name} proved under other challenges than this round's"
         if not (
-            _well_formed_proof(self._setting, proved.proof)
+            _well_formed_proof(self.setting, proved.proof)
             and _signed(identity, proved.signature, _proof_message(opened.statement, opened.seed, proved.proof))
         ):
             return f"{name}'s proof is not its signed proof"
@@ -539,7 +546,7 @@ class SumRound:
         """Why the server rejects one member's release as it arrives (""): not its signed release."""
         opened = self._opened
         if not (
-            _encodable_release(self._setting, released.release)
+            _encodable_release(self.setting, released.release)
             and _signed(
                 identity,
                 released.signature,
@@ -551,23 +558,23 @@ class SumRound:
 
     def endorsed(self, endorsements: Mapping[str, Endorsed], identities: Mapping[str, Ed25519PublicKey]) -> None:
         def check() -> None:
-            check_endorsements(self._setting, self._opened, endorsements, identities, uploads=self._uploads)
+            check_endorsements(self.setting, self._opened, endorsements, identities, hashes_of=self._hashes_of)
             self._opened.endorsements = dict(endorsements)
-            self._opened.seed = challenge_seed(self._setting, self._opened)
+            self._opened.seed = challenge_seed(self.setting, self._opened)
 
         self._steps.run(2, "the endorsements", check)
 
     def proved(self, proofs: Mapping[str, Proved], identities: Mapping[str, Ed25519PublicKey]) -> None:
         def check() -> None:
-            check_proofs(self._setting, self._opened, proofs, identities)
+            check_proofs(self.setting, self._opened, proofs, identities)
             self._opened.proofs = dict(proofs)
-            self._opened.proofs_digest = proofs_digest(self._setting, self._opened)
+            self._opened.proofs_digest = proofs_digest(self.setting, self._opened)
 
         self._steps.run(3, "the proofs", check)
 
     def open(self, releases: Mapping[str, Released], identities: Mapping[str, Ed25519PublicKey]) -> np.ndarray:
         return self._steps.run(
-            4, "opening the sum", lambda: open_sum(self._setting, self._public, self._opened, releases, identities)
+            4, "opening the sum", lambda: open_sum(self.setting, self.public, self._opened, releases, identities)
         )
 
 
@@ -619,7 +626,7 @@ def open_sum(
     points = {setting.party(name): releases[name].release.share for name in members}
     chosen = dict(sorted(points.items())[: setting.threshold])
     for x, share in points.items():
-        if x not in chosen and not np.array_equal(_evaluate_at(chosen, x, q), share):
+        if x not in chosen and not np.array_equal(interpolate(chosen, x, q), share):
             raise RoundRefused(f"round {number}: the releases do not lie on one polynomial")
     slots = decrypt_sum(public, opened.total, rebuild(chosen, setting.threshold, q), setting.public_polynomials)
     try:
@@ -638,11 +645,12 @@ def check_endorsements(
     endorsements: Mapping[str, Endorsed],
     identities: Mapping[str, Ed25519PublicKey],
     *,
-    uploads: Mapping[str, np.ndarray] | None = None,
+    hashes_of: Callable[[str], list[int]] | None = None,
 ) -> None:
     """Every member signed this statement, and the hashes they signed add up to the sum's. The
-    server, which holds every upload (``uploads``), names a member whose hashes are not of its own
-    upload; a hospital cannot tell that from a relay that changed the sum (review 3, finding 9)."""
+    server, which holds every upload (``hashes_of`` gives each one's hashes), names a member whose
+    hashes are not of its own upload; a hospital cannot tell that from a relay that changed the sum
+    (review 3, finding 9)."""
     number = setting.round_number
     if set(endorsements) != set(opened.contributors):
         raise RoundRefused(
@@ -664,10 +672,8 @@ def check_endorsements(
             raise RoundRefused(
                 f"round {number}: {name}'s endorsement is not its signature on this round", named=["server"]
             )
-    if uploads is not None:
-        false = [
-            name for name, endorsed in endorsements.items() if list(endorsed.hashes) != hashes.products(uploads[name])
-        ]
+    if hashes_of is not None:
+        false = [name for name, endorsed in endorsements.items() if list(endorsed.hashes) != hashes_of(name)]
         if false:
             raise RoundRefused(f"round {number}: {', '.join(false)} signed hashes of another upload", named=false)
     signed = [sum(column) % q for column in zip(*(endorsed.hashes for endorsed in endorsements.values()))]
@@ -902,15 +908,3 @@ def _share_from(public: PublicContext, payload: bytes) -> DealtShare:
     if any(mask >= public.params.ciphertext_modulus for mask in masks):
         raise BfvError("a key share's mask is at or above the ciphertext modulus")
     return DealtShare(unpack_ring(public, [payload[:size]], "key share")[0], masks)
-
-
-def _evaluate_at(points: Mapping[int, np.ndarray], x: int, modulus: int) -> np.ndarray:
-    """The polynomial through ``points`` (degree ``len(points) - 1``) at ``x``, by Lagrange."""
-    total = np.zeros(next(iter(points.values())).size, dtype=object)
-    for xi, values in points.items():
-        numerator, denominator = 1, 1
-        for other in points:
-            if other != xi:
-                numerator, denominator = numerator * (x - other) % modulus, denominator * (xi - other) % modulus
-        total += values.astype(object) * (numerator * pow(denominator, -1, modulus) % modulus)
-    return (total % modulus).astype(np.uint64)
