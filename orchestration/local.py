@@ -174,7 +174,14 @@ def _hospital_argv(spec: RunSpec, group: list[str], first: int) -> list[str]:
     argv += ["--parts", str(spec.hospitals)]
     argv += [flag for index in range(first + 1, first + len(group) + 1) for flag in ("--part", str(index))]
     argv += ["--partition", spec.partition, "--partition-seed", str(spec.seed), "--alpha", str(spec.alpha)]
-    argv += ["--epsilon-budget", str(spec.epsilon_budget), "--delta", str(spec.delta)]
+    argv += [
+        "--epsilon-budget",
+        str(spec.epsilon_budget),
+        "--budget-view",
+        spec.budget_view,
+        "--delta",
+        str(spec.delta),
+    ]
     argv += ["--timeout", str(3 * spec.round_timeout), "--send-offset", str(spec.send_offset)]
     argv += ["--insecure-plaintext-benchmark"] if spec.insecure_plaintext_benchmark else []
     argv += ["--model", spec.model] if is_reference(spec.model) else []  # each party loads its own copy

@@ -36,7 +36,7 @@ def least_noise_multiplier(
     spec: RunSpec, target_epsilon: float, *, view: str = "server", precision: float = 1e-3
 ) -> float:
     """The least noise multiplier (to within ``precision``, relative) at which ``spec`` spends at most
-    ``target_epsilon`` in ``view`` (``training.accounting``: server, peer_hospital or collusion)."""
+    ``target_epsilon`` in ``view`` (one of ``training.accounting.VIEWS``)."""
     spec, data = _resolved_training(spec)
 
     def spent(noise: float) -> float:
@@ -65,9 +65,11 @@ def check_first_round(spec: RunSpec, data: Dataset, part_sizes: list[int]) -> No
             f"sub-clients per hospital, but the smallest hospital has "
             f"{min(part_sizes)} records: more sub-clients than records"
         )
-    budget = PrivacyBudget(epsilon=spec.epsilon_budget, delta=spec.delta)
+    budget = PrivacyBudget(epsilon=spec.epsilon_budget, delta=spec.delta, view=spec.budget_view)
     refusal = budget.refusal(
-        PrivacyLedger(), ledger_release(config.training, config.mechanism(), config.training.quorum), 1
+        PrivacyLedger(),
+        ledger_release(config.training, config.mechanism(), config.training.quorum, config.coalition),
+        1,
     )
     if refusal:
         raise ConfigError(f"{refusal}: the first round alone exceeds --epsilon-budget (raise the noise or the budget)")
@@ -83,7 +85,7 @@ def _planned(spec: RunSpec, data: Dataset) -> dict[str, float]:
     config = _run_config(spec, data)
     ledger = PrivacyLedger()
     ledger.begin_run(config.run_id, "planned")
-    release = ledger_release(config.training, config.mechanism(), config.training.quorum)
+    release = ledger_release(config.training, config.mechanism(), config.training.quorum, config.coalition)
     for number in range(1, spec.rounds + 1):
         ledger.record(release, run_id=config.run_id, round_number=number)
     return ledger.epsilons(spec.delta)

@@ -71,10 +71,11 @@ def training_summary(report: dict) -> str:
         (level, _), *others = final["epsilon_levels"].items()
         privacy = (
             f"epsilon per {level} at delta {final['delta']:g}: {epsilon['server']:.3f} against the server, "
-            f"{epsilon['peer_hospital']:.3f} against a fellow hospital, {epsilon['collusion']:.3f} if all the others "
-            f"collude; "
+            f"{epsilon['peer_hospital']:.3f} against a fellow hospital, {epsilon['coalition']:.3f} against the server "
+            f"with {final['coalition']} hospitals, {epsilon['collusion']:.3f} if all the others collude; "
             + "".join(
-                f"per {name}: {e['server']:.3f}, {e['peer_hospital']:.3f}, {e['collusion']:.3f}; " for name, e in others
+                f"per {name}: {e['server']:.3f}, {e['peer_hospital']:.3f}, {e['coalition']:.3f}, {e['collusion']:.3f}; "
+                for name, e in others
             )
             + "encrypted update"
         )
@@ -134,6 +135,7 @@ def plot_report(report: dict, path: Path) -> None:
     views = (
         ("server", "against the server", "-"),
         ("peer_hospital", "against a fellow hospital", "--"),
+        ("coalition", "against the server with tau - 1 hospitals", "-."),
         ("collusion", "if all the others collude", ":"),
     )
     for view, label, style in views:

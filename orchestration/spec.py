@@ -29,6 +29,7 @@ from orchestration.run_flags import (
     resolve_run_arguments,
     shown,
 )
+from training.accounting import DEFAULT_BUDGET_VIEW
 from training.datasets import Dataset, load_dataset
 from training.evaluation import Selection
 from training.methods import METHODS as TRAINING_METHODS
@@ -60,6 +61,7 @@ class RunSpec:
     fix_model: bool = _COMMON["fix_model"]  # an own model with Opacus's fixes
     quorum: int | None = None  # default: every hospital
     epsilon_budget: float | None = None  # default: the method's
+    budget_view: str = DEFAULT_BUDGET_VIEW  # the view each hospital's budget binds on (training.accounting.VIEWS)
     expected_batch_size: float | None = None  # Dopamine's B (default: proposed from the data set's public size)
     flags: Mapping[str, Any] = field(default_factory=dict)  # the method's own flags, by destination
     talliers: int = 3  # voting

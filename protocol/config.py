@@ -116,6 +116,11 @@ class RunConfig:
         return self.threshold or len(self.hospitals) // 2 + 1
 
     @property
+    def coalition(self) -> int:
+        """The most hospitals that may work with the server and learn no more than the sum: ``tau - 1``."""
+        return self.key_threshold - 1
+
+    @property
     def parameter_count(self) -> int:
         return self.model.parameter_count()
 

@@ -21,7 +21,8 @@ again (the server restarted, say), what was in flight is dropped and it says Hel
 restarted hospital process does the same. It accepts a Welcome only to the run it began (the same
 fingerprint), takes the model and update rule's state the server has now, and takes part only in
 rounds after the last one its ledger charged, so a restart on either side never releases an update
-twice or resets epsilon. No key outlives its round: a hospital that restarted makes a box key for
+twice or resets epsilon; its ledger records its endorsement and its release of a round before each
+leaves, and refuses to record either twice. No key outlives its round: a hospital that restarted makes a box key for
 the next round, and nothing else.
 
 It takes part only in a run of the method and aggregation mode its own operator chose (a server
@@ -303,7 +304,7 @@ class Hospital:
         self._last_round = message.round
         # What every update is charged: the least noise its sum can carry, a quorum's, at this round's settings.
         training = self._shared.settings
-        least_noise = ledger_release(training, self._shared.mechanism, training.quorum)
+        least_noise = ledger_release(training, self._shared.mechanism, training.quorum, self._config.coalition)
         refusal = self._budget.refusal(self._ledger, least_noise, message.round)
         if refusal:
             log.warning("%s withdraws: %s", self._name, refusal)
@@ -388,6 +389,7 @@ class Hospital:
             round_state=pending.settings.round_state(),
             previous_result=state_digest(get_flat_parameters(self._model).tobytes(), self._shared.state().tobytes()),
         )
+        self._ledger.record_step("endorsed", run_id=self._config.run_id, round_number=message.round)
         self._channel.send(
             Endorsement(
                 round=message.round,
@@ -416,6 +418,7 @@ class Hospital:
         }
         released = pending.round_keys.release(proofs, self._identities())
         share = pack_ring(self._public, released.release.share[np.newaxis])[0]
+        self._ledger.record_step("released", run_id=self._config.run_id, round_number=message.round)
         self._channel.send(
             Release(round=message.round, share=share, masks=released.release.masks, signature=released.signature)
         )

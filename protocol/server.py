@@ -394,7 +394,9 @@ class Server:
             if releases is None:
                 return None
             # From here on the sum can be opened: the ledger first.
-            self._record.charge(ledger_release(self._shared.settings, self._mechanism, len(members)), number)
+            self._record.charge(
+                ledger_release(self._shared.settings, self._mechanism, len(members), self._config.coalition), number
+            )
             slots = total.open(
                 {n: released_from(self._public, r.share, r.masks, r.signature) for n, r in releases.items()},
                 identities,
@@ -411,7 +413,9 @@ class Server:
     def _open_plaintext(self, record: RoundRecord, total: InsecurePlaintextSum):
         """The plaintext benchmark's round: the sum goes back to the contributors as it is."""
         chunks, members = total.to_chunks(), record.contributors
-        self._record.charge(ledger_release(self._shared.settings, self._mechanism, len(members)), record.round)
+        self._record.charge(
+            ledger_release(self._shared.settings, self._mechanism, len(members), self._config.coalition), record.round
+        )
         self._send_all(
             members,
             Aggregate(round=record.round, contributors=tuple(members), chunks=tuple(chunks), digests={}, boxes={}),

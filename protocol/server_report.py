@@ -66,7 +66,7 @@ class RunRecord:
         self.rounds: list[RoundRecord] = []
         self.phase_seconds: dict[str, float] = {}
         self.write_failures: list[str] = []  # what the system refused to write
-        self._training = config.training
+        self._training, self._coalition = config.training, config.coalition
         self._run_id, self._delta, self._classes = config.run_id, config.delta, config.model.num_classes
         self._mechanism = mechanism
         self._ledger = ledger
@@ -138,6 +138,7 @@ class RunRecord:
             "epsilon": self._ledger.epsilons(self._delta),
             "epsilon_levels": self.epsilon_levels(),
             "delta": self._delta,
+            "coalition": self._coalition,  # the hospitals beside the server in the coalition view
             "accountant": ACCOUNTANT,
         }
 
@@ -170,7 +171,7 @@ class RunRecord:
             log.warning("%s", error)
 
     def _record_other_levels(self, record: RoundRecord) -> None:
-        releases = self._training.levels(self._mechanism, len(record.contributors))
+        releases = self._training.levels(self._mechanism, len(record.contributors), self._coalition)
         for level, ledger in self._levels.items():
             ledger.record(releases[level], run_id=self._run_id, round_number=record.round)
 

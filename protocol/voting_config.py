@@ -110,6 +110,11 @@ class VotingConfig:
     def votes_per_round(self) -> int:
         return self.queries_per_round * self.classes
 
+    @property
+    def coalition(self) -> int:
+        """The hospitals beside the server in the ``coalition`` view: as many as a secure round's default threshold tolerates."""
+        return len(self.hospitals) // 2
+
     def ballot_layout(self) -> CheckedLayout:
         """A hospital's checked share: its round's counts, each within ``VotingSettings.entry_range``."""
         low, high = self.voting.entry_range(queries=self.queries_per_round, classes=self.classes)

@@ -403,7 +403,11 @@ class VotingServer:
         for level, ledger in self._ledgers.items():
             if self._charged.get(level, 0) < record.round:  # a round tallied again after --resume is charged once
                 release = self._config.voting.release(
-                    queries=len(indices), classes=self._config.classes, contributors=len(record.voters), level=level
+                    queries=len(indices),
+                    classes=self._config.classes,
+                    contributors=len(record.voters),
+                    coalition=self._config.coalition,
+                    level=level,
                 )
                 ledger.record(release, run_id=self._config.run_id, round_number=record.round)
             record.epsilon[level] = ledger.epsilons(self._config.delta)

@@ -20,6 +20,7 @@ from pathlib import Path
 from orchestration.local import run_local_federation
 from orchestration.spec import RunSpec
 from scripts._cli import add_image_arguments, add_run_arguments, run
+from training.accounting import VIEWS
 from training.flags import non_negative_float, non_negative_int, positive_float, positive_int
 from training.evaluation import SELECTION_METRICS
 from training.partition import PARTITION_SCHEMES
@@ -70,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         help="each hospital's budget (default: 3; dp-fedavg 10, AE-DPFL 2000, kNN-DPFL 10); for central-dp and fedavg-local-dp, "
         "the epsilon per record they spend (default: 3)",
+    )
+    parser.add_argument(
+        "--budget-view",
+        choices=VIEWS,
+        help="whose view each hospital's budget binds on, and every view before it "
+        f"(training.accounting; default: {_DEFAULT.budget_view}, the server with tau - 1 hospitals)",
     )
     parser.add_argument(
         "--round-timeout",

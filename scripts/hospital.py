@@ -9,6 +9,7 @@ from pathlib import Path
 
 from protocol.config import ConfigError
 from protocol.hospital import DEFAULT_SEND_OFFSET_S, Hospital
+from training.accounting import DEFAULT_BUDGET_VIEW, VIEWS
 from training.ledger import PrivacyBudget
 from protocol.messages import ProtocolError
 from protocol.party_keys import Credentials
@@ -75,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-seed", type=non_negative_int, default=0, help="train/validation split of built-in data (default: 0)"
     )
     parser.add_argument("--epsilon-budget", type=positive_float, default=3.0, help="refuse rounds beyond this epsilon")
+    parser.add_argument(
+        "--budget-view",
+        choices=VIEWS,
+        default=DEFAULT_BUDGET_VIEW,
+        help="whose view the budget binds on, and every view before it: server, peer_hospital, coalition (the server "
+        f"with tau - 1 hospitals) or collusion (every other party) (default: {DEFAULT_BUDGET_VIEW})",
+    )
     parser.add_argument("--delta", type=probability, default=1e-5, help="delta of the budget (default: 1e-5)")
     parser.add_argument(
         "--state", type=Path, help="where the privacy ledger and metrics live (default: FEDERATION/NAME)"
@@ -186,7 +194,7 @@ def _hospital(
         roster=roster,
         credentials=credentials,
         data=data,
-        budget=PrivacyBudget(epsilon=args.epsilon_budget, delta=args.delta),
+        budget=PrivacyBudget(epsilon=args.epsilon_budget, delta=args.delta, view=args.budget_view),
         state_dir=args.state or args.federation / name,
         timeout_s=args.timeout,
         upgrade_ledger=args.upgrade_ledger,

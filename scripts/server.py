@@ -317,7 +317,8 @@ def _print_round(record: dict, config: RunConfig) -> None:
             "epsilon n/a (insecure plaintext benchmark)"
             if config.aggregation == INSECURE_PLAINTEXT
             else f"epsilon {record['epsilon']['server']:.3f} against the server, "
-            f"{record['epsilon']['peer_hospital']:.3f} against a peer (delta {config.delta:g})"
+            f"{record['epsilon']['peer_hospital']:.3f} against a peer, {record['epsilon']['coalition']:.3f} against "
+            f"the server with {config.coalition} hospitals (delta {config.delta:g})"
         )
         state = "".join(f"  {name} {value:.4g}" for name, value in record["round_state"].items())  # adaptive v and C
         print(

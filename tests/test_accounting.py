@@ -8,8 +8,8 @@ from opacus.accountants.analysis.rdp import compute_rdp
 from scipy.special import logsumexp
 from scipy.stats import skellam
 
-from training.accounting import Release, release_of
-from training.ledger import LedgerError, PrivacyLedger
+from training.accounting import VIEWS, Release, release_of
+from training.ledger import LedgerError, PrivacyBudget, PrivacyLedger
 from training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
 from training.skellam import SkellamMechanism
 
@@ -40,7 +40,7 @@ def test_a_quorum_of_skellam_shares_costs_what_central_dp_sgd_costs():
     """Sk(K_min mu) on sensitivity Delta_2 at 2 mu = sigma^2 Delta_2^2: Opacus's epsilon for sigma, within 0.1%."""
     mechanism = _mechanism()
     ledger = _ledger()
-    release = release_of(mechanism, sample_rate=0.1, contributors=3)
+    release = release_of(mechanism, sample_rate=0.1, contributors=3, coalition=1)
     for round_number in range(1, 101):
         ledger.record(release, run_id="0123abcd", round_number=round_number)
     central = RDPAccountant()
@@ -60,25 +60,47 @@ def test_skellam_costs_more_than_the_gaussian_and_converges_to_it():
     assert gaps[0] > gaps[1] > gaps[2] and gaps[2] < 1e-3
 
 
-def test_views_know_zero_one_and_all_but_one_share():
+def test_views_know_zero_one_a_coalition_and_all_but_one_share():
     mechanism = _mechanism(noise_multiplier=2.0, quorum=4)
-    release = dict(release_of(mechanism, sample_rate=0.1, contributors=5).mu)
+    release = dict(release_of(mechanism, sample_rate=0.1, contributors=5, coalition=2).mu)
     assert release["server"] == pytest.approx(5 * mechanism.share_mu)
     assert release["peer_hospital"] == pytest.approx(4 * mechanism.share_mu)
+    assert release["coalition"] == pytest.approx(3 * mechanism.share_mu)  # tau = 3 of 5: two pool with the server
     assert release["collusion"] == pytest.approx(mechanism.share_mu)  # sigma / sqrt(K_min)
-    lone = dict(release_of(mechanism, sample_rate=0.1, contributors=1).mu)
-    assert lone["server"] == lone["peer_hospital"] == lone["collusion"]  # nobody else holds a share
+    # A coalition as large as the contributors still leaves the record's own hospital's share.
+    assert dict(release_of(mechanism, sample_rate=0.1, contributors=3, coalition=4).mu)["coalition"] == pytest.approx(
+        mechanism.share_mu
+    )
+    lone = dict(release_of(mechanism, sample_rate=0.1, contributors=1, coalition=1).mu)
+    assert lone["server"] == lone["peer_hospital"] == lone["coalition"] == lone["collusion"]  # no other share
     ledger = _ledger()
-    ledger.record(release_of(mechanism, sample_rate=0.1, contributors=4), run_id="0123abcd", round_number=1)
-    server, peer, collusion = (ledger.epsilon(1e-5, view=v) for v in ("server", "peer_hospital", "collusion"))
-    assert 0 < server < peer < collusion
-    assert ledger.worst_epsilon(1e-5) == (peer, "peer_hospital")
+    ledger.record(
+        release_of(mechanism, sample_rate=0.1, contributors=5, coalition=2), run_id="0123abcd", round_number=1
+    )
+    server, peer, coalition, collusion = (ledger.epsilon(1e-5, view=v) for v in VIEWS)
+    assert 0 < server < peer < coalition < collusion
+    assert ledger.worst_epsilon(1e-5, up_to="peer_hospital") == (peer, "peer_hospital")
+    assert ledger.worst_epsilon(1e-5, up_to="coalition") == (coalition, "coalition")
+    with pytest.raises(ValueError, match="unknown view"):
+        PrivacyBudget(epsilon=1.0, delta=1e-5, view="the server's friends")
+
+
+def test_a_record_of_the_shared_key_round_is_read_with_the_coalition_seeing_its_collusion_view():
+    """Before one-time keys the server with any one hospital decrypted each update on its own: a
+    record written then, without a coalition view, is charged in that view as its collusion view."""
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1)
+    record = release.to_record()
+    del record["mu"]["coalition"]
+    old = Release.from_record(record)
+    assert dict(old.mu)["coalition"] == dict(old.mu)["collusion"] < dict(release.mu)["coalition"]
 
 
 def test_no_noise_costs_everything_and_nothing_costs_nothing():
     ledger = _ledger()
     ledger.record(
-        release_of(_mechanism(noise_multiplier=0.0), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1
+        release_of(_mechanism(noise_multiplier=0.0), sample_rate=0.1, contributors=3, coalition=1),
+        run_id="0123abcd",
+        round_number=1,
     )
     assert ledger.epsilon(1e-5) == math.inf
     assert PrivacyLedger().epsilon(1e-5) == 0.0
@@ -86,7 +108,7 @@ def test_no_noise_costs_everything_and_nothing_costs_nothing():
 
 def test_the_ledger_survives_a_restart(tmp_path):
     path = tmp_path / "ledger.jsonl"
-    release = release_of(_mechanism(), sample_rate=0.05, contributors=3)
+    release = release_of(_mechanism(), sample_rate=0.05, contributors=3, coalition=1)
     ledger = _ledger(path)
     for round_number in range(1, 11):
         ledger.record(release, run_id="0123abcd", round_number=round_number)
@@ -105,7 +127,9 @@ def test_one_writer_at_a_time(tmp_path):
     with pytest.raises(LedgerError, match="in use by another writer"):
         PrivacyLedger(path, key=KEY).begin_run("feedc0de", "feedc0de:settings")
     reader = PrivacyLedger(path, key=KEY)  # reading needs no lock
-    writer.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
+    writer.record(
+        release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1), run_id="0123abcd", round_number=1
+    )
     del writer
     with pytest.raises(LedgerError, match="changed since it was read"):
         reader.begin_run("feedc0de", "feedc0de:settings")
@@ -114,7 +138,7 @@ def test_one_writer_at_a_time(tmp_path):
 def test_a_reused_run_id_cannot_lower_a_ledgers_epsilon(tmp_path):
     """The server names runs and rounds; the ledger keys records itself and refuses a run id with other settings."""
     path = tmp_path / "ledger.jsonl"
-    release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1)
     ledger = _ledger(path, run="feedc0de")
     for _ in range(3):  # a server replaying round 1 three times
         ledger.record(release, run_id="feedc0de", round_number=1)
@@ -135,7 +159,7 @@ def test_a_reused_run_id_cannot_lower_a_ledgers_epsilon(tmp_path):
 def test_a_run_resumes_after_its_last_recorded_round_and_keeps_its_charges(tmp_path):
     """A restarted party resumes the same run (same fingerprint) only after the rounds it was charged for."""
     path = tmp_path / "ledger.jsonl"
-    release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1)
     ledger = _ledger(path, run="feedc0de")
     ledger.begin_run("0badc0de", "0badc0de:settings")
     for round_number in (1, 2, 7):
@@ -170,7 +194,9 @@ def test_a_version_2_ledger_keeps_counting(tmp_path):
     assert ledger.steps == 3  # every version 2 line counts
     assert ledger.epsilon(1e-5, view="collusion") == math.inf  # version 2 did not record it
     ledger.begin_run("0123abcd", "0123abcd:settings")
-    ledger.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
+    ledger.record(
+        release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1), run_id="0123abcd", round_number=1
+    )
     del ledger
     assert PrivacyLedger(path, key=KEY).steps == 4  # chained from then on, the old lines under a digest
     path.write_text(path.read_text().replace('"old/1"', '"old/3"'))
@@ -188,7 +214,9 @@ def test_an_unreadable_ledger_stops_everything(tmp_path):
         PrivacyLedger(path, key=KEY)
     ledger_path = tmp_path / "real.jsonl"
     written = _ledger(ledger_path)
-    written.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
+    written.record(
+        release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1), run_id="0123abcd", round_number=1
+    )
     del written
     ledger_path.write_text(ledger_path.read_text().replace('"sample_rate":0.1', '"sample_rate":7'))
     with pytest.raises(LedgerError, match="altered"):
@@ -197,7 +225,7 @@ def test_an_unreadable_ledger_stops_everything(tmp_path):
 
 def _three_rounds(path):
     ledger = _ledger(path)
-    release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1)
     for round_number in (1, 2, 3):
         ledger.record(release, run_id="0123abcd", round_number=round_number)
     spent = ledger.epsilon(1e-5)
@@ -252,7 +280,7 @@ def test_a_ledger_s_head_must_be_there_and_its_own_and_a_forged_chain_fails(tmp_
 def _after_one_round(path):
     """A ledger charged for one round, its release, its head file and the head's bytes then."""
     ledger = _ledger(path)
-    release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1)
     ledger.record(release, run_id="0123abcd", round_number=1)
     head = path.with_name(path.name + ".head")
     return ledger, release, head, head.read_bytes()
@@ -293,7 +321,9 @@ def test_a_new_ledger_s_first_line_cut_short_by_a_full_disk_is_dropped(tmp_path)
         ledger.begin_run("0123abcd", "0123abcd:settings")
     del ledger, original
     restarted = _ledger(path)
-    restarted.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
+    restarted.record(
+        release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1), run_id="0123abcd", round_number=1
+    )
     del restarted
     assert PrivacyLedger(path, key=KEY).steps == 1
 
@@ -311,7 +341,9 @@ def test_a_record_written_before_a_crash_left_its_head_behind_still_counts(tmp_p
 def test_a_finished_run_is_never_begun_again(tmp_path):
     path = tmp_path / "ledger.jsonl"
     ledger = _ledger(path)
-    ledger.record(release_of(_mechanism(), sample_rate=0.1, contributors=3), run_id="0123abcd", round_number=1)
+    ledger.record(
+        release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1), run_id="0123abcd", round_number=1
+    )
     ledger.finish_run("0123abcd")
     del ledger
     with pytest.raises(LedgerError, match="is over for this party"):
@@ -320,7 +352,7 @@ def test_a_finished_run_is_never_begun_again(tmp_path):
 
 def test_a_record_cut_short_by_a_crash_is_dropped_and_the_rest_kept(tmp_path):
     path = tmp_path / "ledger.jsonl"
-    release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1)
     ledger = _ledger(path)
     for round_number in (1, 2):
         ledger.record(release, run_id="0123abcd", round_number=round_number)
@@ -338,7 +370,7 @@ def test_a_record_cut_short_by_a_crash_is_dropped_and_the_rest_kept(tmp_path):
 
 def test_each_record_is_one_appended_line(tmp_path):
     path = tmp_path / "ledger.jsonl"
-    release = release_of(_mechanism(), sample_rate=0.1, contributors=3)
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1)
     ledger = _ledger(path)
     sizes = []
     for round_number in range(50):
@@ -493,3 +525,30 @@ def test_a_shift_in_one_coordinate_is_not_the_skellam_mechanism_s_worst_case():
 
     for epsilon, ratio in ((1.0, 1.01), (2.0, 1.3)):  # 1.020 and 1.366
         assert hockey_stick((3, 4), epsilon) > ratio * hockey_stick((5, 0), epsilon)
+
+
+def test_a_round_s_endorsement_and_release_are_recorded_once_and_survive_a_restart(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = _ledger(path)
+    ledger.record(
+        release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1), run_id="0123abcd", round_number=1
+    )
+    ledger.record_step("endorsed", run_id="0123abcd", round_number=1)
+    ledger.record_step("released", run_id="0123abcd", round_number=1)
+    with pytest.raises(LedgerError, match="released round 1 of run 0123abcd already"):
+        ledger.record_step("released", run_id="0123abcd", round_number=1)
+    with pytest.raises(LedgerError, match="unknown step"):
+        ledger.record_step("opened", run_id="0123abcd", round_number=1)
+    del ledger
+    restarted = PrivacyLedger(path, key=KEY)
+    assert restarted.begin_run("0123abcd", "0123abcd:settings") == 1 and restarted.steps == 1
+    with pytest.raises(LedgerError, match="released round 1 of run 0123abcd already"):
+        restarted.record_step("released", run_id="0123abcd", round_number=1)
+    restarted.record_step("endorsed", run_id="0123abcd", round_number=2)
+    del restarted
+    lines = path.read_text().splitlines()
+    step = json.loads(lines[-1])
+    step["step"] = "opened"  # an edited step record breaks the chain
+    path.write_text("\n".join([*lines[:-1], json.dumps(step)]) + "\n")
+    with pytest.raises(LedgerError, match="unreadable"):
+        PrivacyLedger(path, key=KEY)

@@ -378,7 +378,7 @@ def test_the_released_noise_has_the_variance_the_accountant_assumes(method, requ
     charged.begin_run(config.run_id, report["run_fingerprint"])
     for number in vectors:
         charged.record(
-            ledger_release(config.training, mechanism, len(config.hospitals)),
+            ledger_release(config.training, mechanism, len(config.hospitals), config.coalition),
             run_id=config.run_id,
             round_number=number,
         )
@@ -404,9 +404,11 @@ def test_dp_fedavg_reports_every_level_and_each_hospital_is_charged_at_the_hospi
     for ledger in expected.values():
         ledger.begin_run(config.run_id, report["run_fingerprint"])
     for record in report["rounds"]:
-        for level, release in config.training.levels(config.mechanism(), len(record["contributors"])).items():
+        for level, release in config.training.levels(
+            config.mechanism(), len(record["contributors"]), config.coalition
+        ).items():
             expected[level].record(release, run_id=config.run_id, round_number=record["round"])
-    assert config.training.levels(config.mechanism(), 3)["hospital"].l2_sensitivity == pytest.approx(
+    assert config.training.levels(config.mechanism(), 3, 1)["hospital"].l2_sensitivity == pytest.approx(
         8 * config.mechanism().l2_sensitivity
     )
     for level, ledger in expected.items():
@@ -687,7 +689,7 @@ def _canary_scores(
     charged = settings(noise_multiplier if accountant_noise is None else accountant_noise).mechanism(
         mechanism.dimension
     )
-    epsilon = PrivacyLedger().epsilon(1e-5, extra=release_of(charged, sample_rate=1.0, contributors=2))
+    epsilon = PrivacyLedger().epsilon(1e-5, extra=release_of(charged, sample_rate=1.0, contributors=2, coalition=1))
     return scores["in"], scores["out"], epsilon
 
 
@@ -805,7 +807,9 @@ def _audit_noise_path(noise_multiplier: float, canaries: int, nulls: int) -> Noi
     mechanism = SkellamMechanism.calibrate(
         dimension=NOISE_PATH_DIMENSION, max_grad_norm=1.0, noise_multiplier=noise_multiplier, quorum=2
     )
-    accountant = PrivacyLedger().epsilon(1e-5, extra=release_of(mechanism, sample_rate=1.0, contributors=2))
+    accountant = PrivacyLedger().epsilon(
+        1e-5, extra=release_of(mechanism, sample_rate=1.0, contributors=2, coalition=1)
+    )
     canary_rows = np.eye(NOISE_PATH_DIMENSION)  # C = 1
     present = np.concatenate(
         [

@@ -68,7 +68,7 @@ def test_a_restart_keeps_the_ledger_and_the_budget_binds_on_the_worst_view(tmp_p
     # fellow hospital's (it knows its own noise share), so hospital-1 withdraws before sending.
     dimension = sum(p.numel() for p in build_model(ModelSpec("mlp", (30,), 2, (4,))).parameters())
     mechanism = SkellamMechanism.calibrate(dimension=dimension, max_grad_norm=1.0, noise_multiplier=1.0, quorum=3)
-    third = release_of(mechanism, sample_rate=0.1, contributors=3)
+    third = release_of(mechanism, sample_rate=0.1, contributors=3, coalition=1)
     server_view, peer_view = (first.epsilon(1e-5, view=v, extra=third) for v in ("server", "peer_hospital"))
     budget = (server_view + peer_view) / 2
     outputs = _run(

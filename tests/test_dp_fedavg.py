@@ -57,12 +57,12 @@ def test_hospital_level_epsilon_is_the_subclient_epsilon_at_z_over_v(dimension, 
     """A hospital's v sub-clients move the sum by v times the sensitivity: for the Skellam as for the
     Gaussian, the privacy of noise multiplier z / v (to the Skellam's rounding terms)."""
     split = _settings(noise_multiplier=z, subclients=v)
-    hospital = split.levels(split.mechanism(dimension), 3)["hospital"]
+    hospital = split.levels(split.mechanism(dimension), 3, 1)["hospital"]
     unsplit = _settings(noise_multiplier=z / v, subclients=1)
-    subclient_at_z_over_v = unsplit.levels(unsplit.mechanism(dimension), 3)["subclient"]
+    subclient_at_z_over_v = unsplit.levels(unsplit.mechanism(dimension), 3, 1)["subclient"]
     for rounds in (1, 30):
         assert _epsilon(hospital, rounds) == pytest.approx(_epsilon(subclient_at_z_over_v, rounds), rel=1e-4)
-    assert _epsilon(split.levels(split.mechanism(dimension), 3)["subclient"], 30) < _epsilon(hospital, 30) / 2
+    assert _epsilon(split.levels(split.mechanism(dimension), 3, 1)["subclient"], 30) < _epsilon(hospital, 30) / 2
 
 
 @pytest.mark.parametrize("v, group", [(1, 2), (2, 2), (3, 3)])
@@ -71,8 +71,8 @@ def test_a_hospital_s_ledger_is_charged_for_its_sub_clients_and_for_any_one_reco
     r', by up to twice the sensitivity: the ledger's charge covers both."""
     settings = _settings(subclients=v)
     mechanism = settings.mechanism(62)
-    levels = settings.levels(mechanism, 3)
-    charged = ledger_release(settings, mechanism, 3)
+    levels = settings.levels(mechanism, 3, 1)
+    charged = ledger_release(settings, mechanism, 3, 1)
     assert charged == levels["hospital"]
     assert charged.l2_sensitivity == pytest.approx(group * mechanism.l2_sensitivity)
     assert charged.l1_sensitivity == pytest.approx(group * mechanism.l1_sensitivity)
@@ -247,7 +247,7 @@ def test_with_adaptive_v_every_round_is_charged_at_the_most_sub_clients_v_may_re
     adaptive = _adaptive(subclients=2)
     mechanism = adaptive.mechanism(62)
     for v in (1, 2, 6):
-        charged = ledger_release(adaptive.with_round_state({"subclients": v}), mechanism, 3)
+        charged = ledger_release(adaptive.with_round_state({"subclients": v}), mechanism, 3, 1)
         assert charged.l2_sensitivity == pytest.approx(6 * mechanism.l2_sensitivity)
 
 
@@ -324,7 +324,7 @@ def test_adaptive_clipping_changes_neither_the_charge_nor_the_noise_in_levels():
             first.l1_sensitivity,
             first.share_mu,
         )
-        assert ledger_release(moved, mechanism, 3) == ledger_release(settings, first, 3)
+        assert ledger_release(moved, mechanism, 3, 1) == ledger_release(settings, first, 3, 1)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,9 @@ from protocol.one_time_round import _box_context, released_from, upload_digest, 
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.transcript import Transcript, read_messages, read_transcript
+from training.accounting import VIEWS
 from training.datasets import load_dataset
+from training.ledger import LEDGER_FILE
 from training.models import ModelSpec, accuracy, build_model
 
 pytestmark = pytest.mark.slow
@@ -96,8 +98,12 @@ def test_each_hospital_ledger_agrees_with_the_server_and_is_on_disk(run):
     for name in ("hospital-1", "hospital-2", "hospital-3"):
         ledger = party_ledger(out / "federation" / name)
         assert ledger.steps == ROUNDS
-        for view in ("server", "peer_hospital", "collusion"):
+        for view in VIEWS:
             assert ledger.epsilon(1e-5, view=view) == pytest.approx(report["final"]["epsilon"][view])
+        # Every round's endorsement and release were recorded before they left, in round order.
+        lines = [json.loads(line) for line in (out / "federation" / name / LEDGER_FILE).read_text().splitlines()]
+        steps = [(line["round"], line["step"]) for line in lines if "step" in line]
+        assert steps == [(r, step) for r in range(1, ROUNDS + 1) for step in ("endorsed", "released")]
 
 
 def _round_one(out: Path):

@@ -1,19 +1,27 @@
 """The library under the launchers: a run specification, its command line, its defaults and its privacy plan."""
 
+from dataclasses import replace
+
 import pytest
 
 import orchestration.spec
-from orchestration.planning import least_noise_multiplier, planned_epsilons
+from orchestration.planning import check_first_round, least_noise_multiplier, planned_epsilons
 from orchestration.spec import RunSpec, resolve
 from protocol.config import ConfigError
-from scripts import federation
+from scripts import federation, hospital
 
 
 @pytest.mark.parametrize(
     "spec",
     [
         RunSpec(),
-        RunSpec(method="dp-fedavg", hospitals=4, hidden=(16, 8), flags={"subclients": 2, "clip_quantile": 0.5}),
+        RunSpec(
+            method="dp-fedavg",
+            hospitals=4,
+            hidden=(16, 8),
+            budget_view="peer_hospital",
+            flags={"subclients": 2, "clip_quantile": 0.5},
+        ),
         RunSpec(method="dopamine", hidden=(), insecure_plaintext_benchmark=True, send_offset=0.0, rounds=7),
         RunSpec(method="knn-dpfl", hospitals_per_process=3, talliers=4, flags={"reveal": "histogram"}),
     ],
@@ -55,3 +63,16 @@ def test_the_least_noise_multiplier_is_within_the_target_and_the_data_are_loaded
 def test_planning_is_for_methods_with_a_ledger():
     with pytest.raises(ConfigError, match="knn-dpfl does not run over the secure round"):
         planned_epsilons(RunSpec(method="knn-dpfl"))
+
+
+def test_the_budget_binds_on_the_coalition_by_default_and_on_the_view_an_operator_names():
+    """Of 5 hospitals (tau = 3) two may work with the server: they remove two shares, one more than a peer."""
+    spec = RunSpec(hospitals=5, rounds=1, epsilon_budget=1e9)
+    first_round = planned_epsilons(spec)
+    assert first_round["server"] < first_round["peer_hospital"] < first_round["coalition"] < first_round["collusion"]
+    between = replace(spec, epsilon_budget=(first_round["peer_hospital"] + first_round["coalition"]) / 2)
+    resolved, data = resolve(between)
+    with pytest.raises(ConfigError, match="epsilon against the coalition"):
+        check_first_round(resolved, data, [100] * 5)
+    check_first_round(replace(resolved, budget_view="peer_hospital"), data, [100] * 5)
+    assert hospital.build_parser().get_default("budget_view") == RunSpec().budget_view == "coalition"

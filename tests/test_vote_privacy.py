@@ -13,7 +13,7 @@ def test_agent_level_ae_dpfl_matches_the_closed_form():
     """At the quorum, Sk(sigma^2 / 2) on Q one-hot queries: alpha Q / (2 sigma^2) plus Skellam's correction."""
     sigma, queries = 40.0, 300
     settings = VotingSettings(method="ae-dpfl", noise_std=sigma, quorum=5)
-    release = settings.release(queries=queries, classes=10, contributors=5, level="hospital")
+    release = settings.release(queries=queries, classes=10, contributors=5, coalition=1, level="hospital")
     alpha = ORDERS.astype(float)
     correction = np.minimum((2 * alpha + 5) * queries / (4 * sigma**4), 3 * queries / (2 * sigma**2))
     assert np.allclose(release.rdp("server"), alpha * queries / (2 * sigma**2) + correction, rtol=1e-12)
@@ -26,8 +26,8 @@ def test_agent_level_ae_dpfl_matches_the_closed_form():
 def test_a_round_of_q_queries_costs_q_single_queries():
     settings = VotingSettings(method="knn-dpfl", noise_std=25.0, quorum=3, neighbours=10)
     for level in ("record", "hospital"):
-        one = settings.release(queries=1, classes=10, contributors=4, level=level)
-        many = settings.release(queries=250, classes=10, contributors=4, level=level)
+        one = settings.release(queries=1, classes=10, contributors=4, coalition=1, level=level)
+        many = settings.release(queries=250, classes=10, contributors=4, coalition=1, level=level)
         for view in ("server", "peer_hospital", "collusion"):
             assert np.allclose(many.rdp(view), 250 * one.rdp(view), rtol=1e-12)
 
@@ -37,24 +37,24 @@ def test_knn_instance_level_is_k_over_sqrt2_tighter_in_sigma_than_agent_level():
     settings = VotingSettings(method="knn-dpfl", noise_std=60.0, quorum=3, neighbours=k)
     assert settings.sensitivity("record") == (math.sqrt(2), 2.0)
     assert settings.sensitivity("hospital") == (k, k)
-    instance = settings.release(queries=100, classes=10, contributors=3, level="record")
-    agent = settings.release(queries=100, classes=10, contributors=3, level="hospital")
+    instance = settings.release(queries=100, classes=10, contributors=3, coalition=1, level="record")
+    agent = settings.release(queries=100, classes=10, contributors=3, coalition=1, level="hospital")
     # The Gaussian term of the RDP scales with Delta_2^2: 2 against k^2.
     assert instance.rdp("server")[0] < agent.rdp("server")[0] * 2.2 / k**2
 
 
 def test_the_server_view_gains_from_every_voter_and_collusion_keeps_one_share():
     settings = VotingSettings(method="ae-dpfl", noise_std=30.0, quorum=2)
-    two, five = (settings.release(queries=50, classes=10, contributors=c, level="record") for c in (2, 5))
+    two, five = (settings.release(queries=50, classes=10, contributors=c, coalition=1, level="record") for c in (2, 5))
     assert (five.rdp("server") < two.rdp("server")).all()
     assert np.allclose(five.rdp("collusion"), two.rdp("collusion"))
     with pytest.raises(ValueError, match="fewer than the quorum"):
-        settings.release(queries=50, classes=10, contributors=1, level="record")
+        settings.release(queries=50, classes=10, contributors=1, coalition=1, level="record")
 
 
 def test_a_round_of_votes_is_charged_in_a_hospital_ledger(tmp_path):
     settings = VotingSettings(method="ae-dpfl", noise_std=30.0, quorum=2)
-    release = settings.release(queries=50, classes=10, contributors=3, level="record")
+    release = settings.release(queries=50, classes=10, contributors=3, coalition=1, level="record")
     ledger = PrivacyLedger(tmp_path / "ledger.jsonl", key=bytes(32))
     ledger.begin_run("0123abcd", "0123abcd:x")
     ledger.record(release, run_id="0123abcd", round_number=1)

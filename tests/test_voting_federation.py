@@ -248,7 +248,11 @@ def test_a_histogram_run_opens_the_totals_and_keeps_only_the_hospitals_that_acce
     asked = PrivacyLedger()
     asked.begin_run("run", "fingerprint")
     settings = VotingSettings("knn-dpfl", noise_std=15.0, quorum=2, neighbours=30)
-    asked.record(settings.release(queries=20, classes=10, contributors=2, level="record"), run_id="run", round_number=1)
+    asked.record(
+        settings.release(queries=20, classes=10, contributors=2, coalition=1, level="record"),
+        run_id="run",
+        round_number=1,
+    )
     assert report["final"]["epsilon"]["record"]["server"] == pytest.approx(
         asked.epsilons(report["final"]["delta"])["server"]
     )

@@ -9,13 +9,22 @@ noise on a query of sensitivity ``Delta_2``. What protects a record depends on w
 
 - ``server``: knows no share, faces ``Sk(K_c mu)``;
 - ``peer_hospital``: a fellow contributor subtracts its own share, ``Sk((K_c - 1) mu)``;
+- ``coalition``: the server with the most hospitals the secure round tolerates, ``tau - 1`` (its
+  key threshold less one: ``protocol.config.RunConfig.coalition``), who pool their shares:
+  ``Sk((K_c - min(tau - 1, K_c - 1)) mu)``. Such a coalition reads the sum and nothing else
+  (docs/explanation/secure-round.md), so this is the worst view the threat model admits. A voting
+  run counts the same coalition as a secure round's default threshold, ``floor(n / 2)`` hospitals;
 - ``collusion``: every other contributor pools its share, leaving only the record's own
-  hospital's share ``Sk(mu)``, i.e. noise multiplier ``sigma / sqrt(K_min)``. The server colluding
-  with any one hospital is this view too: every hospital holds the BFV key, so together they can
-  decrypt each update on its own.
+  hospital's share ``Sk(mu)``, i.e. noise multiplier ``sigma / sqrt(K_min)``.
 
-A hospital's budget binds on the worst of ``BUDGET_VIEWS`` (the server and a peer, the threat
-model's parties); the collusion view is reported, since the threat model excludes collusion.
+Each view knows at least the shares the one before it knows, so epsilon never falls along
+``VIEWS``. A hospital's budget binds on the view its operator chooses (``--budget-view``, by default
+``coalition``) and, to be safe against a ledger whose records do not follow that order, on every
+view before it (``PrivacyLedger.worst_epsilon``).
+
+Records written before this view existed (the shared-key round, where the server with any one
+hospital could decrypt each update on its own) are read with the coalition view equal to their
+collusion view: that is what such a coalition saw.
 
 The releases a party took part in are kept in its ledger (``training.ledger``).
 """
@@ -30,15 +39,15 @@ import numpy as np
 from training.rdp import ORDERS, poisson_subsampled_rdp, skellam_rdp
 from training.skellam import SkellamMechanism
 
-__all__ = ["ACCOUNTANT", "BUDGET_VIEWS", "VIEWS", "Release", "release_of"]
+__all__ = ["ACCOUNTANT", "DEFAULT_BUDGET_VIEW", "VIEWS", "Release", "release_of"]
 
 ACCOUNTANT = (
     "RDP of the Skellam mechanism (Agarwal et al. 2021, Thm 3.5) amplified by Poisson subsampling with the "
     "binomial bound, for adding and removing a record (training/rdp.py), at integer orders 2-256, converted "
     "with Opacus's RDP-to-DP bound"
 )
-VIEWS = ("server", "peer_hospital", "collusion")
-BUDGET_VIEWS = ("server", "peer_hospital")
+VIEWS = ("server", "peer_hospital", "coalition", "collusion")
+DEFAULT_BUDGET_VIEW = "coalition"
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,9 @@ class Release:
     @classmethod
     def from_record(cls, record: dict) -> "Release":
         mu = record["mu"]
-        if set(mu) != set(VIEWS) or record["mechanism"] != "skellam":
+        if isinstance(mu, dict) and "coalition" not in mu and "collusion" in mu:  # written by the shared-key round
+            mu = {**mu, "coalition": mu["collusion"]}
+        if not isinstance(mu, dict) or set(mu) != set(VIEWS) or record["mechanism"] != "skellam":
             raise ValueError("a Skellam release needs mu for every view")
         release = cls(
             sample_rate=float(record["sample_rate"]),
@@ -83,15 +94,25 @@ class Release:
         return release
 
 
-def release_of(mechanism: SkellamMechanism, *, sample_rate: float, contributors: int, group_size: int = 1) -> Release:
+def release_of(
+    mechanism: SkellamMechanism, *, sample_rate: float, contributors: int, coalition: int, group_size: int = 1
+) -> Release:
     """The release of a sum of ``contributors`` shares, for each view.
+
+    ``coalition`` is how many hospitals pool their shares with the server in the ``coalition`` view
+    (``tau - 1``); only contributors among them remove a share, and never the record's own hospital.
 
     ``group_size`` rows of a share moving together (a hospital's ``v`` sub-clients in DP-FedAvg) move
     it by up to ``group_size`` times each sensitivity (the triangle inequality, in L2 and in L1).
     """
-    if group_size < 1:
-        raise ValueError(f"group_size must be at least 1, got {group_size}")
-    known = {"server": 0, "peer_hospital": min(1, contributors - 1), "collusion": contributors - 1}
+    if group_size < 1 or coalition < 1:
+        raise ValueError(f"group_size and coalition must be at least 1, got {group_size} and {coalition}")
+    known = {
+        "server": 0,
+        "peer_hospital": min(1, contributors - 1),
+        "coalition": min(coalition, contributors - 1),
+        "collusion": contributors - 1,
+    }
     return Release(
         sample_rate=sample_rate,
         l2_sensitivity=group_size * mechanism.l2_sensitivity,

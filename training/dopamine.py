@@ -117,9 +117,13 @@ class DopamineSettings:
     ) -> "NoisyGradientStep":
         return NoisyGradientStep(model, data.x, data.y, self, generator)
 
-    def levels(self, mechanism: SkellamMechanism, contributors: int) -> dict[str, Release]:
+    def levels(self, mechanism: SkellamMechanism, contributors: int, coalition: int) -> dict[str, Release]:
         """One round's release for a record (``training.accounting``)."""
-        return {"record": release_of(mechanism, sample_rate=self.sample_rate, contributors=contributors)}
+        return {
+            "record": release_of(
+                mechanism, sample_rate=self.sample_rate, contributors=contributors, coalition=coalition
+            )
+        }
 
     def read_sum(self, total: np.ndarray, contributors: int, parameter_count: int) -> np.ndarray:
         """The released vector a decrypted sum stands for: the mean gradient."""

@@ -253,11 +253,13 @@ class DpFedAvgSettings:
     ) -> "SubclientStep":
         return SubclientStep(model, data, self, generator)
 
-    def levels(self, mechanism: SkellamMechanism, contributors: int) -> dict[str, Release]:
+    def levels(self, mechanism: SkellamMechanism, contributors: int, coalition: int) -> dict[str, Release]:
         """One round's release at each level (see the module's docstring for the group sizes)."""
         groups = {"hospital": max(self.max_subclients, 2), "record": 2, "subclient": 1}
         return {
-            level: release_of(mechanism, sample_rate=1.0, contributors=contributors, group_size=groups[level])
+            level: release_of(
+                mechanism, sample_rate=1.0, contributors=contributors, coalition=coalition, group_size=groups[level]
+            )
             for level in self.LEVELS
         }
 

@@ -6,7 +6,10 @@ epsilon. Each record is keyed by an identifier the ledger draws itself, never by
 server chooses: a server that repeats a run id or a round cannot make two releases count as one.
 A run id is accepted again only to resume that same run (the same fingerprint: every setting and the
 initial model, ``protocol.config.RunConfig.fingerprint``); ``begin_run`` then returns the last round
-recorded, and a party takes part only in later rounds. The file is append-only
+recorded, and a party takes part only in later rounds. A hospital also records each step of the
+secure round that commits it, ``endorsed`` and ``released`` (``ROUND_STEPS``), before the message
+leaves, and the ledger refuses to record one twice for a round: a hospital never releases twice for a
+round, restarted or not (``docs/explanation/secure-round.md``, P5). The file is append-only
 JSON lines, one fsynced line per record; a final line cut short by a crash was never acknowledged
 (so nothing was released on its strength) and is dropped on the next start; anything else
 unreadable is refused. One process at a time may hold a ledger file (an exclusive lock), so two
@@ -32,18 +35,20 @@ from pathlib import Path
 import numpy as np
 
 from training.durable import append_line, replace_file
-from training.accounting import BUDGET_VIEWS, VIEWS, Release
+from training.accounting import DEFAULT_BUDGET_VIEW, VIEWS, Release
 from training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon
 
-__all__ = ["LEDGER_FILE", "LedgerError", "PrivacyBudget", "PrivacyLedger"]
+__all__ = ["LEDGER_FILE", "ROUND_STEPS", "LedgerError", "PrivacyBudget", "PrivacyLedger"]
 
 LEDGER_FILE = "privacy_ledger.jsonl"
 _HEADER = {"format": "consilium-privacy-ledger", "version": 4}
 # Versions 2 and 3 did not chain their records; version 2 recorded Gaussian steps by noise
 # multiplier for the server and peer views only.
+_V2_VIEWS = ("server", "peer_hospital")
 _V3_HEADER = {"format": "consilium-privacy-ledger", "version": 3}
 _LEGACY_HEADER = {"format": "consilium-privacy-ledger", "version": 2}
 _HEAD_SUFFIX = ".head"
+ROUND_STEPS = ("endorsed", "released")
 
 log = logging.getLogger("consilium.accounting")
 
@@ -61,16 +66,16 @@ class _GaussianRelease:
 
     def rdp(self, view: str) -> np.ndarray:
         z = dict(self.noise_multipliers).get(view)
-        if z is None:  # version 2 did not record the collusion view: nothing is known of it
+        if z is None:  # version 2 recorded neither the coalition nor the collusion view: nothing is known of them
             return np.full(len(ORDERS), np.inf)
         return poisson_subsampled_rdp(ORDERS, self.sample_rate, gaussian_rdp(ORDERS, noise_multiplier=z))
 
     @classmethod
     def from_record(cls, record: dict) -> "_GaussianRelease":
         multipliers = record["noise_multipliers"]
-        if set(multipliers) != set(BUDGET_VIEWS) or not 0 < float(record["sample_rate"]) <= 1:
+        if set(multipliers) != set(_V2_VIEWS) or not 0 < float(record["sample_rate"]) <= 1:
             raise ValueError("malformed version 2 record")
-        return cls(float(record["sample_rate"]), tuple((v, float(multipliers[v])) for v in BUDGET_VIEWS))
+        return cls(float(record["sample_rate"]), tuple((v, float(multipliers[v])) for v in _V2_VIEWS))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -95,6 +100,7 @@ class PrivacyLedger:
         self._runs: dict[str, str | None] = {}  # run id -> its fingerprint (None in older ledgers)
         self._last_round: dict[str, int] = {}
         self._finished: set[str] = set()
+        self._steps: set[tuple[str, int, str]] = set()  # (run id, round, step) taken
         self._locked = False
         self._size = path.stat().st_size if path is not None and path.exists() else 0
         # Repairs wait for the first write, made under the lock: a torn last line to cut, a chained header.
@@ -142,10 +148,19 @@ class PrivacyLedger:
         self._entries[key] = release
         self._last_round[run_id] = max(self._last_round.get(run_id, 0), round_number)
 
+    def record_step(self, step: str, *, run_id: str, round_number: int) -> None:
+        """Write that this party took ``step`` (one of ``ROUND_STEPS``) in a round, durably, before the
+        message that takes it leaves; ``LedgerError`` if it took that step in that round already."""
+        if step not in ROUND_STEPS or run_id not in self._runs:
+            raise LedgerError(f"cannot record step {step!r} of run {run_id}: unknown step, or the run was not begun")
+        if (run_id, round_number, step) in self._steps:
+            raise LedgerError(f"this party {step} round {round_number} of run {run_id} already; it does so once")
+        self._write({"run": run_id, "round": round_number, "step": step})
+        self._steps.add((run_id, round_number, step))
+
     def epsilon(self, delta: float, *, view: str = "server", extra: Release | None = None) -> float:
         """Epsilon at ``delta`` for ``view`` spent so far, plus one more release if given."""
-        if view not in VIEWS:
-            raise ValueError(f"unknown view {view!r}; choose from {', '.join(VIEWS)}")
+        _view_index(view)
         counts = Counter(self._entries.values())
         if extra is not None:
             counts[extra] += 1
@@ -158,9 +173,10 @@ class PrivacyLedger:
         """Epsilon at ``delta`` spent so far, for each view."""
         return {view: self.epsilon(delta, view=view) for view in VIEWS}
 
-    def worst_epsilon(self, delta: float, *, extra: Release | None = None) -> tuple[float, str]:
-        """The largest epsilon over ``BUDGET_VIEWS``, and its view."""
-        return max((self.epsilon(delta, view=view, extra=extra), view) for view in BUDGET_VIEWS)
+    def worst_epsilon(self, delta: float, *, up_to: str, extra: Release | None = None) -> tuple[float, str]:
+        """The largest epsilon over ``VIEWS`` from the server's up to ``up_to``, and the first view that reaches it."""
+        views = VIEWS[: _view_index(up_to) + 1]
+        return max(((self.epsilon(delta, view=view, extra=extra), view) for view in views), key=lambda pair: pair[0])
 
     # -- the file -------------------------------------------------------------------------------
 
@@ -309,6 +325,16 @@ class PrivacyLedger:
             self._runs[str(record["run"])] = record.get("fingerprint")
         elif set(record) == {"finished"}:
             self._finished.add(str(record["finished"]))
+        elif set(record) == {"run", "round", "step"}:
+            step = (record["run"], record["round"], record["step"])
+            if (
+                step[0] not in self._runs
+                or type(step[1]) is not int
+                or step[2] not in ROUND_STEPS
+                or step in self._steps
+            ):
+                raise ValueError(f"malformed step record {record!r:.200}")
+            self._steps.add(step)
         else:
             key, run, round_number = record.pop("key"), record.pop("run"), record.pop("round")
             if (
@@ -324,18 +350,30 @@ class PrivacyLedger:
 
 @dataclass(frozen=True)
 class PrivacyBudget:
+    """At most ``epsilon`` at ``delta`` in ``view`` (``training.accounting``) and every view before it."""
+
     epsilon: float
     delta: float
+    view: str = DEFAULT_BUDGET_VIEW
+
+    def __post_init__(self) -> None:
+        _view_index(self.view)
 
     def refusal(self, ledger: PrivacyLedger, charge: Release, round_number: int) -> str:
         """Why a hospital must not take part in the round, or "" if it may (Dopamine's Algorithm 1, line 17)."""
-        projected, view = ledger.worst_epsilon(self.delta, extra=charge)
+        projected, view = ledger.worst_epsilon(self.delta, up_to=self.view, extra=charge)
         if projected <= self.epsilon:
             return ""
         return (
             f"privacy budget: round {round_number} would bring epsilon against the {view.replace('_', ' ')} "
             f"to {projected:.3f} > {self.epsilon:g} at delta {self.delta:g}"
         )
+
+
+def _view_index(view: str) -> int:
+    if view not in VIEWS:
+        raise ValueError(f"unknown view {view!r}; choose from {', '.join(VIEWS)}")
+    return VIEWS.index(view)
 
 
 def _unreadable(path: Path, reason: str) -> LedgerError:

@@ -10,8 +10,9 @@ the same things, so the protocol needs nothing else of a method:
   ``rows_per_share``, the most rounded rows a share holds on average (it sizes the plain modulus);
 - ``local_step(model, data)``: a hospital's step, returning ``(share, rows)``; it keeps the
   ``settings`` it was made with;
-- ``levels(mechanism, contributors)``: one round's release at each level the method protects
-  (``LEVELS``; a hospital's ledger is charged at the first);
+- ``levels(mechanism, contributors, coalition)``: one round's release at each level the method
+  protects (``LEVELS``; a hospital's ledger is charged at the first), ``coalition`` being the
+  hospitals the secure round tolerates beside the server (``training.accounting.release_of``);
 - ``read_sum(total, contributors, parameter_count)``: the released vector a decrypted sum stands for, the
   model's descent direction and then the method's statistics; ``update_rule(model)``, which every
   party applies to the direction (``training.update_rules``); and ``after_release``, the next
@@ -78,7 +79,7 @@ class TrainingMethod(Protocol):
     def rows_per_share(self) -> float: ...
     def mechanism(self, dimension: int) -> SkellamMechanism: ...
     def local_step(self, model: nn.Module, data: Split) -> LocalStep: ...
-    def levels(self, mechanism: SkellamMechanism, contributors: int) -> dict[str, Release]: ...
+    def levels(self, mechanism: SkellamMechanism, contributors: int, coalition: int) -> dict[str, Release]: ...
     def read_sum(self, total: np.ndarray, contributors: int, parameter_count: int) -> np.ndarray: ...
     def after_release(self, statistics: np.ndarray, contributors: int, parameter_count: int) -> "TrainingMethod": ...
     def round_state(self) -> dict[str, float]: ...
@@ -124,9 +125,9 @@ def settings_from_dict(values: dict) -> TrainingMethod:
     return METHODS[values["method"]].from_dict(values)
 
 
-def ledger_release(settings: TrainingMethod, mechanism: SkellamMechanism, contributors: int) -> Release:
+def ledger_release(settings: TrainingMethod, mechanism: SkellamMechanism, contributors: int, coalition: int) -> Release:
     """What one round of ``contributors`` shares costs in a ledger: its release at the method's first level."""
-    return settings.levels(mechanism, contributors)[settings.LEVELS[0]]
+    return settings.levels(mechanism, contributors, coalition)[settings.LEVELS[0]]
 
 
 class SharedState:

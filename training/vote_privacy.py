@@ -28,8 +28,9 @@ this is exactly the composition of ``Q`` single queries. No sampling: ``q = 1``.
 
 **Views.** The server learns the argmax of the noisy sums, a post-processing of ``Sk(N_c mu)``
 noise: that is what the ``server`` view charges. Hospitals see nothing of the sum; the
-``peer_hospital`` view still subtracts one share, which over-charges. ``collusion`` (every other
-hospital, and every tallier, together) leaves a hospital its own share ``Sk(mu)``.
+``peer_hospital`` view still subtracts one share, which over-charges. ``coalition`` (the server with
+``floor(n / 2)`` hospitals) subtracts their shares; ``collusion`` (every other hospital, and every
+tallier, together) leaves a hospital its own share ``Sk(mu)``.
 
 **What is revealed.** By default the talliers open only each query's label, the argmax of the noisy
 totals. ``REVEAL_MODES``' "histogram" opens the totals themselves: the epsilon is the same (the label
@@ -163,12 +164,13 @@ class VotingSettings:
             share_mu=self.noise_std**2 / (2 * self.quorum),
         )
 
-    def release(self, *, queries: int, classes: int, contributors: int, level: str) -> Release:
-        """One round's votes from ``contributors`` hospitals, as each view of ``training.accounting`` sees it."""
+    def release(self, *, queries: int, classes: int, contributors: int, coalition: int, level: str) -> Release:
+        """One round's votes from ``contributors`` hospitals, as each view of ``training.accounting`` sees it
+        (``coalition``: the hospitals beside the server in its coalition view)."""
         if contributors < self.quorum:
             raise ValueError(f"{contributors} voters are fewer than the quorum {self.quorum}: no label is computed")
         mechanism = self.mechanism(queries=queries, classes=classes, level=level)
-        return release_of(mechanism, sample_rate=1.0, contributors=contributors)
+        return release_of(mechanism, sample_rate=1.0, contributors=contributors, coalition=coalition)
 
     def entry_range(self, *, queries: int, classes: int) -> tuple[int, int]:
         """``[low, high]`` holding every noisy count of one hospital's round, but with probability below 2^-40.
