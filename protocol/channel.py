@@ -69,6 +69,10 @@ class ServerChannel:
     def send(self, message: Message) -> None:
         self.transport.send(encode(message))
 
+    def wait_at_least(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for each message from now on, where that is longer than the wait so far."""
+        self._timeout_s = max(self._timeout_s, seconds)
+
     def take_part(self, welcome: type[M], take_part: Callable[[M], str], name: str) -> str:
         """Say Hello, then ``take_part`` in the run that the ``welcome`` offers, until it returns why the run
         ended. If the connection to the server is made again (the server restarted, say), what was in

@@ -81,6 +81,7 @@ from protocol.one_time_round import (
     Proved,
     RoundRefused,
     box_key_context,
+    check_box_keys,
     released_from,
     state_digest,
 )
@@ -109,6 +110,7 @@ log = logging.getLogger("consilium.hospital")
 # Measured: the default run's slowest train + encrypt step on a 2-core machine took 0.04 s (its
 # first); the offset is six times that, so that a large batch does not overrun it. See the README.
 DEFAULT_SEND_OFFSET_S = 0.25
+MAX_SERVER_WAIT_S = 24 * 3600  # the most a Welcome may say the server keeps a hospital waiting
 
 
 def _float32s(payload: bytes, count: int, what: str) -> np.ndarray:
@@ -156,7 +158,8 @@ class Hospital:
         self._step: LocalStep | None = None
         self._shared: SharedState | None = None
         self._public: PublicContext | None = None
-        self._box_keys: dict[int, X25519PrivateKey] = {}  # round -> this hospital's box key for it (memory only)
+        # round -> this hospital's box key for it and its certificate (memory only, dropped once the round began)
+        self._box_keys: dict[int, tuple[X25519PrivateKey, bytes]] = {}
         self._last_round = 0  # the last round this hospital was charged for: it takes part only in later ones
         self._metrics = HospitalMetrics(state_dir, self._name)
         self._channel = ServerChannel.connect(roster, credentials, accept=TO_HOSPITAL, timeout_s=timeout_s, log=log)
@@ -201,6 +204,11 @@ class Hospital:
             raise ProtocolError(
                 f"the server welcomed {self._name} to run {run}, not to the run it takes part in ({self._run})"
             )
+        if not 0 < welcome.server_wait_s <= MAX_SERVER_WAIT_S:
+            raise ProtocolError(
+                f"the server says it may keep a hospital waiting {welcome.server_wait_s} s; at most {MAX_SERVER_WAIT_S} s is accepted"
+            )
+        self._channel.wait_at_least(welcome.server_wait_s)  # as long as the server may take (review 4, finding 7)
         self._metrics.joins += 1
         set_flat_parameters(self._model, _float32s(welcome.parameters, self._shared.parameter_count, "the model"))
         try:
@@ -209,6 +217,7 @@ class Hospital:
             )
         except ValueError as error:
             raise ProtocolError(f"the server's optimizer state is unusable: {error}") from None
+        self._forget_box_keys(welcome.next_round)
         self._channel.send(BoxKey(round=welcome.next_round, certified_key=self._box_key(welcome.next_round)))
 
     def _box_key(self, round_number: int) -> bytes:
@@ -216,9 +225,17 @@ class Hospital:
         the plaintext benchmark, which seals nothing)."""
         if self._aggregation == INSECURE_PLAINTEXT:
             return b""
-        key = self._box_keys[round_number] = X25519PrivateKey.generate()
+        key = X25519PrivateKey.generate()
         context = box_key_context(self._run, self._name, round_number)
-        return certify_key(key.public_key(), signer=self._credentials.identity.signing, context=context)
+        certified = certify_key(key.public_key(), signer=self._credentials.identity.signing, context=context)
+        self._box_keys[round_number] = (key, certified)
+        return certified
+
+    def _forget_box_keys(self, before_round: int) -> None:
+        """Drop every box key for a round before ``before_round``: shares sealed to one can never be
+        opened after its round (review 4, finding 11)."""
+        for number in [number for number in self._box_keys if number < before_round]:
+            del self._box_keys[number]
 
     def _begin(self, config: RunConfig, run: str, initial_parameters: bytes) -> None:
         if self._name not in config.hospitals:
@@ -284,16 +301,17 @@ class Hospital:
                 try:
                     steps[type(message)](message, pending)
                 except RoundRefused as refusal:
-                    log.warning("%s refuses round %d: %s", self._name, message.round, refusal)
-                    self._channel.send(
-                        Refused(
-                            round=message.round, reason=str(refusal), named=refusal.named, openings=refusal.openings
-                        )
-                    )
+                    self._refuse(message.round, refusal)
                     pending = None
                     continue
                 if isinstance(message, Releases):
                     pending = None
+
+    def _refuse(self, round_number: int, refusal: RoundRefused) -> None:
+        log.warning("%s refuses round %d: %s", self._name, round_number, refusal)
+        self._channel.send(
+            Refused(round=round_number, reason=str(refusal), named=refusal.named, openings=refusal.openings)
+        )
 
     def _start_round(self, message: RoundStart, received: float) -> tuple[Contribution | None, str]:
         """Take part in the round, or say why not (its budget spent): the update, or the refusal."""
@@ -302,6 +320,7 @@ class Hospital:
         if message.round > self._config.rounds:
             raise ProtocolError(f"the server started round {message.round} of a run of {self._config.rounds} rounds")
         self._last_round = message.round
+        self._forget_box_keys(message.round)
         # What every update is charged: the least noise its sum can carry, a quorum's, at this round's settings.
         training = self._shared.settings
         least_noise = ledger_release(training, self._shared.mechanism, training.quorum, self._config.coalition)
@@ -312,14 +331,31 @@ class Hospital:
             self._ledger.finish_run(self._config.run_id)
             return None, refusal
         pending = self._contribute(training, least_noise, message, send_at=received + self._send_offset_s)
+        if pending is None:
+            return None, ""
         if message.round == self._config.rounds:  # no later round exists: a replayed Welcome begins nothing
             self._ledger.finish_run(self._config.run_id)
         return pending, ""
 
     def _contribute(
         self, training: TrainingMethod, charge: Charge, message: RoundStart, *, send_at: float
-    ) -> "Contribution":
+    ) -> "Contribution | None":
+        """This hospital's update for the round, sent; None where it refuses the round before it is charged."""
         round_number = message.round
+        if self._aggregation == SECURE_AGGREGATION:
+            setting = self._config.round_setting(self._run, round_number, self._public.params)
+            try:  # before the charge: a relay's fault costs nothing and ends nothing (review 4, finding 8)
+                check_box_keys(setting, self._name, message.box_keys, self._identities())
+                own = self._box_keys.get(round_number)
+                if own is None or message.box_keys[self._name] != own[1]:  # e.g. one certified before a restart
+                    raise RoundRefused(
+                        f"round {round_number}: the box key listed for {self._name} is not the one it holds",
+                        named=["server"],
+                    )
+            except RoundRefused as refusal:
+                self._box_keys.pop(round_number, None)
+                self._refuse(round_number, refusal)
+                return None
         # Durable before the update leaves: a crash can only over-count.
         self._ledger.record(charge, run_id=self._config.run_id, round_number=round_number)
         if self._step.settings != training:  # adaptive v moved on
@@ -344,11 +380,9 @@ class Hospital:
             )
             boxes: dict[str, bytes] = {}
         else:
-            box = self._box_keys.pop(round_number, None)
-            if box is None:
-                raise ProtocolError(f"round {round_number}: this hospital made no box key for it")
+            box, _ = self._box_keys.pop(round_number)
             contribution.round_keys = HospitalRound(
-                self._config.round_setting(self._run, round_number, self._public.params),
+                setting,
                 self._public,
                 name=self._name,
                 signing=self._credentials.identity.signing,

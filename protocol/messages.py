@@ -129,6 +129,7 @@ class Welcome(Message):
     parameters: bytes  # the model now: float32, the initial parameters until a round is released
     optimizer_state: bytes  # the update rule's state now (training.update_rules): float32
     next_round: int  # the first round the hospital can take part in: its box key is for that round
+    server_wait_s: int  # the longest the server may keep a member waiting (protocol.participants.Timeouts)
 
 
 @dataclass(frozen=True)

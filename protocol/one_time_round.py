@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from crypto.bfv import BfvError, PublicContext
 from crypto.bfv_parameters import BfvParameters
@@ -63,6 +63,7 @@ __all__ = [
     "RoundSetting",
     "SumRound",
     "box_key_context",
+    "check_box_keys",
     "check_opening",
     "check_threshold",
     "open_sum",
@@ -284,24 +285,7 @@ class HospitalRound:
 
     def _do_upload(self, slots, box_keys, identities):
         setting = self._setting
-        if not set(box_keys) <= set(setting.hospitals) or self._name not in box_keys or len(box_keys) < setting.quorum:
-            raise RoundRefused(
-                f"round {setting.round_number}: box keys for {sorted(box_keys)}: not ours and a quorum of the run's hospitals",
-                named=["server"],
-            )
-        recipients = {}
-        for owner in box_keys:
-            try:
-                recipients[owner] = verify_certified_key(
-                    box_keys[owner],
-                    signer=identities[owner],
-                    context=box_key_context(setting.run, owner, setting.round_number),
-                )
-            except SealedBoxError as error:
-                raise RoundRefused(
-                    f"round {setting.round_number}: {owner}'s box key is not certified for this round: {error}",
-                    named=["server"],
-                ) from None
+        recipients = check_box_keys(setting, self._name, box_keys, identities)
         self._box_keys_digest = box_keys_digest(setting, box_keys)
         self._key = OneTimeKey(self._public, threshold=setting.threshold, parties=len(setting.hospitals))
         chunks = self._key.encrypt(slots, setting.public_polynomials)
@@ -771,6 +755,33 @@ def state_digest(parameters: bytes, optimizer_state: bytes) -> bytes:
 
 def upload_digest(chunks: Sequence[bytes]) -> bytes:
     return hashlib.sha256(_frame(_UPLOAD_LABEL, *chunks)).digest()
+
+
+def check_box_keys(
+    setting: RoundSetting, name: str, box_keys: Mapping[str, bytes], identities: Mapping[str, Ed25519PublicKey]
+) -> dict[str, X25519PublicKey]:
+    """The public box keys a RoundStart lists, once each is certified by its owner for this round and
+    they are ``name``'s own and a quorum's of the run's hospitals; ``RoundRefused`` naming the server
+    otherwise. A hospital checks them before it is charged for the round (review 4, finding 8)."""
+    if not set(box_keys) <= set(setting.hospitals) or name not in box_keys or len(box_keys) < setting.quorum:
+        raise RoundRefused(
+            f"round {setting.round_number}: box keys for {sorted(box_keys)}: not ours and a quorum of the run's hospitals",
+            named=["server"],
+        )
+    recipients = {}
+    for owner in box_keys:
+        try:
+            recipients[owner] = verify_certified_key(
+                box_keys[owner],
+                signer=identities[owner],
+                context=box_key_context(setting.run, owner, setting.round_number),
+            )
+        except SealedBoxError as error:
+            raise RoundRefused(
+                f"round {setting.round_number}: {owner}'s box key is not certified for this round: {error}",
+                named=["server"],
+            ) from None
+    return recipients
 
 
 def box_keys_digest(setting: RoundSetting, box_keys: Mapping[str, bytes]) -> bytes:

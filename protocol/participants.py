@@ -5,8 +5,11 @@ the membership of the run: the hospitals that take part in rounds (``active``), 
 Hello and wait to be welcomed (``joining``), the ones that left and why (``departures``), and
 when each joined after the start (``joins``). Once rounds are open (``open_rounds``), a Hello
 from a hospital of the run means it joins again: it leaves the round under way and is welcomed
-before the next one, at most ``MAX_JOINS_AGAIN`` times, since each join mid-round costs every
-contributor a round's charge.
+before the next one. A join that breaks something costs the others: one by a member of the round
+in flight (``begin_round``) aborts it, charging every contributor, and one by a hospital being
+welcomed holds up the welcome. A hospital makes at most ``MAX_JOINS_AGAIN`` such joins in a run;
+the rest cost nothing and are not capped: a reconnect between rounds, and every join after the
+server itself restarted (review 4, finding 4).
 
 ``run_to_the_end`` is the one skeleton of a server's ``run``: whatever ends it (the last round, too
 few hospitals, a protocol error, a bug or an interrupt), everyone still in the run is sent
@@ -17,6 +20,7 @@ already failed.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -24,16 +28,25 @@ from protocol.channel import PartyChannels
 from protocol.checkpoint import write_at_the_end
 from protocol.messages import Finish, Hello, Message, ProtocolError
 
-__all__ = ["MAX_JOINS_AGAIN", "Participants", "Timeouts", "run_to_the_end"]
+__all__ = ["MAX_JOINS_AGAIN", "Participants", "Timeouts", "join_record", "run_to_the_end"]
 
 MAX_JOINS_AGAIN = 3  # per hospital and run
 
 
 @dataclass(frozen=True)
 class Timeouts:
+    """How long a server waits: for hospitals to join, for box keys once welcomed, for each step of a round."""
+
     join_s: float = 60.0
     key_s: float = 60.0
     round_s: float = 60.0
+
+    def server_silence_s(self) -> int:
+        """The longest a member may wait for this server's next message, in whole seconds: a round's five
+        steps (upload to confirmation) each up to ``round_s``, two welcome passes each up to ``key_s``,
+        and a minute for sums, evaluation and checkpoints. A hospital that rejoins mid-round waits that
+        long for its Welcome; the server tells every hospital in its Welcome (review 4, finding 7)."""
+        return math.ceil(5 * self.round_s + 2 * self.key_s + 60)
 
 
 class Participants:
@@ -43,9 +56,13 @@ class Participants:
         self.active: list[str] = []  # hold what a round needs and take part in rounds
         self.joining: list[str] = []  # said Hello: welcomed before the next round
         self.departures: dict[str, str] = {}
-        self.joins: list[dict] = []  # hospitals that joined after the start, and before which round
+        self.joins: list[
+            dict
+        ] = []  # hospitals that joined after the start, before which round, and whether it broke one
         self._log = log
         self._rounds_open = False
+        self._round_members: set[str] = set()  # of the round in flight
+        self._breaking: set[str] = set()  # joining again, and broke a round or a welcome doing so
         # Once rounds are open, a message the server handles itself wherever it waits (a voting server's
         # tallier that says Hello again): True when handled.
         self.intercept: Callable[[str, Message], bool] = lambda sender, message: False
@@ -53,6 +70,17 @@ class Participants:
     def open_rounds(self) -> None:
         """From now on a Hello means that a hospital joins again."""
         self._rounds_open = True
+
+    def begin_round(self) -> None:
+        """The active hospitals are members of a round from now until ``end_round``."""
+        self._round_members = set(self.active)
+
+    def end_round(self) -> None:
+        self._round_members = set()
+
+    def broken_joins(self, name: str) -> int:
+        """How often ``name`` joined again in a way that cost the others (see the module's docstring)."""
+        return sum(join["hospital"] == name and join["broke_round"] for join in self.joins)
 
     def next_message(self, deadline: float, waiting: Callable[[], bool] = lambda: True) -> tuple[str, Message] | None:
         """The next valid message before ``deadline``, or None once it passes or ``waiting()`` turns false
@@ -87,7 +115,11 @@ class Participants:
     def admit(self, ready: list[str], *, before_round: int) -> None:
         """``ready`` take part from ``before_round`` on (a join after the start is reported)."""
         if before_round > 1:
-            self.joins += [{"hospital": name, "before_round": before_round} for name in ready]
+            self.joins += [
+                {"hospital": name, "before_round": before_round, "broke_round": name in self._breaking}
+                for name in ready
+            ]
+        self._breaking -= set(ready)
         self.active = [name for name in self.hospitals if name in self.active or name in ready]
 
     def turn_away(self, name: str, reason: str) -> None:
@@ -117,17 +149,31 @@ class Participants:
         if sender in self.joining:
             self.parties.reject(sender, message, "already joining")
             return
-        if sum(join["hospital"] == sender for join in self.joins) >= MAX_JOINS_AGAIN:
-            reason = f"joined again {MAX_JOINS_AGAIN} times; not welcomed any more"
+        # A member of the round in flight breaks it; one neither active nor joining is being welcomed.
+        breaking = sender in self._round_members or sender not in self.active
+        if breaking and self.broken_joins(sender) >= MAX_JOINS_AGAIN:
+            reason = f"joined again {MAX_JOINS_AGAIN} times mid-round or mid-welcome; not welcomed any more"
             if sender in self.active:
                 self.drop(sender, reason)
             else:
                 self.parties.send(sender, Finish(reason=reason))
             return
+        if breaking:
+            self._breaking.add(sender)
         if sender in self.active:
             self.active.remove(sender)  # whatever it had in flight is gone: a round waits for it no longer
             self._log.warning("%s connected again; it joins again before the next round", sender)
         self.joining.append(sender)
+
+
+def join_record(join: dict) -> dict:
+    """A join as a checkpoint holds it (``KeyError``, ``TypeError`` or ``ValueError`` if malformed). One
+    written before joins were told apart counts as one that broke a round, as every join did then."""
+    return {
+        "hospital": str(join["hospital"]),
+        "before_round": int(join["before_round"]),
+        "broke_round": bool(join.get("broke_round", True)),
+    }
 
 
 def run_to_the_end(

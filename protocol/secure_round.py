@@ -2,7 +2,9 @@
 
 1. ``collect_updates``: each active hospital's upload is added to the round's sum as it arrives
    (``protocol.one_time_round.SumRound``), with the shares it sealed to the others and its box key
-   for the next round; a hospital that sends none in time is dropped.
+   for the next round; a hospital that sends none in time is dropped. One that refuses the round
+   (the box keys it was sent did not check) is left out of it without a wait; with no box key for
+   the next round, it leaves the run then.
 2. ``collect_from_members``: once per step after that, one message of a kind from every member of
    the round (an endorsement, a proof, a release, a confirmation), each checked as it arrives
    where a check is given. A member that refuses the step (``Refused``) or sends nothing in time
@@ -14,6 +16,7 @@ says Hello again leaves the round), and rejects anything else without changing s
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
@@ -24,6 +27,8 @@ from protocol.one_time_round import SumRound
 from protocol.participants import Participants
 
 __all__ = ["collect_from_members", "collect_updates"]
+
+log = logging.getLogger("consilium.server")
 
 
 def collect_updates(
@@ -41,9 +46,10 @@ def collect_updates(
     ``check`` (which says why not, or "")."""
     parties = participants.parties
     updates: dict[str, Update] = {}
+    refused: set[str] = set()
     aggregate_seconds = 0.0
     deadline = time.monotonic() + timeout_s
-    waiting = lambda: not set(participants.active) <= set(updates)  # noqa: E731
+    waiting = lambda: not set(participants.active) <= set(updates) | refused  # noqa: E731
     while waiting():
         got = participants.next_message(deadline, waiting)
         if got is None:
@@ -51,12 +57,23 @@ def collect_updates(
         sender, message = got
         if isinstance(message, Withdraw) and sender in participants.active:
             participants.drop(sender, f"withdrew: {message.reason}", notify=False)
+        elif (
+            isinstance(message, Refused)
+            and message.round == round_number
+            and sender in participants.active
+            and sender not in updates
+            and sender not in refused
+        ):
+            refused.add(sender)
+            log.warning("%s refuses round %d before its upload: %s", sender, round_number, message.reason)
         elif not isinstance(message, Update) or sender not in participants.active:
             parties.reject(sender, message, f"expected an update for round {round_number}")
         elif message.round != round_number:
             parties.reject(sender, message, f"update for round {message.round} during round {round_number}")
         elif sender in updates:
             parties.reject(sender, message, f"second update for round {round_number}")
+        elif sender in refused:
+            parties.reject(sender, message, f"an update after refusing round {round_number}")
         elif set(message.boxes) != boxes_for:
             parties.reject(sender, message, f"shares sealed to {sorted(message.boxes)}, not to {sorted(boxes_for)}")
         elif reason := check(sender, message):
@@ -73,7 +90,7 @@ def collect_updates(
                 continue
             aggregate_seconds += time.perf_counter() - started
             updates[sender] = message
-    for name in set(participants.active) - set(updates):
+    for name in set(participants.active) - set(updates) - refused:
         participants.drop(name, f"sent no update for round {round_number} within {timeout_s:g} s")
     return updates, aggregate_seconds
 
@@ -85,17 +102,25 @@ def collect_from_members(
     round_number: int,
     timeout_s: float,
     check: Callable[[str, Message], str] = lambda sender, message: "",
+    *,
+    every_member_needed: bool = True,
 ) -> tuple[dict[str, Message], dict[str, Refused]]:
     """One ``kind`` message of round ``round_number`` from each member, each passing ``check`` (which
-    returns why not, or ""); and the refusals of the step. Every member is needed, so the wait ends
-    as soon as one leaves (says Hello again): nobody is dropped then. Otherwise a member that sends
+    returns why not, or ""); and the refusals of the step. Where every member is needed, the wait
+    ends as soon as one leaves (says Hello again), and nobody is dropped then; otherwise (the
+    confirmation, after the sum is open) it goes on for those still active. A member that sends
     neither in time is dropped; one that refuses is not (its refusal names whom it caught)."""
     parties = participants.parties
     answers: dict[str, Message] = {}
     refusals: dict[str, Refused] = {}
     deadline = time.monotonic() + timeout_s
     expected = set(members)
-    waiting = lambda: expected <= set(participants.active) and not expected <= set(answers) | set(refusals)  # noqa: E731
+
+    def waiting() -> bool:
+        if every_member_needed and not expected <= set(participants.active):
+            return False
+        return not (expected & set(participants.active)) <= set(answers) | set(refusals)
+
     while waiting():
         got = participants.next_message(deadline, waiting)
         if got is None:
@@ -113,7 +138,7 @@ def collect_from_members(
             parties.reject(sender, message, reason)
         else:
             answers[sender] = message
-    if expected <= set(participants.active):
-        for name in expected - set(answers) - set(refusals):
+    if not every_member_needed or expected <= set(participants.active):
+        for name in (expected & set(participants.active)) - set(answers) - set(refusals):
             participants.drop(name, f"sent no {kind.TYPE} for round {round_number} within {timeout_s:g} s")
     return answers, refusals

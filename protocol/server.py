@@ -65,7 +65,7 @@ from protocol.one_time_round import (
     released_from,
     state_digest,
 )
-from protocol.participants import Participants, Timeouts, run_to_the_end
+from protocol.participants import Participants, Timeouts, join_record, run_to_the_end
 from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.secure_round import collect_from_members, collect_updates
@@ -242,6 +242,7 @@ class Server:
             parameters=get_flat_parameters(self._model).tobytes(),
             optimizer_state=self._shared.state().tobytes(),
             next_round=next_round,
+            server_wait_s=self._timeouts.server_silence_s(),
         )
         newcomers, participants.joining = participants.joining, []
         for name in newcomers:
@@ -262,7 +263,9 @@ class Server:
         # A Hello instead of a box key is a join too: it counts towards the cap, so that no hospital can
         # keep the server welcoming it while the others wait (review 4, finding 3).
         participants.joins += [
-            {"hospital": name, "before_round": next_round} for name in newcomers if name in participants.joining
+            {"hospital": name, "before_round": next_round, "broke_round": True}
+            for name in newcomers
+            if name in participants.joining
         ]
         participants.admit(ready, before_round=next_round)
         log.info("%d hospitals take part; the server holds parameters only", len(participants.active))
@@ -296,16 +299,17 @@ class Server:
         for name in list(participants.active):
             if not insecure and self._box_keys.get(name, (0, b""))[0] != round_number:
                 participants.drop(name, f"holds no box key for round {round_number}")
-        box_keys = {} if insecure else {name: self._box_keys[name][1] for name in participants.active}
-        for name in participants.active:
-            participants.parties.send(name, RoundStart(round=round_number, box_keys=box_keys))
         quorum = self._config.training.quorum
-        if len(participants.active) < quorum:
+        if len(participants.active) < quorum:  # before RoundStart: nobody is charged for a round that cannot be
             self._abort(
                 record,
                 f"{len(participants.active)} hospitals hold a box key for this round, fewer than the quorum of {quorum}",
             )
             return
+        box_keys = {} if insecure else {name: self._box_keys[name][1] for name in participants.active}
+        for name in participants.active:
+            participants.parties.send(name, RoundStart(round=round_number, box_keys=box_keys))
+        participants.begin_round()
         setting = self._config.round_setting(self._run, round_number, self._params) if not insecure else None
         total = SumRound(setting, self._public) if setting else InsecurePlaintextSum(self._params)
         identities = self._identities()
@@ -321,7 +325,10 @@ class Server:
             name: sum(map(len, update.chunks)) + sum(map(len, update.boxes.values()))
             for name, update in updates.items()
         }
-        record.contributors = sorted(updates, key=self._config.hospitals.index)
+        # One that said Hello again since its upload is joining again: the others' sum goes on without it (review 4, finding 9).
+        record.contributors = [
+            name for name in self._config.hospitals if name in updates and name in participants.active
+        ]
         record.seconds["collect"] = time.perf_counter() - started
         for name, update in updates.items():
             if round_number < self._config.rounds and (
@@ -387,16 +394,16 @@ class Server:
                 return None
             total.proved({n: Proved(p.seed, p.proof, p.signature) for n, p in proofs.items()}, identities)
             evidence.proofs = {n: Proved(p.seed, p.proof, p.signature) for n, p in proofs.items()}
+            # From here on members release, and any tau releases open the sum: the ledger first (review 4, finding 12).
+            self._record.charge(
+                ledger_release(self._shared.settings, self._mechanism, len(members), self._config.coalition), number
+            )
             self._send_all(members, Proofs.of(number, proofs))
             releases = self._step(
                 record, Release, "release", lambda n, r: self._release_refusal(total, n, r, identities), evidence
             )
             if releases is None:
                 return None
-            # From here on the sum can be opened: the ledger first.
-            self._record.charge(
-                ledger_release(self._shared.settings, self._mechanism, len(members), self._config.coalition), number
-            )
             slots = total.open(
                 {n: released_from(self._public, r.share, r.masks, r.signature) for n, r in releases.items()},
                 identities,
@@ -428,21 +435,24 @@ class Server:
         )
 
     def _confirmed(self, record: RoundRecord, mean):
-        """``mean``, once every member said it applied the same; a member that applied another is
-        rejected and dropped (its model has left the run's)."""
+        """``mean``, once every member still in the round said it applied the same; a member that applied
+        another, or refused the opened sum, leaves the run: its model has left the run's (review 4,
+        finding 10). One that said Hello again takes the model as it is when it is welcomed."""
         expected = release_digest(record.round, mean.tobytes())
-        check = lambda sender, message: "" if message.digest == expected else "it applied another mean than the sum's"  # noqa: E731
-        _, refusals = collect_from_members(
-            self._participants, record.contributors, Confirmed, record.round, self._timeouts.round_s, check
+        confirmations, refusals = collect_from_members(
+            self._participants,
+            record.contributors,
+            Confirmed,
+            record.round,
+            self._timeouts.round_s,
+            every_member_needed=False,
         )
+        for name, confirmation in confirmations.items():
+            if confirmation.digest != expected:
+                self._participants.drop(name, f"round {record.round}: it applied another mean than the sum's")
         for name, refusal in refusals.items():
-            log.warning(
-                "round %d: %s refused the opened sum: %s (named: %s)",
-                record.round,
-                name,
-                refusal.reason,
-                ", ".join(refusal.named),
-            )
+            reason = f"{refusal.reason} (named: {', '.join(refusal.named) or 'nobody'})"
+            self._participants.drop(name, f"round {record.round}: it refused the opened sum: {reason}")
         return mean
 
     def _step(self, record: RoundRecord, kind, what: str, check, evidence: "_Evidence"):
@@ -509,6 +519,7 @@ class Server:
     # -- persistence ----------------------------------------------------------------------------
 
     def _finish_round(self, record: RoundRecord) -> None:
+        self._participants.end_round()
         self._record.rounds.append(record)
         self._save_checkpoint()
         self._on_round(dataclasses.asdict(record))
@@ -551,7 +562,7 @@ class Server:
             if not all(type(r.round) is int for r in rounds):
                 raise ValueError("round numbers must be integers")
             departures = {str(name): str(reason) for name, reason in dict(checkpoint.departures).items()}
-            joins = [{"hospital": str(j["hospital"]), "before_round": int(j["before_round"])} for j in checkpoint.joins]
+            joins = [join_record(join) for join in checkpoint.joins]
         except (MessageError, TypeError, ValueError, KeyError) as error:
             raise CheckpointError(f"the checkpoint in {self._out_dir} is unusable: {error}") from None
         self._run = self._config.fingerprint(checkpoint.initial_parameters)

@@ -92,7 +92,7 @@ class RunRecord:
         return [r for r in self.rounds if r.status == "released"]
 
     def charge(self, release: Release, round_number: int) -> None:
-        """Charge the ledger, durably, before the round's sum may be decrypted."""
+        """Charge the ledger, durably, before any member may release its share of the round's key."""
         self._ledger.record(release, run_id=self._run_id, round_number=round_number)
 
     def score(self, record: RoundRecord, model: torch.nn.Module, validation: Split) -> None:

@@ -66,7 +66,7 @@ from protocol.party_keys import Credentials
 from protocol.roster import Roster
 from protocol.transcript import Transcript
 from protocol.checkpoint import CheckpointError, VotingCheckpoint, write_report, write_retrying
-from protocol.participants import Participants, Timeouts, run_to_the_end
+from protocol.participants import Participants, Timeouts, join_record, run_to_the_end
 from protocol.transport import ServerTransport
 from protocol.voting_config import VotingConfig
 from protocol.voting_round import RoundRecord, TallyInterrupted, collect_ballots, collect_labels
@@ -348,6 +348,7 @@ class VotingServer:
         queries = np.ascontiguousarray(self._pool.x[indices], dtype="<f4").tobytes()
         for name in self._participants.active:
             self._participants.parties.send(name, VoteRequest(round=round_number, queries=queries))
+        self._participants.begin_round()
         ballots = collect_ballots(
             self._participants,
             round_number,
@@ -512,7 +513,7 @@ class VotingServer:
                 raise ValueError("its pending ballots are not one box per tallier from hospitals of the run")
             active = [str(name) for name in checkpoint.active if name in self._config.hospitals]
             departures = {str(name): str(reason) for name, reason in dict(checkpoint.departures).items()}
-            joins = [{"hospital": str(j["hospital"]), "before_round": int(j["before_round"])} for j in checkpoint.joins]
+            joins = [join_record(join) for join in checkpoint.joins]
         except (TypeError, ValueError, KeyError, AttributeError) as error:
             raise CheckpointError(f"the checkpoint in {self._out_dir} is unusable: {error}") from None
         self._order, self._rounds, self._labelled = order, rounds, labelled
@@ -544,6 +545,7 @@ class VotingServer:
         self._finish_round(record)
 
     def _finish_round(self, record: RoundRecord) -> None:
+        self._participants.end_round()
         self._rounds.append(record)
         self._save_checkpoint()
         self._on_round(dataclasses.asdict(record))

@@ -87,7 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state", type=Path, help="where the privacy ledger and metrics live (default: FEDERATION/NAME)"
     )
-    parser.add_argument("--timeout", type=positive_float, default=180.0, help="seconds to wait for the server")
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=180.0,
+        help="seconds to wait for the server's Welcome, and at least for each later message: a training server's "
+        "Welcome raises it to what that server may take, 5 x its --round-timeout + 2 x its --join-timeout + 60 "
+        "(default: 180)",
+    )
     parser.add_argument(
         "--upgrade-ledger",
         action="store_true",

@@ -48,6 +48,7 @@ from protocol.one_time_round import (
     released_from,
     state_digest,
 )
+from protocol.participants import Timeouts
 from protocol.party_keys import SERVER, Credentials
 from protocol.roster import Roster
 from protocol.transport import ClientTransport, ServerTransport
@@ -78,7 +79,7 @@ def small_run_config(roster: Roster, *, quorum: int, rounds: int, run_id: str | 
             noise_multiplier=1.0,
             max_grad_norm=1.0,
             quorum=quorum,
-            expected_batch_size=10,
+            expected_batch_size=10.0,  # a float, as every hospital reads it: the run fingerprints agree
             learning_rate=0.05,
             momentum=0.9,
         ),
@@ -260,6 +261,7 @@ class ScriptedServer:
             parameters=self.initial,
             optimizer_state=bytes(len(self.initial)),
             next_round=1,
+            server_wait_s=Timeouts().server_silence_s(),
         )
 
     def set_up(self) -> None:

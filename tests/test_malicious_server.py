@@ -10,7 +10,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from crypto.one_time_keys import pack_ring, unpack_ring
+from crypto.sealed_box import certify_key
 from protocol.config import INSECURE_PLAINTEXT
 from protocol.messages import (
     BoxKey,
@@ -21,6 +24,8 @@ from protocol.messages import (
     Refused,
     RoundStart,
 )
+from protocol.one_time_round import box_key_context
+from protocol.party_keys import Credentials
 from scripted import ScriptedServer
 from training.dp_fedavg import DpFedAvgSettings
 
@@ -115,6 +120,36 @@ def test_a_hospital_endorses_one_sum_a_round(server):
     assert _drain(server) == []
 
 
+def test_a_round_start_with_a_box_key_not_its_owner_s_is_refused_before_any_charge(server):
+    """The server lists hospital-3's certified key as hospital-2's: every hospital refuses the round
+    naming the server, before it is charged or trains, and stays in the run (review 4, finding 8)."""
+    server.set_up()
+    forged = {**server.box_keys, H2: server.box_keys[H3]}
+    _send_all(server, RoundStart(round=1, box_keys=forged))
+    refusals = server.receive_from_each(Refused, EVERYONE)
+    for name, refusal in refusals.items():
+        assert refusal.named == ("server",) and "hospital-2's box key is not certified for this round" in refusal.reason
+        assert server.ledger_epsilon(name) == 0
+    _finish(server)  # each was still in the run: it exits cleanly when told the run is over
+    assert _drain(server) == []
+
+
+def test_a_box_key_certified_for_a_hospital_but_not_the_one_it_holds_is_refused(server):
+    """A certificate in hospital-1's name for round 1 that is not the key hospital-1 holds (one it
+    made before a restart, say; here one signed with its identity from disk): hospital-1 refuses
+    the round before it is charged, rather than deal a share to a key nobody holds (review 4, finding 11)."""
+    server.set_up()
+    identity = Credentials.load(server.federation / H1).identity.signing
+    stale = certify_key(
+        X25519PrivateKey.generate().public_key(), signer=identity, context=box_key_context(server.run, H1, 1)
+    )
+    server.send(H1, RoundStart(round=1, box_keys={**server.box_keys, H1: stale}))
+    refusal = server.receive_from_each(Refused, (H1,))[H1]
+    assert refusal.named == ("server",) and "not the one it holds" in refusal.reason
+    assert server.ledger_epsilon(H1) == 0
+    _finish(server)
+
+
 def test_a_replayed_round_and_a_reused_run_id_are_refused(tmp_path):
     server = ScriptedServer(tmp_path, 3, quorum=3)
     try:
@@ -145,7 +180,7 @@ def test_a_replayed_round_and_a_reused_run_id_are_refused(tmp_path):
 
 def test_hospitals_given_different_settings_take_no_round(server):
     """Less noise for hospitals 2 and 3 than for hospital-1: their box keys are certified for another run,
-    so hospital-1 seals them nothing, and leaves."""
+    so hospital-1 seals them nothing, and refuses the round before it is charged."""
     config = server.config
     less_noise = dataclasses.replace(config, training=dataclasses.replace(config.training, noise_multiplier=0.3))
     server.receive_from_each(Hello, EVERYONE)
@@ -154,7 +189,10 @@ def test_hospitals_given_different_settings_take_no_round(server):
         server.send(name, server.welcome(name, less_noise))
     box_keys = {name: message.certified_key for name, message in server.receive_from_each(BoxKey, EVERYONE).items()}
     server.send(H1, RoundStart(round=1, box_keys=box_keys))
-    assert "not certified for this round" in _refusal(server, H1)
+    assert "not certified for this round" in server.receive_from_each(Refused, (H1,))[H1].reason
+    assert server.ledger_epsilon(H1) == 0
+    _finish(server)
+    assert _drain(server) == []
 
 
 DP_FEDAVG = DpFedAvgSettings(
@@ -209,6 +247,16 @@ def test_a_welcome_with_absurd_sizes_is_refused_in_one_line_before_anything_is_a
             and "the server's run configuration is unusable" in errors[0]
             and "hidden layers" in errors[0]
         )
+
+
+def test_a_welcome_that_would_keep_a_hospital_waiting_forever_or_never_is_refused(server):
+    """The server's Welcome says how long it may keep a member waiting (5 round steps and 2 welcome
+    passes): a hospital waits that long, but neither no time nor more than a day."""
+    server.receive_from_each(Hello, EVERYONE)
+    for name, wait in ((H1, 0), (H2, 10**9), (H3, 24 * 3600 + 1)):  # (a negative one is not even decoded)
+        server.send(name, dataclasses.replace(server.welcome(name), server_wait_s=wait))
+    for name in EVERYONE:
+        assert "at most 86400 s is accepted" in _refusal(server, name)
 
 
 def test_a_finished_run_s_welcome_replayed_and_a_round_past_the_last_are_refused(tmp_path):

@@ -51,6 +51,7 @@ SAMPLES = [
         parameters=b"\x01" * 8,
         optimizer_state=b"\x02" * 8,
         next_round=1,
+        server_wait_s=480,
     ),
     RunKey(certified_key=b"k" * 96),
     RoundStart(round=1, box_keys={"hospital-1": b"k" * 96}),

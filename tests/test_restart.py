@@ -73,6 +73,9 @@ def test_a_server_killed_mid_run_resumes_and_no_hospitals_epsilon_goes_down(tmp_
     interrupted = [r for r in rounds if r["status"] != "released"]
     assert len(interrupted) <= 1 and all(r["reason"].startswith("interrupted") for r in interrupted)
     assert rounds[-1]["status"] == "released" and report["resumed"]
+    # Joining the resumed server broke nothing of the hospitals' doing: no join counts towards the cap.
+    assert {j["hospital"] for j in report["joins"]} == {h.name for h in hospitals}
+    assert not any(join["broke_round"] for join in report["joins"])
     assert report["final"]["rounds_released"] == ROUNDS - len(interrupted)
     released = {r["round"] for r in rounds if r["status"] == "released"}
     for hospital in hospitals:

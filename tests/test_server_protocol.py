@@ -1,5 +1,6 @@
 """A real server process against scripted hospitals: bad input is rejected and changes nothing."""
 
+import dataclasses
 import json
 import signal
 
@@ -185,6 +186,117 @@ def test_a_vanished_hospital_is_dropped_and_a_round_below_quorum_is_never_opened
         hospital.close()
 
 
+@pytest.mark.parametrize("server", [(5, "--rounds", "2", "--quorum", "4", "--round-timeout", "60")], indirect=True)
+def test_a_hospital_that_refuses_a_round_start_is_left_out_at_once_and_leaves_with_no_box_key(server):
+    """hospital-5 refuses round 1's RoundStart (as it would box keys that do not check): the server
+    opens the others' sum without waiting for it, and at round 2, for which it holds no box key
+    (it travels in the upload), hospital-5 leaves the run, told why."""
+    hospitals = [ScriptedHospital(server, f"hospital-{i}") for i in range(1, 6)]
+    present, refuser = hospitals[:4], hospitals[4]
+    _join(hospitals)
+    updates, values = _uploads(present, 1)
+    assert refuser.expect(RoundStart).round == 1
+    refuser.send(Refused(round=1, reason="a box key does not check", named=("server",), openings={}))
+    for hospital in present:
+        hospital.send(updates[hospital.name])
+    totals = _rest_of_round(present)
+    assert all(np.array_equal(total, sum(values[h.name] for h in present)) for total in totals.values())
+    assert "holds no box key for round 2" in refuser.expect(Finish).reason
+    updates, _ = _uploads(present, 2)
+    for hospital in present:
+        hospital.send(updates[hospital.name])
+    _rest_of_round(present)
+    report = server.finish()
+    assert [r["status"] for r in report["rounds"]] == ["released", "released"]
+    assert "refuses round 1 before its upload: a box key does not check" in server.log.read_text()
+    for hospital in hospitals:
+        hospital.close()
+
+
+@pytest.mark.parametrize("server", [(5, "--rounds", "1", "--quorum", "4", "--round-timeout", "60")], indirect=True)
+def test_a_hospital_that_joins_again_after_its_upload_leaves_the_sum_to_the_others(server):
+    """hospital-5 uploads, then says Hello again: the four others still meet the quorum, so their
+    sum is opened without its upload, and hospital-5 is welcomed again."""
+    hospitals = [ScriptedHospital(server, f"hospital-{i}") for i in range(1, 6)]
+    present, rejoining = hospitals[:4], hospitals[4]
+    _join(hospitals)
+    updates, values = _uploads(hospitals, 1)
+    rejoining.send(updates[rejoining.name])
+    rejoining.send(Hello())
+    server.wait_for_log("hospital-5 connected again")
+    for hospital in present:
+        hospital.send(updates[hospital.name])
+    totals = _rest_of_round(present)
+    assert all(np.array_equal(total, sum(values[h.name] for h in present)) for total in totals.values())
+    report = server.finish()
+    [released] = report["rounds"]
+    assert released["status"] == "released" and released["contributors"] == [h.name for h in present]
+    for hospital in hospitals:
+        hospital.close()
+
+
+@pytest.mark.parametrize("server", [(3, "--rounds", "2", "--round-timeout", "30")], indirect=True)
+def test_the_server_charges_a_round_before_it_relays_the_proofs(server):
+    """Once the proofs are relayed members release, and any tau releases open the sum: the server's
+    ledger has the round before that, even where a member then refuses (review 4, finding 12)."""
+    hospitals = h1, h2, h3 = [ScriptedHospital(server, f"hospital-{i}") for i in (1, 2, 3)]
+    _join(hospitals)
+    updates, _ = _uploads(hospitals, 1)
+    for hospital in hospitals:
+        hospital.send(updates[hospital.name])
+    aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
+    for hospital in hospitals:
+        hospital.send(hospital.endorse(aggregates[hospital.name]))
+    endorsements = {h.name: h.expect(Endorsements) for h in hospitals}
+    for hospital in hospitals:
+        hospital.send(hospital.prove(endorsements[hospital.name]))
+    proofs = {h.name: h.expect(Proofs) for h in hospitals}
+    h1.send(Refused(round=1, reason="I say so", named=(), openings={}))
+    for hospital in (h2, h3):
+        hospital.send(hospital.release(proofs[hospital.name]))
+    for hospital in hospitals:
+        assert hospital.expect(RoundAbort).round == 1
+    for hospital in hospitals:  # round 2 begins; end the run here
+        hospital.expect(RoundStart)
+        hospital.send(Withdraw(round=2, reason="test over"))
+    report = server.finish()
+    assert [r["status"] for r in report["rounds"]] == ["aborted"] * len(report["rounds"])
+    assert report["final"]["rounds_released"] == 0 and report["final"]["epsilon"]["server"] > 0
+    for hospital in hospitals:
+        hospital.close()
+
+
+@pytest.mark.parametrize("server", [(3, "--rounds", "2", "--round-timeout", "30")], indirect=True)
+def test_a_member_that_applied_another_mean_leaves_the_run(server):
+    """hospital-1 confirms a mean other than the sum's: its model has left the run's, so it is told to
+    leave at once, and the two left are fewer than the quorum (review 4, finding 10)."""
+    hospitals = h1, h2, h3 = [ScriptedHospital(server, f"hospital-{i}") for i in (1, 2, 3)]
+    _join(hospitals)
+    updates, _ = _uploads(hospitals, 1)
+    for hospital in hospitals:
+        hospital.send(updates[hospital.name])
+    aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
+    for hospital in hospitals:
+        hospital.send(hospital.endorse(aggregates[hospital.name]))
+    endorsements = {h.name: h.expect(Endorsements) for h in hospitals}
+    for hospital in hospitals:
+        hospital.send(hospital.prove(endorsements[hospital.name]))
+    proofs = {h.name: h.expect(Proofs) for h in hospitals}
+    for hospital in hospitals:
+        hospital.send(hospital.release(proofs[hospital.name]))
+    releases = {h.name: h.expect(Releases) for h in hospitals}
+    confirmation = h1.confirm(releases["hospital-1"])
+    h1.send(dataclasses.replace(confirmation, digest=bytes(len(confirmation.digest))))
+    for hospital in (h2, h3):
+        hospital.send(hospital.confirm(releases[hospital.name]))
+    assert "applied another mean than the sum's" in h1.expect(Finish).reason
+    report = server.finish()
+    assert [r["status"] for r in report["rounds"]] == ["released"]
+    assert "applied another mean" in report["departures"]["hospital-1"]
+    for hospital in hospitals:
+        hospital.close()
+
+
 @pytest.mark.parametrize("server", [(3, "--rounds", "2")], indirect=True)
 def test_a_run_stopped_by_an_unexpected_error_says_so(server):
     """Interrupted mid-join: the report and the Finish name the interruption, not a completed run."""
@@ -262,7 +374,7 @@ def test_a_hospital_that_joins_again_mid_round_costs_that_round_only(server):
     _rest_of_round(hospitals)
     report = server.finish()
     assert [r["status"] for r in report["rounds"]] == ["aborted", "released"]
-    assert report["joins"] == [{"hospital": "hospital-1", "before_round": 2}]
+    assert report["joins"] == [{"hospital": "hospital-1", "before_round": 2, "broke_round": True}]
     assert "Traceback" not in server.log.read_text()
     for hospital in hospitals:
         hospital.close()

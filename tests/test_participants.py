@@ -1,0 +1,103 @@
+"""The run's membership and waits, as units: which joins again cost the others, the cap on those
+alone, and how long a hospital waits for its server.
+
+The channels' transports are replaced by a queue of messages or a silent one: what is checked here
+is the bookkeeping, and the real transports are exercised by every federation test."""
+
+import logging
+
+import pytest
+
+from protocol.channel import ServerChannel
+from protocol.messages import Finish, Hello, ProtocolError
+from protocol.participants import MAX_JOINS_AGAIN, Participants, Timeouts, join_record
+
+HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
+
+
+class _Queue:
+    """Stands in for ``protocol.channel.PartyChannels``: hands out queued messages, keeps what is sent."""
+
+    def __init__(self) -> None:
+        self.incoming: list[tuple[str, object]] = []
+        self.sent: list[tuple[str, object]] = []
+
+    def next_message(self, deadline: float):
+        return self.incoming.pop(0) if self.incoming else None
+
+    def send(self, name: str, message) -> None:
+        self.sent.append((name, message))
+
+    def reject(self, name: str, message, reason: str) -> None:
+        raise AssertionError(f"{name}'s message rejected: {reason}")
+
+
+def _running() -> tuple[Participants, _Queue]:
+    queue = _Queue()
+    participants = Participants(queue, HOSPITALS, logging.getLogger("test"))
+    participants.admit(list(HOSPITALS), before_round=1)
+    participants.open_rounds()
+    return participants, queue
+
+
+def _hello(participants: Participants, queue: _Queue, name: str) -> None:
+    queue.incoming.append((name, Hello()))
+    assert participants.next_message(deadline=0) is None
+
+
+def test_reconnects_between_rounds_cost_nothing_and_are_never_capped():
+    participants, queue = _running()
+    for before_round in range(2, 2 * MAX_JOINS_AGAIN + 3):
+        participants.begin_round()
+        participants.end_round()
+        _hello(participants, queue, "hospital-1")
+        assert participants.joining == ["hospital-1"]
+        participants.joining = []
+        participants.admit(["hospital-1"], before_round=before_round)
+    assert participants.active == list(HOSPITALS) and queue.sent == []
+    assert participants.broken_joins("hospital-1") == 0 and len(participants.joins) == 2 * MAX_JOINS_AGAIN + 1
+
+
+def test_joins_that_break_a_round_are_capped():
+    participants, queue = _running()
+    for before_round in range(2, MAX_JOINS_AGAIN + 2):
+        participants.begin_round()
+        _hello(participants, queue, "hospital-2")
+        assert "hospital-2" not in participants.active  # the round waits for it no longer
+        participants.end_round()
+        participants.joining = []
+        participants.admit(["hospital-2"], before_round=before_round)
+    assert participants.broken_joins("hospital-2") == MAX_JOINS_AGAIN
+    participants.begin_round()
+    _hello(participants, queue, "hospital-2")
+    [(name, finish)] = queue.sent
+    assert name == "hospital-2" and isinstance(finish, Finish) and "not welcomed any more" in finish.reason
+    assert "hospital-2" not in participants.active and "hospital-2" in participants.departures
+
+
+def test_a_join_a_checkpoint_wrote_before_joins_were_told_apart_counts_as_breaking():
+    assert join_record({"hospital": "hospital-1", "before_round": 3})["broke_round"] is True
+    assert join_record({"hospital": "hospital-1", "before_round": 3, "broke_round": False})["broke_round"] is False
+
+
+def test_a_hospital_waits_as_long_as_the_server_says_it_may_take():
+    """The Welcome's wait covers a round's five steps and two welcome passes; the channel waits that long
+    from then on, and never less than its own timeout."""
+    assert Timeouts(join_s=1, key_s=30, round_s=100).server_silence_s() == 5 * 100 + 2 * 30 + 60
+
+    class _Silent:
+        waited: list[float] = []
+
+        def receive(self, timeout: float):
+            self.waited.append(timeout)
+            return None
+
+    transport = _Silent()
+    channel = ServerChannel(transport, accept=frozenset(), limit=1, timeout_s=180, log=logging.getLogger("test"))
+    channel.wait_at_least(620)
+    with pytest.raises(ProtocolError, match="within 620 s"):
+        channel.expect(Finish)
+    assert transport.waited[0] > 600
+    channel.wait_at_least(10)  # never shorter than it was
+    with pytest.raises(ProtocolError, match="within 620 s"):
+        channel.expect(Finish)
