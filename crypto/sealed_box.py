@@ -62,7 +62,11 @@ def seal(plaintext: bytes, *, recipient: X25519PublicKey, sender: Ed25519Private
     ephemeral = X25519PrivateKey.generate()
     ephemeral_public = _raw(ephemeral.public_key())
     recipient_public = _raw(recipient)
-    key = _derive_key(ephemeral.exchange(recipient), ephemeral_public, recipient_public)
+    try:
+        shared = ephemeral.exchange(recipient)
+    except ValueError:  # a low-order point: every shared secret would be zero
+        raise SealedBoxError("the recipient's key is a low-order point, not a usable X25519 key") from None
+    key = _derive_key(shared, ephemeral_public, recipient_public)
     nonce = os.urandom(_NONCE_BYTES)
     body = _VERSION + ephemeral_public + nonce + ChaCha20Poly1305(key).encrypt(nonce, plaintext, context)
     return body + sender.sign(_signed_message(body, context, recipient_public))
@@ -103,6 +107,7 @@ def verify_box(box: bytes, *, recipient: X25519PublicKey, sender: Ed25519PublicK
             "sealed box signature does not verify: altered, from another sender, "
             "for another recipient or for another purpose"
         ) from None
+    _usable_key(body[len(_VERSION) : len(_VERSION) + _KEY_BYTES], "the box's ephemeral key")
 
 
 def open_with_box_key(
@@ -144,7 +149,19 @@ def verify_certified_key(certified: bytes, *, signer: Ed25519PublicKey, context:
         raise SealedBoxError(
             "the key's certificate does not verify: from another party or for another purpose"
         ) from None
-    return X25519PublicKey.from_public_bytes(raw)
+    return _usable_key(raw, "the certified key")
+
+
+def _usable_key(raw: bytes, what: str) -> X25519PublicKey:
+    """``raw`` as an X25519 key, unless it is a low-order point: an exchange with one yields the
+    all-zero secret, which ``cryptography`` refuses, so a signed low-order key would make every
+    exchange with it fail after every check had passed (review 5, finding 1)."""
+    key = X25519PublicKey.from_public_bytes(raw)
+    try:
+        X25519PrivateKey.generate().exchange(key)
+    except ValueError:
+        raise SealedBoxError(f"{what} is a low-order point, not a usable X25519 key") from None
+    return key
 
 
 def _certified_message(raw_key: bytes, context: bytes) -> bytes:

@@ -68,7 +68,7 @@ def check_first_round(spec: RunSpec, data: Dataset, part_sizes: list[int]) -> No
     budget = PrivacyBudget(epsilon=spec.epsilon_budget, delta=spec.delta, view=spec.budget_view)
     refusal = budget.refusal(
         PrivacyLedger(),
-        ledger_release(config.training, config.mechanism(), config.training.quorum, config.coalition),
+        ledger_release(config.training, config.mechanism(), config.training.quorum, config.coalition(spec.hospitals)),
         1,
     )
     if refusal:
@@ -85,7 +85,9 @@ def _planned(spec: RunSpec, data: Dataset) -> dict[str, float]:
     config = _run_config(spec, data)
     ledger = PrivacyLedger()
     ledger.begin_run(config.run_id, "planned")
-    release = ledger_release(config.training, config.mechanism(), config.training.quorum, config.coalition)
+    release = ledger_release(
+        config.training, config.mechanism(), config.training.quorum, config.coalition(spec.hospitals)
+    )
     for number in range(1, spec.rounds + 1):
         ledger.record(release, run_id=config.run_id, round_number=number)
     return ledger.epsilons(spec.delta)

@@ -19,6 +19,7 @@ from crypto.linear_hash import challenge_count
 from crypto.one_time_keys import key_share_bytes
 from crypto.sealed_box import OVERHEAD_BYTES
 from protocol.one_time_round import RoundSetting, check_threshold
+from training.accounting import tolerated_coalition
 from training.methods import TrainingMethod, settings_from_dict
 from training.models import ModelSpec
 from training.skellam import SkellamMechanism
@@ -115,10 +116,10 @@ class RunConfig:
     def key_threshold(self) -> int:
         return self.threshold or len(self.hospitals) // 2 + 1
 
-    @property
-    def coalition(self) -> int:
-        """The most hospitals that may work with the server and learn no more than the sum: ``tau - 1``."""
-        return self.key_threshold - 1
+    def coalition(self, consortium: int) -> int:
+        """The hospitals beside the server in the ``coalition`` view, for a consortium of ``consortium``
+        hospitals (``training.accounting.tolerated_coalition``)."""
+        return tolerated_coalition(self.key_threshold, consortium)
 
     @property
     def parameter_count(self) -> int:

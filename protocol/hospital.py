@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from crypto.bfv import BfvError, PublicContext
 from crypto.insecure_plaintext import InsecurePlaintextUploads
 from crypto.one_time_keys import pack_ring
-from crypto.sealed_box import certify_key
+from crypto.sealed_box import SealedBoxError, certify_key
 from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig, check_aggregation
 from protocol.messages import (
     TO_HOSPITAL,
@@ -300,7 +300,9 @@ class Hospital:
             else:
                 try:
                     steps[type(message)](message, pending)
-                except RoundRefused as refusal:
+                except (RoundRefused, SealedBoxError, BfvError) as refusal:  # a round that fails, not the run
+                    if not isinstance(refusal, RoundRefused):
+                        refusal = RoundRefused(f"round {message.round}: {refusal}")
                     self._refuse(message.round, refusal)
                     pending = None
                     continue
@@ -323,7 +325,9 @@ class Hospital:
         self._forget_box_keys(message.round)
         # What every update is charged: the least noise its sum can carry, a quorum's, at this round's settings.
         training = self._shared.settings
-        least_noise = ledger_release(training, self._shared.mechanism, training.quorum, self._config.coalition)
+        least_noise = ledger_release(
+            training, self._shared.mechanism, training.quorum, self._config.coalition(len(self._roster.hospitals))
+        )
         refusal = self._budget.refusal(self._ledger, least_noise, message.round)
         if refusal:
             log.warning("%s withdraws: %s", self._name, refusal)

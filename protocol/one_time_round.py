@@ -363,7 +363,7 @@ class HospitalRound:
             raise RoundRefused(
                 f"round {number}: the share from {dealer} does not verify: {error}", named=["server"]
             ) from None
-        self._openings[dealer] = box_key(box, recipient=self._box)
+        self._openings[dealer] = box_key(box, recipient=self._box)  # verify_box refused a low-order ephemeral key
         try:
             payload = open_box(box, recipient=self._box, sender=identity, context=context)
         except SealedBoxError as error:
@@ -527,17 +527,17 @@ class SumRound:
         return ""
 
     def release_refusal(self, name: str, released: Released, identity: Ed25519PublicKey) -> str:
-        """Why the server rejects one member's release as it arrives (""): not its signed release."""
+        """Why the server rejects one member's release as it arrives (""): not its signed release.
+        ``RoundRefused`` naming the member where it signed wrong values (off its commitment or its
+        dealers' proofs): the whole check of ``open_sum``, run as each release arrives, so that the
+        member is caught then (review 5, finding 3)."""
         opened = self._opened
-        if not (
-            _encodable_release(self.setting, released.release)
-            and _signed(
-                identity,
-                released.signature,
-                _release_message(opened.statement, opened.seed, opened.proofs_digest, released.release),
-            )
-        ):
+        if not _signed_release(self.setting, opened, identity, released):
             return f"{name}'s release is not its signed release over this round's proofs"
+        if not _right_release(self.setting, opened, name, released):
+            raise RoundRefused(
+                f"round {self.setting.round_number}: {name} released wrong values, which it signed", named=[name]
+            )
         return ""
 
     def endorsed(self, endorsements: Mapping[str, Endorsed], identities: Mapping[str, Ed25519PublicKey]) -> None:
@@ -562,6 +562,31 @@ class SumRound:
         )
 
 
+def _signed_release(setting: RoundSetting, opened: _Opened, identity: Ed25519PublicKey, released: Released) -> bool:
+    """``released`` is well formed and its member's signature over this round's statement and proofs."""
+    return _encodable_release(setting, released.release) and _signed(
+        identity,
+        released.signature,
+        _release_message(opened.statement, opened.seed, opened.proofs_digest, released.release),
+    )
+
+
+def _right_release(setting: RoundSetting, opened: _Opened, name: str, released: Released) -> bool:
+    """``name``'s release is in the field, the one its endorsement committed to, and on its dealers' proofs."""
+    proofs = [opened.proofs[member].proof for member in opened.contributors]
+    return (
+        _within_field(setting, released.release)
+        and release_commitment(setting, name, released.release) == opened.endorsements[name].commitment
+        and check_release(
+            released.release,
+            setting.party(name),
+            proofs,
+            _challenges(setting, opened.seed),
+            threshold=setting.threshold,
+        )
+    )
+
+
 def open_sum(
     setting: RoundSetting,
     public: PublicContext,
@@ -581,28 +606,14 @@ def open_sum(
     number, members = setting.round_number, opened.contributors
     if set(releases) != set(members):
         raise RoundRefused(f"round {number}: releases from {sorted(releases)}, not from every member", named=["server"])
-    challenges = _challenges(setting, opened.seed)
-    proofs = [opened.proofs[name].proof for name in members]
     named = []
     for name in members:
         released = releases[name]
-        if not (
-            isinstance(released, Released)
-            and _encodable_release(setting, released.release)
-            and _signed(
-                identities[name],
-                released.signature,
-                _release_message(opened.statement, opened.seed, opened.proofs_digest, released.release),
-            )
-        ):
+        if not (isinstance(released, Released) and _signed_release(setting, opened, identities[name], released)):
             raise RoundRefused(
                 f"round {number}: {name}'s release is not its signed release over the proofs we hold", named=["server"]
             )
-        if not (
-            _within_field(setting, released.release)
-            and release_commitment(setting, name, released.release) == opened.endorsements[name].commitment
-            and check_release(released.release, setting.party(name), proofs, challenges, threshold=setting.threshold)
-        ):
+        if not _right_release(setting, opened, name, released):
             named.append(name)  # it signed this release: the fault is its own
     if named:
         raise RoundRefused(f"round {number}: {', '.join(named)} released wrong values", named=named)

@@ -8,8 +8,8 @@ from a hospital of the run means it joins again: it leaves the round under way a
 before the next one. A join that breaks something costs the others: one by a member of the round
 in flight (``begin_round``) aborts it, charging every contributor, and one by a hospital being
 welcomed holds up the welcome. A hospital makes at most ``MAX_JOINS_AGAIN`` such joins in a run;
-the rest cost nothing and are not capped: a reconnect between rounds, and every join after the
-server itself restarted (review 4, finding 4).
+the rest cost nothing and are not capped: a Hello read between rounds (``read_between_rounds``),
+and every join after the server itself restarted (review 4, finding 4; review 5, finding 5).
 
 ``run_to_the_end`` is the one skeleton of a server's ``run``: whatever ends it (the last round, too
 few hospitals, a protocol error, a bug or an interrupt), everyone still in the run is sent
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -31,6 +32,7 @@ from protocol.messages import Finish, Hello, Message, ProtocolError
 __all__ = ["MAX_JOINS_AGAIN", "Participants", "Timeouts", "join_record", "run_to_the_end"]
 
 MAX_JOINS_AGAIN = 3  # per hospital and run
+_QUEUED_S = 0.01  # how long ``read_between_rounds`` waits for a message that is already on its way
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,14 @@ class Participants:
 
     def end_round(self) -> None:
         self._round_members = set()
+
+    def read_between_rounds(self) -> None:
+        """Take what arrived since the last round ended before the next begins: a Hello sent between
+        rounds then joins between rounds, breaking nothing (review 5, finding 5). Anything else is
+        rejected: nothing is expected now."""
+        while (got := self.next_message(time.monotonic() + _QUEUED_S)) is not None:
+            sender, message = got
+            self.parties.reject(sender, message, "expected nothing between rounds")
 
     def broken_joins(self, name: str) -> int:
         """How often ``name`` joined again in a way that cost the others (see the module's docstring)."""
@@ -149,9 +159,10 @@ class Participants:
         if sender in self.joining:
             self.parties.reject(sender, message, "already joining")
             return
-        # A member of the round in flight breaks it; one neither active nor joining is being welcomed.
-        breaking = sender in self._round_members or sender not in self.active
-        if breaking and self.broken_joins(sender) >= MAX_JOINS_AGAIN:
+        # A member of the round in flight breaks it; one neither active nor joining is being welcomed
+        # (the server records that join itself) or was dropped. Either may be refused.
+        breaking = sender in self._round_members
+        if (breaking or sender not in self.active) and self.broken_joins(sender) >= MAX_JOINS_AGAIN:
             reason = f"joined again {MAX_JOINS_AGAIN} times mid-round or mid-welcome; not welcomed any more"
             if sender in self.active:
                 self.drop(sender, reason)

@@ -81,6 +81,7 @@ from training.models import build_model, get_flat_parameters, set_flat_parameter
 __all__ = ["MAX_UNPROVEN_REFUSALS", "Server"]
 
 MAX_UNPROVEN_REFUSALS = 2  # a hospital's refusals of rounds that no evidence bears out, before it leaves the run
+MAX_ANONYMOUS_FAILURES = 2  # rounds in a row whose sum did not open and nobody is named, before the run ends
 
 log = logging.getLogger("consilium.server")
 
@@ -136,10 +137,20 @@ class Server:
         self._mechanism = self._shared.mechanism
         # Charged at the method's first level, as the hospitals' ledgers are.
         ledger = PrivacyLedger(ledger_path, key=credentials.ledger_key)
-        self._record = RunRecord(config, self._mechanism, ledger, out_dir, test, selection=self._selection)
+        self._record = RunRecord(
+            config,
+            self._mechanism,
+            ledger,
+            out_dir,
+            test,
+            coalition=config.coalition(len(roster.hospitals)),
+            selection=self._selection,
+        )
         self._public: PublicContext | None = None
         self._box_keys: dict[str, tuple[int, bytes]] = {}  # hospital -> (round, its certified box key for it)
         self._unproven: dict[str, int] = {}  # hospital -> its refusals that no evidence bore out
+        self._anonymous_failures = 0  # rounds in a row whose sum did not open, naming nobody
+        self._disputes: dict[tuple[str, str], int] = {}  # (accuser, dealer) -> rounds it named that dealer
         self._run = ""  # RunConfig.fingerprint of what every hospital is welcomed with, once known
         self._rounds_started = 0
         self._resumed_from = _checkpoint
@@ -202,6 +213,7 @@ class Server:
         self._record.phase_seconds["welcome"] = time.perf_counter() - started
         quorum = self._config.training.quorum
         for round_number in range(self._rounds_started + 1, self._config.rounds + 1):
+            participants.read_between_rounds()
             for _ in range(2):  # and once more for those that said Hello while others were being welcomed
                 if participants.joining:
                     self._admit()
@@ -396,7 +408,13 @@ class Server:
             evidence.proofs = {n: Proved(p.seed, p.proof, p.signature) for n, p in proofs.items()}
             # From here on members release, and any tau releases open the sum: the ledger first (review 4, finding 12).
             self._record.charge(
-                ledger_release(self._shared.settings, self._mechanism, len(members), self._config.coalition), number
+                ledger_release(
+                    self._shared.settings,
+                    self._mechanism,
+                    len(members),
+                    self._config.coalition(len(self._roster.hospitals)),
+                ),
+                number,
             )
             self._send_all(members, Proofs.of(number, proofs))
             releases = self._step(
@@ -404,13 +422,19 @@ class Server:
             )
             if releases is None:
                 return None
+        except RoundRefused as refusal:
+            self._abort(record, f"{refusal} (named: {', '.join(refusal.named) or 'nobody'})")
+            return None
+        try:
             slots = total.open(
                 {n: released_from(self._public, r.share, r.masks, r.signature) for n, r in releases.items()},
                 identities,
             )
         except RoundRefused as refusal:
             self._abort(record, f"{refusal} (named: {', '.join(refusal.named) or 'nobody'})")
+            self._after_failed_opening(refusal)
             return None
+        self._anonymous_failures = 0
         self._send_all(members, Releases.of(number, releases))
         digits = self._params.digits
         summed = digits.from_slots(slots[: digits.slots_for(self._params.vector_length)], self._params.vector_length)
@@ -421,7 +445,13 @@ class Server:
         """The plaintext benchmark's round: the sum goes back to the contributors as it is."""
         chunks, members = total.to_chunks(), record.contributors
         self._record.charge(
-            ledger_release(self._shared.settings, self._mechanism, len(members), self._config.coalition), record.round
+            ledger_release(
+                self._shared.settings,
+                self._mechanism,
+                len(members),
+                self._config.coalition(len(self._roster.hospitals)),
+            ),
+            record.round,
         )
         self._send_all(
             members,
@@ -466,7 +496,9 @@ class Server:
             named = sorted({n for refusal in refusals.values() for n in refusal.named})
             reasons = "; ".join(f"{name}: {refusal.reason}" for name, refusal in sorted(refusals.items()))
             self._abort(
-                record, f"refused by {', '.join(sorted(refusals))} ({reasons}; named: {', '.join(named) or 'nobody'})"
+                record,
+                f"refused by {', '.join(sorted(refusals))} ({reasons}; "
+                f"named, unverified: {', '.join(named) or 'nobody'})",
             )
             self._weigh(record.round, refusals, evidence)
             return None
@@ -476,25 +508,74 @@ class Server:
         return answers
 
     def _weigh(self, round_number: int, refusals: dict[str, Refused], evidence: "_Evidence") -> None:
-        """Act on refusals: a dealer that an opening convicts (``protocol.one_time_round.check_opening``)
-        leaves the run. This server checked every box, endorsement, proof and release it relayed, so a
-        refusal it cannot verify is its refuser's word alone: after ``MAX_UNPROVEN_REFUSALS`` of them
-        the refuser leaves the run, so that one hospital cannot abort every round (review 4, finding 2)."""
+        """Act on refusals (review 4, finding 2; review 5, finding 2):
+
+        - a dealer that an opening convicts (``protocol.one_time_round.check_opening``) leaves the run;
+        - a refusal that shows no opening for whom it names (the server, say) is its refuser's word
+          alone, since this server checked every box signature, endorsement, proof and release it
+          relayed: after ``MAX_UNPROVEN_REFUSALS`` of them the refuser leaves the run;
+        - a refusal that names dealers and shows their boxes' keys, which do not convict them (a
+          signed box that does not decrypt, which nobody can prove either way), is a dispute between
+          two hospitals. A dealer that ``tau`` or
+          more hospitals name so in one round leaves the run (at most ``tau - 1`` are dishonest, so
+          one of them told the truth); a pair in dispute ``MAX_UNPROVEN_REFUSALS`` times leaves the
+          run together, so that a liar costs the run no more than itself and one other.
+        """
+        accusers: dict[str, set[str]] = {}
         for name, refusal in refusals.items():
             convicted = [dealer for dealer, key in refusal.openings.items() if evidence.convicts(name, dealer, key)]
             for dealer in convicted:
                 self._participants.drop(dealer, f"round {round_number}: {name}'s opening shows it dealt a wrong share")
-            if not convicted:
+            disputed = [  # named, with the box's key shown, but not convicted by it
+                dealer for dealer in refusal.named if dealer in refusal.openings and dealer in self._config.hospitals
+            ]
+            if convicted:
+                continue
+            if not disputed:
                 self._unproven[name] = self._unproven.get(name, 0) + 1
                 if self._unproven[name] >= MAX_UNPROVEN_REFUSALS:
                     self._participants.drop(name, f"refused {self._unproven[name]} rounds without evidence")
+            for dealer in disputed:
+                accusers.setdefault(dealer, set()).add(name)
+        for dealer, names in accusers.items():
+            if len(names) >= self._config.key_threshold:
+                self._participants.drop(dealer, f"round {round_number}: {len(names)} hospitals name it as a dealer")
+                continue
+            for name in names:
+                pair = (name, dealer)
+                self._disputes[pair] = self._disputes.get(pair, 0) + 1
+                if self._disputes[pair] >= MAX_UNPROVEN_REFUSALS:
+                    reason = f"in dispute with {{}} over {self._disputes[pair]} rounds; neither side can be proven"
+                    self._participants.drop(name, reason.format(dealer))
+                    self._participants.drop(dealer, reason.format(name))
+
+    def _after_failed_opening(self, refusal: RoundRefused) -> None:
+        """Every member released, yet the sum did not open. A member a check names signed what convicts
+        it, and leaves the run. A failure that names nobody is an upload made under another key than
+        its dealer shared, which nothing yet pins on its maker (review 5, finding 4): after
+        ``MAX_ANONYMOUS_FAILURES`` of them in a row the run ends, rather than charge every ledger on."""
+        for name in refusal.named:
+            self._participants.drop(name, str(refusal))
+        if refusal.named:
+            return
+        self._anonymous_failures += 1
+        if self._anonymous_failures >= MAX_ANONYMOUS_FAILURES:
+            raise ProtocolError(
+                f"{self._anonymous_failures} rounds in a row did not open after every release, and no check names "
+                "whom: an upload was made under another key than its dealer shared"
+            )
 
     def _release_refusal(self, total: SumRound, name: str, message: Release, identities: dict) -> str:
+        """Why a release is rejected (""); a member that signed wrong values leaves the run at once."""
         try:
             released = released_from(self._public, message.share, message.masks, message.signature)
         except BfvError as error:
             return f"{name}'s release is malformed: {error}"
-        return total.release_refusal(name, released, identities[name])
+        try:
+            return total.release_refusal(name, released, identities[name])
+        except RoundRefused as refusal:
+            self._participants.drop(name, str(refusal))
+            return str(refusal)
 
     def _send_all(self, members: list[str], message) -> None:
         for name in members:

@@ -61,12 +61,13 @@ class RunRecord:
         out_dir: Path,
         test: Split | None,
         *,
+        coalition: int,
         selection: Selection = Selection(),
     ) -> None:
         self.rounds: list[RoundRecord] = []
         self.phase_seconds: dict[str, float] = {}
         self.write_failures: list[str] = []  # what the system refused to write
-        self._training, self._coalition = config.training, config.coalition
+        self._training, self._coalition = config.training, coalition
         self._run_id, self._delta, self._classes = config.run_id, config.delta, config.model.num_classes
         self._mechanism = mechanism
         self._ledger = ledger

@@ -18,6 +18,7 @@ from crypto.checked_shares import CheckedLayout
 from crypto.mpc_field import MIN_PARTIES, MpcField
 from protocol.config import MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
 from protocol.messages import ProtocolError, VotingWelcome
+from training.accounting import tolerated_coalition
 from training.models import ModelSpec
 from training.vote_privacy import REVEAL_MODES, VotingSettings
 from training.voting import MAX_FEATURE_DIMENSIONS
@@ -110,10 +111,10 @@ class VotingConfig:
     def votes_per_round(self) -> int:
         return self.queries_per_round * self.classes
 
-    @property
-    def coalition(self) -> int:
-        """The hospitals beside the server in the ``coalition`` view: as many as a secure round's default threshold tolerates."""
-        return len(self.hospitals) // 2
+    def coalition(self, consortium: int) -> int:
+        """The hospitals beside the server in the ``coalition`` view, for a consortium of ``consortium``
+        hospitals: as many as a secure round's default threshold tolerates (``training.accounting.tolerated_coalition``)."""
+        return tolerated_coalition(len(self.hospitals) // 2 + 1, consortium)
 
     def ballot_layout(self) -> CheckedLayout:
         """A hospital's checked share: its round's counts, each within ``VotingSettings.entry_range``."""

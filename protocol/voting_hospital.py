@@ -225,7 +225,7 @@ class VotingHospital:
             queries=config.queries_per_round,
             classes=config.classes,
             contributors=config.voting.quorum,
-            coalition=config.coalition,
+            coalition=config.coalition(len(self._roster.hospitals)),
             level="record",
         )
         refusal = self._budget.refusal(self._ledger, least_noise, request.round)

@@ -202,6 +202,7 @@ class VotingServer:
         quorum = self._config.voting.quorum
         finish_reason = "completed all rounds"
         for round_number in range(self._rounds_started + 1, self._config.rounds + 1):
+            self._participants.read_between_rounds()
             self._welcome_joining()
             if len(self._participants.active) < quorum:
                 finish_reason = (
@@ -407,7 +408,7 @@ class VotingServer:
                     queries=len(indices),
                     classes=self._config.classes,
                     contributors=len(record.voters),
-                    coalition=self._config.coalition,
+                    coalition=self._config.coalition(len(self._roster.hospitals)),
                     level=level,
                 )
                 ledger.record(release, run_id=self._config.run_id, round_number=record.round)

@@ -90,10 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout",
         type=positive_float,
-        default=180.0,
+        default=600.0,
         help="seconds to wait for the server's Welcome, and at least for each later message: a training server's "
         "Welcome raises it to what that server may take, 5 x its --round-timeout + 2 x its --join-timeout + 60 "
-        "(default: 180)",
+        "(480 at its defaults; default: 600, so that a restarted hospital outwaits a default server's round)",
     )
     parser.add_argument(
         "--upgrade-ledger",

@@ -163,7 +163,7 @@ def serve(args: argparse.Namespace) -> None:
         transcript=args.transcript,
         transcript_payloads=args.transcript_payloads,
         max_messages_per_second=args.max_messages_per_second,
-        on_round=lambda record: _print_round(record, server.config),
+        on_round=lambda record: _print_round(record, server.config, len(roster.hospitals)),
         model_seed=args.model_seed,
         selection=None
         if args.select_every is None and args.select_on is None
@@ -310,7 +310,7 @@ def _shown(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _print_round(record: dict, config: RunConfig) -> None:
+def _print_round(record: dict, config: RunConfig, consortium: int) -> None:
     prefix = f"round {record['round']:>4}/{config.rounds}"
     if record["status"] == "released":
         privacy = (
@@ -318,7 +318,7 @@ def _print_round(record: dict, config: RunConfig) -> None:
             if config.aggregation == INSECURE_PLAINTEXT
             else f"epsilon {record['epsilon']['server']:.3f} against the server, "
             f"{record['epsilon']['peer_hospital']:.3f} against a peer, {record['epsilon']['coalition']:.3f} against "
-            f"the server with {config.coalition} hospitals (delta {config.delta:g})"
+            f"the server with {config.coalition(consortium)} hospitals (delta {config.delta:g})"
         )
         state = "".join(f"  {name} {value:.4g}" for name, value in record["round_state"].items())  # adaptive v and C
         print(

@@ -14,7 +14,8 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from crypto.bfv import PublicContext
-from crypto.one_time_keys import pack_ring
+from crypto.key_shares import Release as KeyRelease
+from crypto.one_time_keys import pack_ring, unpack_ring
 from crypto.sealed_box import certify_key
 from protocol.config import RunConfig
 from protocol.messages import (
@@ -44,6 +45,7 @@ from protocol.one_time_round import (
     Proved,
     RoundSetting,
     SumRound,
+    _release_message,
     box_key_context,
     released_from,
     state_digest,
@@ -185,6 +187,23 @@ class ScriptedHospital:
         released = self.rounds[proofs.round].release(given, self.identities())
         share = pack_ring(self.public, released.release.share[np.newaxis])[0]
         return Release(round=proofs.round, share=share, masks=released.release.masks, signature=released.signature)
+
+    def wrong_release(self, proofs: Proofs) -> Release:
+        """This hospital's release with one value off by one, signed as its own: what a dishonest member sends."""
+        honest = self.release(proofs)
+        share = unpack_ring(self.public, [honest.share], "our release")[0].copy()
+        share[0] = (int(share[0]) + 1) % self.public.params.ciphertext_modulus
+        opened = self.rounds[proofs.round]._opened
+        wrong = KeyRelease(share, honest.masks)
+        signature = self.credentials.identity.signing.sign(
+            _release_message(opened.statement, opened.seed, opened.proofs_digest, wrong)
+        )
+        return Release(
+            round=proofs.round,
+            share=pack_ring(self.public, share[np.newaxis])[0],
+            masks=honest.masks,
+            signature=signature,
+        )
 
     def open(self, releases: Releases) -> np.ndarray:
         """The sum's values, opened from every member's release."""

@@ -8,7 +8,7 @@ from opacus.accountants.analysis.rdp import compute_rdp
 from scipy.special import logsumexp
 from scipy.stats import skellam
 
-from training.accounting import VIEWS, Release, release_of
+from training.accounting import VIEWS, Release, release_of, tolerated_coalition
 from training.ledger import LedgerError, PrivacyBudget, PrivacyLedger
 from training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
 from training.skellam import SkellamMechanism
@@ -552,3 +552,12 @@ def test_a_round_s_endorsement_and_release_are_recorded_once_and_survive_a_resta
     path.write_text("\n".join([*lines[:-1], json.dumps(step)]) + "\n")
     with pytest.raises(LedgerError, match="unreadable"):
         PrivacyLedger(path, key=KEY)
+
+
+def test_a_run_the_server_narrowed_to_a_few_hospitals_is_charged_for_half_the_consortium():
+    """A consortium of 10; the server runs a victim with two hospitals working with it (tau = 2): those
+    two hold every share, so the coalition view counts them all, as the collusion view does (review 5, finding 6)."""
+    assert tolerated_coalition(2, 10) == 5 and tolerated_coalition(6, 10) == 5 and tolerated_coalition(3, 3) == 2
+    mechanism = _mechanism(quorum=3)
+    release = dict(release_of(mechanism, sample_rate=0.1, contributors=3, coalition=tolerated_coalition(2, 10)).mu)
+    assert release["coalition"] == release["collusion"] == pytest.approx(mechanism.share_mu)

@@ -378,7 +378,7 @@ def test_the_released_noise_has_the_variance_the_accountant_assumes(method, requ
     charged.begin_run(config.run_id, report["run_fingerprint"])
     for number in vectors:
         charged.record(
-            ledger_release(config.training, mechanism, len(config.hospitals), config.coalition),
+            ledger_release(config.training, mechanism, len(config.hospitals), config.coalition(len(config.hospitals))),
             run_id=config.run_id,
             round_number=number,
         )
@@ -405,7 +405,7 @@ def test_dp_fedavg_reports_every_level_and_each_hospital_is_charged_at_the_hospi
         ledger.begin_run(config.run_id, report["run_fingerprint"])
     for record in report["rounds"]:
         for level, release in config.training.levels(
-            config.mechanism(), len(record["contributors"]), config.coalition
+            config.mechanism(), len(record["contributors"]), config.coalition(len(config.hospitals))
         ).items():
             expected[level].record(release, run_id=config.run_id, round_number=record["round"])
     assert config.training.levels(config.mechanism(), 3, 1)["hospital"].l2_sensitivity == pytest.approx(

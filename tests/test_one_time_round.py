@@ -215,6 +215,11 @@ def test_a_release_off_its_commitment_names_its_member_and_a_changed_one_the_rel
     with pytest.raises(RoundRefused, match="h2 released wrong values") as refused:
         federation.server.open(dict(releases, h2=federation.signed("h2", wrong)), federation.identities)
     assert refused.value.named == ("h2",)
+    # The server catches it as the release arrives, not only once every member released (review 5, finding 3).
+    assert federation.server.release_refusal("h1", releases["h1"], federation.identities["h1"]) == ""
+    with pytest.raises(RoundRefused, match="h2 released wrong values, which it signed") as refused:
+        federation.server.release_refusal("h2", federation.signed("h2", wrong), federation.identities["h2"])
+    assert refused.value.named == ("h2",)
     moved = Release(
         np.append(releases["h2"].release.share[1:], releases["h2"].release.masks[0]).astype(np.uint64),
         (int(releases["h2"].release.share[0]),) + releases["h2"].release.masks[1:],

@@ -46,11 +46,14 @@ def _hello(participants: Participants, queue: _Queue, name: str) -> None:
 
 
 def test_reconnects_between_rounds_cost_nothing_and_are_never_capped():
+    """In the server's order: a round ends, a Hello arrives, and the server reads what arrived before
+    it begins the next round (``read_between_rounds``)."""
     participants, queue = _running()
     for before_round in range(2, 2 * MAX_JOINS_AGAIN + 3):
         participants.begin_round()
         participants.end_round()
-        _hello(participants, queue, "hospital-1")
+        queue.incoming.append(("hospital-1", Hello()))
+        participants.read_between_rounds()
         assert participants.joining == ["hospital-1"]
         participants.joining = []
         participants.admit(["hospital-1"], before_round=before_round)
@@ -101,3 +104,15 @@ def test_a_hospital_waits_as_long_as_the_server_says_it_may_take():
     channel.wait_at_least(10)  # never shorter than it was
     with pytest.raises(ProtocolError, match="within 620 s"):
         channel.expect(Finish)
+
+
+def test_a_hello_during_its_own_welcome_is_counted_once_by_the_server_not_again_on_admission():
+    """A hospital being welcomed (neither active nor joining) that says Hello again: the server's
+    ``_admit`` records that join; ``Participants`` does not count it a second time when it is admitted."""
+    participants, queue = _running()
+    participants.active.remove("hospital-3")  # being welcomed again
+    _hello(participants, queue, "hospital-3")
+    participants.joins.append({"hospital": "hospital-3", "before_round": 2, "broke_round": True})  # as _admit does
+    participants.joining = []
+    participants.admit(["hospital-3"], before_round=2)
+    assert participants.broken_joins("hospital-3") == 1

@@ -1,7 +1,18 @@
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
-from crypto.sealed_box import SealedBoxError, open_box, seal
+from crypto.sealed_box import (
+    _VERSION,
+    SealedBoxError,
+    _certified_message,
+    _signed_message,
+    open_box,
+    seal,
+    verify_box,
+    verify_certified_key,
+)
 
 CONTEXT = b"consilium/test|run|hospital-2"
 
@@ -96,3 +107,24 @@ def test_a_box_s_own_key_opens_it_for_anyone_and_no_other_box():
         open_with_box_key(boxes[0], key=bytes(32), **shown)
     with pytest.raises(SealedBoxError, match="signature"):
         open_with_box_key(boxes[0], key=key, **{**shown, "context": b"round 4"})
+
+
+def test_a_low_order_point_is_refused_as_a_certified_key_as_a_recipient_and_in_a_signed_box(parties):
+    """An exchange with a low-order point gives the all-zero secret, which cryptography refuses with a
+    ValueError: signed, such a key would pass every signature check and then fail every exchange
+    (review 5, finding 1). Each place names it instead."""
+    sender, recipient, _ = parties
+    low_order = bytes(32)
+    certified = low_order + sender.signing.sign(_certified_message(low_order, CONTEXT))
+    with pytest.raises(SealedBoxError, match="certified key is a low-order point"):
+        verify_certified_key(certified, signer=sender.public.signing, context=CONTEXT)
+    with pytest.raises(SealedBoxError, match="low-order point"):
+        seal(b"x", recipient=X25519PublicKey.from_public_bytes(low_order), sender=sender.signing, context=CONTEXT)
+    body = _VERSION + low_order + bytes(12) + bytes(16 + 8)  # ephemeral key 0, a nonce, a tagged body
+    recipient_public = recipient.public.box
+    raw_recipient = recipient_public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    box = body + sender.signing.sign(_signed_message(body, CONTEXT, raw_recipient))
+    with pytest.raises(SealedBoxError, match="ephemeral key is a low-order point"):
+        verify_box(box, recipient=recipient_public, sender=sender.public.signing, context=CONTEXT)
+    with pytest.raises(SealedBoxError):  # a one-line reason, not a ValueError from inside cryptography
+        _open(box, sender, recipient)

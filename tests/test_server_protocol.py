@@ -297,6 +297,94 @@ def test_a_member_that_applied_another_mean_leaves_the_run(server):
         hospital.close()
 
 
+@pytest.mark.parametrize("server", [(5, "--rounds", "2", "--quorum", "4", "--round-timeout", "30")], indirect=True)
+def test_a_member_that_signs_a_wrong_release_leaves_the_run_and_the_others_go_on(server):
+    """hospital-5 signs a release off its dealers' proofs: the server catches it as it arrives, names
+    it and drops it (review 5, finding 3); the round aborts, and the next opens without it."""
+    hospitals = [ScriptedHospital(server, f"hospital-{i}") for i in range(1, 6)]
+    present, cheat = hospitals[:4], hospitals[4]
+    _join(hospitals)
+    updates, _ = _uploads(hospitals, 1)
+    for hospital in hospitals:
+        hospital.send(updates[hospital.name])
+    aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
+    for hospital in hospitals:
+        hospital.send(hospital.endorse(aggregates[hospital.name]))
+    endorsements = {h.name: h.expect(Endorsements) for h in hospitals}
+    for hospital in hospitals:
+        hospital.send(hospital.prove(endorsements[hospital.name]))
+    proofs = {h.name: h.expect(Proofs) for h in hospitals}
+    cheat.send(cheat.wrong_release(proofs[cheat.name]))
+    assert "hospital-5 released wrong values, which it signed" in cheat.expect(Finish).reason
+    for hospital in present:
+        hospital.send(hospital.release(proofs[hospital.name]))
+    for hospital in present:
+        assert hospital.expect(RoundAbort).round == 1
+    updates, values = _uploads(present, 2)
+    for hospital in present:
+        hospital.send(updates[hospital.name])
+    totals = _rest_of_round(present)
+    assert all(np.array_equal(total, sum(values[h.name] for h in present)) for total in totals.values())
+    report = server.finish()
+    assert [r["status"] for r in report["rounds"]] == ["aborted", "released"]
+    for hospital in hospitals:
+        hospital.close()
+
+
+@pytest.mark.parametrize("server", [(3, "--rounds", "2", "--round-timeout", "30")], indirect=True)
+def test_a_dealer_that_tau_hospitals_name_with_its_boxes_keys_leaves_the_run(server):
+    """Boxes that are signed but do not decrypt cannot be proven either way; a dealer that tau (2 of 3)
+    hospitals name so in one round leaves the run, as one of them told the truth (review 5, finding 2)."""
+    hospitals = h1, h2, h3 = [ScriptedHospital(server, f"hospital-{i}") for i in (1, 2, 3)]
+    _join(hospitals)
+    updates, _ = _uploads(hospitals, 1)
+    for hospital in hospitals:
+        hospital.send(updates[hospital.name])
+    aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
+    for accuser in (h1, h2):
+        accuser.send(
+            Refused(
+                round=1,
+                reason="signed a share that does not open",
+                named=("hospital-3",),
+                openings={"hospital-3": bytes(32)},
+            )
+        )
+    h3.send(h3.endorse(aggregates["hospital-3"]))
+    for hospital in hospitals:
+        assert hospital.expect(RoundAbort).round == 1
+    assert "2 hospitals name it as a dealer" in h3.expect(Finish).reason
+    report = server.finish()
+    assert "named, unverified: hospital-3" in report["rounds"][0]["reason"]
+    assert set(report["departures"]) == {"hospital-3"}
+    for hospital in hospitals:
+        hospital.close()
+
+
+@pytest.mark.parametrize("server", [(3, "--rounds", "3", "--round-timeout", "30")], indirect=True)
+def test_a_lone_accuser_and_its_dealer_leave_together_after_two_disputes(server):
+    """One hospital names a dealer, showing a box's key that convicts nobody, two rounds running:
+    neither side can be proven, so both leave (a liar costs the run itself and one other)."""
+    hospitals = h1, h2, h3 = [ScriptedHospital(server, f"hospital-{i}") for i in (1, 2, 3)]
+    _join(hospitals)
+    for round_number in (1, 2):
+        updates, _ = _uploads(hospitals, round_number)
+        for hospital in hospitals:
+            hospital.send(updates[hospital.name])
+        aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
+        h1.send(Refused(round=round_number, reason="no", named=("hospital-3",), openings={"hospital-3": bytes(32)}))
+        for hospital in (h2, h3):
+            hospital.send(hospital.endorse(aggregates[hospital.name]))
+        for hospital in hospitals:
+            assert hospital.expect(RoundAbort).round == round_number
+    for hospital in (h1, h3):
+        assert "in dispute with" in hospital.expect(Finish).reason
+    report = server.finish()
+    assert set(report["departures"]) == {"hospital-1", "hospital-3"}
+    for hospital in hospitals:
+        hospital.close()
+
+
 @pytest.mark.parametrize("server", [(3, "--rounds", "2")], indirect=True)
 def test_a_run_stopped_by_an_unexpected_error_says_so(server):
     """Interrupted mid-join: the report and the Finish name the interruption, not a completed run."""

@@ -28,7 +28,9 @@ def record(tmp_path, monkeypatch):
     monkeypatch.setattr(protocol.server_report, "evaluate", evaluate)
 
     def make(on="accuracy"):
-        return RunRecord(config, config.mechanism(), PrivacyLedger(), tmp_path, None, selection=Selection(50, on))
+        return RunRecord(
+            config, config.mechanism(), PrivacyLedger(), tmp_path, None, coalition=1, selection=Selection(50, on)
+        )
 
     return make, build_model(config.model)
 

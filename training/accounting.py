@@ -10,7 +10,8 @@ noise on a query of sensitivity ``Delta_2``. What protects a record depends on w
 - ``server``: knows no share, faces ``Sk(K_c mu)``;
 - ``peer_hospital``: a fellow contributor subtracts its own share, ``Sk((K_c - 1) mu)``;
 - ``coalition``: the server with the most hospitals the secure round tolerates, ``tau - 1`` (its
-  key threshold less one: ``protocol.config.RunConfig.coalition``), who pool their shares:
+  key threshold less one) and never fewer than half the consortium (``tolerated_coalition``), who
+  pool their shares:
   ``Sk((K_c - min(tau - 1, K_c - 1)) mu)``. Such a coalition reads the sum and nothing else
   (docs/explanation/secure-round.md), so this is the worst view the threat model admits. A voting
   run counts the same coalition as a secure round's default threshold, ``floor(n / 2)`` hospitals;
@@ -39,7 +40,7 @@ import numpy as np
 from training.rdp import ORDERS, poisson_subsampled_rdp, skellam_rdp
 from training.skellam import SkellamMechanism
 
-__all__ = ["ACCOUNTANT", "DEFAULT_BUDGET_VIEW", "VIEWS", "Release", "release_of"]
+__all__ = ["ACCOUNTANT", "DEFAULT_BUDGET_VIEW", "VIEWS", "Release", "release_of", "tolerated_coalition"]
 
 ACCOUNTANT = (
     "RDP of the Skellam mechanism (Agarwal et al. 2021, Thm 3.5) amplified by Poisson subsampling with the "
@@ -92,6 +93,15 @@ class Release:
         if not (0 < release.sample_rate <= 1 and all(math.isfinite(v) and v >= 0 for v in values)):
             raise ValueError("a release needs a sample rate in (0, 1] and finite, non-negative parameters")
         return release
+
+
+def tolerated_coalition(threshold: int, consortium: int) -> int:
+    """The hospitals that pool their shares with the server in the ``coalition`` view: a run's
+    ``tau - 1``, and never fewer than ``floor(N / 2)`` of a consortium (roster) of ``N``. The server
+    chooses which of the consortium's hospitals make up a run, and so its ``n`` and ``tau``: a run of
+    a victim and two hospitals working with the server has ``tau = 2``, and those two hold every
+    share (review 5, finding 6). Against such a run the charge is the collusion view's."""
+    return max(threshold - 1, consortium // 2)
 
 
 def release_of(
