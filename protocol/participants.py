@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 
 from protocol.channel import PartyChannels
 from protocol.checkpoint import write_at_the_end
-from protocol.messages import Finish, Hello, Message, ProtocolError
+from protocol.messages import Finish, Hello, Message, ProtocolError, Withdraw
 
 __all__ = ["MAX_JOINS_AGAIN", "Participants", "Timeouts", "join_record", "run_to_the_end"]
 
@@ -82,11 +82,14 @@ class Participants:
 
     def read_between_rounds(self) -> None:
         """Take what arrived since the last round ended before the next begins: a Hello sent between
-        rounds then joins between rounds, breaking nothing (review 5, finding 5). Anything else is
-        rejected: nothing is expected now."""
+        rounds then joins between rounds, breaking nothing (review 5, finding 5), and a hospital that
+        withdrew (a voting hospital refusing the run, say) leaves. Anything else is rejected."""
         while (got := self.next_message(time.monotonic() + _QUEUED_S)) is not None:
             sender, message = got
-            self.parties.reject(sender, message, "expected nothing between rounds")
+            if isinstance(message, Withdraw) and sender in self.active:
+                self.withdrew(sender, message.reason)
+            else:
+                self.parties.reject(sender, message, "expected nothing between rounds")
 
     def broken_joins(self, name: str) -> int:
         """How often ``name`` joined again in a way that cost the others (see the module's docstring)."""
@@ -146,6 +149,10 @@ class Participants:
             self._log.warning("%s leaves the run: %s", name, reason)
             if notify:
                 self.parties.send(name, Finish(reason=reason))
+
+    def withdrew(self, name: str, reason: str) -> None:
+        """An active hospital said it leaves (its budget spent, the run refused): it is told nothing more."""
+        self.drop(name, f"withdrew: {reason}", notify=False)
 
     def finish(self, reason: str, *, others: Iterable[str] = ()) -> None:
         """Tell every hospital still in the run, and ``others`` (talliers), that it ends, and why."""

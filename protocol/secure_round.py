@@ -56,7 +56,7 @@ def collect_updates(
             break
         sender, message = got
         if isinstance(message, Withdraw) and sender in participants.active:
-            participants.drop(sender, f"withdrew: {message.reason}", notify=False)
+            participants.withdrew(sender, message.reason)
         elif (
             isinstance(message, Refused)
             and message.round == round_number

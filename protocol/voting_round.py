@@ -64,7 +64,7 @@ def collect_ballots(
     while not set(participants.active) <= set(ballots) and (got := participants.next_message(deadline)) is not None:
         sender, message = got
         if isinstance(message, Withdraw) and sender in participants.active:
-            participants.drop(sender, f"withdrew: {message.reason}", notify=False)
+            participants.withdrew(sender, message.reason)
         elif not (isinstance(message, Ballot) and sender in participants.active and message.round == round_number):
             parties.reject(sender, message, f"expected a ballot for round {round_number}")
         elif sender in ballots:

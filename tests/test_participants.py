@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from protocol.channel import ServerChannel
-from protocol.messages import Finish, Hello, ProtocolError
+from protocol.messages import Finish, Hello, ProtocolError, Withdraw
 from protocol.participants import MAX_JOINS_AGAIN, Participants, Timeouts, join_record
 
 HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
@@ -116,3 +116,11 @@ def test_a_hello_during_its_own_welcome_is_counted_once_by_the_server_not_again_
     participants.joining = []
     participants.admit(["hospital-3"], before_round=2)
     assert participants.broken_joins("hospital-3") == 1
+
+
+def test_a_withdrawal_read_between_rounds_is_a_departure():
+    """A voting hospital that refuses the run withdraws before any round: the server reads it then."""
+    participants, queue = _running()
+    queue.incoming.append(("hospital-2", Withdraw(round=0, reason="labels only")))
+    participants.read_between_rounds()
+    assert participants.departures == {"hospital-2": "withdrew: labels only"} and queue.sent == []
