@@ -29,6 +29,7 @@ def medmnist_format(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spent(medmnist_format, tmp_path):
     argv = [
         "--data",

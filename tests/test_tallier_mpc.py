@@ -10,6 +10,8 @@ from crypto.checked_shares import CheckedLayout, _share_bits
 from crypto.mpc_field import MpcField
 from protocol.roster import local_federation
 from scripts.bench_tallier import party_command, share_votes, write_input
+
+pytestmark = pytest.mark.slow
 from tallier.mpc import MpcParty, run_round
 from tests.conftest import REPO, child_environment, free_port
 
