@@ -36,46 +36,15 @@ from pathlib import Path
 
 import numpy as np
 
+from training.image_folder import load_image_folder
 from training.own_code import is_reference, load_function, reference_name
+from training.splits import DatasetError, Split
 
 __all__ = ["BUILTIN_DATASETS", "Dataset", "DatasetError", "Split", "load_dataset"]
 
 BUILTIN_DATASETS = ("breast_cancer", "digits")
 _MAX_CLASSES = 1 << 16  # as a model's (training.models)
 _VALIDATION_FRACTION = 0.2
-
-
-class DatasetError(ValueError):
-    """A dataset that cannot be found or read."""
-
-
-@dataclass(frozen=True)
-class Split:
-    x: np.ndarray  # float32, (n, *input_shape)
-    y: np.ndarray  # int64, (n,)
-    classes: tuple[str, ...] = ()  # the name of each label, where the data name them
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def subset(self, indices: np.ndarray) -> "Split":
-        return Split(self.x[indices], self.y[indices], self.classes)
-
-    def misfit(self, input_shape: tuple[int, ...], num_classes: int, classes: tuple[str, ...] = ()) -> str | None:
-        """Why these records cannot train a model of ``input_shape`` inputs and ``num_classes`` classes
-        (named ``classes``, where the run names them), if they cannot."""
-        shape, top = tuple(self.x.shape[1:]), int(self.y.max(initial=0))
-        if shape != tuple(input_shape) or top >= num_classes:
-            return (
-                f"the run's model takes {tuple(input_shape)} inputs and {num_classes} classes; these records are "
-                f"{shape} with labels up to {top}"
-            )
-        if classes and self.classes and tuple(classes) != self.classes:
-            return (
-                f"the run's classes are {', '.join(classes)}; these records' are {', '.join(self.classes)} (a class "
-                "with no records here still needs its folder, empty)"
-            )
-        return None
 
 
 @dataclass(frozen=True)
@@ -111,8 +80,6 @@ def load_dataset(
         return _load_function(source, split_seed, hold_out)
     path = Path(source)
     if path.is_dir():
-        from training.image_folder import load_image_folder
-
         return _with_validation(load_image_folder(path, size=image_size, channels=image_channels), split_seed, hold_out)
     return _load_npz(path)
 
