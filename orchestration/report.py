@@ -72,7 +72,7 @@ def training_summary(report: dict) -> str:
         privacy = (
             f"epsilon per {level} at delta {final['delta']:g}: {epsilon['server']:.3f} against the server, "
             f"{epsilon['peer_hospital']:.3f} against a fellow hospital, {epsilon['coalition']:.3f} against the server "
-            f"with {final['coalition']} hospitals, {epsilon['collusion']:.3f} if all the others collude; "
+            f"with {_hospitals(final['coalition'])}, {epsilon['collusion']:.3f} if all the others collude; "
             + "".join(
                 f"per {name}: {e['server']:.3f}, {e['peer_hospital']:.3f}, {e['coalition']:.3f}, {e['collusion']:.3f}; "
                 for name, e in others
@@ -121,6 +121,10 @@ def baseline_summary(report: dict) -> str:
         else f"epsilon per record {final['epsilon']:.3f} at delta {final['delta']:g}"
     )
     return f"done in {report['wall_seconds']:.0f} s: {_scores(final)}; {privacy}"
+
+
+def _hospitals(count: int) -> str:
+    return f"{count} hospital{'' if count == 1 else 's'}"
 
 
 def plot_report(report: dict, path: Path) -> None:

@@ -311,6 +311,7 @@ def _shown(value: float | None) -> str:
 
 
 def _print_round(record: dict, config: RunConfig, consortium: int) -> None:
+    coalition = config.coalition(consortium)
     prefix = f"round {record['round']:>4}/{config.rounds}"
     if record["status"] == "released":
         privacy = (
@@ -318,7 +319,7 @@ def _print_round(record: dict, config: RunConfig, consortium: int) -> None:
             if config.aggregation == INSECURE_PLAINTEXT
             else f"epsilon {record['epsilon']['server']:.3f} against the server, "
             f"{record['epsilon']['peer_hospital']:.3f} against a peer, {record['epsilon']['coalition']:.3f} against "
-            f"the server with {config.coalition(consortium)} hospitals (delta {config.delta:g})"
+            f"the server with {coalition} hospital{'' if coalition == 1 else 's'} (delta {config.delta:g})"
         )
         state = "".join(f"  {name} {value:.4g}" for name, value in record["round_state"].items())  # adaptive v and C
         print(
