@@ -187,6 +187,14 @@ class Endorsement(Message):
     signature: bytes
 
 
+def _by_member(sent: dict[str, Message], **relayed: str) -> dict[str, dict[str, object]]:
+    """A relay's fields from each member's message: ``field=attribute`` gives ``{field: {member: its attribute}}``."""
+    return {
+        field: {name: getattr(message, attribute) for name, message in sent.items()}
+        for field, attribute in relayed.items()
+    }
+
+
 @dataclass(frozen=True)
 class Endorsements(Message):
     TYPE = "endorsements"
@@ -198,12 +206,7 @@ class Endorsements(Message):
     @classmethod
     def of(cls, round_number: int, sent: dict[str, Endorsement]) -> "Endorsements":
         """Every member's endorsement, as the server relays them."""
-        return cls(
-            round=round_number,
-            hashes={name: e.hashes for name, e in sent.items()},
-            commitments={name: e.commitment for name, e in sent.items()},
-            signatures={name: e.signature for name, e in sent.items()},
-        )
+        return cls(round_number, **_by_member(sent, hashes="hashes", commitments="commitment", signatures="signature"))
 
 
 @dataclass(frozen=True)
@@ -226,12 +229,7 @@ class Proofs(Message):
     @classmethod
     def of(cls, round_number: int, sent: dict[str, Proof]) -> "Proofs":
         """Every member's proof, as the server relays them."""
-        return cls(
-            round=round_number,
-            seeds={name: p.seed for name, p in sent.items()},
-            proofs={name: p.proof for name, p in sent.items()},
-            signatures={name: p.signature for name, p in sent.items()},
-        )
+        return cls(round_number, **_by_member(sent, seeds="seed", proofs="proof", signatures="signature"))
 
 
 @dataclass(frozen=True)
@@ -254,12 +252,7 @@ class Releases(Message):
     @classmethod
     def of(cls, round_number: int, sent: dict[str, Release]) -> "Releases":
         """Every member's release, as the server relays them."""
-        return cls(
-            round=round_number,
-            shares={name: r.share for name, r in sent.items()},
-            masks={name: r.masks for name, r in sent.items()},
-            signatures={name: r.signature for name, r in sent.items()},
-        )
+        return cls(round_number, **_by_member(sent, shares="share", masks="masks", signatures="signature"))
 
 
 @dataclass(frozen=True)

@@ -534,7 +534,7 @@ class SumRound:
         opened = self._opened
         if not _signed_release(self.setting, opened, identity, released):
             return f"{name}'s release is not its signed release over this round's proofs"
-        if not _right_release(self.setting, opened, name, released):
+        if not _right_release(self.setting, opened, name, released, _challenges(self.setting, opened.seed)):
             raise RoundRefused(
                 f"round {self.setting.round_number}: {name} released wrong values, which it signed", named=[name]
             )
@@ -571,19 +571,16 @@ def _signed_release(setting: RoundSetting, opened: _Opened, identity: Ed25519Pub
     )
 
 
-def _right_release(setting: RoundSetting, opened: _Opened, name: str, released: Released) -> bool:
-    """``name``'s release is in the field, the one its endorsement committed to, and on its dealers' proofs."""
+def _right_release(
+    setting: RoundSetting, opened: _Opened, name: str, released: Released, challenges: LinearHash
+) -> bool:
+    """``name``'s release is in the field, the one its endorsement committed to, and on its dealers'
+    proofs under the round's ``challenges``."""
     proofs = [opened.proofs[member].proof for member in opened.contributors]
     return (
         _within_field(setting, released.release)
         and release_commitment(setting, name, released.release) == opened.endorsements[name].commitment
-        and check_release(
-            released.release,
-            setting.party(name),
-            proofs,
-            _challenges(setting, opened.seed),
-            threshold=setting.threshold,
-        )
+        and check_release(released.release, setting.party(name), proofs, challenges, threshold=setting.threshold)
     )
 
 
@@ -606,14 +603,14 @@ def open_sum(
     number, members = setting.round_number, opened.contributors
     if set(releases) != set(members):
         raise RoundRefused(f"round {number}: releases from {sorted(releases)}, not from every member", named=["server"])
-    named = []
+    named, challenges = [], _challenges(setting, opened.seed)
     for name in members:
         released = releases[name]
         if not (isinstance(released, Released) and _signed_release(setting, opened, identities[name], released)):
             raise RoundRefused(
                 f"round {number}: {name}'s release is not its signed release over the proofs we hold", named=["server"]
             )
-        if not _right_release(setting, opened, name, released):
+        if not _right_release(setting, opened, name, released, challenges):
             named.append(name)  # it signed this release: the fault is its own
     if named:
         raise RoundRefused(f"round {number}: {', '.join(named)} released wrong values", named=named)

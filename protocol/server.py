@@ -386,26 +386,24 @@ class Server:
                 record,
                 Endorsement,
                 "endorse the sum",
-                lambda n, e: total.endorsement_refusal(n, Endorsed(e.hashes, e.commitment, e.signature), identities[n]),
+                lambda n, e: total.endorsement_refusal(n, _endorsed(e), identities[n]),
                 evidence,
             )
             if endorsements is None:
                 return None
-            total.endorsed(
-                {n: Endorsed(e.hashes, e.commitment, e.signature) for n, e in endorsements.items()}, identities
-            )
+            total.endorsed({n: _endorsed(e) for n, e in endorsements.items()}, identities)
             self._send_all(members, Endorsements.of(number, endorsements))
             proofs = self._step(
                 record,
                 Proof,
                 "prove their dealing",
-                lambda n, p: total.proof_refusal(n, Proved(p.seed, p.proof, p.signature), identities[n]),
+                lambda n, p: total.proof_refusal(n, _proved(p), identities[n]),
                 evidence,
             )
             if proofs is None:
                 return None
-            total.proved({n: Proved(p.seed, p.proof, p.signature) for n, p in proofs.items()}, identities)
-            evidence.proofs = {n: Proved(p.seed, p.proof, p.signature) for n, p in proofs.items()}
+            evidence.proofs = {n: _proved(p) for n, p in proofs.items()}
+            total.proved(evidence.proofs, identities)
             # From here on members release, and any tau releases open the sum: the ledger first (review 4, finding 12).
             self._record.charge(
                 ledger_release(
@@ -705,6 +703,14 @@ def _checkpointed_config(checkpoint: Checkpoint, out_dir: Path) -> RunConfig:
         return RunConfig.from_dict(checkpoint.config)
     except ConfigError as error:
         raise CheckpointError(f"the checkpoint in {out_dir} holds an unusable configuration: {error}") from None
+
+
+def _endorsed(message: Endorsement) -> Endorsed:
+    return Endorsed(message.hashes, message.commitment, message.signature)
+
+
+def _proved(message: Proof) -> Proved:
+    return Proved(message.seed, message.proof, message.signature)
 
 
 class _Evidence:

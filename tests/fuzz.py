@@ -439,20 +439,27 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
             aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
             if any(a.contributors != tuple(names) for a in aggregates.values()):
                 result.state_changes += 1
+
+            def answer_after_a_batch(answers: dict, forged_signatures=()) -> None:
+                """The others send their answers; hospital-2 sends ``forged_signatures`` on its own (the few a
+                random mutation would hardly ever hit), a batch of mutations, then its honest answer."""
+                for hospital in hospitals:
+                    if hospital is not fuzzer:
+                        hospital.send(answers[hospital.name])
+                honest = answers[fuzzer.name]
+                bases.append(encode(honest))
+                for forgery in forged_signatures:
+                    fuzzer.send(dataclasses.replace(honest, signature=forgery))
+                    result.sent += 1
+                    result.by_family["forged_endorsement"] = result.by_family.get("forged_endorsement", 0) + 1
+                same = lambda message, sent=honest: acted_on(message, sent)  # noqa: E731
+                _send_batch(fuzzer.send_raw, mutator, result, bases, as_update, chunks, same, TO_SERVER, limit, quota)
+                fuzzer.send(honest)
+
             endorsements = {h.name: h.endorse(aggregates[h.name]) for h in hospitals}
-            for hospital in hospitals:
-                if hospital is not fuzzer:
-                    hospital.send(endorsements[hospital.name])
-            honest = endorsements[fuzzer.name]
-            bases.append(encode(honest))
-            forged = [bytes(64), mutator.rng.bytes(64), endorsements["hospital-1"].signature]
-            for forgery in forged:  # the few a random mutation would hardly ever hit
-                fuzzer.send(dataclasses.replace(honest, signature=forgery))
-                result.sent += 1
-                result.by_family["forged_endorsement"] = result.by_family.get("forged_endorsement", 0) + 1
-            same = lambda message, sent=honest: acted_on(message, sent)  # noqa: E731
-            _send_batch(fuzzer.send_raw, mutator, result, bases, as_update, chunks, same, TO_SERVER, limit, quota)
-            fuzzer.send(honest)
+            answer_after_a_batch(
+                endorsements, forged_signatures=[bytes(64), mutator.rng.bytes(64), endorsements["hospital-1"].signature]
+            )
             relayed = {h.name: h.expect(Endorsements) for h in hospitals}
             try:  # what the real hospitals check before they prove: every member's own signature and hashes
                 proofs = {h.name: h.prove(relayed[h.name]) for h in hospitals}
@@ -460,24 +467,9 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
                 result.state_changes += 1
                 result.notes.append(f"round {round_number}: {refusal}")
                 raise
-            for hospital in hospitals:
-                if hospital is not fuzzer:
-                    hospital.send(proofs[hospital.name])
-            honest = proofs[fuzzer.name]
-            bases.append(encode(honest))
-            same = lambda message, sent=honest: acted_on(message, sent)  # noqa: E731
-            _send_batch(fuzzer.send_raw, mutator, result, bases, as_update, chunks, same, TO_SERVER, limit, quota)
-            fuzzer.send(honest)
+            answer_after_a_batch(proofs)
             relayed = {h.name: h.expect(Proofs) for h in hospitals}
-            releases = {h.name: h.release(relayed[h.name]) for h in hospitals}
-            for hospital in hospitals:
-                if hospital is not fuzzer:
-                    hospital.send(releases[hospital.name])
-            honest = releases[fuzzer.name]
-            bases.append(encode(honest))
-            same = lambda message, sent=honest: acted_on(message, sent)  # noqa: E731
-            _send_batch(fuzzer.send_raw, mutator, result, bases, as_update, chunks, same, TO_SERVER, limit, quota)
-            fuzzer.send(honest)
+            answer_after_a_batch({h.name: h.release(relayed[h.name]) for h in hospitals})
             opened = {h.name: h.expect(Releases) for h in hospitals}
             for hospital in hospitals:
                 hospital.send(hospital.confirm(opened[hospital.name]))

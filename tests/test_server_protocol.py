@@ -57,15 +57,20 @@ def _uploads(hospitals, round_number: int) -> dict:
     return updates, values
 
 
-def _rest_of_round(hospitals) -> dict:
-    """After the uploads: endorse, prove, release and open, each hospital honestly; returns the sums opened."""
+def _proofs_relayed(hospitals) -> dict:
+    """After the uploads: endorse and prove, each hospital honestly; returns the Proofs each was relayed."""
     aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
     for hospital in hospitals:
         hospital.send(hospital.endorse(aggregates[hospital.name]))
     endorsements = {h.name: h.expect(Endorsements) for h in hospitals}
     for hospital in hospitals:
         hospital.send(hospital.prove(endorsements[hospital.name]))
-    proofs = {h.name: h.expect(Proofs) for h in hospitals}
+    return {h.name: h.expect(Proofs) for h in hospitals}
+
+
+def _rest_of_round(hospitals) -> dict:
+    """After the uploads: endorse, prove, release and open, each hospital honestly; returns the sums opened."""
+    proofs = _proofs_relayed(hospitals)
     for hospital in hospitals:
         hospital.send(hospital.release(proofs[hospital.name]))
     releases = {h.name: h.expect(Releases) for h in hospitals}
@@ -244,13 +249,7 @@ def test_the_server_charges_a_round_before_it_relays_the_proofs(server):
     updates, _ = _uploads(hospitals, 1)
     for hospital in hospitals:
         hospital.send(updates[hospital.name])
-    aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
-    for hospital in hospitals:
-        hospital.send(hospital.endorse(aggregates[hospital.name]))
-    endorsements = {h.name: h.expect(Endorsements) for h in hospitals}
-    for hospital in hospitals:
-        hospital.send(hospital.prove(endorsements[hospital.name]))
-    proofs = {h.name: h.expect(Proofs) for h in hospitals}
+    proofs = _proofs_relayed(hospitals)
     h1.send(Refused(round=1, reason="I say so", named=(), openings={}))
     for hospital in (h2, h3):
         hospital.send(hospital.release(proofs[hospital.name]))
@@ -275,13 +274,7 @@ def test_a_member_that_applied_another_mean_leaves_the_run(server):
     updates, _ = _uploads(hospitals, 1)
     for hospital in hospitals:
         hospital.send(updates[hospital.name])
-    aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
-    for hospital in hospitals:
-        hospital.send(hospital.endorse(aggregates[hospital.name]))
-    endorsements = {h.name: h.expect(Endorsements) for h in hospitals}
-    for hospital in hospitals:
-        hospital.send(hospital.prove(endorsements[hospital.name]))
-    proofs = {h.name: h.expect(Proofs) for h in hospitals}
+    proofs = _proofs_relayed(hospitals)
     for hospital in hospitals:
         hospital.send(hospital.release(proofs[hospital.name]))
     releases = {h.name: h.expect(Releases) for h in hospitals}
@@ -307,13 +300,7 @@ def test_a_member_that_signs_a_wrong_release_leaves_the_run_and_the_others_go_on
     updates, _ = _uploads(hospitals, 1)
     for hospital in hospitals:
         hospital.send(updates[hospital.name])
-    aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
-    for hospital in hospitals:
-        hospital.send(hospital.endorse(aggregates[hospital.name]))
-    endorsements = {h.name: h.expect(Endorsements) for h in hospitals}
-    for hospital in hospitals:
-        hospital.send(hospital.prove(endorsements[hospital.name]))
-    proofs = {h.name: h.expect(Proofs) for h in hospitals}
+    proofs = _proofs_relayed(hospitals)
     cheat.send(cheat.wrong_release(proofs[cheat.name]))
     assert "hospital-5 released wrong values, which it signed" in cheat.expect(Finish).reason
     for hospital in present:
