@@ -21,7 +21,7 @@ import numpy as np
 import tenseal.sealapi as seal
 import zstandard
 
-from crypto.bfv_parameters import BfvParameters
+from consilium.crypto.bfv_parameters import BfvParameters
 
 __all__ = ["BfvError", "PublicContext", "pack_words", "unpack_words"]
 

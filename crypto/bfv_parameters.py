@@ -45,9 +45,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from crypto.linear_hash import challenge_count
-from crypto.primes import is_prime
-from crypto.slot_digits import SlotDigits
+from consilium.crypto.linear_hash import challenge_count
+from consilium.crypto.primes import is_prime
+from consilium.crypto.slot_digits import SlotDigits
 
 __all__ = ["BfvParameters", "ParameterError", "select_bfv_parameters"]
 

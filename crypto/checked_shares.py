@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crypto.secret_sharing import ShareError, random_elements, share_elements
+from consilium.crypto.secret_sharing import ShareError, random_elements, share_elements
 
 __all__ = ["CheckedLayout", "challenge", "share_checked", "tag_combination"]
 

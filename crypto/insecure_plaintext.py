@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from crypto.bfv import BfvError
-from crypto.bfv_parameters import BfvParameters
+from consilium.crypto.bfv import BfvError
+from consilium.crypto.bfv_parameters import BfvParameters
 
 __all__ = ["InsecurePlaintextSum", "InsecurePlaintextUploads"]
 

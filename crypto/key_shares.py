@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from crypto.linear_hash import LinearHash, challenge_count
+from consilium.crypto.linear_hash import LinearHash, challenge_count
 
 __all__ = [
     "DealtShare",

@@ -34,7 +34,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from threadpoolctl import ThreadpoolController
 
-from crypto.primes import is_prime
+from consilium.crypto.primes import is_prime
 
 __all__ = ["SOUNDNESS_BITS", "LinearHash", "challenge_count"]
 

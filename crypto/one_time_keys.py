@@ -44,8 +44,8 @@ from typing import Sequence
 import numpy as np
 import tenseal.sealapi as seal
 
-from crypto.bfv import BfvError, PublicContext, _MemoryFile, pack_words, unpack_words
-from crypto.key_shares import Dealing, KeyShareError, uniform
+from consilium.crypto.bfv import BfvError, PublicContext, _MemoryFile, pack_words, unpack_words
+from consilium.crypto.key_shares import Dealing, KeyShareError, uniform
 
 __all__ = [
     "OneTimeKey",

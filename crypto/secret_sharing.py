@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from crypto.primes import is_prime
+from consilium.crypto.primes import is_prime
 
 __all__ = [
     "ShareError",

@@ -28,8 +28,8 @@ from typing import Callable
 
 import numpy as np
 
-from orchestration.planning import check_first_round
-from orchestration.report import (
+from consilium.orchestration.planning import check_first_round
+from consilium.orchestration.report import (
     baseline_summary,
     build_report,
     plot_report,
@@ -38,18 +38,18 @@ from orchestration.report import (
     vote_summary,
     vote_warning,
 )
-from orchestration.run_flags import model_spec, run_argv, shown
-from orchestration.spec import RunSpec, resolve
-from protocol.config import ConfigError
-from protocol.messages import ProtocolError
-from protocol.party_keys import SERVER
-from protocol.roster import Roster, local_federation
-from training.baselines import BASELINES, DP_BASELINES, BaselineSettings, run_baseline
-from training.compute_device import use_device
-from training.datasets import Dataset
-from training.evaluation import Selection
-from training.own_code import is_reference
-from training.partition import partition
+from consilium.orchestration.run_flags import model_spec, run_argv, shown
+from consilium.orchestration.spec import RunSpec, resolve
+from consilium.protocol.config import ConfigError
+from consilium.protocol.messages import ProtocolError
+from consilium.protocol.party_keys import SERVER
+from consilium.protocol.roster import Roster, local_federation
+from consilium.training.baselines import BASELINES, DP_BASELINES, BaselineSettings, run_baseline
+from consilium.training.compute_device import use_device
+from consilium.training.datasets import Dataset
+from consilium.training.evaluation import Selection
+from consilium.training.own_code import is_reference
+from consilium.training.partition import partition
 
 __all__ = ["free_port", "run_local_federation"]
 
@@ -138,20 +138,24 @@ def _start_parties(
     common += ["--device", spec.device] if spec.device else []
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     server = _launch(
-        "scripts.server", [*common, *_server_argv(spec, out)], logs / "server.log", environment, stdout=subprocess.PIPE
+        "consilium.scripts.server",
+        [*common, *_server_argv(spec, out)],
+        logs / "server.log",
+        environment,
+        stdout=subprocess.PIPE,
     )
     talliers, hospitals = {}, {}
     for name in roster.talliers:
         argv = [*confirmed, "--name", name, "--timeout", str(3 * spec.round_timeout)]
         argv += ["--transcript", str(out / name / "transcript.msgpack")]
         argv += ["--allow-histogram"] if spec.flags.get("reveal") == "histogram" else []
-        talliers[name] = _launch("scripts.tallier", argv, logs / f"{name}.log", environment)
+        talliers[name] = _launch("consilium.scripts.tallier", argv, logs / f"{name}.log", environment)
     names = list(roster.hospitals)
     for first in range(0, len(names), spec.hospitals_per_process):
         group = names[first : first + spec.hospitals_per_process]
         process = group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}"
         argv = [*common, *_hospital_argv(spec, group, first)]
-        hospitals[process] = _launch("scripts.hospital", argv, logs / f"{process}.log", environment)
+        hospitals[process] = _launch("consilium.scripts.hospital", argv, logs / f"{process}.log", environment)
     return server, hospitals, talliers
 
 

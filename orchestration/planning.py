@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 
-from orchestration.run_flags import build_run_config
-from orchestration.spec import RunSpec, resolve
-from protocol.config import ConfigError, RunConfig
-from training.datasets import Dataset
-from training.dp_fedavg import DpFedAvgSettings
-from training.ledger import PrivacyBudget, PrivacyLedger
-from training.methods import METHODS as TRAINING_METHODS, ledger_release
+from consilium.orchestration.run_flags import build_run_config
+from consilium.orchestration.spec import RunSpec, resolve
+from consilium.protocol.config import ConfigError, RunConfig
+from consilium.training.datasets import Dataset
+from consilium.training.dp_fedavg import DpFedAvgSettings
+from consilium.training.ledger import PrivacyBudget, PrivacyLedger
+from consilium.training.methods import METHODS as TRAINING_METHODS, ledger_release
 
 __all__ = ["check_first_round", "least_noise_multiplier", "planned_epsilons"]
 

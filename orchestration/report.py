@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION
+from consilium.protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION
 
 __all__ = [
     "baseline_summary",

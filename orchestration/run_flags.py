@@ -15,13 +15,13 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig
-from training.baselines import BASELINE_DEFAULTS, BASELINE_FLAGS, BASELINES
-from training.datasets import Dataset, Split
-from training.flags import Flag, positive_int, probability, widths
-from training.methods import METHODS as TRAINING_METHODS
-from training.models import ModelSpec, describe_model, input_statistics, takes_images
-from training.vote_privacy import REVEAL_MODES, VOTING_DEFAULTS, VOTING_FLAGS, VOTING_METHODS
+from consilium.protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig
+from consilium.training.baselines import BASELINE_DEFAULTS, BASELINE_FLAGS, BASELINES
+from consilium.training.datasets import Dataset, Split
+from consilium.training.flags import Flag, positive_int, probability, widths
+from consilium.training.methods import METHODS as TRAINING_METHODS
+from consilium.training.models import ModelSpec, describe_model, input_statistics, takes_images
+from consilium.training.vote_privacy import REVEAL_MODES, VOTING_DEFAULTS, VOTING_FLAGS, VOTING_METHODS
 
 __all__ = [
     "COMMON_FLAGS",

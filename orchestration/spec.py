@@ -19,9 +19,9 @@ from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 from typing import Any, Mapping
 
-from protocol.config import ConfigError
-from protocol.hospital import DEFAULT_SEND_OFFSET_S
-from orchestration.run_flags import (
+from consilium.protocol.config import ConfigError
+from consilium.protocol.hospital import DEFAULT_SEND_OFFSET_S
+from consilium.orchestration.run_flags import (
     COMMON_FLAGS,
     FEDERATION_METHODS,
     FLAG_READERS,
@@ -29,11 +29,11 @@ from orchestration.run_flags import (
     resolve_run_arguments,
     shown,
 )
-from training.accounting import DEFAULT_BUDGET_VIEW
-from training.datasets import Dataset, load_dataset
-from training.evaluation import Selection
-from training.methods import METHODS as TRAINING_METHODS
-from training.vote_privacy import VOTING_METHODS
+from consilium.training.accounting import DEFAULT_BUDGET_VIEW
+from consilium.training.datasets import Dataset, load_dataset
+from consilium.training.evaluation import Selection
+from consilium.training.methods import METHODS as TRAINING_METHODS
+from consilium.training.vote_privacy import VOTING_METHODS
 
 __all__ = ["RunSpec", "resolve"]
 

@@ -15,13 +15,15 @@ import logging
 import time
 from typing import Callable, TypeVar
 
-from protocol.config import MAX_MESSAGE_BYTES  # until the run's settings, and so its largest message, are known
-from protocol.messages import Finish, Hello, Message, MessageError, ProtocolError, decode, encode
-from protocol.rejections import RejectionLog
-from protocol.transcript import Transcript
-from protocol.party_keys import Credentials
-from protocol.roster import Roster
-from protocol.transport import ClientTransport, Reconnected, ServerTransport
+from consilium.protocol.config import (
+    MAX_MESSAGE_BYTES,
+)  # until the run's settings, and so its largest message, are known
+from consilium.protocol.messages import Finish, Hello, Message, MessageError, ProtocolError, decode, encode
+from consilium.protocol.rejections import RejectionLog
+from consilium.protocol.transcript import Transcript
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster
+from consilium.protocol.transport import ClientTransport, Reconnected, ServerTransport
 
 __all__ = ["PartyChannels", "ServerChannel"]
 

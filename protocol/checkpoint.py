@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, ClassVar
 
-from training.durable import replace_file
+from consilium.training.durable import replace_file
 
 __all__ = [
     "CHECKPOINT_FILE",

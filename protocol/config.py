@@ -14,15 +14,15 @@ import json
 import re
 from dataclasses import dataclass
 
-from crypto.bfv_parameters import BfvParameters, ParameterError, select_bfv_parameters
-from crypto.linear_hash import challenge_count
-from crypto.one_time_keys import key_share_bytes
-from crypto.sealed_box import OVERHEAD_BYTES
-from protocol.one_time_round import RoundSetting, check_threshold
-from training.accounting import tolerated_coalition
-from training.methods import TrainingMethod, settings_from_dict
-from training.models import ModelSpec
-from training.skellam import SkellamMechanism
+from consilium.crypto.bfv_parameters import BfvParameters, ParameterError, select_bfv_parameters
+from consilium.crypto.linear_hash import challenge_count
+from consilium.crypto.one_time_keys import key_share_bytes
+from consilium.crypto.sealed_box import OVERHEAD_BYTES
+from consilium.protocol.one_time_round import RoundSetting, check_threshold
+from consilium.training.accounting import tolerated_coalition
+from consilium.training.methods import TrainingMethod, settings_from_dict
+from consilium.training.models import ModelSpec
+from consilium.training.skellam import SkellamMechanism
 
 __all__ = [
     "INSECURE_PLAINTEXT",

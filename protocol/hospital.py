@@ -45,12 +45,12 @@ from torch import nn
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from crypto.bfv import BfvError, PublicContext
-from crypto.insecure_plaintext import InsecurePlaintextUploads
-from crypto.one_time_keys import pack_ring
-from crypto.sealed_box import SealedBoxError, certify_key
-from protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig, check_aggregation
-from protocol.messages import (
+from consilium.crypto.bfv import BfvError, PublicContext
+from consilium.crypto.insecure_plaintext import InsecurePlaintextUploads
+from consilium.crypto.one_time_keys import pack_ring
+from consilium.crypto.sealed_box import SealedBoxError, certify_key
+from consilium.protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig, check_aggregation
+from consilium.protocol.messages import (
     TO_HOSPITAL,
     Aggregate,
     BoxKey,
@@ -75,7 +75,7 @@ from protocol.messages import (
     float32_values,
     release_digest,
 )
-from protocol.one_time_round import (
+from consilium.protocol.one_time_round import (
     Endorsed,
     HospitalRound,
     Proved,
@@ -85,15 +85,15 @@ from protocol.one_time_round import (
     released_from,
     state_digest,
 )
-from protocol.channel import ServerChannel
-from protocol.hospital_metrics import Contribution, HospitalMetrics
-from protocol.party_keys import Credentials
-from protocol.roster import Roster
-from training.accounting import Release as Charge
-from training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
-from training.datasets import Split
-from training.methods import METHODS, LocalStep, SharedState, TrainingMethod, ledger_release
-from training.models import (
+from consilium.protocol.channel import ServerChannel
+from consilium.protocol.hospital_metrics import Contribution, HospitalMetrics
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster
+from consilium.training.accounting import Release as Charge
+from consilium.training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
+from consilium.training.datasets import Split
+from consilium.training.methods import METHODS, LocalStep, SharedState, TrainingMethod, ledger_release
+from consilium.training.models import (
     ModelError,
     build_model,
     check_model_for,

@@ -13,9 +13,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from protocol.config import RunConfig
-from protocol.one_time_round import HospitalRound
-from training.methods import TrainingMethod
+from consilium.protocol.config import RunConfig
+from consilium.protocol.one_time_round import HospitalRound
+from consilium.training.methods import TrainingMethod
 
 __all__ = ["Contribution", "HospitalMetrics"]
 

@@ -29,12 +29,12 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from crypto.bfv import BfvError, PublicContext
-from crypto.bfv_parameters import BfvParameters
-from crypto.endorsement import one_time_statement
-from crypto.key_shares import DealtShare, Release, check_release, check_share, interpolate, rebuild, release
-from crypto.linear_hash import LinearHash, challenge_count
-from crypto.one_time_keys import (
+from consilium.crypto.bfv import BfvError, PublicContext
+from consilium.crypto.bfv_parameters import BfvParameters
+from consilium.crypto.endorsement import one_time_statement
+from consilium.crypto.key_shares import DealtShare, Release, check_release, check_share, interpolate, rebuild, release
+from consilium.crypto.linear_hash import LinearHash, challenge_count
+from consilium.crypto.one_time_keys import (
     OneTimeKey,
     check_zero_slots,
     decrypt_sum,
@@ -44,7 +44,7 @@ from crypto.one_time_keys import (
     sum_uploads,
     unpack_ring,
 )
-from crypto.sealed_box import (
+from consilium.crypto.sealed_box import (
     SealedBoxError,
     box_key,
     open_box,

@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from protocol.channel import PartyChannels
-from protocol.checkpoint import write_at_the_end
-from protocol.messages import Finish, Hello, Message, ProtocolError, Withdraw
+from consilium.protocol.channel import PartyChannels
+from consilium.protocol.checkpoint import write_at_the_end
+from consilium.protocol.messages import Finish, Hello, Message, ProtocolError, Withdraw
 
 __all__ = ["MAX_JOINS_AGAIN", "Participants", "Timeouts", "join_record", "run_to_the_end"]
 

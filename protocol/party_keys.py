@@ -23,8 +23,8 @@ import zmq
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
-from crypto.tls import (
+from consilium.crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
+from consilium.crypto.tls import (
     CertificateError,
     certificate_from_pem,
     certificate_from_text,
@@ -32,7 +32,7 @@ from crypto.tls import (
     certificate_text,
     make_mpc_certificate,
 )
-from protocol.key_files import KeyFileError, read_toml, shown, toml_table, write_private
+from consilium.protocol.key_files import KeyFileError, read_toml, shown, toml_table, write_private
 
 __all__ = [
     "Credentials",

@@ -23,9 +23,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crypto.mpc_field import MIN_PARTIES
-from protocol.key_files import KeyFileError, parse_toml, read_bytes, read_toml, shown, toml_table, write_private
-from protocol.party_keys import SERVER, Credentials, Party, generate_party_keys, mpc_address
+from consilium.crypto.mpc_field import MIN_PARTIES
+from consilium.protocol.key_files import (
+    KeyFileError,
+    parse_toml,
+    read_bytes,
+    read_toml,
+    shown,
+    toml_table,
+    write_private,
+)
+from consilium.protocol.party_keys import SERVER, Credentials, Party, generate_party_keys, mpc_address
 
 __all__ = ["ROSTER_FILE", "Roster", "RosterError", "assemble_roster", "local_federation", "roster_changes"]
 

@@ -36,10 +36,10 @@ from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 
-from protocol.key_files import KeyFileError, read_toml, shown, toml_table
-from protocol.party_keys import Credentials
-from protocol.roster import Roster, RosterError, roster_changes
-from training.durable import replace_file
+from consilium.protocol.key_files import KeyFileError, read_toml, shown, toml_table
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster, RosterError, roster_changes
+from consilium.training.durable import replace_file
 
 __all__ = ["ACCEPTED_ROSTER_FILE", "SIGNATURES_FILE", "confirm_roster", "join_federation", "sign_roster"]
 

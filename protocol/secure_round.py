@@ -20,11 +20,11 @@ import logging
 import time
 from typing import Callable
 
-from crypto.bfv import BfvError
-from crypto.insecure_plaintext import InsecurePlaintextSum
-from protocol.messages import Message, Refused, Update, Withdraw
-from protocol.one_time_round import SumRound
-from protocol.participants import Participants
+from consilium.crypto.bfv import BfvError
+from consilium.crypto.insecure_plaintext import InsecurePlaintextSum
+from consilium.protocol.messages import Message, Refused, Update, Withdraw
+from consilium.protocol.one_time_round import SumRound
+from consilium.protocol.participants import Participants
 
 __all__ = ["collect_from_members", "collect_updates"]
 

@@ -29,13 +29,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from crypto.bfv import BfvError, PublicContext
-from crypto.insecure_plaintext import InsecurePlaintextSum, InsecurePlaintextUploads
-from crypto.sealed_box import SealedBoxError, verify_certified_key
-from protocol.channel import PartyChannels
-from protocol.checkpoint import Checkpoint, CheckpointError, write_report, write_retrying
-from protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
-from protocol.messages import (
+from consilium.crypto.bfv import BfvError, PublicContext
+from consilium.crypto.insecure_plaintext import InsecurePlaintextSum, InsecurePlaintextUploads
+from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
+from consilium.protocol.channel import PartyChannels
+from consilium.protocol.checkpoint import Checkpoint, CheckpointError, write_report, write_retrying
+from consilium.protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
+from consilium.protocol.messages import (
     TO_SERVER,
     Aggregate,
     BoxKey,
@@ -55,7 +55,7 @@ from protocol.messages import (
     float32_values,
     release_digest,
 )
-from protocol.one_time_round import (
+from consilium.protocol.one_time_round import (
     Endorsed,
     Proved,
     check_opening,
@@ -65,18 +65,18 @@ from protocol.one_time_round import (
     released_from,
     state_digest,
 )
-from protocol.participants import Participants, Timeouts, join_record, run_to_the_end
-from protocol.party_keys import Credentials
-from protocol.roster import Roster
-from protocol.secure_round import collect_from_members, collect_updates
-from protocol.server_report import RoundRecord, RunRecord, mechanism_report, save_model
-from protocol.transcript import Transcript
-from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
-from training.ledger import LEDGER_FILE, PrivacyLedger
-from training.datasets import Split
-from training.evaluation import Selection
-from training.methods import SharedState, ledger_release
-from training.models import build_model, get_flat_parameters, set_flat_parameters
+from consilium.protocol.participants import Participants, Timeouts, join_record, run_to_the_end
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster
+from consilium.protocol.secure_round import collect_from_members, collect_updates
+from consilium.protocol.server_report import RoundRecord, RunRecord, mechanism_report, save_model
+from consilium.protocol.transcript import Transcript
+from consilium.protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
+from consilium.training.ledger import LEDGER_FILE, PrivacyLedger
+from consilium.training.datasets import Split
+from consilium.training.evaluation import Selection
+from consilium.training.methods import SharedState, ledger_release
+from consilium.training.models import build_model, get_flat_parameters, set_flat_parameters
 
 __all__ = ["MAX_UNPROVEN_REFUSALS", "Server"]
 

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import torch
 
-from protocol.checkpoint import CheckpointError, write_retrying
-from protocol.config import RunConfig
-from training.accounting import ACCOUNTANT, Release
-from training.ledger import PrivacyLedger
-from training.datasets import Split
-from training.durable import replace_file
-from training.evaluation import Selection, evaluate
-from training.skellam import SkellamMechanism
+from consilium.protocol.checkpoint import CheckpointError, write_retrying
+from consilium.protocol.config import RunConfig
+from consilium.training.accounting import ACCOUNTANT, Release
+from consilium.training.ledger import PrivacyLedger
+from consilium.training.datasets import Split
+from consilium.training.durable import replace_file
+from consilium.training.evaluation import Selection, evaluate
+from consilium.training.skellam import SkellamMechanism
 
 __all__ = ["SELECTED_MODEL_FILE", "RoundRecord", "RunRecord", "mechanism_report", "save_model"]
 

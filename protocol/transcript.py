@@ -24,7 +24,7 @@ from typing import Iterator
 
 import msgpack
 
-from protocol.messages import Message, MessageError, decode
+from consilium.protocol.messages import Message, MessageError, decode
 
 __all__ = ["Transcript", "TranscriptError", "read_messages", "read_transcript"]
 

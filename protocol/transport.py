@@ -44,7 +44,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 from zmq.utils import z85
 
-from protocol.party_keys import CurveKeyPair
+from consilium.protocol.party_keys import CurveKeyPair
 
 __all__ = [
     "ClientTransport",

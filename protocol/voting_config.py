@@ -14,14 +14,14 @@ import functools
 import math
 from dataclasses import dataclass
 
-from crypto.checked_shares import CheckedLayout
-from crypto.mpc_field import MIN_PARTIES, MpcField
-from protocol.config import MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
-from protocol.messages import ProtocolError, VotingWelcome
-from training.accounting import tolerated_coalition
-from training.models import ModelSpec
-from training.vote_privacy import REVEAL_MODES, VotingSettings
-from training.voting import MAX_FEATURE_DIMENSIONS
+from consilium.crypto.checked_shares import CheckedLayout
+from consilium.crypto.mpc_field import MIN_PARTIES, MpcField
+from consilium.protocol.config import MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
+from consilium.protocol.messages import ProtocolError, VotingWelcome
+from consilium.training.accounting import tolerated_coalition
+from consilium.training.models import ModelSpec
+from consilium.training.vote_privacy import REVEAL_MODES, VotingSettings
+from consilium.training.voting import MAX_FEATURE_DIMENSIONS
 
 __all__ = ["VotingConfig", "welcomed_run"]
 

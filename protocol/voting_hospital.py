@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
-from crypto.sealed_box import SealedBoxError, verify_certified_key
-from protocol.ballots import seal_ballot, tallier_key_context
-from protocol.channel import ServerChannel
-from protocol.messages import (
+from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
+from consilium.protocol.ballots import seal_ballot, tallier_key_context
+from consilium.protocol.channel import ServerChannel
+from consilium.protocol.messages import (
     TO_VOTING_HOSPITAL,
     Ballot,
     Finish,
@@ -43,15 +43,15 @@ from protocol.messages import (
     VotingWelcome,
     Withdraw,
 )
-from protocol.party_keys import Credentials
-from protocol.roster import Roster
-from protocol.transport import TransportError
-from protocol.voting_config import VotingConfig, welcomed_run
-from training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
-from training.datasets import Split
-from training.models import ModelError, check_model_for
-from training.secure_random import secure_generator
-from training.voting import PcaFeatures, knn_votes, noisy_votes, teacher_votes, train_classifier
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster
+from consilium.protocol.transport import TransportError
+from consilium.protocol.voting_config import VotingConfig, welcomed_run
+from consilium.training.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
+from consilium.training.datasets import Split
+from consilium.training.models import ModelError, check_model_for
+from consilium.training.secure_random import secure_generator
+from consilium.training.voting import PcaFeatures, knn_votes, noisy_votes, teacher_votes, train_classifier
 
 __all__ = ["VotingHospital"]
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocol.ballots import box_bytes
-from protocol.messages import Ballot, Labels, ProtocolError, TallyFailed, Withdraw
-from protocol.participants import Participants
-from protocol.voting_config import VotingConfig
+from consilium.protocol.ballots import box_bytes
+from consilium.protocol.messages import Ballot, Labels, ProtocolError, TallyFailed, Withdraw
+from consilium.protocol.participants import Participants
+from consilium.protocol.voting_config import VotingConfig
 
 __all__ = ["RoundRecord", "TallyInterrupted", "collect_ballots", "collect_labels"]
 

@@ -48,9 +48,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from protocol.channel import PartyChannels
-from protocol.config import ConfigError
-from protocol.messages import (
+from consilium.protocol.channel import PartyChannels
+from consilium.protocol.config import ConfigError
+from consilium.protocol.messages import (
     TO_VOTING_SERVER,
     Hello,
     Labels,
@@ -62,19 +62,19 @@ from protocol.messages import (
     VoteRequest,
     VotingWelcome,
 )
-from protocol.party_keys import Credentials
-from protocol.roster import Roster
-from protocol.transcript import Transcript
-from protocol.checkpoint import CheckpointError, VotingCheckpoint, write_report, write_retrying
-from protocol.participants import Participants, Timeouts, join_record, run_to_the_end
-from protocol.transport import ServerTransport
-from protocol.voting_config import VotingConfig
-from protocol.voting_round import RoundRecord, TallyInterrupted, collect_ballots, collect_labels
-from training.ledger import PrivacyLedger
-from training.datasets import Split
-from training.models import accuracy
-from training.vote_privacy import ACCOUNTANT, LEVELS
-from training.voting import train_student
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster
+from consilium.protocol.transcript import Transcript
+from consilium.protocol.checkpoint import CheckpointError, VotingCheckpoint, write_report, write_retrying
+from consilium.protocol.participants import Participants, Timeouts, join_record, run_to_the_end
+from consilium.protocol.transport import ServerTransport
+from consilium.protocol.voting_config import VotingConfig
+from consilium.protocol.voting_round import RoundRecord, TallyInterrupted, collect_ballots, collect_labels
+from consilium.training.ledger import PrivacyLedger
+from consilium.training.datasets import Split
+from consilium.training.models import accuracy
+from consilium.training.vote_privacy import ACCOUNTANT, LEVELS
+from consilium.training.voting import train_student
 
 __all__ = ["MAX_TALLY_ATTEMPTS", "VotingServer"]
 

@@ -7,26 +7,26 @@ import logging
 import sys
 from typing import Callable
 
-from crypto.bfv import BfvError
-from crypto.bfv_parameters import ParameterError
-from crypto.sealed_box import SealedBoxError
-from crypto.secret_sharing import ShareError
-from protocol.checkpoint import CheckpointError
-from protocol.config import ConfigError
-from protocol.messages import ProtocolError
-from protocol.key_files import KeyFileError
-from scripts._run import run_with
-from protocol.transcript import TranscriptError
-from protocol.transport import TransportError
-from tallier.mpc import MpcError
-from training.compute_device import DeviceError
-from training.ledger import LedgerError
-from training.models import ModelError
-from training.datasets import DatasetError
-from training.partition import PartitionError
-from training.fedavg import FedAvgError
-from orchestration.run_flags import COMMON_FLAGS, FLAG_READERS, METHOD_DEFAULTS, METHOD_FLAGS, shown
-from training.flags import Flag, image_size
+from consilium.crypto.bfv import BfvError
+from consilium.crypto.bfv_parameters import ParameterError
+from consilium.crypto.sealed_box import SealedBoxError
+from consilium.crypto.secret_sharing import ShareError
+from consilium.protocol.checkpoint import CheckpointError
+from consilium.protocol.config import ConfigError
+from consilium.protocol.messages import ProtocolError
+from consilium.protocol.key_files import KeyFileError
+from consilium.scripts._run import run_with
+from consilium.protocol.transcript import TranscriptError
+from consilium.protocol.transport import TransportError
+from consilium.tallier.mpc import MpcError
+from consilium.training.compute_device import DeviceError
+from consilium.training.ledger import LedgerError
+from consilium.training.models import ModelError
+from consilium.training.datasets import DatasetError
+from consilium.training.partition import PartitionError
+from consilium.training.fedavg import FedAvgError
+from consilium.orchestration.run_flags import COMMON_FLAGS, FLAG_READERS, METHOD_DEFAULTS, METHOD_FLAGS, shown
+from consilium.training.flags import Flag, image_size
 
 USER_ERRORS = (
     BfvError,

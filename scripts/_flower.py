@@ -30,14 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestration.run_flags import build_run_config
-from orchestration.spec import RunSpec, resolve
-from protocol.config import ConfigError
-from training.datasets import Split
-from training.dopamine import mean_gradient
-from training.evaluation import evaluate
-from training.models import build_model, get_flat_parameters, set_flat_parameters
-from training.partition import partition
+from consilium.orchestration.run_flags import build_run_config
+from consilium.orchestration.spec import RunSpec, resolve
+from consilium.protocol.config import ConfigError
+from consilium.training.datasets import Split
+from consilium.training.dopamine import mean_gradient
+from consilium.training.evaluation import evaluate
+from consilium.training.models import build_model, get_flat_parameters, set_flat_parameters
+from consilium.training.partition import partition
 
 __all__ = ["require_flower", "run_flower_secaggplus"]
 

@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Callable
 
-from protocol.transport import raise_descriptor_limit
+from consilium.protocol.transport import raise_descriptor_limit
 
 __all__ = ["run_with"]
 

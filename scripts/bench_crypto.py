@@ -49,13 +49,13 @@ from tqdm import tqdm
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from crypto.bfv import PublicContext
-from crypto.sealed_box import certify_key
-from crypto.bfv_parameters import BfvParameters, select_bfv_parameters
-from protocol.one_time_round import HospitalRound, RoundSetting, SumRound, box_key_context
-from scripts._cli import run
-from training.flags import positive_float, positive_int
-from training.skellam import SkellamMechanism
+from consilium.crypto.bfv import PublicContext
+from consilium.crypto.sealed_box import certify_key
+from consilium.crypto.bfv_parameters import BfvParameters, select_bfv_parameters
+from consilium.protocol.one_time_round import HospitalRound, RoundSetting, SumRound, box_key_context
+from consilium.scripts._cli import run
+from consilium.training.flags import positive_float, positive_int
+from consilium.training.skellam import SkellamMechanism
 
 SCHEMES = ("plaintext-float32", "tenseal-bfv-default", "tenseal-ckks-nvflare", "consilium")
 _TENSEAL_BFV_PLAIN_MODULUS = 1032193  # TenSEAL's tutorials' batching prime for N = 4096

@@ -36,16 +36,16 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from crypto.checked_shares import CheckedLayout, share_checked
-from crypto.mpc_field import MpcField
-from protocol.roster import local_federation
-from orchestration.local import free_port
-from protocol.party_keys import Credentials
-from protocol.roster import Roster
-from scripts._cli import run
-from tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
-from training.flags import positive_int
-from training.vote_privacy import REVEAL_MODES, VotingSettings
+from consilium.crypto.checked_shares import CheckedLayout, share_checked
+from consilium.crypto.mpc_field import MpcField
+from consilium.protocol.roster import local_federation
+from consilium.orchestration.local import free_port
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster
+from consilium.scripts._cli import run
+from consilium.tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
+from consilium.training.flags import positive_int
+from consilium.training.vote_privacy import REVEAL_MODES, VotingSettings
 
 # The votes each number of hospitals casts, as a run of that size would: kNN-DPFL's defaults with 3,
 # and AE-DPFL's MNIST setting with 100 (scripts/reproduce_voting.py). Every hospital votes: the quorum.
@@ -175,7 +175,6 @@ def _measure(work: Path, queries: int, classes: int, talliers: int, hospitals: i
     environment = {
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
     }
     processes = [
         subprocess.Popen(
@@ -264,8 +263,8 @@ def write_input(
 
 
 def party_command(source: str, target: str, federation: Path, name: str) -> list[str]:
-    """The command line of tallier ``name`` of one cell, run with the repository on PYTHONPATH."""
-    return [sys.executable, "-m", "scripts.bench_tallier", "--party", source, target, str(federation), name]
+    """The command line of tallier ``name`` of one cell."""
+    return [sys.executable, "-m", "consilium.scripts.bench_tallier", "--party", source, target, str(federation), name]
 
 
 def play_party(source: str, target: str, federation: str, name: str) -> None:

@@ -41,15 +41,15 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from protocol.config import ConfigError
-from orchestration.local import run_local_federation
-from orchestration.planning import least_noise_multiplier
-from orchestration.spec import RunSpec
-from scripts._cli import run
-from training.flags import positive_float, positive_int, probability, rate, widths
-from training.datasets import load_dataset
-from training.dopamine import DopamineSettings
-from training.evaluation import SELECTION_METRICS
+from consilium.protocol.config import ConfigError
+from consilium.orchestration.local import run_local_federation
+from consilium.orchestration.planning import least_noise_multiplier
+from consilium.orchestration.spec import RunSpec
+from consilium.scripts._cli import run
+from consilium.training.flags import positive_float, positive_int, probability, rate, widths
+from consilium.training.datasets import load_dataset
+from consilium.training.dopamine import DopamineSettings
+from consilium.training.evaluation import SELECTION_METRICS
 
 _NO_BUDGET = 1e9  # the comparison fixes each run's noise and rounds; a hospital's budget must not stop it early
 _COMPLETED = "completed all rounds"

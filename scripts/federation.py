@@ -17,13 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from orchestration.local import run_local_federation
-from orchestration.spec import RunSpec
-from scripts._cli import add_image_arguments, add_run_arguments, run
-from training.accounting import VIEWS
-from training.flags import non_negative_float, non_negative_int, positive_float, positive_int
-from training.evaluation import SELECTION_METRICS
-from training.partition import PARTITION_SCHEMES
+from consilium.orchestration.local import run_local_federation
+from consilium.orchestration.spec import RunSpec
+from consilium.scripts._cli import add_image_arguments, add_run_arguments, run
+from consilium.training.accounting import VIEWS
+from consilium.training.flags import non_negative_float, non_negative_int, positive_float, positive_int
+from consilium.training.evaluation import SELECTION_METRICS
+from consilium.training.partition import PARTITION_SCHEMES
 
 _DEFAULT = RunSpec()  # a flag not given takes the spec's default
 

@@ -7,17 +7,17 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from protocol.config import ConfigError
-from protocol.hospital import DEFAULT_SEND_OFFSET_S, Hospital
-from training.accounting import DEFAULT_BUDGET_VIEW, VIEWS
-from training.ledger import PrivacyBudget
-from protocol.messages import ProtocolError
-from protocol.party_keys import Credentials
-from protocol.roster import Roster
-from protocol.roster_confirmation import join_federation
-from protocol.voting_hospital import VotingHospital
-from orchestration.run_flags import METHODS, chosen_aggregation
-from scripts._cli import (
+from consilium.protocol.config import ConfigError
+from consilium.protocol.hospital import DEFAULT_SEND_OFFSET_S, Hospital
+from consilium.training.accounting import DEFAULT_BUDGET_VIEW, VIEWS
+from consilium.training.ledger import PrivacyBudget
+from consilium.protocol.messages import ProtocolError
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster
+from consilium.protocol.roster_confirmation import join_federation
+from consilium.protocol.voting_hospital import VotingHospital
+from consilium.orchestration.run_flags import METHODS, chosen_aggregation
+from consilium.scripts._cli import (
     USER_ERRORS,
     add_hardware_arguments,
     add_image_arguments,
@@ -25,12 +25,12 @@ from scripts._cli import (
     configure_logging,
     run,
 )
-from training.flags import non_negative_float, non_negative_int, positive_float, positive_int, probability
-from training.datasets import Split, load_dataset
-from training.compute_device import use_device
-from training.models import use_model_code
-from training.partition import PARTITION_SCHEMES, PartitionError, partition
-from training.vote_privacy import VOTING_METHODS
+from consilium.training.flags import non_negative_float, non_negative_int, positive_float, positive_int, probability
+from consilium.training.datasets import Split, load_dataset
+from consilium.training.compute_device import use_device
+from consilium.training.models import use_model_code
+from consilium.training.partition import PARTITION_SCHEMES, PartitionError, partition
+from consilium.training.vote_privacy import VOTING_METHODS
 
 
 def build_parser() -> argparse.ArgumentParser:

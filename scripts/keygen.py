@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from protocol.party_keys import ROLES, SECRET_FILE, generate_party_keys
-from protocol.key_files import KeyFileError
-from scripts._run import run_with
+from consilium.protocol.party_keys import ROLES, SECRET_FILE, generate_party_keys
+from consilium.protocol.key_files import KeyFileError
+from consilium.scripts._run import run_with
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from protocol.roster import ROSTER_FILE, assemble_roster
-from protocol.key_files import KeyFileError
-from scripts._run import run_with
+from consilium.protocol.roster import ROSTER_FILE, assemble_roster
+from consilium.protocol.key_files import KeyFileError
+from consilium.scripts._run import run_with
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,9 +20,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from orchestration.local import run_local_federation
-from orchestration.spec import RunSpec
-from scripts._cli import run
+from consilium.orchestration.local import run_local_federation
+from consilium.orchestration.spec import RunSpec
+from consilium.scripts._cli import run
 
 # The paper's settings (Sec. 4.1, Table 1 for AE-DPFL; 3 agents and delta 1e-4 as in its Table 2 for
 # kNN-DPFL), and the noise and query counts chosen here for each method's epsilon target.

@@ -6,11 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from protocol.party_keys import Credentials
-from protocol.roster import Roster
-from protocol.roster_confirmation import SIGNATURES_FILE, sign_roster
-from protocol.key_files import KeyFileError
-from scripts._run import run_with
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster
+from consilium.protocol.roster_confirmation import SIGNATURES_FILE, sign_roster
+from consilium.protocol.key_files import KeyFileError
+from consilium.scripts._run import run_with
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,23 +7,23 @@ import secrets
 import sys
 from pathlib import Path
 
-from protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
-from protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
-from protocol.party_keys import SERVER, Credentials
-from protocol.roster import Roster
-from protocol.roster_confirmation import join_federation
-from protocol.participants import Timeouts
-from protocol.server import Server
-from protocol.voting_config import VotingConfig
-from protocol.voting_server import VotingServer
-from orchestration.run_flags import (
+from consilium.protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
+from consilium.protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
+from consilium.protocol.party_keys import SERVER, Credentials
+from consilium.protocol.roster import Roster
+from consilium.protocol.roster_confirmation import join_federation
+from consilium.protocol.participants import Timeouts
+from consilium.protocol.server import Server
+from consilium.protocol.voting_config import VotingConfig
+from consilium.protocol.voting_server import VotingServer
+from consilium.orchestration.run_flags import (
     build_run_config,
     chosen_aggregation,
     model_spec,
     resolve_data_defaults,
     resolve_run_arguments,
 )
-from scripts._cli import (
+from consilium.scripts._cli import (
     add_hardware_arguments,
     add_image_arguments,
     add_roster_fingerprint,
@@ -31,14 +31,14 @@ from scripts._cli import (
     configure_logging,
     run,
 )
-from training.flags import non_negative_int, positive_float, positive_int
-from training.compute_device import use_device
-from training.evaluation import SELECTION_METRICS, Selection
-from training.models import use_model_code
-from training.own_code import is_reference
-from training.datasets import Dataset, Split, load_dataset
-from training.vote_privacy import VOTING_METHODS, VotingSettings
-from training.voting import PcaFeatures, split_public_pool
+from consilium.training.flags import non_negative_int, positive_float, positive_int
+from consilium.training.compute_device import use_device
+from consilium.training.evaluation import SELECTION_METRICS, Selection
+from consilium.training.models import use_model_code
+from consilium.training.own_code import is_reference
+from consilium.training.datasets import Dataset, Split, load_dataset
+from consilium.training.vote_privacy import VOTING_METHODS, VotingSettings
+from consilium.training.voting import PcaFeatures, split_public_pool
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from protocol.roster_confirmation import join_federation
-from scripts._cli import add_roster_fingerprint, configure_logging, run
-from training.flags import positive_float
-from tallier.tallier import Tallier
+from consilium.protocol.roster_confirmation import join_federation
+from consilium.scripts._cli import add_roster_fingerprint, configure_logging, run
+from consilium.training.flags import positive_float
+from consilium.tallier.tallier import Tallier
 
 
 def build_parser() -> argparse.ArgumentParser:

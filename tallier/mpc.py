@@ -66,13 +66,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from crypto.checked_shares import CheckedLayout, challenge, tag_combination
-from crypto.mpc_field import MpcField, mpyc_runtime
-from crypto.secret_sharing import random_elements
-from protocol.party_keys import Credentials
-from protocol.roster import Roster
-from tallier.mpc_network import MpcNetwork, MpcParty, MpcPeerError, harden_mpyc, open_checked
-from training.vote_privacy import REVEAL_MODES
+from consilium.crypto.checked_shares import CheckedLayout, challenge, tag_combination
+from consilium.crypto.mpc_field import MpcField, mpyc_runtime
+from consilium.crypto.secret_sharing import random_elements
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster
+from consilium.tallier.mpc_network import MpcNetwork, MpcParty, MpcPeerError, harden_mpyc, open_checked
+from consilium.training.vote_privacy import REVEAL_MODES
 
 __all__ = ["MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "mpc_party", "run_round"]
 

@@ -62,7 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crypto.mpc_field import MIN_PARTIES, import_mpyc
+from consilium.crypto.mpc_field import MIN_PARTIES, import_mpyc
 
 _mpyc_runtime = import_mpyc()
 from mpyc import asyncoro, finfields, thresha  # noqa: E402  (imported safely on the line above)

@@ -37,10 +37,10 @@ import msgpack
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from crypto.identity import PrivateIdentity
-from crypto.sealed_box import SealedBoxError, certify_key, open_box, seal
-from protocol.checkpoint import CheckpointError, write_retrying
-from training.durable import replace_file
+from consilium.crypto.identity import PrivateIdentity
+from consilium.crypto.sealed_box import SealedBoxError, certify_key, open_box, seal
+from consilium.protocol.checkpoint import CheckpointError, write_retrying
+from consilium.training.durable import replace_file
 
 __all__ = ["MAX_TALLIES", "RUN_STATE_FILE", "RunState", "RunStateFile", "boxes_digest"]
 

@@ -31,10 +31,10 @@ import logging
 import time
 from pathlib import Path
 
-from protocol.ballots import BallotError, open_share, tallier_key_context
-from protocol.channel import ServerChannel
-from protocol.config import ConfigError
-from protocol.messages import (
+from consilium.protocol.ballots import BallotError, open_share, tallier_key_context
+from consilium.protocol.channel import ServerChannel
+from consilium.protocol.config import ConfigError
+from consilium.protocol.messages import (
     TO_TALLIER,
     Finish,
     Labels,
@@ -44,13 +44,13 @@ from protocol.messages import (
     TallyFailed,
     VotingWelcome,
 )
-from protocol.party_keys import Credentials
-from protocol.roster import Roster
-from protocol.transcript import Transcript
-from protocol.transport import TransportError
-from protocol.voting_config import VotingConfig, welcomed_run
-from tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
-from tallier.run_state import RunState, RunStateFile, boxes_digest
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster
+from consilium.protocol.transcript import Transcript
+from consilium.protocol.transport import TransportError
+from consilium.protocol.voting_config import VotingConfig, welcomed_run
+from consilium.tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
+from consilium.tallier.run_state import RunState, RunStateFile, boxes_digest
 
 __all__ = ["Tallier"]
 

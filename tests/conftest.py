@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from crypto.bfv_parameters import select_bfv_parameters
-from protocol.party_keys import Credentials
-from training.ledger import LEDGER_FILE, PrivacyLedger
-from orchestration.local import free_port  # noqa: F401  (the tests' ports, as the launchers pick them)
+from consilium.crypto.bfv_parameters import select_bfv_parameters
+from consilium.protocol.party_keys import Credentials
+from consilium.training.ledger import LEDGER_FILE, PrivacyLedger
+from consilium.orchestration.local import free_port  # noqa: F401  (the tests' ports, as the launchers pick them)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def launcher(module: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", f"scripts.{module}", *map(str, args)]
+    return [sys.executable, "-m", f"consilium.scripts.{module}", *map(str, args)]
 
 
 def run_launcher(

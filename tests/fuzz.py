@@ -59,11 +59,11 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from crypto.bfv import BfvError, PublicContext
-from crypto.bfv_parameters import select_bfv_parameters
-from crypto.one_time_keys import unpack_ring
-from crypto.sealed_box import certify_key
-from protocol.messages import (
+from consilium.crypto.bfv import BfvError, PublicContext
+from consilium.crypto.bfv_parameters import select_bfv_parameters
+from consilium.crypto.one_time_keys import unpack_ring
+from consilium.crypto.sealed_box import certify_key
+from consilium.protocol.messages import (
     PROTOCOL_VERSION,
     TO_HOSPITAL,
     TO_SERVER,
@@ -84,7 +84,7 @@ from protocol.messages import (
     decode,
     encode,
 )
-from protocol.one_time_round import (
+from consilium.protocol.one_time_round import (
     HospitalRound,
     RoundRefused,
     RoundSetting,
@@ -92,11 +92,11 @@ from protocol.one_time_round import (
     box_key_context,
     box_keys_digest,
 )
-from protocol.party_keys import SERVER, Credentials
-from protocol.roster import local_federation
-from orchestration.local import free_port
-from scripts._cli import configure_logging, run
-from training.flags import positive_int
+from consilium.protocol.party_keys import SERVER, Credentials
+from consilium.protocol.roster import local_federation
+from consilium.orchestration.local import free_port
+from consilium.scripts._cli import configure_logging, run
+from consilium.training.flags import positive_int
 from scripted_peers import ScriptedHospital, ScriptedServer, small_run_config
 
 _BATCH = 300  # fuzz messages per phase of a round
@@ -356,7 +356,7 @@ def _fuzz_server(quota: int, mutator: _Mutator, result: TargetResult, work: Path
     command = [
         sys.executable,
         "-m",
-        "scripts.server",
+        "consilium.scripts.server",
         "--federation",
         work / "federation",
         "--roster-fingerprint",
@@ -518,7 +518,7 @@ def _fuzz_hospital(quota: int, mutator: _Mutator, result: TargetResult, work: Pa
             [
                 sys.executable,
                 "-m",
-                "scripts.hospital",
+                "consilium.scripts.hospital",
                 "--federation",
                 str(federation),
                 "--roster-fingerprint",

@@ -13,12 +13,12 @@ from typing import Iterable
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from crypto.bfv import PublicContext
-from crypto.key_shares import Release as KeyRelease
-from crypto.one_time_keys import pack_ring, unpack_ring
-from crypto.sealed_box import certify_key
-from protocol.config import RunConfig
-from protocol.messages import (
+from consilium.crypto.bfv import PublicContext
+from consilium.crypto.key_shares import Release as KeyRelease
+from consilium.crypto.one_time_keys import pack_ring, unpack_ring
+from consilium.crypto.sealed_box import certify_key
+from consilium.protocol.config import RunConfig
+from consilium.protocol.messages import (
     TO_HOSPITAL,
     TO_SERVER,
     Aggregate,
@@ -39,7 +39,7 @@ from protocol.messages import (
     encode,
     release_digest,
 )
-from protocol.one_time_round import (
+from consilium.protocol.one_time_round import (
     Endorsed,
     HospitalRound,
     Proved,
@@ -50,13 +50,13 @@ from protocol.one_time_round import (
     released_from,
     state_digest,
 )
-from protocol.participants import Timeouts
-from protocol.party_keys import SERVER, Credentials
-from protocol.roster import Roster
-from protocol.transport import ClientTransport, ServerTransport
-from training.dopamine import DopamineSettings
-from training.methods import SharedState
-from training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
+from consilium.protocol.participants import Timeouts
+from consilium.protocol.party_keys import SERVER, Credentials
+from consilium.protocol.roster import Roster
+from consilium.protocol.transport import ClientTransport, ServerTransport
+from consilium.training.dopamine import DopamineSettings
+from consilium.training.methods import SharedState
+from consilium.training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
 
 __all__ = ["ScriptError", "ScriptedHospital", "ScriptedServer", "small_run_config"]
 
@@ -335,7 +335,7 @@ class ScriptedServer:
 
     def add(self, *uploads: Update) -> list[bytes]:
         """The coefficient-wise sum of uploads, whatever their senders: what a dishonest server can send."""
-        from crypto.one_time_keys import sum_uploads, unpack_ring
+        from consilium.crypto.one_time_keys import sum_uploads, unpack_ring
 
         rows = [unpack_ring(self.public, list(update.chunks), "upload") for update in uploads]
         return pack_ring(self.public, sum_uploads(self.public, rows))

@@ -20,17 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import training.voting as voting  # noqa: E402
-from training.datasets import Split, load_dataset  # noqa: E402
-from training.models import describe_model, input_statistics  # noqa: E402
+import consilium.training.voting as voting
+from consilium.training.datasets import Split, load_dataset
+from consilium.training.models import describe_model, input_statistics
 
 _VALIDATION = 10_000
 _HOSPITALS, _NEIGHBOURS, _DIMENSIONS = 3, 400, 30

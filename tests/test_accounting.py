@@ -8,10 +8,10 @@ from opacus.accountants.analysis.rdp import compute_rdp
 from scipy.special import logsumexp
 from scipy.stats import skellam
 
-from training.accounting import VIEWS, Release, release_of, tolerated_coalition
-from training.ledger import LedgerError, PrivacyBudget, PrivacyLedger
-from training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
-from training.skellam import SkellamMechanism
+from consilium.training.accounting import VIEWS, Release, release_of, tolerated_coalition
+from consilium.training.ledger import LedgerError, PrivacyBudget, PrivacyLedger
+from consilium.training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
+from consilium.training.skellam import SkellamMechanism
 
 KEY = bytes(range(32))  # a party's ledger key (protocol.party_keys.Credentials.ledger_key)
 

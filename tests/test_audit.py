@@ -26,11 +26,11 @@ import zstandard
 from scipy import stats
 
 from conftest import REPO, party_ledger, run_launcher
-from crypto.bfv import BfvError, PublicContext
-from crypto.bfv_parameters import select_bfv_parameters
-from crypto.key_shares import rebuild
-from crypto.key_shares import release as release_of_shares
-from crypto.one_time_keys import (
+from consilium.crypto.bfv import BfvError, PublicContext
+from consilium.crypto.bfv_parameters import select_bfv_parameters
+from consilium.crypto.key_shares import rebuild
+from consilium.crypto.key_shares import release as release_of_shares
+from consilium.crypto.one_time_keys import (
     OneTimeKey,
     check_zero_slots,
     decrypt_sum,
@@ -38,20 +38,20 @@ from crypto.one_time_keys import (
     sum_uploads,
     unpack_ring,
 )
-from protocol.config import RunConfig
-from protocol.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Release, Update
-from protocol.one_time_round import released_from
-from protocol.transcript import read_messages
-from protocol.voting_config import VotingConfig
-from training.accounting import release_of
-from training.ledger import PrivacyLedger
-from training.dopamine import DopamineSettings, NoisyGradientStep
-from training.intermediaries import expected_noise_norm, next_subclient_count
-from training.methods import ledger_release
-from training.models import ModelSpec, build_model
-from training.per_example import ClippedGradients
-from training.secure_random import secure_generator
-from training.skellam import SkellamMechanism
+from consilium.protocol.config import RunConfig
+from consilium.protocol.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Release, Update
+from consilium.protocol.one_time_round import released_from
+from consilium.protocol.transcript import read_messages
+from consilium.protocol.voting_config import VotingConfig
+from consilium.training.accounting import release_of
+from consilium.training.ledger import PrivacyLedger
+from consilium.training.dopamine import DopamineSettings, NoisyGradientStep
+from consilium.training.intermediaries import expected_noise_norm, next_subclient_count
+from consilium.training.methods import ledger_release
+from consilium.training.models import ModelSpec, build_model
+from consilium.training.per_example import ClippedGradients
+from consilium.training.secure_random import secure_generator
+from consilium.training.skellam import SkellamMechanism
 
 pytestmark = [pytest.mark.audit, pytest.mark.slow]
 AUDIT_SITE = Path(__file__).parent / "audit_site"

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from crypto.checked_shares import CheckedLayout
-from crypto.identity import PrivateIdentity
-from crypto.mpc_field import MpcField
-from crypto.secret_sharing import reconstruct
-from protocol.ballots import BallotError, box_bytes, open_share, seal_ballot
+from consilium.crypto.checked_shares import CheckedLayout
+from consilium.crypto.identity import PrivateIdentity
+from consilium.crypto.mpc_field import MpcField
+from consilium.crypto.secret_sharing import reconstruct
+from consilium.protocol.ballots import BallotError, box_bytes, open_share, seal_ballot
 
 LAYOUT = CheckedLayout(12, -50, 50)
 FIELD = MpcField.for_bound(LAYOUT.totals_bound(1))

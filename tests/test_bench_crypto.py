@@ -2,7 +2,7 @@
 
 import pytest
 
-from scripts.bench_crypto import _measure, build_parser
+from consilium.scripts.bench_crypto import _measure, build_parser
 
 
 def test_consilium_sums_exactly_and_counts_the_shares_it_sends():

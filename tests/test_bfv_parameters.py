@@ -3,10 +3,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from crypto.bfv import PublicContext
-from crypto.one_time_keys import key_share_bytes
-from crypto.bfv_parameters import ParameterError, _decryption_error_bound, select_bfv_parameters
-from crypto.primes import is_prime
+from consilium.crypto.bfv import PublicContext
+from consilium.crypto.one_time_keys import key_share_bytes
+from consilium.crypto.bfv_parameters import ParameterError, _decryption_error_bound, select_bfv_parameters
+from consilium.crypto.primes import is_prime
 
 
 @pytest.mark.parametrize("contributors", [1, 2, 3, 10, 100, 1000])
@@ -116,7 +116,7 @@ def test_miller_rabin_agrees_with_trial_division():
 def test_key_shares_count_in_the_upload_and_can_favour_a_smaller_degree():
     """At the round benchmark's 1M setting, five shares of one polynomial each weigh as much as a third
     of the largest degree's upload: counted, the smallest total is found at a smaller N."""
-    from crypto.bfv_parameters import _upload_bits
+    from consilium.crypto.bfv_parameters import _upload_bits
 
     plain = select_bfv_parameters(max_contributors=5, vector_length=977_370, sum_bound=567_319)
     shared = select_bfv_parameters(max_contributors=5, vector_length=977_370, sum_bound=567_319, key_shares=5)

@@ -7,9 +7,9 @@ can and cannot tell."""
 import numpy as np
 import pytest
 
-from crypto.checked_shares import CheckedLayout, _share_bits, challenge, share_checked, tag_combination
-from crypto.mpc_field import MpcField
-from crypto.secret_sharing import ShareError, reconstruct
+from consilium.crypto.checked_shares import CheckedLayout, _share_bits, challenge, share_checked, tag_combination
+from consilium.crypto.mpc_field import MpcField
+from consilium.crypto.secret_sharing import ShareError, reconstruct
 
 LAYOUT = CheckedLayout(40, -90, 120)
 FIELD = MpcField.for_bound(LAYOUT.totals_bound(3))

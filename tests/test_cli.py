@@ -9,14 +9,19 @@ import subprocess
 import pytest
 
 from conftest import run_launcher
-from protocol.checkpoint import Checkpoint
-from protocol.config import ConfigError
-from protocol.roster import local_federation
-from scripts import federation
-from orchestration.run_flags import FEDERATION_METHODS, build_run_config, resolve_data_defaults, resolve_run_arguments
+from consilium.protocol.checkpoint import Checkpoint
+from consilium.protocol.config import ConfigError
+from consilium.protocol.roster import local_federation
+from consilium.scripts import federation
+from consilium.orchestration.run_flags import (
+    FEDERATION_METHODS,
+    build_run_config,
+    resolve_data_defaults,
+    resolve_run_arguments,
+)
 from scripted_peers import small_run_config
-from training.datasets import load_dataset
-from training.models import build_model, get_flat_parameters
+from consilium.training.datasets import load_dataset
+from consilium.training.models import build_model, get_flat_parameters
 
 
 @pytest.mark.parametrize(
@@ -64,11 +69,13 @@ def _run_in_this_process(monkeypatch, module, *args):
     handlers, level = root.handlers[:], root.level
     with monkeypatch.context() as patch:
         patch.setattr(subprocess, "Popen", no_process)
-        patch.setattr("scripts._run._reuse_freed_memory", lambda: None)  # glibc's settings would outlive the call
+        patch.setattr(
+            "consilium.scripts._run._reuse_freed_memory", lambda: None
+        )  # glibc's settings would outlive the call
         root.handlers = []
         try:
             with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as exit:
-                importlib.import_module(f"scripts.{module}").main([str(arg) for arg in args])
+                importlib.import_module(f"consilium.scripts.{module}").main([str(arg) for arg in args])
         finally:
             root.handlers, root.level = handlers, level
     return exit.value.code, stderr.getvalue()

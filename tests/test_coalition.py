@@ -10,12 +10,22 @@ import numpy as np
 import pytest
 from scripted import HospitalProcess, ScriptedHospital, ServerProcess
 
-from crypto.bfv import BfvError, PublicContext
-from crypto.key_shares import rebuild
-from crypto.one_time_keys import check_zero_slots, decrypt_sum, sum_uploads, unpack_ring
-from protocol.messages import TO_SERVER, Aggregate, Endorsements, Hello, Proofs, Release, Releases, RoundStart, Update
-from protocol.one_time_round import released_from
-from protocol.transcript import read_messages
+from consilium.crypto.bfv import BfvError, PublicContext
+from consilium.crypto.key_shares import rebuild
+from consilium.crypto.one_time_keys import check_zero_slots, decrypt_sum, sum_uploads, unpack_ring
+from consilium.protocol.messages import (
+    TO_SERVER,
+    Aggregate,
+    Endorsements,
+    Hello,
+    Proofs,
+    Release,
+    Releases,
+    RoundStart,
+    Update,
+)
+from consilium.protocol.one_time_round import released_from
+from consilium.protocol.transcript import read_messages
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from conftest import run_launcher
-from scripts import compare
+from consilium.scripts import compare
 
 
 @pytest.fixture(scope="module")

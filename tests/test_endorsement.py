@@ -1,6 +1,6 @@
 import numpy as np
 
-from crypto.endorsement import one_time_statement
+from consilium.crypto.endorsement import one_time_statement
 
 BASE = dict(
     run="0123abcd:00ff",

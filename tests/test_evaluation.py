@@ -4,8 +4,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.datasets import Split
-from training.evaluation import evaluate
+from consilium.training.datasets import Split
+from consilium.training.evaluation import evaluate
 
 
 class _Logits(nn.Module):

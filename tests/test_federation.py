@@ -9,20 +9,20 @@ import pytest
 import torch
 
 from conftest import party_ledger, run_launcher
-from crypto.bfv import BfvError, PublicContext
-from crypto.key_shares import rebuild
-from crypto.one_time_keys import check_zero_slots, decrypt_sum, public_polynomials, sum_uploads, unpack_ring
-from crypto.sealed_box import SealedBoxError, open_box
-from protocol.config import RunConfig
-from protocol.messages import TO_SERVER, Release, Update
-from protocol.one_time_round import _box_context, released_from, upload_digest, RoundSetting
-from protocol.party_keys import Credentials
-from protocol.roster import Roster
-from protocol.transcript import Transcript, read_messages, read_transcript
-from training.accounting import VIEWS
-from training.datasets import load_dataset
-from training.ledger import LEDGER_FILE
-from training.models import ModelSpec, accuracy, build_model
+from consilium.crypto.bfv import BfvError, PublicContext
+from consilium.crypto.key_shares import rebuild
+from consilium.crypto.one_time_keys import check_zero_slots, decrypt_sum, public_polynomials, sum_uploads, unpack_ring
+from consilium.crypto.sealed_box import SealedBoxError, open_box
+from consilium.protocol.config import RunConfig
+from consilium.protocol.messages import TO_SERVER, Release, Update
+from consilium.protocol.one_time_round import _box_context, released_from, upload_digest, RoundSetting
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster
+from consilium.protocol.transcript import Transcript, read_messages, read_transcript
+from consilium.training.accounting import VIEWS
+from consilium.training.datasets import load_dataset
+from consilium.training.ledger import LEDGER_FILE
+from consilium.training.models import ModelSpec, accuracy, build_model
 
 pytestmark = pytest.mark.slow
 ROUNDS = 4
@@ -42,7 +42,7 @@ def test_the_server_s_initial_model_is_the_one_the_seed_draws(run):
     """``--seed`` (0 here) fixes the initial model: the server's is the one a baseline of the same seed starts from."""
     import base64
 
-    from training.models import get_flat_parameters
+    from consilium.training.models import get_flat_parameters
 
     out, _ = run
     checkpoint = json.loads((out / "server" / "checkpoint.json").read_text())

@@ -15,7 +15,7 @@ def _modules() -> dict[str, Path]:
     modules = {}
     for package in LAYERS:
         for path in (ROOT / package).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            name = ".".join(("consilium", *path.relative_to(ROOT).with_suffix("").parts))
             modules[name.removesuffix(".__init__")] = path
     return modules
 
@@ -31,6 +31,10 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+def _package(module: str) -> str:
+    return module.split(".")[1]
+
+
 MODULES = _modules()
 GRAPH = {
     name: {other for other in _imports(path) if other in MODULES and other != name} for name, path in MODULES.items()
@@ -42,9 +46,9 @@ def test_a_package_imports_only_the_layers_below_it(package):
     upward = sorted(
         f"{name} imports {other}"
         for name, imported in GRAPH.items()
-        if name.split(".")[0] == package
+        if _package(name) == package
         for other in imported
-        if other.split(".")[0] != package and LAYERS[other.split(".")[0]] >= LAYERS[package]
+        if _package(other) != package and LAYERS[_package(other)] >= LAYERS[package]
     )
     assert not upward, "; ".join(upward)
 
@@ -76,3 +80,14 @@ def test_no_module_imports_itself_back():
         if name not in index:
             visit(name)
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_every_import_of_the_project_goes_through_its_one_name():
+    """Installed, only ``consilium`` exists: a bare ``import training`` works in the repository alone."""
+    bare = sorted(
+        f"{path.relative_to(ROOT)} imports {other}"
+        for path in [*MODULES.values(), *(ROOT / "tests").rglob("*.py")]
+        for other in _imports(path)
+        if other.split(".")[0] in LAYERS
+    )
+    assert not bare, "; ".join(bare)

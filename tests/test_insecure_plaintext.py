@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from crypto.bfv import BfvError
-from crypto.bfv_parameters import select_bfv_parameters
-from crypto.insecure_plaintext import InsecurePlaintextSum, InsecurePlaintextUploads
+from consilium.crypto.bfv import BfvError
+from consilium.crypto.bfv_parameters import select_bfv_parameters
+from consilium.crypto.insecure_plaintext import InsecurePlaintextSum, InsecurePlaintextUploads
 
 
 def test_the_plaintext_sum_is_the_sum_modulo_2_to_the_32():

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from crypto.key_shares import (
+from consilium.crypto.key_shares import (
     Dealing,
     KeyShareError,
     check_release,
@@ -15,7 +15,7 @@ from crypto.key_shares import (
     release,
     uniform,
 )
-from crypto.linear_hash import LinearHash
+from consilium.crypto.linear_hash import LinearHash
 
 Q = 4503599626682369  # the 52-bit ciphertext prime of the 1M parameters
 SIZE = 1000

@@ -5,7 +5,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from crypto.linear_hash import LinearHash, challenge_count
+from consilium.crypto.linear_hash import LinearHash, challenge_count
 
 
 # 14 to 60 bits: a value spans two to eight bytes, each multiplied by a 32-bit coefficient in float64.

@@ -12,10 +12,10 @@ import pytest
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from crypto.one_time_keys import pack_ring, unpack_ring
-from crypto.sealed_box import certify_key
-from protocol.config import INSECURE_PLAINTEXT
-from protocol.messages import (
+from consilium.crypto.one_time_keys import pack_ring, unpack_ring
+from consilium.crypto.sealed_box import certify_key
+from consilium.protocol.config import INSECURE_PLAINTEXT
+from consilium.protocol.messages import (
     BoxKey,
     Endorsement,
     Endorsements,
@@ -24,10 +24,10 @@ from protocol.messages import (
     Refused,
     RoundStart,
 )
-from protocol.one_time_round import box_key_context
-from protocol.party_keys import Credentials
+from consilium.protocol.one_time_round import box_key_context
+from consilium.protocol.party_keys import Credentials
 from scripted import ScriptedServer
-from training.dp_fedavg import DpFedAvgSettings
+from consilium.training.dp_fedavg import DpFedAvgSettings
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from protocol.messages import (
+from consilium.protocol.messages import (
     TO_HOSPITAL,
     TO_SERVER,
     TO_TALLIER,

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crypto.mpc_field import MpcField, import_mpyc
-from crypto.tls import certificate_pem, make_mpc_certificate
-from tallier.mpc_network import harden_mpyc
-from protocol.party_keys import MPC_CERTIFICATE_FILE, MPC_KEY_FILE
-from protocol.roster import local_federation
-from scripts.bench_tallier import party_command, share_votes, write_input
+from consilium.crypto.mpc_field import MpcField, import_mpyc
+from consilium.crypto.tls import certificate_pem, make_mpc_certificate
+from consilium.tallier.mpc_network import harden_mpyc
+from consilium.protocol.party_keys import MPC_CERTIFICATE_FILE, MPC_KEY_FILE
+from consilium.protocol.roster import local_federation
+from consilium.scripts.bench_tallier import party_command, share_votes, write_input
 from tests.conftest import REPO, child_environment, free_port, wait_until_listening
 from tests.scripted import wait_for_text
 
@@ -31,7 +31,7 @@ HOSPITALS = ("hospital-1", "hospital-2")
 _PRSS_KEY_BYTES = 16  # what each lower party sends tallier-3 after its number, with three talliers
 _ROGUE = """
 import atexit, os, pickle, runpy, sys
-from crypto.mpc_field import MpcField, import_mpyc
+from consilium.crypto.mpc_field import MpcField, import_mpyc
 
 kind, marker = sys.argv[1], sys.argv[2]
 Runtime = import_mpyc().Runtime
@@ -58,7 +58,7 @@ _PRIME_LENGTH = 251
 Runtime._send_message = send
 atexit.register(lambda: print(f"replaced {len(replaced)} {kind} messages", file=sys.stderr, flush=True))
 sys.argv = ["bench_tallier", "--party", *sys.argv[3:]]
-runpy.run_module("scripts.bench_tallier", run_name="__main__")
+runpy.run_module("consilium.scripts.bench_tallier", run_name="__main__")
 """
 
 
@@ -165,7 +165,7 @@ def test_a_crafted_pickle_in_any_mpc_message_runs_nothing_and_aborts_the_round(t
 
 _LIAR = """
 import runpy, sys
-from crypto.mpc_field import import_mpyc
+from consilium.crypto.mpc_field import import_mpyc
 
 module = import_mpyc()
 original = module.Runtime._send_message
@@ -182,7 +182,7 @@ def send(self, peer, data):
 
 module.Runtime._send_message = send
 sys.argv = ["bench_tallier", "--party", *sys.argv[1:]]
-runpy.run_module("scripts.bench_tallier", run_name="__main__")
+runpy.run_module("consilium.scripts.bench_tallier", run_name="__main__")
 """
 
 

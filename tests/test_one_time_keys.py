@@ -5,10 +5,10 @@ import itertools
 import numpy as np
 import pytest
 
-from crypto import key_shares, one_time_keys as otk
-from crypto.bfv import BfvError, PublicContext
-from crypto.bfv_parameters import select_bfv_parameters
-from crypto.linear_hash import LinearHash
+from consilium.crypto import key_shares, one_time_keys as otk
+from consilium.crypto.bfv import BfvError, PublicContext
+from consilium.crypto.bfv_parameters import select_bfv_parameters
+from consilium.crypto.linear_hash import LinearHash
 
 LENGTH = 3000
 

@@ -11,12 +11,12 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from crypto.bfv import BfvError, PublicContext
-from crypto.bfv_parameters import select_bfv_parameters
-from crypto.key_shares import Release, rebuild
-from crypto.one_time_keys import check_zero_slots, decrypt_sum, pack_ring, sum_uploads, unpack_ring
-from crypto.sealed_box import box_key, certify_key, seal
-from protocol.one_time_round import (
+from consilium.crypto.bfv import BfvError, PublicContext
+from consilium.crypto.bfv_parameters import select_bfv_parameters
+from consilium.crypto.key_shares import Release, rebuild
+from consilium.crypto.one_time_keys import check_zero_slots, decrypt_sum, pack_ring, sum_uploads, unpack_ring
+from consilium.crypto.sealed_box import box_key, certify_key, seal
+from consilium.protocol.one_time_round import (
     HospitalRound,
     Proved,
     Released,
@@ -457,7 +457,7 @@ def test_a_signed_box_that_does_not_decrypt_names_its_dealer_and_the_server_refu
     )
     assert refusal.startswith("the share h3 sealed to h1 does not verify")
     # Signed by h3 over a ciphertext whose tag fails: the signature holds, the box does not open.
-    from crypto.sealed_box import _signed_message, _SIGNATURE_BYTES
+    from consilium.crypto.sealed_box import _signed_message, _SIGNATURE_BYTES
 
     body = bytearray(box[:-_SIGNATURE_BYTES])
     body[-1] ^= 1

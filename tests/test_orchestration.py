@@ -4,11 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-import orchestration.spec
-from orchestration.planning import check_first_round, least_noise_multiplier, planned_epsilons
-from orchestration.spec import RunSpec, resolve
-from protocol.config import ConfigError
-from scripts import federation, hospital
+from consilium.orchestration import spec as run_spec
+from consilium.orchestration.planning import check_first_round, least_noise_multiplier, planned_epsilons
+from consilium.orchestration.spec import RunSpec, resolve
+from consilium.protocol.config import ConfigError
+from consilium.scripts import federation, hospital
 
 
 @pytest.mark.parametrize(
@@ -49,8 +49,8 @@ def test_resolving_fills_in_the_method_s_and_the_data_s_defaults_and_proposes_b(
 
 def test_the_least_noise_multiplier_is_within_the_target_and_the_data_are_loaded_once(monkeypatch):
     loads = []
-    load = orchestration.spec.load_dataset
-    monkeypatch.setattr(orchestration.spec, "load_dataset", lambda *a, **k: loads.append(a) or load(*a, **k))
+    load = run_spec.load_dataset
+    monkeypatch.setattr(run_spec, "load_dataset", lambda *a, **k: loads.append(a) or load(*a, **k))
     spec = RunSpec(rounds=50, epsilon_budget=1e9)
     sigma = least_noise_multiplier(spec, 2.0, precision=1e-3)
     assert len(loads) == 1

@@ -10,8 +10,15 @@ from sklearn.datasets import load_digits
 
 from conftest import run_launcher
 from scripted import HospitalProcess, ServerProcess
-from training.datasets import DatasetError, Split, load_dataset
-from training.models import ModelError, ModelSpec, build_model, check_model_for, describe_model, use_model_code
+from consilium.training.datasets import DatasetError, Split, load_dataset
+from consilium.training.models import (
+    ModelError,
+    ModelSpec,
+    build_model,
+    check_model_for,
+    describe_model,
+    use_model_code,
+)
 
 OWN_RESNET = '''
 """A small ResNet with GroupNorm, as a hospital team would write its own."""

@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from protocol.channel import ServerChannel
-from protocol.messages import Finish, Hello, ProtocolError, Withdraw
-from protocol.participants import MAX_JOINS_AGAIN, Participants, Timeouts, join_record
+from consilium.protocol.channel import ServerChannel
+from consilium.protocol.messages import Finish, Hello, ProtocolError, Withdraw
+from consilium.protocol.participants import MAX_JOINS_AGAIN, Participants, Timeouts, join_record
 
 HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
 

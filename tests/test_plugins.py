@@ -18,8 +18,8 @@ TOY_METHOD = '''
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from training.dopamine import DopamineSettings
-from training.flags import Flag
+from consilium.training.dopamine import DopamineSettings
+from consilium.training.flags import Flag
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,9 @@ def test_a_method_in_one_module_and_one_registry_line_trains_through_a_real_fede
 
 
 def test_a_method_is_registered_once_under_a_free_name_and_shared_flags_keep_their_type():
-    from training.dopamine import DopamineSettings
-    from training.flags import Flag
-    from training.methods import METHODS, register_method
+    from consilium.training.dopamine import DopamineSettings
+    from consilium.training.flags import Flag
+    from consilium.training.methods import METHODS, register_method
 
     register_method(DopamineSettings)  # the same class again changes nothing
 

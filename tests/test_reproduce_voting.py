@@ -1,4 +1,4 @@
-from scripts.reproduce_voting import SETTINGS, results_table
+from consilium.scripts.reproduce_voting import SETTINGS, results_table
 
 
 def _run(seed, accuracy, epsilon):

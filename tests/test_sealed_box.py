@@ -2,8 +2,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
-from crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
-from crypto.sealed_box import (
+from consilium.crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
+from consilium.crypto.sealed_box import (
     _VERSION,
     SealedBoxError,
     _certified_message,
@@ -90,7 +90,7 @@ def test_a_box_s_own_key_opens_it_for_anyone_and_no_other_box():
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-    from crypto.sealed_box import box_key, open_with_box_key
+    from consilium.crypto.sealed_box import box_key, open_with_box_key
 
     sender, recipient = Ed25519PrivateKey.generate(), X25519PrivateKey.generate()
     boxes = [

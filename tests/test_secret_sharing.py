@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from crypto.secret_sharing import ShareError, add, check_fits, from_bytes, reconstruct, share, to_bytes
+from consilium.crypto.secret_sharing import ShareError, add, check_fits, from_bytes, reconstruct, share, to_bytes
 
 P = 2**61 - 1  # a Mersenne prime
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zmq
 
-from protocol.messages import (
+from consilium.protocol.messages import (
     Aggregate,
     Endorsement,
     Endorsements,
@@ -24,8 +24,8 @@ from protocol.messages import (
     Withdraw,
     encode,
 )
-from protocol.party_keys import CurveKeyPair
-from protocol.transport import ClientTransport
+from consilium.protocol.party_keys import CurveKeyPair
+from consilium.protocol.transport import ClientTransport
 from scripted import ScriptedHospital, ServerProcess
 
 pytestmark = pytest.mark.slow

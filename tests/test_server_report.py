@@ -1,15 +1,14 @@
 """The model a training server keeps: selected on validation among its candidate rounds, never none."""
 
-import numpy as np
 import pytest
 
-import protocol.server_report
-from protocol.roster import local_federation
-from protocol.server_report import SELECTED_MODEL_FILE, RoundRecord, RunRecord
-from training.evaluation import Selection
+from consilium.protocol import server_report
+from consilium.protocol.roster import local_federation
+from consilium.protocol.server_report import SELECTED_MODEL_FILE, RoundRecord, RunRecord
+from consilium.training.evaluation import Selection
 from scripted_peers import small_run_config
-from training.ledger import PrivacyLedger
-from training.models import build_model
+from consilium.training.ledger import PrivacyLedger
+from consilium.training.models import build_model
 
 
 @pytest.fixture
@@ -25,7 +24,7 @@ def record(tmp_path, monkeypatch):
         value = accuracy[next(scored)]
         return {"accuracy": value, "auc": 1 - value}
 
-    monkeypatch.setattr(protocol.server_report, "evaluate", evaluate)
+    monkeypatch.setattr(server_report, "evaluate", evaluate)
 
     def make(on="accuracy"):
         return RunRecord(

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from crypto.primes import is_prime
-from crypto.slot_digits import SlotDigits
+from consilium.crypto.primes import is_prime
+from consilium.crypto.slot_digits import SlotDigits
 
 
 def _digits(bound: int, per_slot: int) -> SlotDigits:

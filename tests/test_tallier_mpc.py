@@ -6,13 +6,13 @@ import sys
 import numpy as np
 import pytest
 
-from crypto.checked_shares import CheckedLayout, _share_bits
-from crypto.mpc_field import MpcField
-from protocol.roster import local_federation
-from scripts.bench_tallier import party_command, share_votes, write_input
+from consilium.crypto.checked_shares import CheckedLayout, _share_bits
+from consilium.crypto.mpc_field import MpcField
+from consilium.protocol.roster import local_federation
+from consilium.scripts.bench_tallier import party_command, share_votes, write_input
 
 pytestmark = pytest.mark.slow
-from tallier.mpc import MpcParty, run_round
+from consilium.tallier.mpc import MpcParty, run_round
 from tests.conftest import REPO, child_environment, free_port
 
 TALLIERS = 3
@@ -207,11 +207,11 @@ _PLAY_ROUNDS = """
 import sys
 from pathlib import Path
 import numpy as np
-from crypto.checked_shares import CheckedLayout
-from crypto.mpc_field import MpcField
-from protocol.party_keys import Credentials
-from protocol.roster import Roster
-from tallier.mpc import MpcError, mpc_party, run_round
+from consilium.crypto.checked_shares import CheckedLayout
+from consilium.crypto.mpc_field import MpcField
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import Roster
+from consilium.tallier.mpc import MpcError, mpc_party, run_round
 root, name, rounds, first_timeout = Path(sys.argv[1]), sys.argv[2], [int(r) for r in sys.argv[3].split(",")], float(sys.argv[5])
 party = mpc_party(Roster.load(root), Credentials.load(root / name))
 with np.load(sys.argv[4], allow_pickle=False) as data:
@@ -318,10 +318,10 @@ def test_fewer_than_three_talliers_or_another_field_are_refused():
 def test_a_check_is_opened_masked_so_a_failing_one_shows_nothing_of_its_value(monkeypatch):
     """``_Tally.failed`` opens each check times a fresh secret random factor: a failing check of 5 is found,
     and what is opened is neither 5 nor the same twice (a bare check could carry a hospital's bits)."""
-    import tallier.mpc as mpc
-    from crypto.mpc_field import mpyc_runtime
+    import consilium.tallier.mpc as mpc
+    from consilium.crypto.mpc_field import mpyc_runtime
 
-    from tallier.mpc_network import harden_mpyc
+    from consilium.tallier.mpc_network import harden_mpyc
 
     runtime = mpyc_runtime([])  # one party: MPyC's arithmetic, no network
     secint = runtime.SecInt(11)

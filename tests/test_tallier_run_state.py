@@ -3,10 +3,10 @@
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from crypto.identity import PrivateIdentity
-from protocol.ballots import tallier_key_context
-from protocol.checkpoint import CheckpointError
-from tallier.run_state import MAX_TALLIES, RUN_STATE_FILE, RunState, RunStateFile, boxes_digest
+from consilium.crypto.identity import PrivateIdentity
+from consilium.protocol.ballots import tallier_key_context
+from consilium.protocol.checkpoint import CheckpointError
+from consilium.tallier.run_state import MAX_TALLIES, RUN_STATE_FILE, RunState, RunStateFile, boxes_digest
 
 RUN = "a" * 64
 

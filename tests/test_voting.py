@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from training.datasets import Split, load_dataset
-from training.models import ModelSpec, accuracy, build_model
-from training.voting import (
+from consilium.training.datasets import Split, load_dataset
+from consilium.training.models import ModelSpec, accuracy, build_model
+from consilium.training.voting import (
     PcaFeatures,
     _jittered,
     knn_votes,
@@ -13,8 +13,8 @@ from training.voting import (
     train_classifier,
     train_student,
 )
-from training.vote_privacy import VotingSettings
-from training.secure_random import secure_generator
+from consilium.training.vote_privacy import VotingSettings
+from consilium.training.secure_random import secure_generator
 
 
 def test_knn_votes_count_the_labels_of_the_nearest_records():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from protocol.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, VotingCheckpoint
+from consilium.protocol.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, VotingCheckpoint
 
 
 def _checkpoint(**changes) -> VotingCheckpoint:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from conftest import child_environment, free_port, launcher, party_ledger, run_launcher
-from crypto.checked_shares import _share_bits, share_checked
-from crypto.sealed_box import seal, verify_certified_key
-from crypto.secret_sharing import to_bytes
-from protocol.ballots import _share_context, box_bytes, tallier_key_context
-from protocol.messages import (
+from consilium.crypto.checked_shares import _share_bits, share_checked
+from consilium.crypto.sealed_box import seal, verify_certified_key
+from consilium.crypto.secret_sharing import to_bytes
+from consilium.protocol.ballots import _share_context, box_bytes, tallier_key_context
+from consilium.protocol.messages import (
     TO_TALLIER,
     TO_VOTING_HOSPITAL,
     TO_VOTING_SERVER,
@@ -27,14 +27,14 @@ from protocol.messages import (
     decode,
     encode,
 )
-from protocol.party_keys import Credentials
-from protocol.roster import local_federation
-from protocol.transcript import read_transcript
-from protocol.transport import ClientTransport
-from protocol.voting_config import VotingConfig
+from consilium.protocol.party_keys import Credentials
+from consilium.protocol.roster import local_federation
+from consilium.protocol.transcript import read_transcript
+from consilium.protocol.transport import ClientTransport
+from consilium.protocol.voting_config import VotingConfig
 from scripted import wait_for_text
-from training.ledger import PrivacyLedger
-from training.vote_privacy import VotingSettings
+from consilium.training.ledger import PrivacyLedger
+from consilium.training.vote_privacy import VotingSettings
 
 pytestmark = pytest.mark.slow
 SMALL = ("--queries-per-round", "20", "--feature-dimensions", "10", "--student-epochs", "50", "--round-timeout", "60")
@@ -500,7 +500,7 @@ def test_a_hospital_that_adds_votes_beyond_its_range_is_left_out_named_and_the_l
 
 _SHIFTING_TALLIER = """
 import runpy, sys
-import tallier.tallier as module
+import consilium.tallier.tallier as module
 
 honest = module.run_round
 
@@ -517,7 +517,7 @@ def shifted(party, round_number, shares, **settings):
 
 module.run_round = shifted
 sys.argv = ["consilium-tallier", *sys.argv[1:]]
-runpy.run_module("scripts.tallier", run_name="__main__")
+runpy.run_module("consilium.scripts.tallier", run_name="__main__")
 """
 
 

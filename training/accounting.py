@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.rdp import ORDERS, poisson_subsampled_rdp, skellam_rdp
-from training.skellam import SkellamMechanism
+from consilium.training.rdp import ORDERS, poisson_subsampled_rdp, skellam_rdp
+from consilium.training.skellam import SkellamMechanism
 
 __all__ = ["ACCOUNTANT", "DEFAULT_BUDGET_VIEW", "VIEWS", "Release", "release_of", "tolerated_coalition"]
 

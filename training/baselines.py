@@ -26,15 +26,15 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from torch import nn
 
-from training.datasets import Dataset, Split
-from training.dopamine import DopamineSettings
-from training.dp_fedavg import DpFedAvgSettings
-from training.flags import Flag
-from training.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
-from training.evaluation import Selection, evaluate
-from training.fedavg import LocalTraining, local_update
-from training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
-from training.secure_random import secure_generator
+from consilium.training.datasets import Dataset, Split
+from consilium.training.dopamine import DopamineSettings
+from consilium.training.dp_fedavg import DpFedAvgSettings
+from consilium.training.flags import Flag
+from consilium.training.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
+from consilium.training.evaluation import Selection, evaluate
+from consilium.training.fedavg import LocalTraining, local_update
+from consilium.training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
+from consilium.training.secure_random import secure_generator
 
 __all__ = ["BASELINES", "BASELINE_DEFAULTS", "BASELINE_FLAGS", "DP_BASELINES", "BaselineSettings", "run_baseline"]
 

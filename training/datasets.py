@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from training.image_folder import load_image_folder
-from training.own_code import is_reference, load_function, reference_name
-from training.splits import DatasetError, Split
+from consilium.training.image_folder import load_image_folder
+from consilium.training.own_code import is_reference, load_function, reference_name
+from consilium.training.splits import DatasetError, Split
 
 __all__ = ["BUILTIN_DATASETS", "Dataset", "DatasetError", "Split", "load_dataset"]
 

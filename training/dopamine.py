@@ -42,14 +42,14 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import nn
 
-from training.accounting import Release, release_of
-from training.datasets import Split
-from training.flags import Flag, below_one, non_negative_float, positive_float, rate
-from training.per_example import ClippedGradients
-from training.secure_random import require_cryptographic, secure_generator
-from training.skellam import SkellamMechanism
-from training.typed_fields import from_typed_dict
-from training.update_rules import MAX_LEARNING_RATE, MomentumUpdate
+from consilium.training.accounting import Release, release_of
+from consilium.training.datasets import Split
+from consilium.training.flags import Flag, below_one, non_negative_float, positive_float, rate
+from consilium.training.per_example import ClippedGradients
+from consilium.training.secure_random import require_cryptographic, secure_generator
+from consilium.training.skellam import SkellamMechanism
+from consilium.training.typed_fields import from_typed_dict
+from consilium.training.update_rules import MAX_LEARNING_RATE, MomentumUpdate
 
 __all__ = ["DopamineSettings", "NoisyGradientStep", "mean_gradient"]
 

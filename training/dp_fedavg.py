@@ -93,16 +93,23 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import nn
 
-from training.accounting import Release, release_of
-from training.datasets import Split
-from training.fedavg import LOCAL_OPTIMIZERS, FedAvgError, LocalTraining, clip_update, local_update, split_subclients
-from training.flags import Flag, non_negative_float, positive_float, positive_int, probability
-from training.intermediaries import expected_noise_norm, next_subclient_count
-from training.models import parameter_count
-from training.secure_random import require_cryptographic, secure_generator
-from training.skellam import SkellamMechanism
-from training.typed_fields import from_typed_dict
-from training.update_rules import MAX_LEARNING_RATE, FedAdamUpdate, MomentumUpdate, UpdateRule
+from consilium.training.accounting import Release, release_of
+from consilium.training.datasets import Split
+from consilium.training.fedavg import (
+    LOCAL_OPTIMIZERS,
+    FedAvgError,
+    LocalTraining,
+    clip_update,
+    local_update,
+    split_subclients,
+)
+from consilium.training.flags import Flag, non_negative_float, positive_float, positive_int, probability
+from consilium.training.intermediaries import expected_noise_norm, next_subclient_count
+from consilium.training.models import parameter_count
+from consilium.training.secure_random import require_cryptographic, secure_generator
+from consilium.training.skellam import SkellamMechanism
+from consilium.training.typed_fields import from_typed_dict
+from consilium.training.update_rules import MAX_LEARNING_RATE, FedAdamUpdate, MomentumUpdate, UpdateRule
 
 __all__ = [
     "CLIP_RULES",

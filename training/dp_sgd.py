@@ -21,10 +21,10 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 from torch import nn
 
-from training.datasets import Split
-from training.update_rules import MomentumUpdate
-from training.per_example import ClippedGradients
-from training.secure_random import require_cryptographic, secure_generator
+from consilium.training.datasets import Split
+from consilium.training.update_rules import MomentumUpdate
+from consilium.training.per_example import ClippedGradients
+from consilium.training.secure_random import require_cryptographic, secure_generator
 
 __all__ = ["GAUSSIAN_ACCOUNTANTS", "GaussianDpSgd", "dp_sgd_epsilon", "gaussian_accountant", "noise_multiplier_for"]
 

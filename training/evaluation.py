@@ -23,8 +23,8 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
-from training.compute_device import compute_device, on_device
-from training.datasets import Split
+from consilium.training.compute_device import compute_device, on_device
+from consilium.training.datasets import Split
 
 __all__ = ["SELECTION_METRICS", "Selection", "evaluate"]
 

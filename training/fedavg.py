@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.datasets import Split
-from training.models import get_flat_parameters, parameter_count
+from consilium.training.datasets import Split
+from consilium.training.models import get_flat_parameters, parameter_count
 
 __all__ = ["LOCAL_OPTIMIZERS", "FedAvgError", "LocalTraining", "clip_update", "local_update", "split_subclients"]
 

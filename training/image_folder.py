@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.splits import DatasetError, Split
+from consilium.training.splits import DatasetError, Split
 
 __all__ = ["IMAGE_SUFFIXES", "load_image_folder"]
 

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from training.durable import append_line, replace_file
-from training.accounting import DEFAULT_BUDGET_VIEW, VIEWS, Release
-from training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon
+from consilium.training.durable import append_line, replace_file
+from consilium.training.accounting import DEFAULT_BUDGET_VIEW, VIEWS, Release
+from consilium.training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon
 
 __all__ = ["LEDGER_FILE", "ROUND_STEPS", "LedgerError", "PrivacyBudget", "PrivacyLedger"]
 

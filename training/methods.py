@@ -36,16 +36,16 @@ from typing import Any, ClassVar, Mapping, Protocol
 import numpy as np
 from torch import nn
 
-from training.accounting import Release
-from training.baselines import BASELINES
-from training.datasets import Split
-from training.dopamine import DopamineSettings
-from training.dp_fedavg import DpFedAvgSettings
-from training.flags import Flag
-from training.models import parameter_count
-from training.skellam import SkellamMechanism
-from training.update_rules import UpdateRule
-from training.vote_privacy import VOTING_METHODS
+from consilium.training.accounting import Release
+from consilium.training.baselines import BASELINES
+from consilium.training.datasets import Split
+from consilium.training.dopamine import DopamineSettings
+from consilium.training.dp_fedavg import DpFedAvgSettings
+from consilium.training.flags import Flag
+from consilium.training.models import parameter_count
+from consilium.training.skellam import SkellamMechanism
+from consilium.training.update_rules import UpdateRule
+from consilium.training.vote_privacy import VOTING_METHODS
 
 __all__ = [
     "METHODS",

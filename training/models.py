@@ -34,8 +34,8 @@ import torch
 from opacus.validators import ModuleValidator
 from torch import nn
 
-from training.datasets import Split
-from training.own_code import check_name, is_reference, load_function, reference_name
+from consilium.training.datasets import Split
+from consilium.training.own_code import check_name, is_reference, load_function, reference_name
 
 __all__ = [
     "BUILT_IN_MODELS",

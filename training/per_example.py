@@ -16,7 +16,7 @@ from opacus import GradSampleModule
 from opacus.validators import ModuleValidator
 from torch import nn
 
-from training.compute_device import compute_device, on_device
+from consilium.training.compute_device import compute_device, on_device
 
 __all__ = ["ClippedGradients"]
 

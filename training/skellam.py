@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.secure_random import uniform
+from consilium.training.secure_random import uniform
 
 __all__ = ["SkellamMechanism", "SumBound", "bernstein_deviation"]
 

@@ -58,9 +58,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-from training.accounting import Release, release_of
-from training.flags import Flag, below_one, non_negative_int, positive_float, positive_int, rate
-from training.skellam import SkellamMechanism, bernstein_deviation
+from consilium.training.accounting import Release, release_of
+from consilium.training.flags import Flag, below_one, non_negative_int, positive_float, positive_int, rate
+from consilium.training.skellam import SkellamMechanism, bernstein_deviation
 
 __all__ = [
     "ACCOUNTANT",

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.datasets import Split
-from training.models import ModelSpec, build_model
-from training.secure_random import require_cryptographic
-from training.skellam import SkellamMechanism
+from consilium.training.datasets import Split
+from consilium.training.models import ModelSpec, build_model
+from consilium.training.secure_random import require_cryptographic
+from consilium.training.skellam import SkellamMechanism
 
 __all__ = [
     "MAX_FEATURE_DIMENSIONS",

@@ -34,15 +34,15 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     import sys
 
-    from crypto.mpc_field import import_mpyc
+    from consilium.crypto.mpc_field import import_mpyc
 
     import_mpyc()  # MPyC reads its options from sys.argv when first imported: not this process's
 
-    import protocol.ballots
-    import protocol.one_time_round
-    import protocol.voting_hospital
-    import tallier.mpc_network
-    import training.skellam
+    from consilium.protocol import ballots
+    from consilium.protocol import one_time_round
+    from consilium.protocol import voting_hospital
+    from consilium.tallier import mpc_network
+    from consilium.training import skellam
 
     _path = Path(os.environ["CONSILIUM_AUDIT_RECORD"]) / f"{os.getpid()}.pickle"
 
@@ -51,16 +51,16 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
             pickle.dump(entry, file)
 
     _gradient = []  # this step's rounded gradient sum and its rows: a hospital takes one step at a time
-    _round_examples = training.skellam.SkellamMechanism.round_examples
+    _round_examples = skellam.SkellamMechanism.round_examples
 
     def _recorded_round_examples(self, examples, generator):
         rounded = _round_examples(self, examples, generator)
         _gradient[:] = [(rounded, len(np.asarray(examples).reshape(-1, self.dimension)), self.scale)]
         return rounded
 
-    training.skellam.SkellamMechanism.round_examples = _recorded_round_examples
+    skellam.SkellamMechanism.round_examples = _recorded_round_examples
 
-    _upload = protocol.one_time_round.HospitalRound.upload
+    _upload = one_time_round.HospitalRound.upload
 
     def _recorded_upload(self, slots, box_keys, identities):
         gradient, rows, scale = _gradient.pop() if _gradient else ([], 0, None)
@@ -81,10 +81,10 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
         )
         return uploaded
 
-    protocol.one_time_round.HospitalRound.upload = _recorded_upload
+    one_time_round.HospitalRound.upload = _recorded_upload
 
     _ballot = threading.local()  # the ballot being sealed in this thread, which share() completes
-    _seal_ballot = protocol.voting_hospital.seal_ballot
+    _seal_ballot = voting_hospital.seal_ballot
 
     def _recorded_seal_ballot(noisy_votes, **options):
         _ballot.entry = {
@@ -98,27 +98,27 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
         _record(_ballot.entry)
         return boxes
 
-    protocol.voting_hospital.seal_ballot = _recorded_seal_ballot
+    voting_hospital.seal_ballot = _recorded_seal_ballot
 
-    _share_checked = protocol.ballots.share_checked
+    _share_checked = ballots.share_checked
 
     def _recorded_share_checked(values, layout, parties, modulus):
         shares = _share_checked(values, layout, parties, modulus)
         _ballot.entry |= {"shares": [np.asarray(share) for share in shares], "modulus": modulus, "layout": layout}
         return shares
 
-    protocol.ballots.share_checked = _recorded_share_checked
+    ballots.share_checked = _recorded_share_checked
 
-    _data_received = tallier.mpc_network._PinnedExchanger.data_received
+    _data_received = mpc_network._PinnedExchanger.data_received
 
     def _recorded_data_received(self, data):
         with _path.with_suffix(".mpc").open("ab") as file:
             file.write(data)
         return _data_received(self, data)
 
-    tallier.mpc_network._PinnedExchanger.data_received = _recorded_data_received
+    mpc_network._PinnedExchanger.data_received = _recorded_data_received
 
-    _open_checked = tallier.mpc_network.open_checked  # before tallier.mpc imports it
+    _open_checked = mpc_network.open_checked  # before tallier.mpc imports it
 
     def _record_opened(done) -> None:
         if not done.cancelled() and done.exception() is None:
@@ -131,8 +131,8 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
             opened.add_done_callback(_record_opened)
         return opened
 
-    tallier.mpc_network.open_checked = _recorded_open_checked
+    mpc_network.open_checked = _recorded_open_checked
 
     if os.environ.get("CONSILIUM_AUDIT_ZERO_VOTES") == "1":
-        _noisy_votes = protocol.voting_hospital.noisy_votes
-        protocol.voting_hospital.noisy_votes = lambda votes, *rest: _noisy_votes(np.zeros_like(votes), *rest)
+        _noisy_votes = voting_hospital.noisy_votes
+        voting_hospital.noisy_votes = lambda votes, *rest: _noisy_votes(np.zeros_like(votes), *rest)
