@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted(page for page in (ROOT / "docs").rglob("*.md") if "results" not in page.parts)]
 CITATION = re.compile(r"(?P<path>tests/[\w/]+\.py|results/[\w./-]*[\w/])(?:::(?P<test>\w+))?")
 
 
