@@ -42,7 +42,9 @@ class PlainDpSgdSettings(DopamineSettings):
             momentum=0.0,
         )
 '''
-REGISTRY_LINE = "import toy_method, consilium.training.methods as methods; methods.register_method(toy_method.PlainDpSgdSettings)\n"
+REGISTRY_LINE = (
+    "import toy_method, consilium.training.methods as methods; methods.register_method(toy_method.PlainDpSgdSettings)\n"
+)
 
 
 def test_a_method_in_one_module_and_one_registry_line_trains_through_a_real_federation(tmp_path):
