@@ -47,7 +47,7 @@ against honest-but-curious parties only, and a tallier that deviates there can s
 opened label without being caught.
 
 ``harden_mpyc`` installs the decoders of 2 in this process, for the round's field;
-``tests/test_mpc_network.py`` fails if an MPyC upgrade moves the places that unpickle.
+``tests/integration/test_mpc_network.py`` fails if an MPyC upgrade moves the places that unpickle.
 """
 
 from __future__ import annotations

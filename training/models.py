@@ -31,7 +31,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-from opacus.validators import ModuleValidator
 from torch import nn
 
 from consilium.training.datasets import Split
@@ -335,6 +334,10 @@ def _own_core(name: str, input_shape: tuple[int, ...], num_classes: int, *, fix:
     if not isinstance(core, nn.Module):
         raise ModelError(f"the model function {name} returned a {type(core).__name__}, not a torch.nn.Module")
     if fix:
+        # Imported here, not at the top: Opacus costs a process about 1.4 s of CPU to load, which parties
+        # that never train (a tallier, a voting server) skip.
+        from opacus.validators import ModuleValidator
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Opacus says what it replaced; the spec records that it did
             core = ModuleValidator.fix(core)
@@ -344,6 +347,10 @@ def _own_core(name: str, input_shape: tuple[int, ...], num_classes: int, *, fix:
 
 def _check_trainable(core: nn.Module, name: str, *, fixed: bool) -> None:
     """``ModelError`` naming the first layer DP-SGD cannot train, and the fix where Opacus has one."""
+    # Imported here, not at the top: Opacus costs a process about 1.4 s of CPU to load, which parties
+    # that never train (a tallier, a voting server) skip.
+    from opacus.validators import ModuleValidator
+
     for layer_name, layer in core.named_modules():
         # A leaf alone: Opacus's validators would descend into a container's children, each checked on its own.
         errors = ModuleValidator.validate(layer, strict=False) if not list(layer.children()) else []

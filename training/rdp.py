@@ -37,20 +37,22 @@ support, so ``E_P[r] = 1``). The sum is an upper bound on both directions of add
   proven for every order the accountant uses, 2-256, and every ``q`` in ``(0, 1)``: with
   ``q = 1/(1+w)`` and multiplied by a positive factor it becomes a polynomial in ``r`` and ``w`` with
   integer coefficients, divisible by ``(r-1)^4`` with a quotient whose coefficients are all
-  non-negative (``tests/test_accounting.py`` computes the certificate, and finds negative
+  non-negative (``tests/unit/training/test_accounting.py`` computes the certificate, and finds negative
   coefficients for a wrong weight: removal alone does not bound addition pair by pair).
 
 For the Gaussian this sum is exactly the sampled Gaussian RDP that Opacus computes (Mironov,
 Talwar and Zhang 2019), which the tests check. Zhu and Wang (2019) prove a bound for any
 mechanism with a factor 3 on the terms ``j >= 3``; it would raise the default run's epsilon
 against the server from 2.14 to 3.56. RDP adds up over rounds, and ``rdp_to_epsilon`` takes the best order with
-Opacus's conversion (Balle et al. 2020).
+the conversion of Balle, Barthe, Gaboardi, Hsu and Sato (2020, Proposition 12), as Opacus does:
+``epsilon = rdp(alpha) + log((alpha - 1) / alpha) - (log delta + log alpha) / (alpha - 1)``. It is
+written here, not imported, so that a party that only counts (the server, a tallier) does not load
+Opacus and torch with it (``tests/unit/training/test_accounting.py`` checks it against Opacus's).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from opacus.accountants.analysis.rdp import get_privacy_spent
 from scipy.special import gammaln, logsumexp
 
 __all__ = ["ORDERS", "gaussian_rdp", "poisson_subsampled_rdp", "rdp_to_epsilon", "skellam_rdp"]
@@ -103,8 +105,8 @@ def poisson_subsampled_rdp(orders: np.ndarray, sample_rate: float, base_rdp: np.
 
 
 def rdp_to_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> float:
-    """The smallest epsilon at ``delta`` over the orders (Opacus's conversion)."""
-    if np.all(np.isinf(rdp)):
-        return float("inf")
-    epsilon, _ = get_privacy_spent(orders=list(map(float, orders)), rdp=np.asarray(rdp, dtype=np.float64), delta=delta)
-    return float(epsilon)
+    """The smallest epsilon at ``delta`` over the orders (Balle et al. 2020's conversion)."""
+    alpha = np.asarray(orders, dtype=np.float64)
+    rdp = np.asarray(rdp, dtype=np.float64)
+    epsilon = rdp + np.log1p(-1 / alpha) - (np.log(delta) + np.log(alpha)) / (alpha - 1)
+    return float(np.where(np.isnan(epsilon), np.inf, epsilon).min())

@@ -132,7 +132,7 @@ def train_student(spec: ModelSpec, labelled: Split, unlabelled: np.ndarray, *, e
     (pseudo-labelling, Lee 2013). Images are jittered, and every training follows one cycle of
     learning rates (``train_classifier``): on label sets drawn as kNN-DPFL's MNIST run draws them,
     it scored higher on held-out validation records than Adam's constant rate (README, "The
-    student's learning rate follows one cycle"; ``tests/student_schedule.py``).
+    student's learning rate follows one cycle"; ``tests/support/student_schedule.py``).
 
     Only public records and released labels go in, so the student costs no privacy."""
     jitter = spec.takes_images

@@ -18,7 +18,7 @@ from consilium.protocol.roster_confirmation import (
     join_federation,
     sign_roster,
 )
-from tests.conftest import run_launcher
+from conftest import run_launcher
 
 ADDRESS = "tcp://127.0.0.1:6000"
 

@@ -1,8 +1,8 @@
 """The fuzzer: hostile messages against a real server and a real hospital, counting what breaks.
 
-Run from the repository, beside the tests whose scripted peers it uses (``tests/scripted_peers.py``)::
+Run from the repository, beside the tests whose scripted peers it uses (``tests/support/scripted_peers.py``)::
 
-    .venv/bin/python tests/fuzz.py --messages 100000 --seed 7 --out results/fuzz
+    .venv/bin/python tests/support/fuzz.py --messages 100000 --seed 7 --out results/fuzz
 
 Targets, each a real component:
 
@@ -17,7 +17,7 @@ Targets, each a real component:
   that sends hospital-1 a batch of fuzz messages while it waits for each round's aggregate. The
   round must then complete with every hospital confirming the same mean, and hospital-1 must count
   every message as rejected. Messages the hospital would act on (a step of its pending round) make
-  it refuse the round when hostile, so they are not fuzzed here: ``tests/test_malicious_server.py``
+  it refuse the round when hostile, so they are not fuzzed here: ``tests/integration/test_malicious_server.py``
   sends those, and the ``decrypt`` target fuzzes the checks.
 - ``decrypt``: mutated sums into the checks every member makes before it releases anything
   (``protocol.one_time_round``: each endorses the sum it was sent, and the hashes they signed must
@@ -107,7 +107,7 @@ _TYPE_NAMES = sorted(cls.TYPE for cls in TO_SERVER | TO_HOSPITAL) + ["", "Update
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tests/fuzz.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tests/support/fuzz.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=positive_int, default=100_000, help="fuzz messages in all (default: 100000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fuzzer's own choices (default: 0)")
     parser.add_argument(

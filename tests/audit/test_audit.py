@@ -3,7 +3,7 @@
 Each run is ``consilium-federation``: real server, hospital and tallier processes over CurveZMQ,
 the talliers' MPC in MPyC over mutual TLS. The server keeps every message it receives
 (``--transcript-payloads``), each tallier every message the server relays to it, and
-``tests/audit_site`` records, as ground truth, what the hospitals kept secret (updates, run keys,
+``tests/audit/audit_site`` records, as ground truth, what the hospitals kept secret (updates, run keys,
 noisy votes, shares) and every byte each tallier receives from its MPC peers. The checks then ask
 of the record what a curious server or tallier could learn, and each comes with a check that it
 fails on a planted leak (``test_the_checks_catch_planted_leaks``).

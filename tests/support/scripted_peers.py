@@ -1,6 +1,6 @@
 """Scripted peers: a hospital or a server whose side is played message by message.
 
-The fuzzer (``tests/fuzz.py``) and the tests put these against real server and hospital processes:
+The fuzzer (``tests/support/fuzz.py``) and the tests put these against real server and hospital processes:
 each follows the protocol where told to, and can send anything else in between. They hold real keys
 and run the real cryptography; nothing here is a mock of the component under test.
 """

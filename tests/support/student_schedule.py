@@ -2,7 +2,7 @@
 
 A developer's tool beside the tests (not installed, not collected)::
 
-    .venv/bin/python tests/student_schedule.py --students 3 --out /tmp/student_schedule
+    .venv/bin/python tests/support/student_schedule.py --students 3 --out /tmp/student_schedule
 
 It draws a label set as ``consilium-reproduce-voting``'s kNN-DPFL run does, in the clear: the public
 pool and test split of the run (``split_public_pool``), three hospitals' kNN counts (k = 400, 30 PCA
@@ -54,7 +54,7 @@ def _accuracy(model: torch.nn.Module, split: Split) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/mnist.npz"))
+    parser.add_argument("--data", default=str(Path(__file__).resolve().parents[3] / "shared/data/mnist.npz"))
     parser.add_argument("--seed", type=int, default=0, help="the public pool's split, as the run's --seed")
     parser.add_argument("--students", type=int, default=3, help="students of each schedule")
     parser.add_argument("--epochs", type=int, default=30, help="the run's --student-epochs")

@@ -13,7 +13,7 @@ from consilium.scripts.bench_tallier import party_command, share_votes, write_in
 
 pytestmark = pytest.mark.slow
 from consilium.tallier.mpc import MpcParty, run_round
-from tests.conftest import REPO, child_environment, free_port
+from conftest import REPO, child_environment, free_port
 
 TALLIERS = 3
 HOSPITALS = ("hospital-1", "hospital-2")

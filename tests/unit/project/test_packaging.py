@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 PACKAGES = ("crypto", "training", "protocol", "tallier", "orchestration", "scripts")
 
 

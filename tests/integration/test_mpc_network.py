@@ -24,8 +24,8 @@ from consilium.tallier.mpc_network import harden_mpyc
 from consilium.protocol.party_keys import MPC_CERTIFICATE_FILE, MPC_KEY_FILE
 from consilium.protocol.roster import local_federation
 from consilium.scripts.bench_tallier import party_command, share_votes, write_input
-from tests.conftest import REPO, child_environment, free_port, wait_until_listening
-from tests.scripted import wait_for_text
+from conftest import REPO, child_environment, free_port, wait_until_listening
+from scripted import wait_for_text
 
 HOSPITALS = ("hospital-1", "hospital-2")
 _PRSS_KEY_BYTES = 16  # what each lower party sends tallier-3 after its number, with three talliers

@@ -1,4 +1,4 @@
-"""A small sample of the fuzzer (tests/fuzz.py) against a real server, a real hospital and the decryptor."""
+"""A small sample of the fuzzer (tests/support/fuzz.py) against a real server, a real hospital and the decryptor."""
 
 import json
 import subprocess
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 def test_a_fuzz_sample_finds_no_crash_traceback_or_state_change(tmp_path):
     result = subprocess.run(
-        [sys.executable, "tests/fuzz.py", "--messages", "1500", "--seed", "1", "--out", str(tmp_path)],
+        [sys.executable, "tests/support/fuzz.py", "--messages", "1500", "--seed", "1", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=240,

@@ -1,6 +1,6 @@
 """Checked shares: what the talliers' two checks see of an honest ballot, a forged one and a shifted share.
 
-The checks run inside the MPC in ``tallier.mpc`` (``tests/test_tallier_mpc.py`` runs them there);
+The checks run inside the MPC in ``tallier.mpc`` (``tests/integration/test_tallier_mpc.py`` runs them there);
 here the same arithmetic runs in the clear on the reconstructed values, to show what each check
 can and cannot tell."""
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 PAGES = [ROOT / "README.md", *sorted(page for page in (ROOT / "docs").rglob("*.md") if "results" not in page.parts)]
 CITATION = re.compile(r"(?P<path>tests/[\w/]+\.py|results/[\w./-]*[\w/])(?:::(?P<test>\w+))?")
 

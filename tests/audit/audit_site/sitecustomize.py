@@ -1,6 +1,6 @@
 """The audit suite's ground truth: every process started with this folder on PYTHONPATH records its secrets.
 
-The audit tests (``tests/test_audit.py``) must know what the hospitals kept secret in order to check
+The audit tests (``tests/audit/test_audit.py``) must know what the hospitals kept secret in order to check
 that none of it reaches the server or a tallier. Python imports this module at start-up in every
 process of a federation the tests launch with ``CONSILIUM_AUDIT_RECORD=<folder>``; it wraps the two
 places where a hospital's secrets take their last plaintext form and appends them, pickled, to

@@ -394,6 +394,21 @@ def test_malformed_releases_are_refused():
     assert rdp_to_epsilon(ORDERS, np.full(len(ORDERS), np.inf), 1e-5) == math.inf
 
 
+@pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-9])
+def test_the_conversion_to_epsilon_is_opacus_s(delta):
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    curves = [
+        gaussian_rdp(ORDERS, noise_multiplier=1.1) * 300,
+        poisson_subsampled_rdp(ORDERS, 0.1, gaussian_rdp(ORDERS, noise_multiplier=2.3)) * 100,
+        skellam_rdp(ORDERS, l2_sensitivity=207.3, l1_sensitivity=2000.0, mu=5e4),
+        np.where(ORDERS > 40, np.inf, 0.01 * ORDERS),
+    ]
+    for rdp in curves:
+        expected, _ = get_privacy_spent(orders=list(map(float, ORDERS)), rdp=rdp, delta=delta)
+        assert rdp_to_epsilon(ORDERS, rdp, delta) == pytest.approx(float(expected), rel=1e-12)
+
+
 def _renyi(log_p, log_q, alpha):
     return logsumexp(alpha * log_p + (1 - alpha) * log_q) / (alpha - 1)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 LAYERS = {"crypto": 0, "training": 0, "protocol": 1, "tallier": 2, "orchestration": 3, "scripts": 4}
 
 
