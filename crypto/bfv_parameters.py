@@ -7,7 +7,7 @@ never clamped. Two failures would corrupt it silently; both are ruled out here b
 1. **Wrap-around modulo t.** ``crypto.slot_digits`` puts ``k`` values in a slot as the digits of
    one integer in balanced base ``M = 2 S + 1``, and reads a sum back exactly when every summed value
    lies in ``[-S, S]`` and ``t >= M^k``. The caller states ``S``
-   (``training.skellam.SkellamMechanism.sum_bound`` for Dopamine). ``k = 1`` is one value a slot,
+   (``training.privacy.skellam.SkellamMechanism.sum_bound`` for Dopamine). ``k = 1`` is one value a slot,
    read in ``(-t/2, t/2]``.
 
 2. **Decryption failure.** A fresh symmetric BFV ciphertext of ``m`` satisfies

@@ -7,7 +7,7 @@ holds** in this mode. It exists for that comparison alone; its name says so wher
 (``--insecure-plaintext-benchmark``), and a hospital only ever sends plaintext when its own operator
 chose this, never because a server asked.
 
-In this mode a round is an upload and the sum sent back (``protocol.server``, ``protocol.hospital``):
+In this mode a round is an upload and the sum sent back (``protocol.run.server``, ``protocol.run.hospital``):
 no key, share, endorsement or release. An upload is one chunk: the vector modulo ``2^32`` as little-endian 32-bit
 words (the same bytes as float32), summed modulo ``2^32``: exact like the encrypted sum within the
 sum bound, which is below ``2^31``.

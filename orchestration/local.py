@@ -1,12 +1,12 @@
 """``run_local_federation``: a whole federation on this machine, one OS process per party.
 
-Set up as a real federation is (``protocol.roster.local_federation``: each party's keys made in its
+Set up as a real federation is (``protocol.identity.roster.local_federation``: each party's keys made in its
 own folder, the roster assembled from their public files), then the server, the hospitals and, for
 voting, the talliers are started as separate processes (``consilium-server``, ``consilium-hospital``,
 ``consilium-tallier``) that talk over CurveZMQ on localhost, each started with the roster's
 fingerprint. The server's lines are relayed as they come; at the end its report is merged with the
 hospitals' metrics (``orchestration.report``). A baseline runs in this process instead, on the same
-data, partition and model (``training.baselines``).
+data, partition and model (``training.methods.baselines``).
 
 Writes into the spec's ``out`` (default ``runs/<date-time>``): ``report.json``, ``report.png``,
 ``federation/`` (each party's folder and the roster), ``server/`` and ``logs/``.
@@ -40,16 +40,16 @@ from consilium.orchestration.report import (
 )
 from consilium.orchestration.run_flags import model_spec, run_argv, shown
 from consilium.orchestration.spec import RunSpec, resolve
-from consilium.protocol.config import ConfigError
-from consilium.protocol.messages import ProtocolError
-from consilium.protocol.party_keys import SERVER
-from consilium.protocol.roster import Roster, local_federation
-from consilium.training.baselines import BASELINES, DP_BASELINES, BaselineSettings, run_baseline
-from consilium.training.compute_device import use_device
-from consilium.training.datasets import Dataset
-from consilium.training.evaluation import Selection
-from consilium.training.own_code import is_reference
-from consilium.training.partition import partition
+from consilium.protocol.run.config import ConfigError
+from consilium.protocol.wire.messages import ProtocolError
+from consilium.protocol.identity.party_keys import SERVER
+from consilium.protocol.identity.roster import Roster, local_federation
+from consilium.training.methods.baselines import BASELINES, DP_BASELINES, BaselineSettings, run_baseline
+from consilium.training.models.compute_device import use_device
+from consilium.training.data.datasets import Dataset
+from consilium.training.models.evaluation import Selection
+from consilium.training.models.own_code import is_reference
+from consilium.training.data.partition import partition
 
 __all__ = ["free_port", "run_local_federation"]
 
@@ -164,7 +164,10 @@ def _server_argv(spec: RunSpec, out: Path) -> list[str]:
     argv += ["--transcript", str(out / SERVER / "transcript.msgpack"), "--round-timeout", str(spec.round_timeout)]
     argv += ["--transcript-payloads"] if spec.transcript_payloads else []
     if not spec.voting:
-        argv += ["--model-seed", str(spec.seed)]  # the initial model, as the baselines' (training.models.build_model)
+        argv += [
+            "--model-seed",
+            str(spec.seed),
+        ]  # the initial model, as the baselines' (training.models.build.build_model)
         argv += ["--select-every", str(spec.select_every), "--select-on", spec.select_on]
     if not spec.voting and spec.expected_batch_size is not None:
         argv += ["--expected-batch-size", repr(spec.expected_batch_size)]
@@ -243,7 +246,7 @@ def _finish_vote(out: Path, wall_seconds: float, echo: Callable[[str], None]) ->
 def _run_baseline(
     spec: RunSpec, data: Dataset, parts: list[np.ndarray], out: Path, echo: Callable[[str], None]
 ) -> dict:
-    """A baseline, in this process, on the same data, partition and model as a federation (``training.baselines``)."""
+    """A baseline, in this process, on the same data, partition and model as a federation (``training.methods.baselines``)."""
     if spec.method not in DP_BASELINES and spec.epsilon_budget is not None:
         raise ConfigError(
             f"--epsilon-budget is the target of the DP baselines ({', '.join(DP_BASELINES)}); {spec.method} spends none"

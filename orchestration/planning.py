@@ -14,11 +14,11 @@ import math
 
 from consilium.orchestration.run_flags import build_run_config
 from consilium.orchestration.spec import RunSpec, resolve
-from consilium.protocol.config import ConfigError, RunConfig
-from consilium.training.datasets import Dataset
-from consilium.training.dp_fedavg import DpFedAvgSettings
-from consilium.training.ledger import PrivacyBudget, PrivacyLedger
-from consilium.training.methods import METHODS as TRAINING_METHODS, ledger_release
+from consilium.protocol.run.config import ConfigError, RunConfig
+from consilium.training.data.datasets import Dataset
+from consilium.training.methods.dp_fedavg import DpFedAvgSettings
+from consilium.training.privacy.ledger import PrivacyBudget, PrivacyLedger
+from consilium.training.methods.registry import METHODS as TRAINING_METHODS, ledger_release
 
 __all__ = ["check_first_round", "least_noise_multiplier", "planned_epsilons"]
 
@@ -36,7 +36,7 @@ def least_noise_multiplier(
     spec: RunSpec, target_epsilon: float, *, view: str = "server", precision: float = 1e-3
 ) -> float:
     """The least noise multiplier (to within ``precision``, relative) at which ``spec`` spends at most
-    ``target_epsilon`` in ``view`` (one of ``training.accounting.VIEWS``)."""
+    ``target_epsilon`` in ``view`` (one of ``training.privacy.accounting.VIEWS``)."""
     spec, data = _resolved_training(spec)
 
     def spent(noise: float) -> float:

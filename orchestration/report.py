@@ -1,8 +1,8 @@
 """A local federation's report: the server's merged with each hospital's metrics, its plot, and its summary line.
 
-``report.json`` of a secure-round run is the server's report (``protocol.server_report``) with, per
-round, each hospital's own metrics (``protocol.hospital_metrics``: time per phase, bytes on the
-wire); a voting run's is the voting server's; a baseline's is its own (``training.baselines``).
+``report.json`` of a secure-round run is the server's report (``protocol.run.server_report``) with, per
+round, each hospital's own metrics (``protocol.run.hospital_metrics``: time per phase, bytes on the
+wire); a voting run's is the voting server's; a baseline's is its own (``training.methods.baselines``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from consilium.protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION
+from consilium.protocol.run.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION
 
 __all__ = [
     "baseline_summary",

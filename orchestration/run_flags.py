@@ -1,8 +1,8 @@
 """The run's flags: which method reads which, their defaults, and the run configuration they make.
 
-Every method declares the flags it reads beside its settings (``training.flags``): the training
-methods (``training.methods``), the voting methods (``training.vote_privacy``) and the baselines
-(``training.baselines``). This module joins those declarations into the tables the launchers build
+Every method declares the flags it reads beside its settings (``training.methods.flags``): the training
+methods (``training.methods.registry``), the voting methods (``training.voting.vote_privacy``) and the baselines
+(``training.methods.baselines``). This module joins those declarations into the tables the launchers build
 their argument groups from (``scripts._cli``) and that a run specification (``orchestration.spec``)
 is checked against. A flag given for a method that does not read it is refused, never ignored.
 
@@ -15,13 +15,13 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from consilium.protocol.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig
-from consilium.training.baselines import BASELINE_DEFAULTS, BASELINE_FLAGS, BASELINES
-from consilium.training.datasets import Dataset, Split
-from consilium.training.flags import Flag, positive_int, probability, widths
-from consilium.training.methods import METHODS as TRAINING_METHODS
-from consilium.training.models import ModelSpec, describe_model, input_statistics, takes_images
-from consilium.training.vote_privacy import REVEAL_MODES, VOTING_DEFAULTS, VOTING_FLAGS, VOTING_METHODS
+from consilium.protocol.run.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, ConfigError, RunConfig
+from consilium.training.methods.baselines import BASELINE_DEFAULTS, BASELINE_FLAGS, BASELINES
+from consilium.training.data.datasets import Dataset, Split
+from consilium.training.methods.flags import Flag, positive_int, probability, widths
+from consilium.training.methods.registry import METHODS as TRAINING_METHODS
+from consilium.training.models.build import ModelSpec, describe_model, input_statistics, takes_images
+from consilium.training.voting.vote_privacy import REVEAL_MODES, VOTING_DEFAULTS, VOTING_FLAGS, VOTING_METHODS
 
 __all__ = [
     "COMMON_FLAGS",
@@ -143,7 +143,7 @@ def build_run_config(values: Any, hospitals: tuple[str, ...], dataset: Dataset) 
 
 def model_spec(values: Any, dataset: Dataset, public: Split) -> ModelSpec:
     """The model of ``model``, ``hidden`` and ``fix_model``, standardising inputs with statistics of ``public``
-    records (``ValueError``; ``training.models.ModelError`` for a model of one's own that cannot be trained)."""
+    records (``ValueError``; ``training.models.build.ModelError`` for a model of one's own that cannot be trained)."""
     mean, std = input_statistics(public.x)
     return describe_model(
         values.model,

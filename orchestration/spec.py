@@ -19,8 +19,8 @@ from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 from typing import Any, Mapping
 
-from consilium.protocol.config import ConfigError
-from consilium.protocol.hospital import DEFAULT_SEND_OFFSET_S
+from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.hospital import DEFAULT_SEND_OFFSET_S
 from consilium.orchestration.run_flags import (
     COMMON_FLAGS,
     FEDERATION_METHODS,
@@ -29,11 +29,11 @@ from consilium.orchestration.run_flags import (
     resolve_run_arguments,
     shown,
 )
-from consilium.training.accounting import DEFAULT_BUDGET_VIEW
-from consilium.training.datasets import Dataset, load_dataset
-from consilium.training.evaluation import Selection
-from consilium.training.methods import METHODS as TRAINING_METHODS
-from consilium.training.vote_privacy import VOTING_METHODS
+from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW
+from consilium.training.data.datasets import Dataset, load_dataset
+from consilium.training.models.evaluation import Selection
+from consilium.training.methods.registry import METHODS as TRAINING_METHODS
+from consilium.training.voting.vote_privacy import VOTING_METHODS
 
 __all__ = ["RunSpec", "resolve"]
 
@@ -61,7 +61,9 @@ class RunSpec:
     fix_model: bool = _COMMON["fix_model"]  # an own model with Opacus's fixes
     quorum: int | None = None  # default: every hospital
     epsilon_budget: float | None = None  # default: the method's
-    budget_view: str = DEFAULT_BUDGET_VIEW  # the view each hospital's budget binds on (training.accounting.VIEWS)
+    budget_view: str = (
+        DEFAULT_BUDGET_VIEW  # the view each hospital's budget binds on (training.privacy.accounting.VIEWS)
+    )
     expected_batch_size: float | None = None  # Dopamine's B (default: proposed from the data set's public size)
     flags: Mapping[str, Any] = field(default_factory=dict)  # the method's own flags, by destination
     talliers: int = 3  # voting
@@ -70,7 +72,7 @@ class RunSpec:
     device: str | None = None  # where the server's and hospitals' models compute (default: cpu)
     send_offset: float = DEFAULT_SEND_OFFSET_S
     select_every: int = 1  # the model kept is selected among every n-th round and the last ...
-    select_on: str = "accuracy"  # ... on this validation score (training.evaluation.Selection)
+    select_on: str = "accuracy"  # ... on this validation score (training.models.evaluation.Selection)
     transcript_payloads: bool = False
     insecure_plaintext_benchmark: bool = False
 

@@ -11,22 +11,22 @@ from consilium.crypto.bfv import BfvError
 from consilium.crypto.bfv_parameters import ParameterError
 from consilium.crypto.sealed_box import SealedBoxError
 from consilium.crypto.secret_sharing import ShareError
-from consilium.protocol.checkpoint import CheckpointError
-from consilium.protocol.config import ConfigError
-from consilium.protocol.messages import ProtocolError
-from consilium.protocol.key_files import KeyFileError
+from consilium.protocol.run.checkpoint import CheckpointError
+from consilium.protocol.run.config import ConfigError
+from consilium.protocol.wire.messages import ProtocolError
+from consilium.protocol.identity.key_files import KeyFileError
 from consilium.scripts._run import run_with
-from consilium.protocol.transcript import TranscriptError
-from consilium.protocol.transport import TransportError
+from consilium.protocol.wire.transcript import TranscriptError
+from consilium.protocol.wire.transport import TransportError
 from consilium.tallier.mpc import MpcError
-from consilium.training.compute_device import DeviceError
-from consilium.training.ledger import LedgerError
-from consilium.training.models import ModelError
-from consilium.training.datasets import DatasetError
-from consilium.training.partition import PartitionError
-from consilium.training.fedavg import FedAvgError
+from consilium.training.models.compute_device import DeviceError
+from consilium.training.privacy.ledger import LedgerError
+from consilium.training.models.build import ModelError
+from consilium.training.data.datasets import DatasetError
+from consilium.training.data.partition import PartitionError
+from consilium.training.methods.fedavg import FedAvgError
 from consilium.orchestration.run_flags import COMMON_FLAGS, FLAG_READERS, METHOD_DEFAULTS, METHOD_FLAGS, shown
-from consilium.training.flags import Flag, image_size
+from consilium.training.methods.flags import Flag, image_size
 
 USER_ERRORS = (
     BfvError,

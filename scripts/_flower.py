@@ -4,7 +4,7 @@ Flower (https://flower.ai) is a peer system, run here as its users run it: its s
 (Ray) starts K virtual clients, ``SecAggPlusWorkflow`` on the server and ``secaggplus_mod`` on each
 client mask and sum the clients' vectors (SecAgg+: pairwise masks from Diffie-Hellman keys, Shamir
 shares of the seeds for dropouts). What the clients sum is exactly what Consilium's hospitals sum:
-each runs Consilium's own Dopamine step (``training.dopamine``: Poisson sampling, per-example
+each runs Consilium's own Dopamine step (``training.methods.dopamine``: Poisson sampling, per-example
 clipping, randomised rounding and its share of Skellam noise) on its part of the same data, and
 uploads its share over the federation-wide divisor, ``s_k / (gamma B)``; Flower's FedAvg averages
 them with weight 1, which is Dopamine's mean gradient, and the server applies it with Dopamine's
@@ -32,12 +32,12 @@ import numpy as np
 
 from consilium.orchestration.run_flags import build_run_config
 from consilium.orchestration.spec import RunSpec, resolve
-from consilium.protocol.config import ConfigError
-from consilium.training.datasets import Split
-from consilium.training.dopamine import mean_gradient
-from consilium.training.evaluation import evaluate
-from consilium.training.models import build_model, get_flat_parameters, set_flat_parameters
-from consilium.training.partition import partition
+from consilium.protocol.run.config import ConfigError
+from consilium.training.data.datasets import Split
+from consilium.training.methods.dopamine import mean_gradient
+from consilium.training.models.evaluation import evaluate
+from consilium.training.models.build import build_model, get_flat_parameters, set_flat_parameters
+from consilium.training.data.partition import partition
 
 __all__ = ["require_flower", "run_flower_secaggplus"]
 

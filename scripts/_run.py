@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Callable
 
-from consilium.protocol.transport import raise_descriptor_limit
+from consilium.protocol.wire.transport import raise_descriptor_limit
 
 __all__ = ["run_with"]
 

@@ -36,10 +36,10 @@ from pathlib import Path
 
 from consilium.orchestration.local import run_local_federation
 from consilium.orchestration.spec import RunSpec
-from consilium.protocol.config import ConfigError
+from consilium.protocol.run.config import ConfigError
 from consilium.scripts._cli import run
 from consilium.scripts._flower import require_flower, run_flower_secaggplus
-from consilium.training.flags import non_negative_int, positive_int
+from consilium.training.methods.flags import non_negative_int, positive_int
 
 # Each setting's rounds and secure/plaintext pairs, unless --rounds and --repeats say otherwise: the
 # 11M setting's round takes about a minute on 2 cores, most of it five hospitals' ResNet-18 steps.

@@ -38,14 +38,14 @@ from tqdm import tqdm
 
 from consilium.crypto.checked_shares import CheckedLayout, share_checked
 from consilium.crypto.mpc_field import MpcField
-from consilium.protocol.roster import local_federation
+from consilium.protocol.identity.roster import local_federation
 from consilium.orchestration.local import free_port
-from consilium.protocol.party_keys import Credentials
-from consilium.protocol.roster import Roster
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
 from consilium.scripts._cli import run
 from consilium.tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
-from consilium.training.flags import positive_int
-from consilium.training.vote_privacy import REVEAL_MODES, VotingSettings
+from consilium.training.methods.flags import positive_int
+from consilium.training.voting.vote_privacy import REVEAL_MODES, VotingSettings
 
 # The votes each number of hospitals casts, as a run of that size would: kNN-DPFL's defaults with 3,
 # and AE-DPFL's MNIST setting with 100 (scripts/reproduce_voting.py). Every hospital votes: the quorum.

@@ -5,7 +5,7 @@ For each seed (the partition, and the initial model; for built-in data the split
 
 - **record level**, for each ``--epsilons`` target: Dopamine as a real federation over ``--rounds``
   steps at rate q, with the least sigma whose epsilon against the server, as its ledgers account it
-  (Skellam RDP, ``training.accounting``), stays within the target. Then ``central-dp`` (CDP) and
+  (Skellam RDP, ``training.privacy.accounting``), stays within the target. Then ``central-dp`` (CDP) and
   ``fedavg-local-dp`` (FPDP) with the same steps at the same q, learning rate and momentum, given the
   epsilon that Dopamine spent and Opacus's RDP accountant: the same accountant family, so about the
   same noise. (Opacus's PRV would give them less noise for the same epsilon, which would measure
@@ -41,15 +41,15 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from consilium.protocol.config import ConfigError
+from consilium.protocol.run.config import ConfigError
 from consilium.orchestration.local import run_local_federation
 from consilium.orchestration.planning import least_noise_multiplier
 from consilium.orchestration.spec import RunSpec
 from consilium.scripts._cli import run
-from consilium.training.flags import positive_float, positive_int, probability, rate, widths
-from consilium.training.datasets import load_dataset
-from consilium.training.dopamine import DopamineSettings
-from consilium.training.evaluation import SELECTION_METRICS
+from consilium.training.methods.flags import positive_float, positive_int, probability, rate, widths
+from consilium.training.data.datasets import load_dataset
+from consilium.training.methods.dopamine import DopamineSettings
+from consilium.training.models.evaluation import SELECTION_METRICS
 
 _NO_BUDGET = 1e9  # the comparison fixes each run's noise and rounds; a hospital's budget must not stop it early
 _COMPLETED = "completed all rounds"

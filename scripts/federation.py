@@ -5,7 +5,7 @@ federation is set up), launches the server and each hospital as separate process
 talking over CurveZMQ on localhost, prints a line per round, and writes into ``--out``:
 
 - ``report.json``: configuration, BFV parameters, per-round metrics, final epsilon for each view and level
-  (``training.accounting``) and delta, wire bytes per hospital per round (and their ratio to the float32 update), time per phase;
+  (``training.privacy.accounting``) and delta, wire bytes per hospital per round (and their ratio to the float32 update), time per phase;
 - ``report.png``: validation accuracy and epsilon per round;
 - ``federation/`` (identities, each hospital's privacy ledger and metrics), ``server/`` (the server's
   report, ledger, audit transcript and final model) and ``logs/``.
@@ -20,10 +20,10 @@ from pathlib import Path
 from consilium.orchestration.local import run_local_federation
 from consilium.orchestration.spec import RunSpec
 from consilium.scripts._cli import add_image_arguments, add_run_arguments, run
-from consilium.training.accounting import VIEWS
-from consilium.training.flags import non_negative_float, non_negative_int, positive_float, positive_int
-from consilium.training.evaluation import SELECTION_METRICS
-from consilium.training.partition import PARTITION_SCHEMES
+from consilium.training.privacy.accounting import VIEWS
+from consilium.training.methods.flags import non_negative_float, non_negative_int, positive_float, positive_int
+from consilium.training.models.evaluation import SELECTION_METRICS
+from consilium.training.data.partition import PARTITION_SCHEMES
 
 _DEFAULT = RunSpec()  # a flag not given takes the spec's default
 
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget-view",
         choices=VIEWS,
         help="whose view each hospital's budget binds on, and every view before it "
-        f"(training.accounting; default: {_DEFAULT.budget_view}, the server with tau - 1 hospitals)",
+        f"(training.privacy.accounting; default: {_DEFAULT.budget_view}, the server with tau - 1 hospitals)",
     )
     parser.add_argument(
         "--round-timeout",

@@ -7,15 +7,15 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from consilium.protocol.config import ConfigError
-from consilium.protocol.hospital import DEFAULT_SEND_OFFSET_S, Hospital
-from consilium.training.accounting import DEFAULT_BUDGET_VIEW, VIEWS
-from consilium.training.ledger import PrivacyBudget
-from consilium.protocol.messages import ProtocolError
-from consilium.protocol.party_keys import Credentials
-from consilium.protocol.roster import Roster
-from consilium.protocol.roster_confirmation import join_federation
-from consilium.protocol.voting_hospital import VotingHospital
+from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.hospital import DEFAULT_SEND_OFFSET_S, Hospital
+from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS
+from consilium.training.privacy.ledger import PrivacyBudget
+from consilium.protocol.wire.messages import ProtocolError
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
+from consilium.protocol.identity.roster_confirmation import join_federation
+from consilium.protocol.voting.voting_hospital import VotingHospital
 from consilium.orchestration.run_flags import METHODS, chosen_aggregation
 from consilium.scripts._cli import (
     USER_ERRORS,
@@ -25,12 +25,18 @@ from consilium.scripts._cli import (
     configure_logging,
     run,
 )
-from consilium.training.flags import non_negative_float, non_negative_int, positive_float, positive_int, probability
-from consilium.training.datasets import Split, load_dataset
-from consilium.training.compute_device import use_device
-from consilium.training.models import use_model_code
-from consilium.training.partition import PARTITION_SCHEMES, PartitionError, partition
-from consilium.training.vote_privacy import VOTING_METHODS
+from consilium.training.methods.flags import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+)
+from consilium.training.data.datasets import Split, load_dataset
+from consilium.training.models.compute_device import use_device
+from consilium.training.models.build import use_model_code
+from consilium.training.data.partition import PARTITION_SCHEMES, PartitionError, partition
+from consilium.training.voting.vote_privacy import VOTING_METHODS
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -167,7 +167,7 @@ def results_table(runs: dict[str, list[dict]], *, data: str) -> str:
         "its own identity, CurveZMQ connection, ledger, teacher and noise generator, and seals its own shares.",
         "- Public pool: 30% of the MNIST test set (3,000 records); the other 7,000 are the test set. The student is the "
         "same CNN as the teachers, trained on the labelled queries and then on its own confident guesses on the "
-        "rest of the pool, every batch randomly shifted, turned and scaled a little (`training.voting.train_student`).",
+        "rest of the pool, every batch randomly shifted, turned and scaled a little (`training.voting.votes.train_student`).",
         "- A query's label is released only where its largest noisy total reaches `--label-threshold` votes, decided "
         "inside the MPC; the other queries stay unlabelled records of the pool. It is a function of the same noisy "
         "totals, so epsilon charges every query asked, released or not.",

@@ -7,15 +7,15 @@ import secrets
 import sys
 from pathlib import Path
 
-from consilium.protocol.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
-from consilium.protocol.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
-from consilium.protocol.party_keys import SERVER, Credentials
-from consilium.protocol.roster import Roster
-from consilium.protocol.roster_confirmation import join_federation
-from consilium.protocol.participants import Timeouts
-from consilium.protocol.server import Server
-from consilium.protocol.voting_config import VotingConfig
-from consilium.protocol.voting_server import VotingServer
+from consilium.protocol.run.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
+from consilium.protocol.wire.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
+from consilium.protocol.identity.party_keys import SERVER, Credentials
+from consilium.protocol.identity.roster import Roster
+from consilium.protocol.identity.roster_confirmation import join_federation
+from consilium.protocol.run.participants import Timeouts
+from consilium.protocol.run.server import Server
+from consilium.protocol.voting.voting_config import VotingConfig
+from consilium.protocol.voting.voting_server import VotingServer
 from consilium.orchestration.run_flags import (
     build_run_config,
     chosen_aggregation,
@@ -31,14 +31,14 @@ from consilium.scripts._cli import (
     configure_logging,
     run,
 )
-from consilium.training.flags import non_negative_int, positive_float, positive_int
-from consilium.training.compute_device import use_device
-from consilium.training.evaluation import SELECTION_METRICS, Selection
-from consilium.training.models import use_model_code
-from consilium.training.own_code import is_reference
-from consilium.training.datasets import Dataset, Split, load_dataset
-from consilium.training.vote_privacy import VOTING_METHODS, VotingSettings
-from consilium.training.voting import PcaFeatures, split_public_pool
+from consilium.training.methods.flags import non_negative_int, positive_float, positive_int
+from consilium.training.models.compute_device import use_device
+from consilium.training.models.evaluation import SELECTION_METRICS, Selection
+from consilium.training.models.build import use_model_code
+from consilium.training.models.own_code import is_reference
+from consilium.training.data.datasets import Dataset, Split, load_dataset
+from consilium.training.voting.vote_privacy import VOTING_METHODS, VotingSettings
+from consilium.training.voting.votes import PcaFeatures, split_public_pool
 
 
 def build_parser() -> argparse.ArgumentParser:

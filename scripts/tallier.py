@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from consilium.protocol.roster_confirmation import join_federation
+from consilium.protocol.identity.roster_confirmation import join_federation
 from consilium.scripts._cli import add_roster_fingerprint, configure_logging, run
-from consilium.training.flags import positive_float
+from consilium.training.methods.flags import positive_float
 from consilium.tallier.tallier import Tallier
 
 

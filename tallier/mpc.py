@@ -69,10 +69,10 @@ import numpy as np
 from consilium.crypto.checked_shares import CheckedLayout, challenge, tag_combination
 from consilium.crypto.mpc_field import MpcField, mpyc_runtime
 from consilium.crypto.secret_sharing import random_elements
-from consilium.protocol.party_keys import Credentials
-from consilium.protocol.roster import Roster
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
 from consilium.tallier.mpc_network import MpcNetwork, MpcParty, MpcPeerError, harden_mpyc, open_checked
-from consilium.training.vote_privacy import REVEAL_MODES
+from consilium.training.voting.vote_privacy import REVEAL_MODES
 
 __all__ = ["MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "mpc_party", "run_round"]
 

@@ -15,7 +15,7 @@
 The file is a sealed box (``crypto.sealed_box``) from the tallier to itself: sealed to its own
 long-term box key and signed by its identity, both in its secret key file, with the run's
 fingerprint in the context; it is written whole and readable by its owner only
-(``training.durable.replace_file``), before the round it names is tallied (a disk that refuses it,
+(``training.privacy.durable.replace_file``), before the round it names is tallied (a disk that refuses it,
 or a file that cannot be read, stops the tallier in one line). A file that does not open for this
 run (another run's, or altered) is not used: the tallier starts the run afresh and says so.
 
@@ -39,8 +39,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from consilium.crypto.identity import PrivateIdentity
 from consilium.crypto.sealed_box import SealedBoxError, certify_key, open_box, seal
-from consilium.protocol.checkpoint import CheckpointError, write_retrying
-from consilium.training.durable import replace_file
+from consilium.protocol.run.checkpoint import CheckpointError, write_retrying
+from consilium.training.privacy.durable import replace_file
 
 __all__ = ["MAX_TALLIES", "RUN_STATE_FILE", "RunState", "RunStateFile", "boxes_digest"]
 

@@ -5,7 +5,7 @@ It joins like a hospital (Hello over CurveZMQ, enrolled in the roster), checks t
 party number), and sends a box key made for this run alone and certified with its identity. A run
 it refuses gets ``TallyFailed`` for round 0, with the reason, instead.
 
-Per ``Shares`` it opens each hospital's box (``protocol.ballots``), refusing, with a logged reason,
+Per ``Shares`` it opens each hospital's box (``protocol.voting.ballots``), refusing, with a logged reason,
 a box that does not open or holds no valid share (wrong length, outside the field), or one from a
 party that is not a hospital of the run; it then runs the round's MPC with the other talliers
 (``tallier.mpc``), which checks every ballot and counts exactly the hospitals every tallier holds
@@ -31,10 +31,10 @@ import logging
 import time
 from pathlib import Path
 
-from consilium.protocol.ballots import BallotError, open_share, tallier_key_context
-from consilium.protocol.channel import ServerChannel
-from consilium.protocol.config import ConfigError
-from consilium.protocol.messages import (
+from consilium.protocol.voting.ballots import BallotError, open_share, tallier_key_context
+from consilium.protocol.wire.channel import ServerChannel
+from consilium.protocol.run.config import ConfigError
+from consilium.protocol.wire.messages import (
     TO_TALLIER,
     Finish,
     Labels,
@@ -44,11 +44,11 @@ from consilium.protocol.messages import (
     TallyFailed,
     VotingWelcome,
 )
-from consilium.protocol.party_keys import Credentials
-from consilium.protocol.roster import Roster
-from consilium.protocol.transcript import Transcript
-from consilium.protocol.transport import TransportError
-from consilium.protocol.voting_config import VotingConfig, welcomed_run
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
+from consilium.protocol.wire.transcript import Transcript
+from consilium.protocol.wire.transport import TransportError
+from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
 from consilium.tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
 from consilium.tallier.run_state import RunState, RunStateFile, boxes_digest
 

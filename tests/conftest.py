@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from consilium.crypto.bfv_parameters import select_bfv_parameters
-from consilium.protocol.party_keys import Credentials
-from consilium.training.ledger import LEDGER_FILE, PrivacyLedger
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
 from consilium.orchestration.local import free_port  # noqa: F401  (the tests' ports, as the launchers pick them)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -38,20 +38,20 @@ from consilium.crypto.one_time_keys import (
     sum_uploads,
     unpack_ring,
 )
-from consilium.protocol.config import RunConfig
-from consilium.protocol.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Release, Update
-from consilium.protocol.one_time_round import released_from
-from consilium.protocol.transcript import read_messages
-from consilium.protocol.voting_config import VotingConfig
-from consilium.training.accounting import release_of
-from consilium.training.ledger import PrivacyLedger
-from consilium.training.dopamine import DopamineSettings, NoisyGradientStep
-from consilium.training.intermediaries import expected_noise_norm, next_subclient_count
-from consilium.training.methods import ledger_release
-from consilium.training.models import ModelSpec, build_model
-from consilium.training.per_example import ClippedGradients
-from consilium.training.secure_random import secure_generator
-from consilium.training.skellam import SkellamMechanism
+from consilium.protocol.run.config import RunConfig
+from consilium.protocol.wire.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Release, Update
+from consilium.protocol.secure_round.one_time_round import released_from
+from consilium.protocol.wire.transcript import read_messages
+from consilium.protocol.voting.voting_config import VotingConfig
+from consilium.training.privacy.accounting import release_of
+from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.training.methods.dopamine import DopamineSettings, NoisyGradientStep
+from consilium.training.methods.intermediaries import expected_noise_norm, next_subclient_count
+from consilium.training.methods.registry import ledger_release
+from consilium.training.models.build import ModelSpec, build_model
+from consilium.training.methods.per_example import ClippedGradients
+from consilium.training.privacy.secure_random import secure_generator
+from consilium.training.privacy.skellam import SkellamMechanism
 
 pytestmark = [pytest.mark.audit, pytest.mark.slow]
 AUDIT_SITE = Path(__file__).parent / "audit_site"

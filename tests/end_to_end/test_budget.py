@@ -5,11 +5,11 @@ import subprocess
 import pytest
 
 from conftest import child_environment, free_port, launcher, party_ledger
-from consilium.protocol.roster import local_federation
+from consilium.protocol.identity.roster import local_federation
 from scripted import confirmed
-from consilium.training.accounting import release_of
-from consilium.training.models import ModelSpec, build_model
-from consilium.training.skellam import SkellamMechanism
+from consilium.training.privacy.accounting import release_of
+from consilium.training.models.build import ModelSpec, build_model
+from consilium.training.privacy.skellam import SkellamMechanism
 
 pytestmark = pytest.mark.slow
 TRAINING = ("--sample-rate", "0.1", "--noise-multiplier", "1.0", "--hidden", "4", "--expected-batch-size", "15")

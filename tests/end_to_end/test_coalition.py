@@ -13,7 +13,7 @@ from scripted import HospitalProcess, ScriptedHospital, ServerProcess
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.key_shares import rebuild
 from consilium.crypto.one_time_keys import check_zero_slots, decrypt_sum, sum_uploads, unpack_ring
-from consilium.protocol.messages import (
+from consilium.protocol.wire.messages import (
     TO_SERVER,
     Aggregate,
     Endorsements,
@@ -24,8 +24,8 @@ from consilium.protocol.messages import (
     RoundStart,
     Update,
 )
-from consilium.protocol.one_time_round import released_from
-from consilium.protocol.transcript import read_messages
+from consilium.protocol.secure_round.one_time_round import released_from
+from consilium.protocol.wire.transcript import read_messages
 
 pytestmark = pytest.mark.slow
 

@@ -13,16 +13,16 @@ from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.key_shares import rebuild
 from consilium.crypto.one_time_keys import check_zero_slots, decrypt_sum, public_polynomials, sum_uploads, unpack_ring
 from consilium.crypto.sealed_box import SealedBoxError, open_box
-from consilium.protocol.config import RunConfig
-from consilium.protocol.messages import TO_SERVER, Release, Update
-from consilium.protocol.one_time_round import _box_context, released_from, upload_digest, RoundSetting
-from consilium.protocol.party_keys import Credentials
-from consilium.protocol.roster import Roster
-from consilium.protocol.transcript import Transcript, read_messages, read_transcript
-from consilium.training.accounting import VIEWS
-from consilium.training.datasets import load_dataset
-from consilium.training.ledger import LEDGER_FILE
-from consilium.training.models import ModelSpec, accuracy, build_model
+from consilium.protocol.run.config import RunConfig
+from consilium.protocol.wire.messages import TO_SERVER, Release, Update
+from consilium.protocol.secure_round.one_time_round import _box_context, released_from, upload_digest, RoundSetting
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
+from consilium.protocol.wire.transcript import Transcript, read_messages, read_transcript
+from consilium.training.privacy.accounting import VIEWS
+from consilium.training.data.datasets import load_dataset
+from consilium.training.privacy.ledger import LEDGER_FILE
+from consilium.training.models.build import ModelSpec, accuracy, build_model
 
 pytestmark = pytest.mark.slow
 ROUNDS = 4
@@ -42,7 +42,7 @@ def test_the_server_s_initial_model_is_the_one_the_seed_draws(run):
     """``--seed`` (0 here) fixes the initial model: the server's is the one a baseline of the same seed starts from."""
     import base64
 
-    from consilium.training.models import get_flat_parameters
+    from consilium.training.models.build import get_flat_parameters
 
     out, _ = run
     checkpoint = json.loads((out / "server" / "checkpoint.json").read_text())

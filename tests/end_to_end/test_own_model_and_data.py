@@ -10,8 +10,8 @@ from sklearn.datasets import load_digits
 
 from conftest import run_launcher
 from scripted import HospitalProcess, ServerProcess
-from consilium.training.datasets import DatasetError, Split, load_dataset
-from consilium.training.models import (
+from consilium.training.data.datasets import DatasetError, Split, load_dataset
+from consilium.training.models.build import (
     ModelError,
     ModelSpec,
     build_model,

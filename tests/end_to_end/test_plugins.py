@@ -18,8 +18,8 @@ TOY_METHOD = '''
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from consilium.training.dopamine import DopamineSettings
-from consilium.training.flags import Flag
+from consilium.training.methods.dopamine import DopamineSettings
+from consilium.training.methods.flags import Flag
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,7 @@ class PlainDpSgdSettings(DopamineSettings):
             momentum=0.0,
         )
 '''
-REGISTRY_LINE = (
-    "import toy_method, consilium.training.methods as methods; methods.register_method(toy_method.PlainDpSgdSettings)\n"
-)
+REGISTRY_LINE = "import toy_method, consilium.training.methods.registry as methods; methods.register_method(toy_method.PlainDpSgdSettings)\n"
 
 
 def test_a_method_in_one_module_and_one_registry_line_trains_through_a_real_federation(tmp_path):
@@ -78,9 +76,9 @@ def test_a_method_in_one_module_and_one_registry_line_trains_through_a_real_fede
 
 
 def test_a_method_is_registered_once_under_a_free_name_and_shared_flags_keep_their_type():
-    from consilium.training.dopamine import DopamineSettings
-    from consilium.training.flags import Flag
-    from consilium.training.methods import METHODS, register_method
+    from consilium.training.methods.dopamine import DopamineSettings
+    from consilium.training.methods.flags import Flag
+    from consilium.training.methods.registry import METHODS, register_method
 
     register_method(DopamineSettings)  # the same class again changes nothing
 

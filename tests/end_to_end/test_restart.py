@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from scripted import HospitalProcess, ServerProcess
-from consilium.training.accounting import VIEWS
+from consilium.training.privacy.accounting import VIEWS
 
 pytestmark = pytest.mark.slow
 ROUNDS = 8

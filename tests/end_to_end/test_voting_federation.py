@@ -13,8 +13,8 @@ from conftest import child_environment, free_port, launcher, party_ledger, run_l
 from consilium.crypto.checked_shares import _share_bits, share_checked
 from consilium.crypto.sealed_box import seal, verify_certified_key
 from consilium.crypto.secret_sharing import to_bytes
-from consilium.protocol.ballots import _share_context, box_bytes, tallier_key_context
-from consilium.protocol.messages import (
+from consilium.protocol.voting.ballots import _share_context, box_bytes, tallier_key_context
+from consilium.protocol.wire.messages import (
     TO_TALLIER,
     TO_VOTING_HOSPITAL,
     TO_VOTING_SERVER,
@@ -27,14 +27,14 @@ from consilium.protocol.messages import (
     decode,
     encode,
 )
-from consilium.protocol.party_keys import Credentials
-from consilium.protocol.roster import local_federation
-from consilium.protocol.transcript import read_transcript
-from consilium.protocol.transport import ClientTransport
-from consilium.protocol.voting_config import VotingConfig
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import local_federation
+from consilium.protocol.wire.transcript import read_transcript
+from consilium.protocol.wire.transport import ClientTransport
+from consilium.protocol.voting.voting_config import VotingConfig
 from scripted import wait_for_text
-from consilium.training.ledger import PrivacyLedger
-from consilium.training.vote_privacy import VotingSettings
+from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.training.voting.vote_privacy import VotingSettings
 
 pytestmark = pytest.mark.slow
 SMALL = ("--queries-per-round", "20", "--feature-dimensions", "10", "--student-epochs", "50", "--round-timeout", "60")

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import child_environment, free_port, launcher, wait_until_listening
-from consilium.protocol.roster import local_federation
+from consilium.protocol.identity.roster import local_federation
 from scripted import confirmed, wait_for_text
 
 pytestmark = pytest.mark.slow

@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from consilium.crypto.one_time_keys import pack_ring, unpack_ring
 from consilium.crypto.sealed_box import certify_key
-from consilium.protocol.config import INSECURE_PLAINTEXT
-from consilium.protocol.messages import (
+from consilium.protocol.run.config import INSECURE_PLAINTEXT
+from consilium.protocol.wire.messages import (
     BoxKey,
     Endorsement,
     Endorsements,
@@ -24,10 +24,10 @@ from consilium.protocol.messages import (
     Refused,
     RoundStart,
 )
-from consilium.protocol.one_time_round import box_key_context
-from consilium.protocol.party_keys import Credentials
+from consilium.protocol.secure_round.one_time_round import box_key_context
+from consilium.protocol.identity.party_keys import Credentials
 from scripted import ScriptedServer
-from consilium.training.dp_fedavg import DpFedAvgSettings
+from consilium.training.methods.dp_fedavg import DpFedAvgSettings
 
 pytestmark = pytest.mark.slow
 

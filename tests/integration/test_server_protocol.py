@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zmq
 
-from consilium.protocol.messages import (
+from consilium.protocol.wire.messages import (
     Aggregate,
     Endorsement,
     Endorsements,
@@ -24,8 +24,8 @@ from consilium.protocol.messages import (
     Withdraw,
     encode,
 )
-from consilium.protocol.party_keys import CurveKeyPair
-from consilium.protocol.transport import ClientTransport
+from consilium.protocol.identity.party_keys import CurveKeyPair
+from consilium.protocol.wire.transport import ClientTransport
 from scripted import ScriptedHospital, ServerProcess
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 
 from consilium.crypto.checked_shares import CheckedLayout, _share_bits
 from consilium.crypto.mpc_field import MpcField
-from consilium.protocol.roster import local_federation
+from consilium.protocol.identity.roster import local_federation
 from consilium.scripts.bench_tallier import party_command, share_votes, write_input
 
 pytestmark = pytest.mark.slow
@@ -209,8 +209,8 @@ from pathlib import Path
 import numpy as np
 from consilium.crypto.checked_shares import CheckedLayout
 from consilium.crypto.mpc_field import MpcField
-from consilium.protocol.party_keys import Credentials
-from consilium.protocol.roster import Roster
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
 from consilium.tallier.mpc import MpcError, mpc_party, run_round
 root, name, rounds, first_timeout = Path(sys.argv[1]), sys.argv[2], [int(r) for r in sys.argv[3].split(",")], float(sys.argv[5])
 party = mpc_party(Roster.load(root), Credentials.load(root / name))

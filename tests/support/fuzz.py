@@ -20,7 +20,7 @@ Targets, each a real component:
   it refuse the round when hostile, so they are not fuzzed here: ``tests/integration/test_malicious_server.py``
   sends those, and the ``decrypt`` target fuzzes the checks.
 - ``decrypt``: mutated sums into the checks every member makes before it releases anything
-  (``protocol.one_time_round``: each endorses the sum it was sent, and the hashes they signed must
+  (``protocol.secure_round.one_time_round``: each endorses the sum it was sent, and the hashes they signed must
   refuse it), in this process (its rejected count is the fuzzer's own: this target checks for
   crashes and accepted forgeries). Anything but a refusal is a crash, and a mutated sum that passes
   is a state change.
@@ -63,7 +63,7 @@ from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.bfv_parameters import select_bfv_parameters
 from consilium.crypto.one_time_keys import unpack_ring
 from consilium.crypto.sealed_box import certify_key
-from consilium.protocol.messages import (
+from consilium.protocol.wire.messages import (
     PROTOCOL_VERSION,
     TO_HOSPITAL,
     TO_SERVER,
@@ -84,7 +84,7 @@ from consilium.protocol.messages import (
     decode,
     encode,
 )
-from consilium.protocol.one_time_round import (
+from consilium.protocol.secure_round.one_time_round import (
     HospitalRound,
     RoundRefused,
     RoundSetting,
@@ -92,11 +92,11 @@ from consilium.protocol.one_time_round import (
     box_key_context,
     box_keys_digest,
 )
-from consilium.protocol.party_keys import SERVER, Credentials
-from consilium.protocol.roster import local_federation
+from consilium.protocol.identity.party_keys import SERVER, Credentials
+from consilium.protocol.identity.roster import local_federation
 from consilium.orchestration.local import free_port
 from consilium.scripts._cli import configure_logging, run
-from consilium.training.flags import positive_int
+from consilium.training.methods.flags import positive_int
 from scripted_peers import ScriptedHospital, ScriptedServer, small_run_config
 
 _BATCH = 300  # fuzz messages per phase of a round
@@ -610,7 +610,7 @@ def _fuzz_hospital(quota: int, mutator: _Mutator, result: TargetResult, work: Pa
 
 
 def _fuzz_decrypt(quota: int, mutator: _Mutator, result: TargetResult, work: Path) -> None:
-    """Mutated sums into every check a hospital makes of the sum (``protocol.one_time_round``): each member
+    """Mutated sums into every check a hospital makes of the sum (``protocol.secure_round.one_time_round``): each member
     endorses the mutated sum, and the hashes they signed must refuse it before anyone proves or releases."""
     params = select_bfv_parameters(max_contributors=3, vector_length=300, sum_bound=40_000)
     public = PublicContext(params)

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from conftest import child_environment, free_port, launcher, party_ledger
-from consilium.protocol.party_keys import SERVER, Credentials
-from consilium.protocol.roster import Roster, local_federation
+from consilium.protocol.identity.party_keys import SERVER, Credentials
+from consilium.protocol.identity.roster import Roster, local_federation
 import scripted_peers
-from consilium.training.ledger import PrivacyLedger
+from consilium.training.privacy.ledger import PrivacyLedger
 
 
 class ServerProcess:

@@ -17,8 +17,8 @@ from consilium.crypto.bfv import PublicContext
 from consilium.crypto.key_shares import Release as KeyRelease
 from consilium.crypto.one_time_keys import pack_ring, unpack_ring
 from consilium.crypto.sealed_box import certify_key
-from consilium.protocol.config import RunConfig
-from consilium.protocol.messages import (
+from consilium.protocol.run.config import RunConfig
+from consilium.protocol.wire.messages import (
     TO_HOSPITAL,
     TO_SERVER,
     Aggregate,
@@ -39,7 +39,7 @@ from consilium.protocol.messages import (
     encode,
     release_digest,
 )
-from consilium.protocol.one_time_round import (
+from consilium.protocol.secure_round.one_time_round import (
     Endorsed,
     HospitalRound,
     Proved,
@@ -50,13 +50,13 @@ from consilium.protocol.one_time_round import (
     released_from,
     state_digest,
 )
-from consilium.protocol.participants import Timeouts
-from consilium.protocol.party_keys import SERVER, Credentials
-from consilium.protocol.roster import Roster
-from consilium.protocol.transport import ClientTransport, ServerTransport
-from consilium.training.dopamine import DopamineSettings
-from consilium.training.methods import SharedState
-from consilium.training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
+from consilium.protocol.run.participants import Timeouts
+from consilium.protocol.identity.party_keys import SERVER, Credentials
+from consilium.protocol.identity.roster import Roster
+from consilium.protocol.wire.transport import ClientTransport, ServerTransport
+from consilium.training.methods.dopamine import DopamineSettings
+from consilium.training.methods.registry import SharedState
+from consilium.training.models.build import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
 
 __all__ = ["ScriptError", "ScriptedHospital", "ScriptedServer", "small_run_config"]
 
@@ -89,7 +89,7 @@ def small_run_config(roster: Roster, *, quorum: int, rounds: int, run_id: str | 
 
 
 class ScriptedHospital:
-    """A hospital played step by step with the real round (``protocol.one_time_round``); every secret it
+    """A hospital played step by step with the real round (``protocol.secure_round.one_time_round``); every secret it
     holds is an attribute, so a test can hand them to an attacker."""
 
     def __init__(self, roster: Roster, credentials: Credentials) -> None:

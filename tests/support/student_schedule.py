@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import consilium.training.voting as voting
-from consilium.training.datasets import Split, load_dataset
-from consilium.training.models import describe_model, input_statistics
+import consilium.training.voting.votes as voting
+from consilium.training.data.datasets import Split, load_dataset
+from consilium.training.models.build import describe_model, input_statistics
 
 _VALIDATION = 10_000
 _HOSPITALS, _NEIGHBOURS, _DIMENSIONS = 3, 400, 30

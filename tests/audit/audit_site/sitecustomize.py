@@ -38,11 +38,11 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     import_mpyc()  # MPyC reads its options from sys.argv when first imported: not this process's
 
-    from consilium.protocol import ballots
-    from consilium.protocol import one_time_round
-    from consilium.protocol import voting_hospital
+    from consilium.protocol.voting import ballots
+    from consilium.protocol.secure_round import one_time_round
+    from consilium.protocol.voting import voting_hospital
     from consilium.tallier import mpc_network
-    from consilium.training import skellam
+    from consilium.training.privacy import skellam
 
     _path = Path(os.environ["CONSILIUM_AUDIT_RECORD"]) / f"{os.getpid()}.pickle"
 

@@ -8,7 +8,7 @@ from consilium.crypto.checked_shares import CheckedLayout
 from consilium.crypto.identity import PrivateIdentity
 from consilium.crypto.mpc_field import MpcField
 from consilium.crypto.secret_sharing import reconstruct
-from consilium.protocol.ballots import BallotError, box_bytes, open_share, seal_ballot
+from consilium.protocol.voting.ballots import BallotError, box_bytes, open_share, seal_ballot
 
 LAYOUT = CheckedLayout(12, -50, 50)
 FIELD = MpcField.for_bound(LAYOUT.totals_bound(1))

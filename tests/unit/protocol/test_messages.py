@@ -2,7 +2,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from consilium.protocol.messages import (
+from consilium.protocol.wire.messages import (
     TO_HOSPITAL,
     TO_SERVER,
     TO_TALLIER,

@@ -16,7 +16,7 @@ from consilium.crypto.bfv_parameters import select_bfv_parameters
 from consilium.crypto.key_shares import Release, rebuild
 from consilium.crypto.one_time_keys import check_zero_slots, decrypt_sum, pack_ring, sum_uploads, unpack_ring
 from consilium.crypto.sealed_box import box_key, certify_key, seal
-from consilium.protocol.one_time_round import (
+from consilium.protocol.secure_round.one_time_round import (
     HospitalRound,
     Proved,
     Released,

@@ -8,15 +8,15 @@ import logging
 
 import pytest
 
-from consilium.protocol.channel import ServerChannel
-from consilium.protocol.messages import Finish, Hello, ProtocolError, Withdraw
-from consilium.protocol.participants import MAX_JOINS_AGAIN, Participants, Timeouts, join_record
+from consilium.protocol.wire.channel import ServerChannel
+from consilium.protocol.wire.messages import Finish, Hello, ProtocolError, Withdraw
+from consilium.protocol.run.participants import MAX_JOINS_AGAIN, Participants, Timeouts, join_record
 
 HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
 
 
 class _Queue:
-    """Stands in for ``protocol.channel.PartyChannels``: hands out queued messages, keeps what is sent."""
+    """Stands in for ``protocol.wire.channel.PartyChannels``: hands out queued messages, keeps what is sent."""
 
     def __init__(self) -> None:
         self.incoming: list[tuple[str, object]] = []

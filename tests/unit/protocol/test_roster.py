@@ -8,10 +8,10 @@ import stat
 
 import pytest
 
-from consilium.protocol.key_files import KeyFileError
-from consilium.protocol.party_keys import MPC_KEY_FILE, SECRET_FILE, Credentials, generate_party_keys
-from consilium.protocol.roster import ROSTER_FILE, Roster, RosterError, assemble_roster, local_federation
-from consilium.protocol.roster_confirmation import (
+from consilium.protocol.identity.key_files import KeyFileError
+from consilium.protocol.identity.party_keys import MPC_KEY_FILE, SECRET_FILE, Credentials, generate_party_keys
+from consilium.protocol.identity.roster import ROSTER_FILE, Roster, RosterError, assemble_roster, local_federation
+from consilium.protocol.identity.roster_confirmation import (
     ACCEPTED_ROSTER_FILE,
     SIGNATURES_FILE,
     confirm_roster,

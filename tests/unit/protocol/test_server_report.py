@@ -2,13 +2,13 @@
 
 import pytest
 
-from consilium.protocol import server_report
-from consilium.protocol.roster import local_federation
-from consilium.protocol.server_report import SELECTED_MODEL_FILE, RoundRecord, RunRecord
-from consilium.training.evaluation import Selection
+from consilium.protocol.run import server_report
+from consilium.protocol.identity.roster import local_federation
+from consilium.protocol.run.server_report import SELECTED_MODEL_FILE, RoundRecord, RunRecord
+from consilium.training.models.evaluation import Selection
 from scripted_peers import small_run_config
-from consilium.training.ledger import PrivacyLedger
-from consilium.training.models import build_model
+from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.training.models.build import build_model
 
 
 @pytest.fixture

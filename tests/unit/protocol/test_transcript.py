@@ -1,7 +1,7 @@
 import pytest
 
-from consilium.protocol.messages import TO_SERVER, Withdraw, encode
-from consilium.protocol.transcript import Transcript, TranscriptError, read_messages, read_transcript
+from consilium.protocol.wire.messages import TO_SERVER, Withdraw, encode
+from consilium.protocol.wire.transcript import Transcript, TranscriptError, read_messages, read_transcript
 
 
 def test_a_record_cut_short_by_a_kill_is_dropped_when_the_transcript_is_reopened(tmp_path):

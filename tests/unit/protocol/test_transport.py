@@ -4,8 +4,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from conftest import free_port
-from consilium.protocol.party_keys import CurveKeyPair
-from consilium.protocol.transport import ClientTransport, ServerTransport
+from consilium.protocol.identity.party_keys import CurveKeyPair
+from consilium.protocol.wire.transport import ClientTransport, ServerTransport
 
 
 def _keys():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from consilium.protocol.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, VotingCheckpoint
+from consilium.protocol.run.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, VotingCheckpoint
 
 
 def _checkpoint(**changes) -> VotingCheckpoint:

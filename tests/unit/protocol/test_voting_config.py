@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-from consilium.protocol.config import ConfigError
-from consilium.protocol.voting_config import VotingConfig
-from consilium.training.models import ModelSpec
-from consilium.training.vote_privacy import VotingSettings
+from consilium.protocol.run.config import ConfigError
+from consilium.protocol.voting.voting_config import VotingConfig
+from consilium.training.models.build import ModelSpec
+from consilium.training.voting.vote_privacy import VotingSettings
 
 
 def _config(**changes):

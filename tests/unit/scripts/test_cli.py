@@ -9,9 +9,9 @@ import subprocess
 import pytest
 
 from conftest import run_launcher
-from consilium.protocol.checkpoint import Checkpoint
-from consilium.protocol.config import ConfigError
-from consilium.protocol.roster import local_federation
+from consilium.protocol.run.checkpoint import Checkpoint
+from consilium.protocol.run.config import ConfigError
+from consilium.protocol.identity.roster import local_federation
 from consilium.scripts import federation
 from consilium.orchestration.run_flags import (
     FEDERATION_METHODS,
@@ -20,8 +20,8 @@ from consilium.orchestration.run_flags import (
     resolve_run_arguments,
 )
 from scripted_peers import small_run_config
-from consilium.training.datasets import load_dataset
-from consilium.training.models import build_model, get_flat_parameters
+from consilium.training.data.datasets import load_dataset
+from consilium.training.models.build import build_model, get_flat_parameters
 
 
 @pytest.mark.parametrize(

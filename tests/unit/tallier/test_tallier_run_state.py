@@ -4,8 +4,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from consilium.crypto.identity import PrivateIdentity
-from consilium.protocol.ballots import tallier_key_context
-from consilium.protocol.checkpoint import CheckpointError
+from consilium.protocol.voting.ballots import tallier_key_context
+from consilium.protocol.run.checkpoint import CheckpointError
 from consilium.tallier.run_state import MAX_TALLIES, RUN_STATE_FILE, RunState, RunStateFile, boxes_digest
 
 RUN = "a" * 64

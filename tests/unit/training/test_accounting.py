@@ -8,12 +8,12 @@ from opacus.accountants.analysis.rdp import compute_rdp
 from scipy.special import logsumexp
 from scipy.stats import skellam
 
-from consilium.training.accounting import VIEWS, Release, release_of, tolerated_coalition
-from consilium.training.ledger import LedgerError, PrivacyBudget, PrivacyLedger
-from consilium.training.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
-from consilium.training.skellam import SkellamMechanism
+from consilium.training.privacy.accounting import VIEWS, Release, release_of, tolerated_coalition
+from consilium.training.privacy.ledger import LedgerError, PrivacyBudget, PrivacyLedger
+from consilium.training.privacy.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
+from consilium.training.privacy.skellam import SkellamMechanism
 
-KEY = bytes(range(32))  # a party's ledger key (protocol.party_keys.Credentials.ledger_key)
+KEY = bytes(range(32))  # a party's ledger key (protocol.identity.party_keys.Credentials.ledger_key)
 
 
 def _mechanism(noise_multiplier=2.1, quorum=3, dimension=1586):
@@ -434,7 +434,7 @@ def test_both_directions_of_the_exact_one_dimensional_subsampled_skellam_stay_wi
 
 
 def _certificate(r, w, alpha, k):
-    """``M(r, w)``: the right minus the left side of the pointwise inequality in ``training/rdp.py``
+    """``M(r, w)``: the right minus the left side of the pointwise inequality in ``training/privacy/rdp.py``
     with the weight ``3w / (3w + k)``, ``q = 1/(1+w)`` and ``u = 1 + w``, multiplied by
     ``(3w+k) u^alpha r^(alpha-1) (w+r)^(alpha-1) > 0``."""
     a, u = alpha, 1 + w

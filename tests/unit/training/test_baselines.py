@@ -5,12 +5,12 @@ import pytest
 import torch
 from torch import nn
 
-from consilium.training.evaluation import Selection
-from consilium.training.baselines import BASELINES, BaselineSettings, run_baseline
-from consilium.training.datasets import Dataset, Split, load_dataset
-from consilium.training.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
-from consilium.training.models import ModelSpec, input_statistics
-from consilium.training.partition import partition
+from consilium.training.models.evaluation import Selection
+from consilium.training.methods.baselines import BASELINES, BaselineSettings, run_baseline
+from consilium.training.data.datasets import Dataset, Split, load_dataset
+from consilium.training.methods.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
+from consilium.training.models.build import ModelSpec, input_statistics
+from consilium.training.data.partition import partition
 
 
 def test_the_chosen_noise_multiplier_spends_the_target_epsilon():

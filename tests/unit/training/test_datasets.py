@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from conftest import SHARED_DATA
-from consilium.training.datasets import DatasetError, load_dataset
-from consilium.training.partition import PartitionError, partition
+from consilium.training.data.datasets import DatasetError, load_dataset
+from consilium.training.data.partition import PartitionError, partition
 
 
 def test_builtin_breast_cancer_is_real_and_split_without_overlap():

@@ -9,12 +9,18 @@ from randomgen import ChaCha
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from scipy.stats import skellam
 
-from consilium.training.datasets import load_dataset
-from consilium.training.dopamine import DopamineSettings, NoisyGradientStep, mean_gradient
-from consilium.training.update_rules import MomentumUpdate
-from consilium.training.models import ModelSpec, build_model, get_flat_parameters, input_statistics, set_flat_parameters
-from consilium.training.secure_random import secure_generator, uniform
-from consilium.training.skellam import SkellamMechanism
+from consilium.training.data.datasets import load_dataset
+from consilium.training.methods.dopamine import DopamineSettings, NoisyGradientStep, mean_gradient
+from consilium.training.methods.update_rules import MomentumUpdate
+from consilium.training.models.build import (
+    ModelSpec,
+    build_model,
+    get_flat_parameters,
+    input_statistics,
+    set_flat_parameters,
+)
+from consilium.training.privacy.secure_random import secure_generator, uniform
+from consilium.training.privacy.skellam import SkellamMechanism
 
 SETTINGS = dict(max_grad_norm=1.5, quorum=3, expected_batch_size=12.0, learning_rate=0.1, momentum=0.9)
 

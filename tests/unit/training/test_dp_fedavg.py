@@ -3,15 +3,15 @@
 import numpy as np
 import pytest
 
-from consilium.training.ledger import PrivacyLedger
-from consilium.training.datasets import Split
-from consilium.training.dp_fedavg import COUNT_SLOT_WEIGHT, NORM_SLOT_WEIGHT, DpFedAvgSettings, SubclientStep
-from consilium.training.fedavg import FedAvgError, clip_update, local_update
-from consilium.training.intermediaries import expected_noise_norm, next_subclient_count
-from consilium.training.methods import SharedState, ledger_release, settings_from_dict
-from consilium.training.models import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
-from consilium.training.secure_random import secure_generator
-from consilium.training.update_rules import FedAdamUpdate
+from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.training.data.datasets import Split
+from consilium.training.methods.dp_fedavg import COUNT_SLOT_WEIGHT, NORM_SLOT_WEIGHT, DpFedAvgSettings, SubclientStep
+from consilium.training.methods.fedavg import FedAvgError, clip_update, local_update
+from consilium.training.methods.intermediaries import expected_noise_norm, next_subclient_count
+from consilium.training.methods.registry import SharedState, ledger_release, settings_from_dict
+from consilium.training.models.build import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
+from consilium.training.privacy.secure_random import secure_generator
+from consilium.training.methods.update_rules import FedAdamUpdate
 
 SETTINGS = dict(
     noise_multiplier=1.0,

@@ -4,8 +4,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from consilium.training.datasets import Split
-from consilium.training.evaluation import evaluate
+from consilium.training.data.datasets import Split
+from consilium.training.models.evaluation import evaluate
 
 
 class _Logits(nn.Module):

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from consilium.training.intermediaries import expected_noise_norm, next_subclient_count
+from consilium.training.methods.intermediaries import expected_noise_norm, next_subclient_count
 
 
 @pytest.mark.parametrize("dimension", [1, 10, 5000])

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from opacus.accountants.analysis.rdp import compute_rdp
 
-from consilium.training.ledger import PrivacyLedger
-from consilium.training.rdp import ORDERS, rdp_to_epsilon
-from consilium.training.vote_privacy import VotingSettings
+from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.training.privacy.rdp import ORDERS, rdp_to_epsilon
+from consilium.training.voting.vote_privacy import VotingSettings
 
 
 def test_agent_level_ae_dpfl_matches_the_closed_form():

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from consilium.training.datasets import Split, load_dataset
-from consilium.training.models import ModelSpec, accuracy, build_model
-from consilium.training.voting import (
+from consilium.training.data.datasets import Split, load_dataset
+from consilium.training.models.build import ModelSpec, accuracy, build_model
+from consilium.training.voting.votes import (
     PcaFeatures,
     _jittered,
     knn_votes,
@@ -13,8 +13,8 @@ from consilium.training.voting import (
     train_classifier,
     train_student,
 )
-from consilium.training.vote_privacy import VotingSettings
-from consilium.training.secure_random import secure_generator
+from consilium.training.voting.vote_privacy import VotingSettings
+from consilium.training.privacy.secure_random import secure_generator
 
 
 def test_knn_votes_count_the_labels_of_the_nearest_records():

@@ -1,0 +1,226 @@
+"""Who takes part in a server's run, and how every run ends: shared by the training and voting servers.
+
+``Participants`` owns the server's channel to its parties (``protocol.wire.channel.PartyChannels``) and
+the membership of the run: the hospitals that take part in rounds (``active``), those that said
+Hello and wait to be welcomed (``joining``), the ones that left and why (``departures``), and
+when each joined after the start (``joins``). Once rounds are open (``open_rounds``), a Hello
+from a hospital of the run means it joins again: it leaves the round under way and is welcomed
+before the next one. A join that breaks something costs the others: one by a member of the round
+in flight (``begin_round``) aborts it, charging every contributor, and one by a hospital being
+welcomed holds up the welcome. A hospital makes at most ``MAX_JOINS_AGAIN`` such joins in a run;
+the rest cost nothing and are not capped: a Hello read between rounds (``read_between_rounds``),
+and every join after the server itself restarted (review 4, finding 4; review 5, finding 5).
+
+``run_to_the_end`` is the one skeleton of a server's ``run``: whatever ends it (the last round, too
+few hospitals, a protocol error, a bug or an interrupt), everyone still in the run is sent
+``Finish`` with the reason, and the report is written, failing the run only if it had not
+already failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from consilium.protocol.wire.channel import PartyChannels
+from consilium.protocol.run.checkpoint import write_at_the_end
+from consilium.protocol.wire.messages import Finish, Hello, Message, ProtocolError, Withdraw
+
+__all__ = ["MAX_JOINS_AGAIN", "Participants", "Timeouts", "join_record", "run_to_the_end"]
+
+MAX_JOINS_AGAIN = 3  # per hospital and run
+_QUEUED_S = 0.01  # how long ``read_between_rounds`` waits for a message that is already on its way
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long a server waits: for hospitals to join, for box keys once welcomed, for each step of a round."""
+
+    join_s: float = 60.0
+    key_s: float = 60.0
+    round_s: float = 60.0
+
+    def server_silence_s(self) -> int:
+        """The longest a member may wait for this server's next message, in whole seconds: a round's five
+        steps (upload to confirmation) each up to ``round_s``, two welcome passes each up to ``key_s``,
+        and a minute for sums, evaluation and checkpoints. A hospital that rejoins mid-round waits that
+        long for its Welcome; the server tells every hospital in its Welcome (review 4, finding 7)."""
+        return math.ceil(5 * self.round_s + 2 * self.key_s + 60)
+
+
+class Participants:
+    def __init__(self, parties: PartyChannels, hospitals: Iterable[str], log: logging.Logger) -> None:
+        self.parties = parties
+        self.hospitals = tuple(hospitals)  # the run's: narrowed to those that joined once the run starts
+        self.active: list[str] = []  # hold what a round needs and take part in rounds
+        self.joining: list[str] = []  # said Hello: welcomed before the next round
+        self.departures: dict[str, str] = {}
+        self.joins: list[
+            dict
+        ] = []  # hospitals that joined after the start, before which round, and whether it broke one
+        self._log = log
+        self._rounds_open = False
+        self._round_members: set[str] = set()  # of the round in flight
+        self._breaking: set[str] = set()  # joining again, and broke a round or a welcome doing so
+        # Once rounds are open, a message the server handles itself wherever it waits (a voting server's
+        # tallier that says Hello again): True when handled.
+        self.intercept: Callable[[str, Message], bool] = lambda sender, message: False
+
+    def open_rounds(self) -> None:
+        """From now on a Hello means that a hospital joins again."""
+        self._rounds_open = True
+
+    def begin_round(self) -> None:
+        """The active hospitals are members of a round from now until ``end_round``."""
+        self._round_members = set(self.active)
+
+    def end_round(self) -> None:
+        self._round_members = set()
+
+    def read_between_rounds(self) -> None:
+        """Take what arrived since the last round ended before the next begins: a Hello sent between
+        rounds then joins between rounds, breaking nothing (review 5, finding 5), and a hospital that
+        withdrew (a voting hospital refusing the run, say) leaves. Anything else is rejected."""
+        while (got := self.next_message(time.monotonic() + _QUEUED_S)) is not None:
+            sender, message = got
+            if isinstance(message, Withdraw) and sender in self.active:
+                self.withdrew(sender, message.reason)
+            else:
+                self.parties.reject(sender, message, "expected nothing between rounds")
+
+    def broken_joins(self, name: str) -> int:
+        """How often ``name`` joined again in a way that cost the others (see the module's docstring)."""
+        return sum(join["hospital"] == name and join["broke_round"] for join in self.joins)
+
+    def next_message(self, deadline: float, waiting: Callable[[], bool] = lambda: True) -> tuple[str, Message] | None:
+        """The next valid message before ``deadline``, or None once it passes or ``waiting()`` turns false
+        (a hospital that says Hello again leaves the round: what a round waits for may change)."""
+        while waiting() and (got := self.parties.next_message(deadline)) is not None:
+            sender, message = got
+            if self._rounds_open and self.intercept(sender, message):
+                continue
+            if isinstance(message, Hello) and self._rounds_open:
+                self._hello_again(sender, message)
+            else:
+                return got
+        return None
+
+    def await_hellos(self, expected: set[str], deadline: float) -> None:
+        """Add to ``joining`` each hospital of ``expected`` that says Hello before ``deadline``."""
+        while not expected <= set(self.joining):
+            got = self.next_message(deadline)
+            if got is None:
+                return
+            sender, message = got
+            if not isinstance(message, Hello):
+                self.parties.reject(sender, message, "expected hello")
+            elif sender not in self.hospitals:
+                self.parties.reject(sender, message, "not a hospital of this run")
+            elif sender in self.joining:
+                self.parties.reject(sender, message, "already joined")
+            else:
+                self.joining.append(sender)  # told how the run ends from now on, also if it ends mid-join
+                self._log.info("%s joined (%d of %d)", sender, len(self.joining), len(expected))
+
+    def admit(self, ready: list[str], *, before_round: int) -> None:
+        """``ready`` take part from ``before_round`` on (a join after the start is reported)."""
+        if before_round > 1:
+            self.joins += [
+                {"hospital": name, "before_round": before_round, "broke_round": name in self._breaking}
+                for name in ready
+            ]
+        self._breaking -= set(ready)
+        self.active = [name for name in self.hospitals if name in self.active or name in ready]
+
+    def turn_away(self, name: str, reason: str) -> None:
+        """A hospital that joined but may not take part: it is told why."""
+        self.departures[name] = reason
+        self._log.warning("%s leaves the run: %s", name, reason)
+        self.parties.send(name, Finish(reason=reason))
+
+    def drop(self, name: str, reason: str, *, notify: bool = True) -> None:
+        """An active hospital leaves the run (told why, unless it said so itself)."""
+        if name in self.active:
+            self.active.remove(name)
+            self.departures[name] = reason
+            self._log.warning("%s leaves the run: %s", name, reason)
+            if notify:
+                self.parties.send(name, Finish(reason=reason))
+
+    def withdrew(self, name: str, reason: str) -> None:
+        """An active hospital said it leaves (its budget spent, the run refused): it is told nothing more."""
+        self.drop(name, f"withdrew: {reason}", notify=False)
+
+    def finish(self, reason: str, *, others: Iterable[str] = ()) -> None:
+        """Tell every hospital still in the run, and ``others`` (talliers), that it ends, and why."""
+        for name in [*self.active, *self.joining, *others]:
+            self.parties.send(name, Finish(reason=reason))
+
+    def _hello_again(self, sender: str, message: Hello) -> None:
+        if sender not in self.hospitals:
+            self.parties.reject(sender, message, "not a hospital of this run")
+            return
+        if sender in self.joining:
+            self.parties.reject(sender, message, "already joining")
+            return
+        # A member of the round in flight breaks it; one neither active nor joining is being welcomed
+        # (the server records that join itself) or was dropped. Either may be refused.
+        breaking = sender in self._round_members
+        if (breaking or sender not in self.active) and self.broken_joins(sender) >= MAX_JOINS_AGAIN:
+            reason = f"joined again {MAX_JOINS_AGAIN} times mid-round or mid-welcome; not welcomed any more"
+            if sender in self.active:
+                self.drop(sender, reason)
+            else:
+                self.parties.send(sender, Finish(reason=reason))
+            return
+        if breaking:
+            self._breaking.add(sender)
+        if sender in self.active:
+            self.active.remove(sender)  # whatever it had in flight is gone: a round waits for it no longer
+            self._log.warning("%s connected again; it joins again before the next round", sender)
+        self.joining.append(sender)
+
+
+def join_record(join: dict) -> dict:
+    """A join as a checkpoint holds it (``KeyError``, ``TypeError`` or ``ValueError`` if malformed). One
+    written before joins were told apart counts as one that broke a round, as every join did then."""
+    return {
+        "hospital": str(join["hospital"]),
+        "before_round": int(join["before_round"]),
+        "broke_round": bool(join.get("broke_round", True)),
+    }
+
+
+def run_to_the_end(
+    rounds: Callable[[], str],
+    *,
+    finish: Callable[[str], None],
+    report: Callable[[str], dict],
+    write_outputs: Callable[[dict], None],
+    close: Callable[[], None],
+) -> dict:
+    """Run ``rounds`` (which returns why the run ended) and end the run however it ends; returns the report.
+
+    A ``ProtocolError`` or anything unexpected is re-raised after the report says the run stopped:
+    a report must never claim success for a run that did not finish.
+    """
+    finish_reason = "completed all rounds"
+    try:
+        finish_reason = rounds()
+    except ProtocolError as error:
+        finish_reason = f"stopped: {error}"
+        raise
+    except BaseException as error:  # a bug or an interrupt
+        finish_reason = f"stopped by an unexpected {type(error).__name__}: {error}"
+        raise
+    finally:
+        finish(finish_reason)
+        ended = report(finish_reason)
+        try:
+            write_at_the_end(lambda: write_outputs(ended), run_failed=finish_reason.startswith("stopped"))
+        finally:
+            close()
+    return ended

@@ -1,0 +1,146 @@
+"""The voting server's side of one round: ballots in, labels back.
+
+1. ``collect_ballots``: each active hospital sends one sealed box per tallier (``protocol.voting.ballots``),
+   of the length its noisy votes make; the server can open none of them. A hospital that sends none
+   in time is dropped.
+2. The server relays each tallier its boxes (``Shares``); ``collect_labels`` then waits for every
+   tallier's answer. Every tallier must report the same voters, refused hospitals (whose ballots
+   failed the range check inside the MPC), labels and totals. If every one reports the same
+   failure of too few agreed voters, the round is lost and the run goes on. If the MPC was
+   interrupted (a tallier reports it did not finish, or sends nothing: it left), ``TallyInterrupted``
+   names the talliers that did not answer, so that the server can relay the same boxes again once
+   they are back. A ballot whose tag check failed (a tallier changed its input, or the hospital its
+   tags), any other failure, or disagreement stops the run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from consilium.protocol.voting.ballots import box_bytes
+from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, TallyFailed, Withdraw
+from consilium.protocol.run.participants import Participants
+from consilium.protocol.voting.voting_config import VotingConfig
+
+__all__ = ["RoundRecord", "TallyInterrupted", "collect_ballots", "collect_labels"]
+
+
+class TallyInterrupted(ProtocolError):
+    """The talliers' MPC did not finish; ``silent`` sent no answer (left, or were cut off)."""
+
+    def __init__(self, reason: str, silent: list[str]) -> None:
+        super().__init__(reason)
+        self.silent = silent
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    status: str  # "labelled" or "aborted"
+    tally_attempts: int = 0  # how often the talliers were given the round's boxes (more after an interrupted MPC)
+    voters: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # ballots outside the run's range, left out by the talliers
+    label_accuracy: float | None = None  # of the released labels
+    labels_withheld: int = 0  # queries whose noisy top total was below the label threshold
+    epsilon: dict[str, dict[str, float]] = field(default_factory=dict)  # level -> view -> epsilon
+    mpc_seconds: float | None = None  # the slowest tallier's, shares opened and MPC
+    mpc_bytes: dict[str, int] = field(default_factory=dict)  # per tallier, sent to the others
+    seconds: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+
+def collect_ballots(
+    participants: Participants, round_number: int, talliers: tuple[str, ...], values: int, timeout_s: float
+) -> dict[str, dict[str, bytes]]:
+    """Each active hospital's boxes, one per tallier of the length a share of ``values`` field elements makes;
+    the late are dropped."""
+    parties = participants.parties
+    ballots: dict[str, dict[str, bytes]] = {}
+    deadline = time.monotonic() + timeout_s
+    length = box_bytes(values)
+    while not set(participants.active) <= set(ballots) and (got := participants.next_message(deadline)) is not None:
+        sender, message = got
+        if isinstance(message, Withdraw) and sender in participants.active:
+            participants.withdrew(sender, message.reason)
+        elif not (isinstance(message, Ballot) and sender in participants.active and message.round == round_number):
+            parties.reject(sender, message, f"expected a ballot for round {round_number}")
+        elif sender in ballots:
+            parties.reject(sender, message, f"second ballot for round {round_number}")
+        elif set(message.boxes) != set(talliers) or any(len(box) != length for box in message.boxes.values()):
+            parties.reject(sender, message, f"a ballot needs one box of {length} bytes for each tallier")
+        else:
+            ballots[sender] = message.boxes
+    for name in set(participants.active) - set(ballots):
+        participants.drop(name, f"sent no ballot for round {round_number} within {timeout_s:g} s")
+    return ballots
+
+
+def collect_labels(
+    participants: Participants,
+    config: VotingConfig,
+    record: RoundRecord,
+    timeout_s: float,
+    rejoined: set[str] = frozenset(),
+) -> np.ndarray | None:
+    """The labels every tallier reports alike; None if every tallier reports that it could not tally
+    (too few agreed voters: the round is lost); ``TallyInterrupted`` if the MPC did not finish;
+    ``ProtocolError`` for anything else, which stops the run. ``rejoined`` (filled while this waits)
+    holds the talliers that said Hello again since they were sent the boxes: they will not answer."""
+    parties, round_number = participants.parties, record.round
+    answers: dict[str, Labels | TallyFailed] = {}
+    deadline = time.monotonic() + timeout_s
+    most_label = config.classes if config.label_threshold else config.classes - 1  # C: withheld
+
+    def waiting() -> bool:
+        return not set(answers) | set(rejoined) >= set(config.talliers)
+
+    while waiting() and (got := participants.next_message(deadline, waiting)) is not None:
+        sender, message = got
+        if not (
+            isinstance(message, (Labels, TallyFailed)) and sender in config.talliers and message.round == round_number
+        ):
+            parties.reject(sender, message, f"expected the labels of round {round_number}")
+        elif sender in answers:
+            parties.reject(sender, message, f"second answer for round {round_number}")
+        elif isinstance(message, Labels) and (
+            len(message.labels) != config.queries_per_round or max(message.labels, default=0) > most_label
+        ):
+            parties.reject(sender, message, f"labels must be {config.queries_per_round} values up to {most_label}")
+        else:
+            answers[sender] = message
+    failures = {name: a.reason for name, a in answers.items() if isinstance(a, TallyFailed)}
+    missing = sorted(set(config.talliers) - set(answers))
+    interrupted = {name for name, a in answers.items() if isinstance(a, TallyFailed) and a.interrupted}
+    if (interrupted or missing) and not set(failures) - interrupted:
+        said = "; ".join(f"{name}: {failures[name]}" for name in sorted(interrupted))
+        silent = f"{', '.join(missing)} sent nothing" + (
+            "" if set(missing) <= set(rejoined) else f" within {timeout_s:g} s"
+        )
+        raise TallyInterrupted(
+            f"round {round_number}: the talliers' MPC did not finish"
+            + (f" ({said})" if said else "")
+            + (f"; {silent}" if missing else ""),
+            missing,
+        )
+    if failures and not missing and len(failures) == len(answers) and len(set(failures.values())) == 1:
+        record.reason = f"no labels: {next(iter(failures.values()))}"
+        if any(a.tampered for a in answers.values()):  # someone deviated: the consortium must find out who first
+            raise ProtocolError(f"{record.reason}; the run stops")
+        return None
+    if failures or missing:
+        said = "; ".join(f"{name} could not tally round {round_number}: {reason}" for name, reason in failures.items())
+        silent = (
+            f"{', '.join(missing)} sent no labels for round {round_number} within {timeout_s:g} s" if missing else ""
+        )
+        raise ProtocolError("; ".join(part for part in (said, silent) if part))
+    if len({(a.voters, a.refused, a.labels, a.totals) for a in answers.values()}) != 1:
+        raise ProtocolError(f"the talliers disagree on the labels of round {round_number}")
+    first = next(iter(answers.values()))
+    record.voters = list(first.voters)
+    record.refused = list(first.refused)
+    record.mpc_seconds = max(a.mpc_microseconds for a in answers.values()) / 1e6
+    record.mpc_bytes = {name: a.mpc_bytes for name, a in answers.items()}
+    return np.array(first.labels, dtype=np.int64)

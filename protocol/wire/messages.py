@@ -1,0 +1,460 @@
+"""Wire messages: versioned msgpack maps, validated in full before anything uses them.
+
+Every message is ``{"v": PROTOCOL_VERSION, "type": <name>, <fields>}``. ``decode`` accepts a message
+only if it is within the size limit, parses as msgpack, has the right version, is of a type the
+receiving role accepts, and has exactly the declared fields with the declared types (integers are
+non-negative: they are rounds and counts). Anything else raises ``MessageError`` and the caller
+changes no state.
+
+The sender is never a field: the server learns it from the CurveZMQ key that authenticated the
+connection (``protocol.wire.transport``).
+
+Sequence of one run (H = each hospital; the round is ``docs/explanation/secure-round.md``'s)::
+
+    H  -> S  Hello                          S  -> H  Welcome(config, initial and current model, next round)
+    H  -> S  BoxKey(r, certified key)       (its box key for the next round it takes part in)
+    per round r:
+    S  -> H  RoundStart(r, box keys)        H  -> S  Update(r, ciphertexts, sealed shares, box key for r + 1)
+                                                     | Withdraw(r, reason)
+    S  -> H  Aggregate(r, contributors, sum, upload digests, its shares) | RoundAbort(r, reason)
+    H  -> S  Endorsement(r, hashes, commitment, signature)
+    S  -> H  Endorsements(r, every member's) H  -> S  Proof(r, seed, proof, signature)
+    S  -> H  Proofs(r, every member's)       H  -> S  Release(r, share, masks, signature)
+    S  -> H  Releases(r, every member's)     H  -> S  Confirmed(r, digest of the mean) | Refused(r, ...)
+    S  -> H  Finish(reason)
+
+A member that refuses a step sends Refused(r, reason, named, openings) instead of its next message.
+
+A voting run (AE-DPFL, kNN-DPFL; T = each tallier)::
+
+    H, T -> S  Hello                        S  -> T  VotingWelcome(config, feature map, no keys)
+    T  -> S  RunKey(certified key)          (a fresh box key for this run, signed by the tallier)
+    S  -> H  VotingWelcome(config, feature map, every tallier's certified key)
+    per round r:
+    S  -> H  VoteRequest(r, queries)        H  -> S  Ballot(r, a sealed share for each tallier) | Withdraw(r, reason)
+    S  -> T  Shares(r, its sealed share from each voter)
+    T  -> S  Labels(r, voters, refused, labels)  | TallyFailed(r, reason, tampered, interrupted)
+             (interrupted: once every tallier is back, S relays the same Shares(r) again)
+    S  -> H, T  Finish(reason)
+
+A tallier or voting hospital that restarted, or whose connection to a restarted server was made
+again, says Hello again: a tallier gets VotingWelcome and answers RunKey with the key it had, a
+hospital gets VotingWelcome with every tallier's key before the next round.
+
+Joining later runs the same exchange between rounds: a hospital that restarted, or whose connection
+to a restarted server was re-established, says Hello again, is welcomed to the model as it is now,
+and answers with a box key for the next round. No key outlives its round, so nothing else is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import typing
+from dataclasses import dataclass, fields
+
+import msgpack
+import numpy as np
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "TO_HOSPITAL",
+    "TO_SERVER",
+    "Aggregate",
+    "Ballot",
+    "BoxKey",
+    "Confirmed",
+    "Endorsement",
+    "Endorsements",
+    "Finish",
+    "Hello",
+    "Labels",
+    "Message",
+    "MessageError",
+    "Proof",
+    "Proofs",
+    "ProtocolError",
+    "Refused",
+    "Release",
+    "Releases",
+    "RoundAbort",
+    "RoundStart",
+    "RunKey",
+    "Shares",
+    "TO_TALLIER",
+    "TO_VOTING_HOSPITAL",
+    "TO_VOTING_SERVER",
+    "TallyFailed",
+    "Update",
+    "VoteRequest",
+    "VotingWelcome",
+    "Welcome",
+    "Withdraw",
+    "decode",
+    "encode",
+    "float32_values",
+    "release_digest",
+]
+
+PROTOCOL_VERSION = 2
+_MAX_ARRAY_ITEMS = 1 << 17
+_MAX_MAP_ITEMS = 1 << 14
+_MAX_OBJECTS = 1 << 20  # in all: a few hundred in an honest message, whose bulk travels as bytes
+# Every text on the wire (a reason, a hospital's name) is at most this many printable characters, so
+# that nothing a peer sends can flood a log or forge lines in it.
+MAX_TEXT_LENGTH = 500
+
+
+class MessageError(ValueError):
+    """A message that is malformed, oversized, of an unknown version or not for this role."""
+
+
+class ProtocolError(RuntimeError):
+    """A run that cannot go on: too few parties, a missed deadline, a disagreement."""
+
+
+class Message:
+    TYPE: typing.ClassVar[str]
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    TYPE = "hello"
+
+
+@dataclass(frozen=True)
+class Welcome(Message):
+    TYPE = "welcome"
+    config: dict
+    initial_parameters: bytes  # float32, little-endian; with the config, names the run (RunConfig.fingerprint)
+    parameters: bytes  # the model now: float32, the initial parameters until a round is released
+    optimizer_state: bytes  # the update rule's state now (training.methods.update_rules): float32
+    next_round: int  # the first round the hospital can take part in: its box key is for that round
+    server_wait_s: int  # the longest the server may keep a member waiting (protocol.run.participants.Timeouts)
+
+
+@dataclass(frozen=True)
+class RunKey(Message):
+    TYPE = "run_key"
+    certified_key: bytes  # crypto.sealed_box.certify_key: a tallier's X25519 key for this run, signed by it
+
+
+@dataclass(frozen=True)
+class BoxKey(Message):
+    TYPE = "box_key"
+    round: int
+    certified_key: (
+        bytes  # a hospital's X25519 key for that round (protocol.secure_round.one_time_round.box_key_context)
+    )
+
+
+@dataclass(frozen=True)
+class RoundStart(Message):
+    TYPE = "round_start"
+    round: int
+    box_keys: dict[str, bytes]  # hospital -> its BoxKey.certified_key for this round
+
+
+@dataclass(frozen=True)
+class Update(Message):
+    TYPE = "update"
+    round: int
+    chunks: tuple[bytes, ...]  # the upload's ciphertexts (their c0), or the plaintext benchmark's one chunk
+    boxes: dict[str, bytes]  # recipient hospital -> its key share, sealed to its box key (empty in plaintext)
+    next_box_key: bytes  # this hospital's certified box key for the next round (empty after the last)
+
+
+@dataclass(frozen=True)
+class Withdraw(Message):
+    TYPE = "withdraw"
+    round: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Aggregate(Message):
+    TYPE = "aggregate"
+    round: int
+    contributors: tuple[str, ...]
+    chunks: tuple[bytes, ...]  # the sum
+    digests: dict[str, bytes]  # member -> the digest of its upload
+    boxes: dict[str, bytes]  # member -> the share it sealed to this recipient
+
+
+@dataclass(frozen=True)
+class Endorsement(Message):
+    TYPE = "endorsement"
+    round: int
+    hashes: tuple[int, ...]  # of its own upload, under the statement's challenges
+    commitment: bytes  # to the release it will make
+    signature: bytes
+
+
+def _by_member(sent: dict[str, Message], **relayed: str) -> dict[str, dict[str, object]]:
+    """A relay's fields from each member's message: ``field=attribute`` gives ``{field: {member: its attribute}}``."""
+    return {
+        field: {name: getattr(message, attribute) for name, message in sent.items()}
+        for field, attribute in relayed.items()
+    }
+
+
+@dataclass(frozen=True)
+class Endorsements(Message):
+    TYPE = "endorsements"
+    round: int
+    hashes: dict[str, tuple[int, ...]]  # member -> its Endorsement's fields
+    commitments: dict[str, bytes]
+    signatures: dict[str, bytes]
+
+    @classmethod
+    def of(cls, round_number: int, sent: dict[str, Endorsement]) -> "Endorsements":
+        """Every member's endorsement, as the server relays them."""
+        return cls(round_number, **_by_member(sent, hashes="hashes", commitments="commitment", signatures="signature"))
+
+
+@dataclass(frozen=True)
+class Proof(Message):
+    TYPE = "proof"
+    round: int
+    seed: bytes
+    proof: tuple[tuple[int, ...], ...]  # the masked proof of its dealing (crypto.key_shares)
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class Proofs(Message):
+    TYPE = "proofs"
+    round: int
+    seeds: dict[str, bytes]  # member -> its Proof's fields
+    proofs: dict[str, tuple[tuple[int, ...], ...]]
+    signatures: dict[str, bytes]
+
+    @classmethod
+    def of(cls, round_number: int, sent: dict[str, Proof]) -> "Proofs":
+        """Every member's proof, as the server relays them."""
+        return cls(round_number, **_by_member(sent, seeds="seed", proofs="proof", signatures="signature"))
+
+
+@dataclass(frozen=True)
+class Release(Message):
+    TYPE = "release"
+    round: int
+    share: bytes  # the sum of the shares it holds from the members, packed as a polynomial of R_q
+    masks: tuple[int, ...]
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class Releases(Message):
+    TYPE = "releases"
+    round: int
+    shares: dict[str, bytes]  # member -> its Release's fields
+    masks: dict[str, tuple[int, ...]]
+    signatures: dict[str, bytes]
+
+    @classmethod
+    def of(cls, round_number: int, sent: dict[str, Release]) -> "Releases":
+        """Every member's release, as the server relays them."""
+        return cls(round_number, **_by_member(sent, shares="share", masks="masks", signatures="signature"))
+
+
+@dataclass(frozen=True)
+class Confirmed(Message):
+    TYPE = "confirmed"
+    round: int
+    digest: bytes  # release_digest(round, the mean gradient it applied)
+
+
+@dataclass(frozen=True)
+class Refused(Message):
+    TYPE = "refused"
+    round: int
+    reason: str
+    named: tuple[str, ...]  # whom its checks name ("server" for the relay)
+    openings: dict[str, bytes]  # dealer -> the key of the box it sealed to this hospital: the evidence
+
+
+@dataclass(frozen=True)
+class RoundAbort(Message):
+    TYPE = "round_abort"
+    round: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finish(Message):
+    TYPE = "finish"
+    reason: str
+
+
+# -- voting ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VotingWelcome(Message):
+    TYPE = "voting_welcome"
+    config: dict  # protocol.voting.voting_config.VotingConfig
+    feature_map: bytes  # kNN-DPFL: the public feature map (training.voting.votes.PcaFeatures.to_bytes); AE-DPFL: empty
+    tallier_keys: dict[str, bytes]  # tallier -> its RunKey.certified_key; empty when sent to the talliers
+
+
+@dataclass(frozen=True)
+class VoteRequest(Message):
+    TYPE = "vote_request"
+    round: int
+    queries: bytes  # the round's public records: float32, little-endian, the config's input shape each
+
+
+@dataclass(frozen=True)
+class Ballot(Message):
+    TYPE = "ballot"
+    round: int
+    boxes: dict[str, bytes]  # tallier -> its share of the noisy votes, sealed to it (protocol.voting.voting_hospital)
+
+
+@dataclass(frozen=True)
+class Shares(Message):
+    TYPE = "shares"
+    round: int
+    boxes: dict[str, bytes]  # voter -> the box its Ballot sealed to this tallier
+
+
+@dataclass(frozen=True)
+class Labels(Message):
+    TYPE = "labels"
+    round: int
+    voters: tuple[str, ...]  # the hospitals whose votes the labels count, as the talliers agreed
+    refused: tuple[str, ...]  # hospitals whose ballots failed the talliers' range check, left out of the count
+    labels: tuple[int, ...]  # one class per query, or C (the number of classes) where a label threshold withheld it
+    totals: bytes  # reveal "histogram" only: the noisy totals, int64 little-endian, Q x C; else empty
+    mpc_microseconds: int
+    mpc_bytes: int  # sent by this tallier to the others
+
+
+@dataclass(frozen=True)
+class TallyFailed(Message):
+    TYPE = "tally_failed"
+    round: int
+    reason: str
+    tampered: tuple[str, ...]  # hospitals whose ballots failed the tag check (a tallier changed its input, or they did)
+    interrupted: bool  # the MPC did not finish (a tallier left or went silent): the round may be relayed again
+
+
+# What each role accepts: a message of another type is refused by ``decode``.
+TO_SERVER = frozenset({Hello, BoxKey, Update, Withdraw, Endorsement, Proof, Release, Confirmed, Refused})
+TO_HOSPITAL = frozenset({Welcome, RoundStart, Aggregate, Endorsements, Proofs, Releases, RoundAbort, Finish})
+TO_VOTING_SERVER = frozenset({Hello, RunKey, Ballot, Withdraw, Labels, TallyFailed})
+TO_VOTING_HOSPITAL = frozenset({VotingWelcome, VoteRequest, Finish})
+TO_TALLIER = frozenset({VotingWelcome, Shares, Finish})
+_BY_TYPE = {cls.TYPE: cls for cls in TO_SERVER | TO_HOSPITAL | TO_VOTING_SERVER | TO_VOTING_HOSPITAL | TO_TALLIER}
+
+
+def float32_values(payload: bytes, count: int, what: str) -> np.ndarray:
+    """A float32 field (parameters, an optimizer state, a mean gradient) as ``count`` finite values, or MessageError."""
+    values = np.frombuffer(payload, dtype="<f4") if len(payload) % 4 == 0 else np.empty(0, dtype="<f4")
+    if values.size != count or not np.all(np.isfinite(values)):
+        raise MessageError(f"{what} is not {count} finite float32 values")
+    return values.copy()
+
+
+def release_digest(round_number: int, mean_gradient: bytes) -> bytes:
+    """What every contributor states it applied, so that the server can check they agree."""
+    return hashlib.sha256(b"consilium release v1|%d|" % round_number + mean_gradient).digest()
+
+
+def encode(message: Message) -> bytes:
+    body = {"v": PROTOCOL_VERSION, "type": message.TYPE}
+    for field in fields(message):
+        value = getattr(message, field.name)
+        body[field.name] = _printable(value) if type(value) is str else value
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def _printable(text: str) -> str:
+    """Our own reasons may quote exceptions: newlines and other controls become spaces, the rest is cut."""
+    cleaned = "".join(c if c.isprintable() else " " for c in text)
+    return cleaned if len(cleaned) <= MAX_TEXT_LENGTH else cleaned[: MAX_TEXT_LENGTH - 3] + "..."
+
+
+def decode(raw: bytes, *, accept: frozenset[type], max_bytes: int) -> Message:
+    if len(raw) > max_bytes:
+        raise MessageError(f"message of {len(raw)} bytes exceeds the limit of {max_bytes}")
+    # Each container within what any message holds (a round's labels, a model's input statistics), all together within
+    # _MAX_OBJECTS as they are made: no message expands into a billion small objects (nested empty maps took 70x).
+    count = _ObjectCount()
+    try:
+        body = msgpack.unpackb(
+            raw,
+            raw=False,
+            strict_map_key=True,
+            max_array_len=_MAX_ARRAY_ITEMS,
+            max_map_len=_MAX_MAP_ITEMS,
+            list_hook=count,
+            object_hook=count,
+        )
+    except (ValueError, msgpack.UnpackException) as error:  # ValueError covers ExtraData, FormatError, bad UTF-8
+        raise MessageError(f"not a msgpack message: {error}") from None
+    if type(body) is not dict:
+        raise MessageError("a message must be a map")
+    if any(type(key) is not str for key in body):
+        raise MessageError("a message's field names must be strings")
+    version = body.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise MessageError(f"unsupported protocol version {_shown(version)} (this is version {PROTOCOL_VERSION})")
+    name = body.get("type")
+    cls = _BY_TYPE.get(name) if type(name) is str else None
+    if cls is None or cls not in accept:
+        raise MessageError(f"unexpected message type {_shown(name)}")
+    declared = {field.name: field for field in fields(cls)}
+    given = set(body) - {"v", "type"}
+    if given != set(declared):
+        raise MessageError(f"{cls.TYPE}: expected fields {sorted(declared)}, got {_shown(sorted(given))}")
+    hints = typing.get_type_hints(cls)
+    values = {name: _conform(body[name], hints[name], f"{cls.TYPE}.{name}") for name in declared}
+    return cls(**values)
+
+
+class _ObjectCount:
+    """Counts the items of each container as the decoder completes it; past ``_MAX_OBJECTS``, the message is refused."""
+
+    total = 0
+
+    def __call__(self, container):
+        self.total += len(container) + 1
+        if self.total > _MAX_OBJECTS:
+            raise MessageError(f"a message holds more than {_MAX_OBJECTS:,} objects")
+        return container
+
+
+def _shown(value, limit: int = 60) -> str:
+    """A peer-chosen value, quoted and cut short for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _conform(value, annotation, where: str):
+    origin = typing.get_origin(annotation)
+    if annotation is bool:
+        if type(value) is not bool:
+            raise MessageError(f"{where} must be a boolean")
+        return value
+    if annotation is int:
+        if type(value) is not int or value < 0:
+            raise MessageError(f"{where} must be a non-negative integer")
+        return value
+    if annotation in (str, bytes, dict):
+        if type(value) is not annotation:
+            raise MessageError(f"{where} must be {annotation.__name__}, not {type(value).__name__}")
+        if annotation is str and (len(value) > MAX_TEXT_LENGTH or not value.isprintable()):
+            raise MessageError(f"{where} must be at most {MAX_TEXT_LENGTH} printable characters")
+        return value
+    if origin is tuple:
+        item = typing.get_args(annotation)[0]
+        if type(value) is not list:
+            raise MessageError(f"{where} must be a list")
+        return tuple(_conform(v, item, f"{where}[]") for v in value)
+    if origin is dict:
+        key, item = typing.get_args(annotation)
+        if type(value) is not dict:
+            raise MessageError(f"{where} must be a map")
+        return {_conform(k, key, f"{where} key"): _conform(v, item, f"{where}[]") for k, v in value.items()}
+    raise TypeError(f"no wire rule for {annotation!r}")

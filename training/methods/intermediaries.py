@@ -1,0 +1,49 @@
+"""How many sub-clients ("intermediaries") each hospital should be split into (Jiang et al., Sec. 2.2).
+
+Eq. (2) measures a round by its noise level and its diversity::
+
+    xi = ||zeta|| / ||sum_i clip(Delta_i)||,      phi = sum_i ||Delta_i|| / ||sum_i clip(Delta_i)||
+
+where ``zeta ~ N(0, sigma^2 I)`` is the noise's effect on the averaged model, ``sigma = z C / N``
+for ``N`` clients (Eq. 1). Eq. (3) says how they move with the split: ``xi_v = xi / v`` and
+``phi_v = v phi``. The paper chooses ``v = sqrt(N xi / phi)`` for ``N`` hospitals (the ratio
+``xi_v / phi_v`` then lies at ``1/N``), re-estimated each round from the last. Measured at the
+current split ``v``, Eq. (3) gives ``xi / phi = v^2 xi_v / phi_v``, so::
+
+    v_next = v sqrt(N xi_v / phi_v) = v sqrt(N ||zeta_v|| / sum_i ||Delta_i||)
+
+with ``zeta_v`` the noise on the mean of the ``N v`` sub-clients' updates. The norm of the clipped
+sum cancels. What is left is all the server may use:
+
+- ``||zeta_v||`` is not observed but its expectation is public:
+  ``E||zeta|| = sigma sqrt(2) Gamma((d+1)/2) / Gamma(d/2)`` for ``N(0, sigma^2 I_d)``;
+- ``sum_i ||Delta_i||`` comes from a securely summed and noised slot beside the update (so it is
+  part of the accounted release; ``training.methods.dp_fedavg``). It sums clipped norms, which have a
+  bound to noise them by, and it is an estimate: it may even come out negative.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["expected_noise_norm", "next_subclient_count"]
+
+
+def expected_noise_norm(sigma: float, dimension: int) -> float:
+    """``E||zeta||`` for ``zeta ~ N(0, sigma^2 I_dimension)`` (the chi distribution's mean, times sigma)."""
+    return sigma * math.sqrt(2.0) * math.exp(math.lgamma((dimension + 1) / 2) - math.lgamma(dimension / 2))
+
+
+def next_subclient_count(current: int, *, hospitals: int, noise_norm: float, update_norm_sum: float, most: int) -> int:
+    """``v`` for the next round, rounded and kept within ``[1, most]`` (``most``: what the smallest hospital allows).
+
+    A non-positive ``update_norm_sum`` (the noise swamped it) reads as updates too small to measure:
+    as much splitting as allowed.
+    """
+    if current < 1 or hospitals < 1 or most < 1 or noise_norm < 0:
+        raise ValueError(
+            f"need v >= 1, hospitals >= 1, most >= 1 and a noise norm >= 0; got {current}, {hospitals}, {most}, {noise_norm}"
+        )
+    if update_norm_sum <= 0:
+        return most
+    return max(1, min(most, round(current * math.sqrt(hospitals * noise_norm / update_norm_sum))))

@@ -1,0 +1,438 @@
+"""A party's privacy ledger: every release its data took part in, durable and tamper-evident.
+
+**The ledger** records every release a party's data took part in, written to disk before the
+release leaves (so a crash can only over-count) and read back on start, so a restart never resets
+epsilon. Each record is keyed by an identifier the ledger draws itself, never by anything the
+server chooses: a server that repeats a run id or a round cannot make two releases count as one.
+A run id is accepted again only to resume that same run (the same fingerprint: every setting and the
+initial model, ``protocol.run.config.RunConfig.fingerprint``); ``begin_run`` then returns the last round
+recorded, and a party takes part only in later rounds. A hospital also records each step of the
+secure round that commits it, ``endorsed`` and ``released`` (``ROUND_STEPS``), before the message
+leaves, and the ledger refuses to record one twice for a round: a hospital never releases twice for a
+round, restarted or not (``docs/explanation/secure-round.md``, P5). The file is append-only
+JSON lines, one fsynced line per record; a final line cut short by a crash was never acknowledged
+(so nothing was released on its strength) and is dropped on the next start; anything else
+unreadable is refused. One process at a time may hold a ledger file (an exclusive lock), so two
+processes cannot each count only their own releases. Records hold the mechanism's parameters,
+not epsilons, so any accountant can read them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import weakref
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from consilium.training.privacy.durable import append_line, replace_file
+from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS, Release
+from consilium.training.privacy.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon
+
+__all__ = ["LEDGER_FILE", "ROUND_STEPS", "LedgerError", "PrivacyBudget", "PrivacyLedger"]
+
+LEDGER_FILE = "privacy_ledger.jsonl"
+_HEADER = {"format": "consilium-privacy-ledger", "version": 4}
+# Versions 2 and 3 did not chain their records; version 2 recorded Gaussian steps by noise
+# multiplier for the server and peer views only.
+_V2_VIEWS = ("server", "peer_hospital")
+_V3_HEADER = {"format": "consilium-privacy-ledger", "version": 3}
+_LEGACY_HEADER = {"format": "consilium-privacy-ledger", "version": 2}
+_HEAD_SUFFIX = ".head"
+ROUND_STEPS = ("endorsed", "released")
+
+log = logging.getLogger("consilium.accounting")
+
+
+class LedgerError(RuntimeError):
+    """A privacy ledger that cannot be read or written, or a record it must refuse."""
+
+
+@dataclass(frozen=True)
+class _GaussianRelease:
+    """A step recorded by ledger version 2: the sampled Gaussian mechanism, server and peer views."""
+
+    sample_rate: float
+    noise_multipliers: tuple[tuple[str, float], ...]
+
+    def rdp(self, view: str) -> np.ndarray:
+        z = dict(self.noise_multipliers).get(view)
+        if z is None:  # version 2 recorded neither the coalition nor the collusion view: nothing is known of them
+            return np.full(len(ORDERS), np.inf)
+        return poisson_subsampled_rdp(ORDERS, self.sample_rate, gaussian_rdp(ORDERS, noise_multiplier=z))
+
+    @classmethod
+    def from_record(cls, record: dict) -> "_GaussianRelease":
+        multipliers = record["noise_multipliers"]
+        if set(multipliers) != set(_V2_VIEWS) or not 0 < float(record["sample_rate"]) <= 1:
+            raise ValueError("malformed version 2 record")
+        return cls(float(record["sample_rate"]), tuple((v, float(multipliers[v])) for v in _V2_VIEWS))
+
+
+@functools.lru_cache(maxsize=1024)
+def _rdp(release: "Release | _GaussianRelease", view: str) -> np.ndarray:
+    """A release's RDP curve for a view: a run repeats a few releases, so each is computed once."""
+    curve = release.rdp(view)
+    curve.flags.writeable = False  # shared by every caller
+    return curve
+
+
+class PrivacyLedger:
+    """Releases a party's data took part in, keyed by identifiers the ledger draws, optionally in a file
+    (then tamper-evident under ``key``, a secret only its party holds)."""
+
+    def __init__(self, path: Path | None = None, *, key: bytes | None = None, accept_unchained: bool = False) -> None:
+        if path is not None and (key is None or len(key) < 32):
+            raise ValueError("a ledger file needs its party's 32-byte MAC key")
+        self._path = path
+        self._key = key
+        self._accept_unchained = accept_unchained  # a version 2 or 3 ledger, read once to be chained on
+        self._entries: dict[str, Release | _GaussianRelease] = {}
+        self._runs: dict[str, str | None] = {}  # run id -> its fingerprint (None in older ledgers)
+        self._last_round: dict[str, int] = {}
+        self._finished: set[str] = set()
+        self._steps: set[tuple[str, int, str]] = set()  # (run id, round, step) taken
+        self._locked = False
+        self._size = path.stat().st_size if path is not None and path.exists() else 0
+        # Repairs wait for the first write, made under the lock: a torn last line to cut, a chained header.
+        self._complete_size = self._size
+        self._chain: bytes | None = None  # the last MAC, once the file holds a chained header
+        self._chained_lines = 0
+        if path is not None:
+            self._read(path)
+
+    @property
+    def steps(self) -> int:
+        return len(self._entries)
+
+    def begin_run(self, run_id: str, fingerprint: str) -> int:
+        """Begin a run, durably, or resume one begun with the same fingerprint; returns its last recorded round.
+
+        A run id seen before under another fingerprint is refused (a server may not reuse a run id),
+        and so is a run this party finished (``finish_run``)."""
+        if run_id in self._finished:
+            raise LedgerError(
+                f"run {run_id} is over for this party (its ledger says so); a party takes part in a run once"
+            )
+        if run_id in self._runs:
+            if self._runs[run_id] != fingerprint:
+                raise LedgerError(
+                    f"run {run_id} is already in this privacy ledger with other settings: a server may not reuse a run id"
+                )
+            return self._last_round.get(run_id, 0)
+        self._write({"run": run_id, "fingerprint": fingerprint})
+        self._runs[run_id] = fingerprint
+        return 0
+
+    def finish_run(self, run_id: str) -> None:
+        """Mark ``run_id`` over, durably: it is never begun again."""
+        if run_id not in self._finished:
+            self._write({"finished": run_id})
+            self._finished.add(run_id)
+
+    def record(self, release: Release, *, run_id: str, round_number: int) -> None:
+        """Add ``release`` under a fresh identifier, durably before returning."""
+        if run_id not in self._runs or run_id in self._finished:
+            raise LedgerError(f"run {run_id} was not begun in this ledger, or is over")
+        key = secrets.token_hex(16)
+        self._write({"key": key, "run": run_id, "round": round_number, **release.to_record()})
+        self._entries[key] = release
+        self._last_round[run_id] = max(self._last_round.get(run_id, 0), round_number)
+
+    def record_step(self, step: str, *, run_id: str, round_number: int) -> None:
+        """Write that this party took ``step`` (one of ``ROUND_STEPS``) in a round, durably, before the
+        message that takes it leaves; ``LedgerError`` if it took that step in that round already."""
+        if step not in ROUND_STEPS or run_id not in self._runs:
+            raise LedgerError(f"cannot record step {step!r} of run {run_id}: unknown step, or the run was not begun")
+        if (run_id, round_number, step) in self._steps:
+            raise LedgerError(f"this party {step} round {round_number} of run {run_id} already; it does so once")
+        self._write({"run": run_id, "round": round_number, "step": step})
+        self._steps.add((run_id, round_number, step))
+
+    def epsilon(self, delta: float, *, view: str = "server", extra: Release | None = None) -> float:
+        """Epsilon at ``delta`` for ``view`` spent so far, plus one more release if given."""
+        _view_index(view)
+        counts = Counter(self._entries.values())
+        if extra is not None:
+            counts[extra] += 1
+        if not counts:
+            return 0.0
+        total = sum(count * _rdp(release, view) for release, count in counts.items())
+        return rdp_to_epsilon(ORDERS, total, delta)
+
+    def epsilons(self, delta: float) -> dict[str, float]:
+        """Epsilon at ``delta`` spent so far, for each view."""
+        return {view: self.epsilon(delta, view=view) for view in VIEWS}
+
+    def worst_epsilon(self, delta: float, *, up_to: str, extra: Release | None = None) -> tuple[float, str]:
+        """The largest epsilon over ``VIEWS`` from the server's up to ``up_to``, and the first view that reaches it."""
+        views = VIEWS[: _view_index(up_to) + 1]
+        return max(((self.epsilon(delta, view=view, extra=extra), view) for view in views), key=lambda pair: pair[0])
+
+    # -- the file -------------------------------------------------------------------------------
+
+    def _write(self, record: dict) -> None:
+        if self._path is None:
+            return
+        if not self._locked:
+            self._lock()
+        head = _head_path(self._path)
+        try:
+            if self._complete_size < self._size:
+                os.truncate(self._path, self._complete_size)
+            if self._chain is None:
+                # The head exists before the first chained line: from then on a missing head is damage.
+                replace_file(head, _head_text(self._key, 0, _genesis(self._key, self._path)))
+                legacy = self._path.read_bytes()[: self._complete_size] if self._complete_size else b""
+                self._chain = _genesis(self._key, self._path)
+                self._append({**_HEADER, "legacy_sha256": hashlib.sha256(legacy).hexdigest()})
+            self._append(record)
+            replace_file(head, _head_text(self._key, self._chained_lines, self._chain))
+        except OSError as error:
+            raise LedgerError(f"cannot write privacy ledger {self._path}: {error}") from None
+        self._complete_size = self._path.stat().st_size
+        self._size = self._complete_size
+
+    def _append(self, record: dict) -> None:
+        mac = _mac(self._key, self._chain, record)
+        append_line(self._path, _line({**record, "mac": mac.hex()}))
+        self._chain = mac
+        self._chained_lines += 1
+
+    def _lock(self) -> None:
+        """Hold the file exclusively from the first write until this ledger is gone.
+
+        Readers take no lock. A writer that finds the file grown since it read it refuses to go on:
+        its count would miss the other writer's releases."""
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(self._path, os.O_RDONLY | os.O_CREAT, 0o600)
+        except OSError as error:
+            raise LedgerError(f"cannot open privacy ledger {self._path}: {error}") from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(descriptor)
+            raise LedgerError(f"privacy ledger {self._path} is in use by another writer") from None
+        weakref.finalize(self, os.close, descriptor)
+        self._locked = True
+        if os.fstat(descriptor).st_size != self._size:
+            raise LedgerError(f"privacy ledger {self._path} changed since it was read; open it again")
+
+    def _read(self, path: Path) -> None:
+        head = _read_head(path, self._key)
+        if not self._size:
+            if head is not None and head[0]:
+                raise _unreadable(
+                    path, f"it is empty, but its head ({_head_path(path).name}) counts {head[0]} records: truncated"
+                )
+            return
+        try:
+            raw = path.read_bytes()
+        except OSError as error:
+            raise LedgerError(f"cannot read privacy ledger {path}: {error}") from None
+        complete, _, torn = raw.rpartition(b"\n")
+        lines = complete.split(b"\n") if complete else []
+        start = next((i for i, line in enumerate(lines) if _is_chained_header(line)), None)
+        if torn:
+            # An unterminated last line is a record cut short by a crash (a short write on a full
+            # disk, zeros after a power loss), which was never acknowledged: its head was not moved
+            # over it, so nothing was released on its strength. Anything else unreadable is refused below.
+            first_write = head is not None and head[0] == 0  # a new ledger's head comes before its first line
+            if (
+                not lines
+                and not first_write
+                and not any(_line(h).startswith(torn) for h in (_V3_HEADER, _LEGACY_HEADER))
+            ):
+                raise _unreadable(path, "not a privacy ledger")
+            log.warning("privacy ledger %s: dropping an incomplete last record", path)
+            self._complete_size = len(complete) + 1 if complete else 0
+        try:
+            legacy = lines if start is None else lines[:start]
+            if head is not None and start is None and head[0]:
+                raise ValueError(f"its head counts {head[0]} chained records, but none is left: truncated")
+            if legacy and head is None and not self._accept_unchained:
+                raise ValueError(
+                    "it was written before ledgers were chained, or its head was deleted and the file replaced; "
+                    "if it is this party's own, older ledger, upgrade it once (consilium-hospital --upgrade-ledger)"
+                )
+            if legacy:
+                self._read_legacy(legacy)
+            if start is not None:
+                self._read_chained(lines[start:], b"".join(line + b"\n" for line in legacy), head)
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
+            raise _unreadable(path, str(error)) from None
+        except RecursionError:
+            raise _unreadable(path, "a record is nested too deeply") from None
+
+    def _read_legacy(self, lines: list[bytes]) -> None:
+        """Version 2 and 3 lines, written before records were chained: read as they are."""
+        header, *records = (json.loads(line) for line in lines)
+        if header == _LEGACY_HEADER:
+            # Version 2 records come first; a version 3 header marks where newer records begin.
+            upgraded = records.index(_V3_HEADER) if _V3_HEADER in records else None
+            # Every line counts: version 2 keyed lines by the server's run id and round, so a
+            # later line replacing an earlier one may hide a release. (A reservation and its
+            # settlement are then both charged: over-counting is the safe side.)
+            for number, record in enumerate(records[:upgraded]):
+                self._entries[f"v2-{number}"] = _GaussianRelease.from_record(record)
+            records = records[upgraded + 1 :] if upgraded is not None else []
+        elif header != _V3_HEADER:
+            raise ValueError("not a privacy ledger of a known version")
+        for record in records:
+            self._replay(record)
+
+    def _read_chained(self, lines: list[bytes], legacy: bytes, head: tuple[int, bytes] | None) -> None:
+        """Lines each carrying the MAC of the one before it and itself: one edited, deleted or moved
+        breaks the chain, and the head (kept beside the file) shows where the chain must reach."""
+        if head is None:
+            raise ValueError(f"its head ({_HEAD_SUFFIX}) is missing: a chained ledger always has one")
+        chain = _genesis(self._key, self._path)
+        for number, line in enumerate(lines):
+            record = json.loads(line)
+            mac = bytes.fromhex(record.pop("mac"))
+            if not hmac.compare_digest(mac, _mac(self._key, chain, record)):
+                raise ValueError(
+                    f"record {number + 1} of its chain was altered, or a record before it was (the MACs do not verify)"
+                )
+            chain = mac
+            if number == head[0] - 1 and not hmac.compare_digest(chain, head[1]):
+                raise ValueError("its chain does not pass through its head: records were removed or replaced")
+            if number == 0:
+                if record != {**_HEADER, "legacy_sha256": hashlib.sha256(legacy).hexdigest()}:
+                    raise ValueError("the lines before its chained header were altered")
+            else:
+                self._replay(record)
+        if len(lines) < head[0]:
+            raise ValueError(f"it holds {len(lines)} chained records, but its head counts {head[0]}: truncated")
+        if len(lines) > head[0] + 1:  # one more is a record whose head a crash left behind; more is an old head
+            raise ValueError(
+                f"it holds {len(lines)} chained records, but its head counts {head[0]}: an old head was put back"
+            )
+        self._chain, self._chained_lines = chain, len(lines)
+
+    def _replay(self, record: dict) -> None:
+        if set(record) in ({"run"}, {"run", "fingerprint"}):
+            self._runs[str(record["run"])] = record.get("fingerprint")
+        elif set(record) == {"finished"}:
+            self._finished.add(str(record["finished"]))
+        elif set(record) == {"run", "round", "step"}:
+            step = (record["run"], record["round"], record["step"])
+            if (
+                step[0] not in self._runs
+                or type(step[1]) is not int
+                or step[2] not in ROUND_STEPS
+                or step in self._steps
+            ):
+                raise ValueError(f"malformed step record {record!r:.200}")
+            self._steps.add(step)
+        else:
+            key, run, round_number = record.pop("key"), record.pop("run"), record.pop("round")
+            if (
+                not isinstance(key, str)
+                or key in self._entries
+                or run not in self._runs
+                or type(round_number) is not int
+            ):
+                raise ValueError(f"malformed record {key!r}")
+            self._entries[key] = Release.from_record(record)
+            self._last_round[run] = max(self._last_round.get(run, 0), round_number)
+
+
+@dataclass(frozen=True)
+class PrivacyBudget:
+    """At most ``epsilon`` at ``delta`` in ``view`` (``training.privacy.accounting``) and every view before it."""
+
+    epsilon: float
+    delta: float
+    view: str = DEFAULT_BUDGET_VIEW
+
+    def __post_init__(self) -> None:
+        _view_index(self.view)
+
+    def refusal(self, ledger: PrivacyLedger, charge: Release, round_number: int) -> str:
+        """Why a hospital must not take part in the round, or "" if it may (Dopamine's Algorithm 1, line 17)."""
+        projected, view = ledger.worst_epsilon(self.delta, up_to=self.view, extra=charge)
+        if projected <= self.epsilon:
+            return ""
+        return (
+            f"privacy budget: round {round_number} would bring epsilon against the {view.replace('_', ' ')} "
+            f"to {projected:.3f} > {self.epsilon:g} at delta {self.delta:g}"
+        )
+
+
+def _view_index(view: str) -> int:
+    if view not in VIEWS:
+        raise ValueError(f"unknown view {view!r}; choose from {', '.join(VIEWS)}")
+    return VIEWS.index(view)
+
+
+def _unreadable(path: Path, reason: str) -> LedgerError:
+    return LedgerError(
+        f"privacy ledger {path} is unreadable ({reason}); refusing to continue, as it is the only "
+        "record of the privacy already spent"
+    )
+
+
+def _line(record: dict) -> bytes:
+    return (json.dumps(record, separators=(",", ":")) + "\n").encode()
+
+
+def _mac(key: bytes, previous: bytes, record: dict) -> bytes:
+    """HMAC-SHA256 of the previous MAC and a record (without its own MAC), in one canonical JSON form."""
+    return hmac.new(
+        key, previous + json.dumps(record, sort_keys=True, separators=(",", ":")).encode(), hashlib.sha256
+    ).digest()
+
+
+def _genesis(key: bytes, path: Path) -> bytes:
+    """Where a ledger's chain starts: bound to its file's name, so a party's ledgers cannot stand in for one another."""
+    return hmac.new(key, b"consilium ledger genesis|" + path.name.encode(), hashlib.sha256).digest()
+
+
+def _is_chained_header(line: bytes) -> bool:
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(record, dict) and all(record.get(k) == v for k, v in _HEADER.items())
+
+
+def _head_path(path: Path) -> Path:
+    return path.with_name(path.name + _HEAD_SUFFIX)
+
+
+def _head_text(key: bytes, lines: int, chain: bytes) -> bytes:
+    """How many chained lines the ledger holds and the MAC of the last: so a cut at its end shows."""
+    return json.dumps({"lines": lines, "mac": chain.hex(), "tag": _head_tag(key, lines, chain).hex()}).encode()
+
+
+def _head_tag(key: bytes, lines: int, chain: bytes) -> bytes:
+    return hmac.new(key, b"consilium ledger head|%d|" % lines + chain, hashlib.sha256).digest()
+
+
+def _read_head(path: Path, key: bytes) -> tuple[int, bytes] | None:
+    head = _head_path(path)
+    if not head.exists():
+        return None
+    try:
+        record = json.loads(head.read_bytes())
+        lines, chain = record["lines"], bytes.fromhex(record["mac"])
+        if (
+            type(lines) is not int
+            or lines < 0
+            or not hmac.compare_digest(bytes.fromhex(record["tag"]), _head_tag(key, lines, chain))
+        ):
+            raise ValueError("its MAC does not verify")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
+        raise _unreadable(path, f"its head {head.name} is damaged: {error!s:.200}") from None
+    return lines, chain
