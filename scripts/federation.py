@@ -56,66 +56,81 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--talliers", type=positive_int, help=f"voting: number of talliers, at least 3 (default: {_DEFAULT.talliers})"
     )
-    parser.add_argument(
+    _add_data_arguments(parser)
+    _add_budget_arguments(parser)
+    _add_server_arguments(parser)
+    add_run_arguments(parser)
+    return parser
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data and its partition")
+    group.add_argument(
         "--seed",
         type=non_negative_int,
         help=f"seed of the data split, partition and initial model (never of the noise, sampling or rounding; default: {_DEFAULT.seed})",
     )
-    parser.add_argument(
+    group.add_argument(
         "--partition", choices=PARTITION_SCHEMES, help=f"how hospitals split the data (default: {_DEFAULT.partition})"
     )
-    parser.add_argument("--classes-per-part", type=positive_int, help="label_skew: classes each hospital sees")
-    parser.add_argument("--alpha", type=positive_float, help=f"dirichlet concentration (default: {_DEFAULT.alpha})")
-    parser.add_argument(
+    group.add_argument("--classes-per-part", type=positive_int, help="label_skew: classes each hospital sees")
+    group.add_argument("--alpha", type=positive_float, help=f"dirichlet concentration (default: {_DEFAULT.alpha})")
+
+
+def _add_budget_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("privacy budget")
+    group.add_argument(
         "--epsilon-budget",
         type=positive_float,
         help="each hospital's budget (default: 3; dp-fedavg 10, AE-DPFL 2000, kNN-DPFL 10); for central-dp and fedavg-local-dp, "
         "the epsilon per record they spend (default: 3)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--budget-view",
         choices=VIEWS,
         help="whose view each hospital's budget binds on, and every view before it "
         f"(training.privacy.accounting; default: {_DEFAULT.budget_view}, the server with tau - 1 hospitals)",
     )
-    parser.add_argument(
+
+
+def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("the server: rounds, selection, audit")
+    group.add_argument(
         "--round-timeout",
         type=positive_float,
         help=f"seconds a round waits for updates (default: {_DEFAULT.round_timeout:g})",
     )
-    parser.add_argument(
+    group.add_argument(
         "--expected-batch-size",
         type=positive_float,
         help="B, the consortium's public figure (default: proposed as q times the data set's public training size "
         "over the number of hospitals, never from a hospital's own count)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--select-every",
         type=positive_int,
         help="the server selects its model among every n-th round and the last (default: 1, every round); a comparison "
         "gives every method the same number of candidates",
     )
-    parser.add_argument(
+    group.add_argument(
         "--select-on",
         choices=SELECTION_METRICS,
         help="the validation score that selects the model kept: accuracy (default) or auc, where classes are imbalanced",
     )
-    parser.add_argument(
+    group.add_argument(
         "--send-offset",
         type=non_negative_float,
         help=f"each hospital's --send-offset (default: {_DEFAULT.send_offset:g})",
     )
-    parser.add_argument(
+    group.add_argument(
         "--transcript-payloads", action="store_true", help="the server's transcript keeps whole messages, not digests"
     )
-    parser.add_argument(
+    group.add_argument(
         "--insecure-plaintext-benchmark",
         action="store_true",
         help="Dopamine and dp-fedavg: NO secure aggregation, updates travel and are summed in the clear and no privacy claim holds. "
         "Only for consilium-bench-round's comparison",
     )
-    add_run_arguments(parser)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -81,45 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--data-seed", type=non_negative_int, default=0, help="train/validation split of built-in data (default: 0)"
     )
-    parser.add_argument("--epsilon-budget", type=positive_float, default=3.0, help="refuse rounds beyond this epsilon")
-    parser.add_argument(
-        "--budget-view",
-        choices=VIEWS,
-        default=DEFAULT_BUDGET_VIEW,
-        help="whose view the budget binds on, and every view before it: server, peer_hospital, coalition (the server "
-        f"with tau - 1 hospitals) or collusion (every other party) (default: {DEFAULT_BUDGET_VIEW})",
-    )
-    parser.add_argument("--delta", type=probability, default=1e-5, help="delta of the budget (default: 1e-5)")
-    parser.add_argument(
-        "--state", type=Path, help="where the privacy ledger and metrics live (default: FEDERATION/NAME)"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=positive_float,
-        default=600.0,
-        help="seconds to wait for the server's Welcome, and at least for each later message: a training server's "
-        "Welcome raises it to what that server may take, 5 x its --round-timeout + 2 x its --join-timeout + 60 "
-        "(480 at its defaults; default: 600, so that a restarted hospital outwaits a default server's round)",
-    )
-    parser.add_argument(
-        "--upgrade-ledger",
-        action="store_true",
-        help="read a privacy ledger written before ledgers were chained (version 2 or 3), once: it is chained from then on. "
-        "Only for this hospital's own older ledger: an unchained file could also be a chained one replaced",
-    )
-    parser.add_argument(
-        "--send-offset",
-        type=non_negative_float,
-        default=DEFAULT_SEND_OFFSET_S,
-        help="send each update this many seconds after the round starts, so its timing does not reveal the batch "
-        f"size (default: {DEFAULT_SEND_OFFSET_S:g}; a warning says when a step overruns it; 0 sends at once)",
-    )
-    parser.add_argument(
-        "--insecure-plaintext-benchmark",
-        action="store_true",
-        help="Dopamine and dp-fedavg: send updates UNENCRYPTED; the server sees each one and no privacy claim holds. Only for "
-        "consilium-bench-round's comparison with secure aggregation",
-    )
+    _add_budget_arguments(parser)
+    _add_round_arguments(parser)
     voting = parser.add_argument_group("voting (AE-DPFL, kNN-DPFL)")
     voting.add_argument(
         "--min-quorum", type=positive_int, default=2, help="join no run whose quorum is smaller (default: 2)"
@@ -128,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-histogram", action="store_true", help="join runs that open the noisy vote totals (--reveal histogram)"
     )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
+    _add_simulation_arguments(parser)
+    return parser
+
+
+def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
     simulation = parser.add_argument_group("simulation: take one part of a shared dataset")
     simulation.add_argument("--parts", type=positive_int, help="split the training data into this many parts")
     simulation.add_argument(
@@ -137,7 +105,53 @@ def build_parser() -> argparse.ArgumentParser:
     simulation.add_argument("--partition-seed", type=non_negative_int, default=0, help="seed of the split (default: 0)")
     simulation.add_argument("--classes-per-part", type=positive_int, help="label_skew: classes each part sees")
     simulation.add_argument("--alpha", type=positive_float, default=0.5, help="dirichlet: concentration (default: 0.5)")
-    return parser
+
+
+def _add_budget_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("the privacy budget (this hospital decides it, not the server)")
+    group.add_argument("--epsilon-budget", type=positive_float, default=3.0, help="refuse rounds beyond this epsilon")
+    group.add_argument(
+        "--budget-view",
+        choices=VIEWS,
+        default=DEFAULT_BUDGET_VIEW,
+        help="whose view the budget binds on, and every view before it: server, peer_hospital, coalition (the server "
+        f"with tau - 1 hospitals) or collusion (every other party) (default: {DEFAULT_BUDGET_VIEW})",
+    )
+    group.add_argument("--delta", type=probability, default=1e-5, help="delta of the budget (default: 1e-5)")
+
+
+def _add_round_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("rounds: waits, the ledger, sending")
+    group.add_argument(
+        "--state", type=Path, help="where the privacy ledger and metrics live (default: FEDERATION/NAME)"
+    )
+    group.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=600.0,
+        help="seconds to wait for the server's Welcome, and at least for each later message: a training server's "
+        "Welcome raises it to what that server may take, 5 x its --round-timeout + 2 x its --join-timeout + 60 "
+        "(480 at its defaults; default: 600, so that a restarted hospital outwaits a default server's round)",
+    )
+    group.add_argument(
+        "--upgrade-ledger",
+        action="store_true",
+        help="read a privacy ledger written before ledgers were chained (version 2 or 3), once: it is chained from then on. "
+        "Only for this hospital's own older ledger: an unchained file could also be a chained one replaced",
+    )
+    group.add_argument(
+        "--send-offset",
+        type=non_negative_float,
+        default=DEFAULT_SEND_OFFSET_S,
+        help="send each update this many seconds after the round starts, so its timing does not reveal the batch "
+        f"size (default: {DEFAULT_SEND_OFFSET_S:g}; a warning says when a step overruns it; 0 sends at once)",
+    )
+    group.add_argument(
+        "--insecure-plaintext-benchmark",
+        action="store_true",
+        help="Dopamine and dp-fedavg: send updates UNENCRYPTED; the server sees each one and no privacy claim holds. Only for "
+        "consilium-bench-round's comparison with secure aggregation",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

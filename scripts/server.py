@@ -65,24 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--data-seed", type=non_negative_int, default=0, help="train/validation split of built-in data (default: 0)"
     )
-    parser.add_argument(
-        "--model-seed",
-        type=non_negative_int,
-        help="draw the initial model's weights from this seed (public: no noise, sampling or rounding uses it; "
-        "default: a fresh draw)",
-    )
-    parser.add_argument(
-        "--select-every",
-        type=positive_int,
-        help="select the model kept among every n-th round and the last (default: 1, every round; a resumed run keeps "
-        "its own): a comparison gives every method the same number of candidates",
-    )
-    parser.add_argument(
-        "--select-on",
-        choices=SELECTION_METRICS,
-        help="the validation score that selects the model kept (default: accuracy; a resumed run keeps its own): AUC "
-        "where the classes are imbalanced",
-    )
+    _add_model_arguments(parser)
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -96,25 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(q times a typical hospital's record count, coarsely)",
     )
     add_run_arguments(parser)
-    parser.add_argument(
-        "--transcript", type=Path, help="append the digest of every received message to this audit file"
-    )
-    parser.add_argument(
-        "--transcript-payloads",
-        action="store_true",
-        help="keep whole messages in the transcript, not digests (with any hospital's key, it opens every update)",
-    )
-    parser.add_argument(
-        "--join-timeout", type=positive_float, default=60.0, help="seconds to wait for hospitals to join"
-    )
-    parser.add_argument("--round-timeout", type=positive_float, default=60.0, help="seconds a round waits for updates")
-    parser.add_argument(
-        "--max-messages-per-second",
-        type=positive_float,
-        default=DEFAULT_MAX_MESSAGES_PER_SECOND,
-        help="drop, unread, what a party sends once more of its messages than this are rejected a second "
-        f"(default: {DEFAULT_MAX_MESSAGES_PER_SECOND:g}; an honest hospital's are never rejected)",
-    )
+    _add_audit_arguments(parser)
+    _add_wait_arguments(parser)
     parser.add_argument(
         "--insecure-plaintext-benchmark",
         action="store_true",
@@ -123,6 +89,53 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
     return parser
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("the model and its selection")
+    group.add_argument(
+        "--model-seed",
+        type=non_negative_int,
+        help="draw the initial model's weights from this seed (public: no noise, sampling or rounding uses it; "
+        "default: a fresh draw)",
+    )
+    group.add_argument(
+        "--select-every",
+        type=positive_int,
+        help="select the model kept among every n-th round and the last (default: 1, every round; a resumed run keeps "
+        "its own): a comparison gives every method the same number of candidates",
+    )
+    group.add_argument(
+        "--select-on",
+        choices=SELECTION_METRICS,
+        help="the validation score that selects the model kept (default: accuracy; a resumed run keeps its own): AUC "
+        "where the classes are imbalanced",
+    )
+
+
+def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("audit")
+    group.add_argument("--transcript", type=Path, help="append the digest of every received message to this audit file")
+    group.add_argument(
+        "--transcript-payloads",
+        action="store_true",
+        help="keep whole messages in the transcript, not digests (with any hospital's key, it opens every update)",
+    )
+
+
+def _add_wait_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("waits and floods")
+    group.add_argument(
+        "--join-timeout", type=positive_float, default=60.0, help="seconds to wait for hospitals to join"
+    )
+    group.add_argument("--round-timeout", type=positive_float, default=60.0, help="seconds a round waits for updates")
+    group.add_argument(
+        "--max-messages-per-second",
+        type=positive_float,
+        default=DEFAULT_MAX_MESSAGES_PER_SECOND,
+        help="drop, unread, what a party sends once more of its messages than this are rejected a second "
+        f"(default: {DEFAULT_MAX_MESSAGES_PER_SECOND:g}; an honest hospital's are never rejected)",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
