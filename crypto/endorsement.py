@@ -4,7 +4,7 @@ A one-time-key round (``docs/explanation/secure-round.md``) is released only onc
 its contributor set ``S`` signed the same statement, and a hospital signs one statement a round.
 So a server cannot show two hospitals two different sums, or two different sets, and have both
 released: every decryption that contains a hospital's update is of the one sum it signed, and its
-update is released at most once, as its ledger assumes (``protocol.secure_round.one_time_round`` signs and checks
+update is released at most once, as its ledger assumes (``protocol.secure_round`` signs and checks
 it). ``run`` names the run and digests every setting each signer was given
 (``protocol.run.config.RunConfig.fingerprint``), so all signers took part under the same noise and
 quorum; the round is in it, and a hospital's ledger refuses a run id it has seen before, so no

@@ -56,6 +56,7 @@ def require_flower() -> None:
 def run_flower_secaggplus(spec: RunSpec) -> dict:
     """``spec``'s Dopamine run over Flower's SecAgg+; its summary as ``consilium-bench-round``'s ``summarise`` gives."""
     require_flower()
+    # Flower is optional, so its names are imported here and handed to the helpers that build on them.
     from flwr.client import ClientApp, NumPyClient
     from flwr.client.mod import secaggplus_mod
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
@@ -74,7 +75,39 @@ def run_flower_secaggplus(spec: RunSpec) -> dict:
     timings: dict[int, list[float]] = {}
     accuracy: dict[int, float] = {}
 
-    class Client(NumPyClient):
+    client_fn = _dopamine_client_fn(NumPyClient, data, parts, model_spec, settings, mechanism)
+    strategy = _dopamine_strategy(
+        FedAvg,
+        ndarrays_to_parameters,
+        parameters_to_ndarrays,
+        model=model,
+        rule=rule,
+        timings=timings,
+        evaluate_fn=_scorer(model, data, timings, accuracy),
+        hospitals=spec.hospitals,
+    )
+    server_app = ServerApp()
+    workflow = SecAggPlusWorkflow(
+        num_shares=spec.hospitals, reconstruction_threshold=spec.hospitals // 2 + 1, timeout=spec.round_timeout
+    )
+
+    @server_app.main()
+    def main(grid, context) -> None:
+        legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=spec.rounds), strategy=strategy)
+        DefaultWorkflow(fit_workflow=workflow)(grid, legacy)
+
+    client_app = ClientApp(client_fn=client_fn, mods=[_count_upload, secaggplus_mod])
+    uploads, peak = _simulate(run_simulation, server_app, client_app, spec.hospitals)
+    return _summary(timings, accuracy, mechanism, workflow, uploads, peak)
+
+
+def _dopamine_client_fn(numpy_client: type, data, parts: list[np.ndarray], model_spec, settings, mechanism):
+    """Flower's ``client_fn``: a client on its partition of the training records that runs Consilium's Dopamine step
+    and replies with its share of the mean gradient."""
+
+    # Ray pickles client_fn, with all it closes over, for every message a virtual client handles: so it closes over
+    # only what a client needs, never the server's model.
+    class Client(numpy_client):
         def __init__(self, records: Split) -> None:
             self.model = build_model(model_spec)
             self.step = settings.local_step(self.model, records)
@@ -87,10 +120,20 @@ def run_flower_secaggplus(spec: RunSpec) -> dict:
                 counted.write(f"peak {float(np.abs(mean).max())!r}\n")
             return [mean], 1, {}
 
+    # Flower reads this signature: its one argument must be the context, not a ``cid``.
     def client_fn(context):
         return Client(data.train.subset(parts[int(context.node_config["partition-id"])])).to_client()
 
-    class DopamineOverSecAgg(FedAvg):
+    return client_fn
+
+
+def _dopamine_strategy(
+    fedavg: type, ndarrays_to_parameters, parameters_to_ndarrays, *, model, rule, timings, evaluate_fn, hospitals: int
+):
+    """Flower's FedAvg over every client, each round timed from ``configure_fit``, its weight-1 average applied to
+    ``model`` as Dopamine's mean gradient with ``rule``'s momentum."""
+
+    class DopamineOverSecAgg(fedavg):
         def configure_fit(self, server_round, parameters, client_manager):
             timings[server_round] = [time.perf_counter()]
             return super().configure_fit(server_round, parameters, client_manager)
@@ -100,41 +143,40 @@ def run_flower_secaggplus(spec: RunSpec) -> dict:
             rule.apply(parameters_to_ndarrays(averaged)[0].astype("<f4"))  # the mean gradient, with momentum
             return ndarrays_to_parameters([get_flat_parameters(model)]), metrics
 
+    return DopamineOverSecAgg(
+        fraction_fit=1.0,
+        fraction_evaluate=0.0,
+        min_fit_clients=hospitals,
+        min_available_clients=hospitals,
+        initial_parameters=ndarrays_to_parameters([get_flat_parameters(model)]),
+        evaluate_fn=evaluate_fn,
+    )
+
+
+def _scorer(model, data, timings: dict[int, list[float]], accuracy: dict[int, float]):
+    """Flower's ``evaluate_fn``: after each round, the model's validation accuracy, and the round's end time."""
+
     def scored(server_round, parameters, config):
         if server_round > 0:
             accuracy[server_round] = evaluate(model, data.validation, num_classes=data.num_classes)["accuracy"]
             timings[server_round].append(time.perf_counter())
         return None  # Flower then evaluates nothing more
 
-    strategy = DopamineOverSecAgg(
-        fraction_fit=1.0,
-        fraction_evaluate=0.0,
-        min_fit_clients=spec.hospitals,
-        min_available_clients=spec.hospitals,
-        initial_parameters=ndarrays_to_parameters([get_flat_parameters(model)]),
-        evaluate_fn=scored,
-    )
-    server_app = ServerApp()
-    workflow = SecAggPlusWorkflow(
-        num_shares=spec.hospitals, reconstruction_threshold=spec.hospitals // 2 + 1, timeout=spec.round_timeout
-    )
+    return scored
 
-    @server_app.main()
-    def main(grid, context) -> None:
-        legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=spec.rounds), strategy=strategy)
-        DefaultWorkflow(fit_workflow=workflow)(grid, legacy)
 
+def _simulate(run_simulation, server_app, client_app, hospitals: int) -> tuple[list[int], float]:
+    """Run Flower's simulation with its logging quieted; each client's upload a round, and the largest value sent."""
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
     with tempfile.TemporaryDirectory(prefix="consilium-flower-") as counted:
         os.environ[_BYTES_FILE] = str(Path(counted) / "bytes")
-        client_app = ClientApp(client_fn=client_fn, mods=[_count_upload, secaggplus_mod])
         flwr_logger.setLevel(logging.ERROR)
         try:
             run_simulation(
                 server_app=server_app,
                 client_app=client_app,
-                num_supernodes=spec.hospitals,
+                num_supernodes=hospitals,
                 backend_config={
                     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                     "init_args": {"log_to_driver": False, "logging_level": logging.ERROR},
@@ -142,7 +184,11 @@ def run_flower_secaggplus(spec: RunSpec) -> dict:
             )
         finally:
             flwr_logger.setLevel(level)
-        uploads, peak = _uploads(Path(counted) / "bytes")
+        return _uploads(Path(counted) / "bytes")
+
+
+def _summary(timings, accuracy, mechanism, workflow, uploads: list[int], peak: float) -> dict:
+    """The run's figures, medians over the rounds after the first, as ``summarise`` gives Consilium's."""
     rounds = sorted(r for r, t in timings.items() if len(t) == 2)[1:]
     if not rounds:
         raise ConfigError("Flower's run released no round after the first")

@@ -17,7 +17,7 @@ The schemes, side by side:
   scale 2^40);
 - ``consilium``: the one-time-key round (``docs/explanation/secure-round.md``) at the parameters a
   Dopamine run computes for ``K`` hospitals and ``d`` (its ``K`` key shares counted in the upload),
-  through ``protocol.secure_round.one_time_round``, threshold ``floor(K/2) + 1``: the upload is the encryption, the
+  through ``protocol.secure_round``, threshold ``floor(K/2) + 1``: the upload is the encryption, the
   dealing and the ``K`` sealed shares (the shares' bytes are counted); the download is one
   hospital's whole part after its upload: opening its shares, endorsing, proving its dealing,
   checking every proof against its shares, releasing, checking every release, rebuilding the key,
@@ -52,7 +52,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from consilium.crypto.bfv import PublicContext
 from consilium.crypto.sealed_box import certify_key
 from consilium.crypto.bfv_parameters import BfvParameters, select_bfv_parameters
-from consilium.protocol.secure_round.one_time_round import HospitalRound, RoundSetting, SumRound, box_key_context
+from consilium.protocol.secure_round.hospital_round import HospitalRound
+from consilium.protocol.secure_round.statement import RoundSetting, box_key_context
+from consilium.protocol.secure_round.sum_round import SumRound
 from consilium.scripts._cli import run
 from consilium.training.methods.flags import positive_float, positive_int
 from consilium.training.privacy.skellam import SkellamMechanism
@@ -292,7 +294,7 @@ class _TenSealCkks(_TenSeal):
 
 
 class _Consilium:
-    """The one-time-key round's cryptography, every party in this process (``protocol.secure_round.one_time_round``),
+    """The one-time-key round's cryptography, every party in this process (``protocol.secure_round``),
     at the parameters a Dopamine run with ``K`` hospitals and ``d`` parameters gets."""
 
     def __init__(self, length: int, hospitals: int, args: argparse.Namespace) -> None:

@@ -69,6 +69,12 @@ MODES = {"secure": False, "plaintext": True}  # insecure_plaintext_benchmark
 FLOWER = "flower-secagg+"
 _SERVER_PHASES = ("collect", "aggregate", "release", "evaluate")
 _HOSPITAL_PHASES = ("train", "encrypt", "decrypt")
+_PHASES_EXPLAINED = (
+    "Phases: `train` is the hospital's DP-SGD step with its noise share; `encrypt` encodes, encrypts and serialises "
+    "the update (plaintext: packs it); `decrypt` decrypts, checks and decodes the sum; `collect` runs from RoundStart "
+    "to the last update in; `aggregate` is the server's deserialising and adding (within collect); `release` runs "
+    "from the sum's sending to the released mean; `evaluate` applies it and scores the validation split."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,7 +177,21 @@ def summarise(report: dict) -> dict:
 
 
 def results_table(runs: dict[str, dict[str, list[dict]]], args: argparse.Namespace) -> str:
-    lines = [
+    lines = _table_head(args)
+    verdicts = []
+    for setting, modes in runs.items():
+        ratios = _ratios_to_plaintext(modes)
+        lines += [_mode_row(setting, mode, results, ratios[mode]) for mode, results in modes.items()]
+        verdicts += _verdicts(setting, modes, ratios)
+    lines += ["", *verdicts, "", "## Settings", ""]
+    lines += _settings_lines(runs)
+    lines += ["", _PHASES_EXPLAINED]
+    return "\n".join(lines) + "\n"
+
+
+def _table_head(args: argparse.Namespace) -> list[str]:
+    """The title, how the figures were made, and the table's header rows."""
+    return [
         "# Secure aggregation's cost in a whole Dopamine round",
         "",
         f"Command: `consilium-bench-round{''.join(' ' + a for a in sys.argv[1:])}` on {_machine(args)}. Each setting ran "
@@ -185,46 +205,53 @@ def results_table(runs: dict[str, dict[str, list[dict]]], args: argparse.Namespa
         "aggregate | release | evaluate | update bytes | validation accuracy |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+
+def _ratios_to_plaintext(modes: dict[str, list[dict]]) -> dict[str, list[float]]:
+    """Each mode's rounds over the plaintext rounds, run by run in pair order."""
+    return {
+        mode: [run["summary"]["round"] / plain["summary"]["round"] for run, plain in zip(results, modes["plaintext"])]
+        for mode, results in modes.items()
+    }
+
+
+def _mode_row(setting: str, mode: str, results: list[dict], ratios: list[float]) -> str:
+    """The table's row for one mode of one setting: medians over its runs."""
     median = statistics.median
+    s = [result["summary"] for result in results]
+    phases = [
+        *(_median_of(s, "hospital", p) for p in _HOSPITAL_PHASES),
+        *(_median_of(s, "server", p) for p in _SERVER_PHASES),
+    ]
+    cells = [
+        setting,
+        mode,
+        f"{median(x['round'] for x in s):.3f}",
+        f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
+        *phases,
+        f"{median(x['update_bytes'] for x in s):,.0f}",
+        f"{median(x['validation_accuracy'] for x in s):.3f}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _verdicts(setting: str, modes: dict[str, list[dict]], ratios: dict[str, list[float]]) -> list[str]:
+    """Whether the setting met its target, if it has one, and how it fared against Flower, if Flower ran."""
+    secure = statistics.median(ratios["secure"])
     verdicts = []
-    for setting, modes in runs.items():
-        ratios = {
-            mode: [
-                run["summary"]["round"] / plain["summary"]["round"] for run, plain in zip(results, modes["plaintext"])
-            ]
-            for mode, results in modes.items()
-        }
-        for mode, results in modes.items():
-            s = [result["summary"] for result in results]
-            phases = [
-                *(_median_of(s, "hospital", p) for p in _HOSPITAL_PHASES),
-                *(_median_of(s, "server", p) for p in _SERVER_PHASES),
-            ]
-            lines.append(
-                "| "
-                + " | ".join(
-                    [
-                        setting,
-                        mode,
-                        f"{median(x['round'] for x in s):.3f}",
-                        f"{median(ratios[mode]):.2f}x ({min(ratios[mode]):.2f}-{max(ratios[mode]):.2f})",
-                        *phases,
-                        f"{median(x['update_bytes'] for x in s):,.0f}",
-                        f"{median(x['validation_accuracy'] for x in s):.3f}",
-                    ]
-                )
-                + " |"
-            )
-        secure = median(ratios["secure"])
-        if setting in _TARGETS:
-            verdicts.append(
-                f"- Secure round at most {_TARGETS[setting]}x plaintext at about {setting} parameters and K = 5: "
-                f"{secure:.2f}x, **{'met' if secure <= _TARGETS[setting] else 'not met'}**."
-            )
-        if FLOWER in modes:
-            verdicts.append(_against_flower(setting, modes))
-    lines += ["", *verdicts, "", "## Settings", ""]
-    lines += [
+    if setting in _TARGETS:
+        verdicts.append(
+            f"- Secure round at most {_TARGETS[setting]}x plaintext at about {setting} parameters and K = 5: "
+            f"{secure:.2f}x, **{'met' if secure <= _TARGETS[setting] else 'not met'}**."
+        )
+    if FLOWER in modes:
+        verdicts.append(_against_flower(setting, modes))
+    return verdicts
+
+
+def _settings_lines(runs: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """Each setting's command line, and how Flower ran where it did."""
+    lines = [
         f"- **{setting}**: {SETTINGS[setting]['what']}; {len(runs[setting]['secure'])} pair(s); "
         f"`{' '.join(runs[setting]['secure'][0]['argv'])}`"
         for setting in runs
@@ -239,14 +266,7 @@ def results_table(runs: dict[str, dict[str, list[dict]]], args: argparse.Namespa
             f"{max(f['largest_value'] for f in flowers):.3g}, so nothing was clipped), quantises and masks. Its update "
             "bytes are every payload byte of a client's four SecAgg+ replies in a round."
         )
-    lines += [
-        "",
-        "Phases: `train` is the hospital's DP-SGD step with its noise share; `encrypt` encodes, encrypts and serialises "
-        "the update (plaintext: packs it); `decrypt` decrypts, checks and decodes the sum; `collect` runs from RoundStart "
-        "to the last update in; `aggregate` is the server's deserialising and adding (within collect); `release` runs "
-        "from the sum's sending to the released mean; `evaluate` applies it and scores the validation split.",
-    ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _median_of(summaries: list[dict], party: str, phase: str) -> str:

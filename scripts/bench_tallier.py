@@ -154,47 +154,8 @@ def _measure(work: Path, queries: int, classes: int, talliers: int, hospitals: i
     roster = local_federation(
         work / "federation", hospitals=1, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=addresses
     )
-    low, high = VOTINGS[hospitals].entry_range(queries=queries, classes=classes)
-    names = tuple(f"hospital-{h}" for h in range(1, hospitals + 1))
-    rng = np.random.default_rng()  # the votes' values do not change the work; the shares' randomness is the OS's
-    votes = {name: rng.integers(low, high + 1, size=queries * classes) for name in names}
-    shares, layout, field = share_votes(votes, talliers, CheckedLayout(queries * classes, low, high))
-    write_input(
-        work / "input.npz",
-        shares,
-        hospitals=names,
-        layout=layout,
-        classes=classes,
-        quorum=hospitals,
-        field=field,
-        reveal=reveal,
-        timeout=_TIMEOUT_S,
-        rounds=2,
-        label_threshold=0,
-    )
-    environment = {
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-    }
-    processes = [
-        subprocess.Popen(
-            party_command("input.npz", f"out-{index}", work / "federation", name),
-            cwd=work,
-            env={**os.environ, **environment},
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for index, name in enumerate(roster.talliers)
-    ]
-    deadline = time.monotonic() + 2 * _TIMEOUT_S + 60
-    failures = []
-    for index, process in enumerate(processes):
-        try:
-            process.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-        if process.wait() != 0:
-            failures.append(f"tallier {index}: {process.stderr.read().strip().splitlines()[-1:] or 'no output'}")
+    field = _write_cell_input(work / "input.npz", queries, classes, talliers, hospitals, reveal)
+    failures = _wait_for_talliers(_start_talliers(work, roster))
     if failures:
         raise RuntimeError(
             f"Q={queries} C={classes} J={talliers} H={hospitals} {reveal}: " + "; ".join(map(str, failures))
@@ -210,6 +171,61 @@ def _measure(work: Path, queries: int, classes: int, talliers: int, hospitals: i
         seconds=max(float(r["seconds"]) for r in results),
         bytes_per_tallier=statistics.fmean(int(r["bytes_sent"]) for r in results),
     )
+
+
+def _write_cell_input(path: Path, queries: int, classes: int, talliers: int, hospitals: int, reveal: str) -> MpcField:
+    """Draw the hospitals' votes for one cell, share them to the talliers and write the talliers' input; its field."""
+    low, high = VOTINGS[hospitals].entry_range(queries=queries, classes=classes)
+    names = tuple(f"hospital-{h}" for h in range(1, hospitals + 1))
+    rng = np.random.default_rng()  # the votes' values do not change the work; the shares' randomness is the OS's
+    votes = {name: rng.integers(low, high + 1, size=queries * classes) for name in names}
+    shares, layout, field = share_votes(votes, talliers, CheckedLayout(queries * classes, low, high))
+    write_input(
+        path,
+        shares,
+        hospitals=names,
+        layout=layout,
+        classes=classes,
+        quorum=hospitals,
+        field=field,
+        reveal=reveal,
+        timeout=_TIMEOUT_S,
+        rounds=2,
+        label_threshold=0,
+    )
+    return field
+
+
+def _start_talliers(work: Path, roster: Roster) -> list[subprocess.Popen]:
+    """One ``--party`` process for each of the roster's talliers, in ``work``."""
+    environment = {
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    return [
+        subprocess.Popen(
+            party_command("input.npz", f"out-{index}", work / "federation", name),
+            cwd=work,
+            env={**os.environ, **environment},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index, name in enumerate(roster.talliers)
+    ]
+
+
+def _wait_for_talliers(processes: list[subprocess.Popen]) -> list[str]:
+    """Wait for every tallier, killing those still running at the deadline; the last line of each failure's error."""
+    deadline = time.monotonic() + 2 * _TIMEOUT_S + 60
+    failures = []
+    for index, process in enumerate(processes):
+        try:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+        if process.wait() != 0:
+            failures.append(f"tallier {index}: {process.stderr.read().strip().splitlines()[-1:] or 'no output'}")
+    return failures
 
 
 def share_votes(

@@ -345,57 +345,14 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = {
-        "record": "epsilon per record, against the server (central-dp: of its released model)",
-        "hospital": "epsilon per hospital, against the server",
-    }
-    levels = {level: label for level, label in labels.items() if any(e["level"] == level for e in result["runs"])}
+    levels = _plotted_levels(result["runs"])
     if not levels:
         return
     figure, axes = plt.subplots(1, len(levels), figsize=(5.5 * len(levels) + 0.5, 4.5), sharey=True, squeeze=False)
     axes = axes[0]
-    without_privacy = {}
-    for entry in result["runs"]:
-        if entry["level"] == "none" and entry["test_accuracy"] is not None:
-            without_privacy.setdefault(entry["method"], []).append(entry["test_accuracy"])
+    without_privacy = _accuracy_without_privacy(result["runs"])
     for axis, (level, label) in zip(axes, levels.items()):
-        xs = []
-        for index, method in enumerate(dict.fromkeys(e["method"] for e in result["runs"] if e["level"] == level)):
-            by_target = {}
-            for entry in result["runs"]:
-                if entry["method"] == method and entry["test_accuracy"] is not None:
-                    by_target.setdefault(entry["target_epsilon"], []).append(entry)
-            points = sorted(
-                (
-                    statistics.mean(_matched_epsilon(e) for e in group),
-                    statistics.mean(e["test_accuracy"] for e in group),
-                    _std([e["test_accuracy"] for e in group]),
-                )
-                for group in by_target.values()
-            )
-            dodge = 1 + 0.04 * index  # methods at one epsilon side by side, not on top of each other
-            xs += [x * dodge for x, _, _ in points]
-            axis.errorbar(
-                [x * dodge for x, _, _ in points],
-                [y for _, y, _ in points],
-                yerr=[s for _, _, s in points],
-                marker="o",
-                capsize=3,
-                label=method,
-            )
-        for method, accuracy in without_privacy.items():
-            axis.axhline(
-                statistics.mean(accuracy),
-                linestyle=":",
-                color="grey" if method == "central" else "black",
-                label=f"{method} (no privacy)",
-            )
-        axis.set_xscale("log")
-        if xs:
-            axis.set_xlim(min(xs) / 1.3, max(xs) * 1.3)
-        axis.set_xlabel(label)
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
+        _plot_level(axis, result["runs"], level, label, without_privacy)
     axes[0].set_ylabel("test accuracy")
     figure.suptitle(
         f"{Path(result['data']).name}, {result['hospitals']} hospitals, delta {result['delta']:g}: mean and standard deviation over seeds "
@@ -404,6 +361,71 @@ def plot(result: dict, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def _plotted_levels(runs: list[dict]) -> dict[str, str]:
+    """Each privacy level that was run, with its panel's x-axis label."""
+    labels = {
+        "record": "epsilon per record, against the server (central-dp: of its released model)",
+        "hospital": "epsilon per hospital, against the server",
+    }
+    return {level: label for level, label in labels.items() if any(e["level"] == level for e in runs)}
+
+
+def _accuracy_without_privacy(runs: list[dict]) -> dict[str, list[float]]:
+    """Each method without privacy (central, fedavg): its runs' test accuracies."""
+    without_privacy = {}
+    for entry in runs:
+        if entry["level"] == "none" and entry["test_accuracy"] is not None:
+            without_privacy.setdefault(entry["method"], []).append(entry["test_accuracy"])
+    return without_privacy
+
+
+def _plot_level(axis, runs: list[dict], level: str, label: str, without_privacy: dict[str, list[float]]) -> None:
+    """One level's panel: each method's test accuracy against epsilon, and the methods without privacy as lines."""
+    xs = []
+    for index, method in enumerate(dict.fromkeys(e["method"] for e in runs if e["level"] == level)):
+        points = _accuracy_by_epsilon(runs, method)
+        dodge = 1 + 0.04 * index  # methods at one epsilon side by side, not on top of each other
+        xs += [x * dodge for x, _, _ in points]
+        axis.errorbar(
+            [x * dodge for x, _, _ in points],
+            [y for _, y, _ in points],
+            yerr=[s for _, _, s in points],
+            marker="o",
+            capsize=3,
+            label=method,
+        )
+    for method, accuracy in without_privacy.items():
+        axis.axhline(
+            statistics.mean(accuracy),
+            linestyle=":",
+            color="grey" if method == "central" else "black",
+            label=f"{method} (no privacy)",
+        )
+    axis.set_xscale("log")
+    if xs:
+        axis.set_xlim(min(xs) / 1.3, max(xs) * 1.3)
+    axis.set_xlabel(label)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+
+
+def _accuracy_by_epsilon(runs: list[dict], method: str) -> list[tuple[float, float, float]]:
+    """A method's points, by epsilon: the mean matched epsilon, and the mean and standard deviation of test accuracy
+    over the runs of each target."""
+    by_target = {}
+    for entry in runs:
+        if entry["method"] == method and entry["test_accuracy"] is not None:
+            by_target.setdefault(entry["target_epsilon"], []).append(entry)
+    return sorted(
+        (
+            statistics.mean(_matched_epsilon(e) for e in group),
+            statistics.mean(e["test_accuracy"] for e in group),
+            _std([e["test_accuracy"] for e in group]),
+        )
+        for group in by_target.values()
+    )
 
 
 def _matched_epsilon(entry: dict) -> float:

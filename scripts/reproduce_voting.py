@@ -75,6 +75,23 @@ SETTINGS = {
         ),
     },
 }
+# results.md's closing section: how the runs are made, which the table itself does not say.
+_HOW_IT_RUNS = (
+    "- Every run is real processes on one 2-core machine: the server, 3 `consilium-tallier` processes (MPyC over mutual TLS), "
+    "and the hospitals. AE-DPFL's 100 hospitals run as 2 processes of 50 threads; each thread is one hospital with "
+    "its own identity, CurveZMQ connection, ledger, teacher and noise generator, and seals its own shares.",
+    "- Public pool: 30% of the MNIST test set (3,000 records); the other 7,000 are the test set. The student is the "
+    "same CNN as the teachers, trained on the labelled queries and then on its own confident guesses on the "
+    "rest of the pool, every batch randomly shifted, turned and scaled a little (`training.voting.votes.train_student`).",
+    "- A query's label is released only where its largest noisy total reaches `--label-threshold` votes, decided "
+    "inside the MPC; the other queries stay unlabelled records of the pool. It is a function of the same noisy "
+    "totals, so epsilon charges every query asked, released or not.",
+    "- AE-DPFL: each hospital holds 6 of the 10 digits (`--partition label_skew`: each digit held by 60 hospitals, "
+    "in 75 to 83 distinct sets for seeds 0 to 2), about 600 records, and its teacher abstains on queries where its "
+    "top probability is below 0.5.",
+    "- kNN-DPFL: the hospitals split the MNIST training set evenly (20,000 records each) and vote the labels of "
+    "their 400 nearest records in a 30-dimensional PCA fit on the public pool; the 6 rounds ask about the whole pool.",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,7 +131,19 @@ def reproduce(args: argparse.Namespace) -> None:
 
 
 def results_table(runs: dict[str, list[dict]], *, data: str) -> str:
-    lines = [
+    lines = [*_table_head(data), *(_method_row(method, results) for method, results in runs.items())]
+    lines += ["", "## Settings", ""]
+    for method in runs:
+        lines.append(
+            f"- **{method}**: `consilium-federation --data {data} {' '.join(SETTINGS[method]['spec'].argv())}`"
+        )
+    lines += ["", "## How it runs", "", *_HOW_IT_RUNS]
+    return "\n".join(lines) + "\n"
+
+
+def _table_head(data: str) -> list[str]:
+    """The title, what the figures are, and the table's header rows."""
+    return [
         f"# Private voting on MNIST ({Path(data).name}): the voting paper's settings",
         "",
         "Command: `consilium-reproduce-voting` (one run per seed; each run is a `consilium-federation` with the "
@@ -125,59 +154,27 @@ def results_table(runs: dict[str, list[dict]], *, data: str) -> str:
         "| epsilon, other level | MPC ms per query | wall time per run (s) | target: met? |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for method, results in runs.items():
-        level = SETTINGS[method]["level"]
-        other = "record" if level == "hospital" else "hospital"
-        finals = [r["report"]["final"] for r in results]
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    method,
-                    ", ".join(str(r["seed"]) for r in results),
-                    _spread([f["student_test_accuracy"] for f in finals], percent=True),
-                    _spread([f["label_accuracy"] for f in finals], percent=True),
-                    f"{_spread([f['queries_labelled'] for f in finals], digits=0)} "
-                    f"(of {statistics.fmean(f['queries_labelled'] + f.get('queries_withheld', 0) for f in finals):.0f})",
-                    f"{_spread([f['epsilon'][level]['server'] for f in finals])} ({level}, {finals[0]['delta']:g})",
-                    f"{_spread([f['epsilon'][other]['server'] for f in finals])} ({other})",
-                    _spread(
-                        [
-                            None if f["mpc_seconds_per_query"] is None else 1000 * f["mpc_seconds_per_query"]
-                            for f in finals
-                        ]
-                    ),
-                    _spread([r["report"]["wall_seconds"] for r in results], digits=0),
-                    _verdict(finals, *SETTINGS[method]["target"], level=level),
-                ]
-            )
-            + " |"
-        )
-    lines += ["", "## Settings", ""]
-    for method, results in runs.items():
-        lines.append(
-            f"- **{method}**: `consilium-federation --data {data} {' '.join(SETTINGS[method]['spec'].argv())}`"
-        )
-    lines += [
-        "",
-        "## How it runs",
-        "",
-        "- Every run is real processes on one 2-core machine: the server, 3 `consilium-tallier` processes (MPyC over mutual TLS), "
-        "and the hospitals. AE-DPFL's 100 hospitals run as 2 processes of 50 threads; each thread is one hospital with "
-        "its own identity, CurveZMQ connection, ledger, teacher and noise generator, and seals its own shares.",
-        "- Public pool: 30% of the MNIST test set (3,000 records); the other 7,000 are the test set. The student is the "
-        "same CNN as the teachers, trained on the labelled queries and then on its own confident guesses on the "
-        "rest of the pool, every batch randomly shifted, turned and scaled a little (`training.voting.votes.train_student`).",
-        "- A query's label is released only where its largest noisy total reaches `--label-threshold` votes, decided "
-        "inside the MPC; the other queries stay unlabelled records of the pool. It is a function of the same noisy "
-        "totals, so epsilon charges every query asked, released or not.",
-        "- AE-DPFL: each hospital holds 6 of the 10 digits (`--partition label_skew`: each digit held by 60 hospitals, "
-        "in 75 to 83 distinct sets for seeds 0 to 2), about 600 records, and its teacher abstains on queries where its "
-        "top probability is below 0.5.",
-        "- kNN-DPFL: the hospitals split the MNIST training set evenly (20,000 records each) and vote the labels of "
-        "their 400 nearest records in a 30-dimensional PCA fit on the public pool; the 6 rounds ask about the whole pool.",
+
+
+def _method_row(method: str, results: list[dict]) -> str:
+    """The table's row for one method: its figures over the seeds' runs."""
+    level = SETTINGS[method]["level"]
+    other = "record" if level == "hospital" else "hospital"
+    finals = [r["report"]["final"] for r in results]
+    cells = [
+        method,
+        ", ".join(str(r["seed"]) for r in results),
+        _spread([f["student_test_accuracy"] for f in finals], percent=True),
+        _spread([f["label_accuracy"] for f in finals], percent=True),
+        f"{_spread([f['queries_labelled'] for f in finals], digits=0)} "
+        f"(of {statistics.fmean(f['queries_labelled'] + f.get('queries_withheld', 0) for f in finals):.0f})",
+        f"{_spread([f['epsilon'][level]['server'] for f in finals])} ({level}, {finals[0]['delta']:g})",
+        f"{_spread([f['epsilon'][other]['server'] for f in finals])} ({other})",
+        _spread([None if f["mpc_seconds_per_query"] is None else 1000 * f["mpc_seconds_per_query"] for f in finals]),
+        _spread([r["report"]["wall_seconds"] for r in results], digits=0),
+        _verdict(finals, *SETTINGS[method]["target"], level=level),
     ]
-    return "\n".join(lines) + "\n"
+    return "| " + " | ".join(cells) + " |"
 
 
 def _verdict(finals: list[dict], accuracy: float, epsilon: float, *, level: str) -> str:

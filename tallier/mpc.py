@@ -142,65 +142,28 @@ def run_round(
     does not finish in time or a peer deviates where it can be seen; ``VoterError`` if the talliers
     disagree on the round or count fewer voters than ``quorum`` (or ``on_voters`` refuses them);
     ``TamperError`` if a voter's tag check fails."""
-    if reveal not in REVEAL_MODES:
-        raise ValueError(f"unknown reveal mode {reveal!r}; choose from {', '.join(REVEAL_MODES)}")
-    if not set(shares) <= set(hospitals):
-        raise ValueError(f"shares from {sorted(set(shares) - set(hospitals))}, not hospitals of the run")
-    if layout.entries % classes or any(len(vector) != layout.values for vector in shares.values()):
-        raise ValueError(f"every share must hold {layout.values} values, counts of {classes} classes")
+    _check_inputs(shares, hospitals=hospitals, layout=layout, classes=classes, reveal=reveal)
     harden_mpyc(field.modulus)
     with _round_loop() as loop:
-        # No --ssl: MPyC reads it only in Runtime.start, which MpcNetwork.connect replaces with pinned TLS.
-        runtime = mpyc_runtime([f"-P{host}:{port}" for host, port in party.addresses] + ["-I", str(party.index)])
-        if runtime._loop is not loop:
-            raise RuntimeError("MPyC's runtime did not take the round's event loop")
-        secint = runtime.SecInt(field.bit_length)
-        if secint.field.modulus != field.modulus:  # the hospitals shared over another field: the sums would be noise
-            raise ValueError(
-                f"the hospitals shared modulo {field.modulus}, but {field.bit_length}-bit MPC computes modulo {secint.field.modulus}"
-            )
-        element_bytes = secint.field.byte_length
+        runtime, secint = _runtime(party, field, loop)
         network = MpcNetwork(
-            runtime, party, max_message_bytes=_message_limit(layout, len(hospitals), field, element_bytes)
+            runtime, party, max_message_bytes=_message_limit(layout, len(hospitals), field, secint.field.byte_length)
         )
         tally = _Tally(runtime, secint, layout, round_number)
-
-        async def protocol() -> MpcResult:
-            await network.connect(timeout_s)
-            try:
-                voters = await tally.agree_on_voters(hospitals, shares, quorum)
-                try:
-                    on_voters(voters)
-                except ValueError as error:
-                    raise VoterError(str(error)) from None
-                counted, refused = await tally.check([shares[name] for name in voters], voters)
-                if len(counted) < quorum:
-                    raise VoterError(
-                        f"{len(counted)} of the {len(voters)} voters' ballots pass their checks, fewer than the quorum of "
-                        f"{quorum}; refused: {', '.join(refused)}"
-                    )
-                totals = tally.totals(counted, classes)
-                if reveal == "histogram":
-                    revealed = np.array(await open_checked(runtime, runtime.np_reshape(totals, (-1,))), dtype=np.int64)
-                    revealed = revealed.reshape(-1, classes)
-                    labels = _released_labels(revealed, label_threshold)
-                else:
-                    labels, revealed = await tally.labels(totals, classes, label_threshold), None
-            except (VoterError, TamperError):
-                await runtime.shutdown()
-                raise
-            sent = sum(peer.protocol.nbytes_sent for peer in runtime.parties if peer.pid != runtime.pid)
-            await runtime.shutdown()
-            return MpcResult(
-                voters=tuple(voters[i] for i in counted),
-                refused=refused,
-                labels=labels,
-                totals=revealed,
-                bytes_sent=sent,
-            )
-
+        protocol = _protocol(
+            network,
+            tally,
+            shares,
+            hospitals=hospitals,
+            quorum=quorum,
+            classes=classes,
+            reveal=reveal,
+            label_threshold=label_threshold,
+            timeout_s=timeout_s,
+            on_voters=on_voters,
+        )
         try:
-            return runtime.run(asyncio.wait_for(protocol(), timeout_s))
+            return runtime.run(asyncio.wait_for(protocol, timeout_s))
         except (VoterError, TamperError):
             raise
         except BaseException as error:
@@ -208,6 +171,77 @@ def run_round(
             if failure is error:
                 raise
             raise failure from None
+
+
+def _check_inputs(
+    shares: dict[str, np.ndarray], *, hospitals: tuple[str, ...], layout: CheckedLayout, classes: int, reveal: str
+) -> None:
+    if reveal not in REVEAL_MODES:
+        raise ValueError(f"unknown reveal mode {reveal!r}; choose from {', '.join(REVEAL_MODES)}")
+    if not set(shares) <= set(hospitals):
+        raise ValueError(f"shares from {sorted(set(shares) - set(hospitals))}, not hospitals of the run")
+    if layout.entries % classes or any(len(vector) != layout.values for vector in shares.values()):
+        raise ValueError(f"every share must hold {layout.values} values, counts of {classes} classes")
+
+
+def _runtime(party: MpcParty, field: MpcField, loop: asyncio.AbstractEventLoop):
+    """MPyC's runtime for this round, on the round's own event loop, and its secure integers in the run's field."""
+    # No --ssl: MPyC reads it only in Runtime.start, which MpcNetwork.connect replaces with pinned TLS.
+    runtime = mpyc_runtime([f"-P{host}:{port}" for host, port in party.addresses] + ["-I", str(party.index)])
+    if runtime._loop is not loop:
+        raise RuntimeError("MPyC's runtime did not take the round's event loop")
+    secint = runtime.SecInt(field.bit_length)
+    if secint.field.modulus != field.modulus:  # the hospitals shared over another field: the sums would be noise
+        raise ValueError(
+            f"the hospitals shared modulo {field.modulus}, but {field.bit_length}-bit MPC computes modulo {secint.field.modulus}"
+        )
+    return runtime, secint
+
+
+async def _protocol(
+    network: MpcNetwork,
+    tally: _Tally,
+    shares: dict[str, np.ndarray],
+    *,
+    hospitals: tuple[str, ...],
+    quorum: int,
+    classes: int,
+    reveal: str,
+    label_threshold: int,
+    timeout_s: float,
+    on_voters: Callable[[tuple[str, ...]], None],
+) -> MpcResult:
+    """The round's steps, in order: connect, agree on the voters, check their ballots, add, and open the labels
+    (or the totals)."""
+    runtime = tally.runtime
+    await network.connect(timeout_s)
+    try:
+        voters = await tally.agree_on_voters(hospitals, shares, quorum)
+        try:
+            on_voters(voters)
+        except ValueError as error:
+            raise VoterError(str(error)) from None
+        counted, refused = await tally.check([shares[name] for name in voters], voters)
+        if len(counted) < quorum:
+            raise VoterError(
+                f"{len(counted)} of the {len(voters)} voters' ballots pass their checks, fewer than the quorum of "
+                f"{quorum}; refused: {', '.join(refused)}"
+            )
+        totals = tally.totals(counted, classes)
+        if reveal == "histogram":
+            revealed = np.array(await open_checked(runtime, runtime.np_reshape(totals, (-1,))), dtype=np.int64)
+            revealed = revealed.reshape(-1, classes)
+            labels = _released_labels(revealed, label_threshold)
+        else:
+            labels, revealed = await tally.labels(totals, classes, label_threshold), None
+    except (VoterError, TamperError):
+        await runtime.shutdown()
+        raise
+    sent = sum(peer.protocol.nbytes_sent for peer in runtime.parties if peer.pid != runtime.pid)
+    await runtime.shutdown()
+    return MpcResult(
+        voters=tuple(voters[i] for i in counted), refused=refused, labels=labels, totals=revealed, bytes_sent=sent
+    )
 
 
 @contextlib.contextmanager

@@ -31,6 +31,8 @@ import logging
 import time
 from pathlib import Path
 
+import numpy as np
+
 from consilium.protocol.voting.ballots import BallotError, open_share, tallier_key_context
 from consilium.protocol.wire.channel import ServerChannel
 from consilium.protocol.run.config import ConfigError
@@ -164,8 +166,10 @@ class Tallier:
             )
         return config, run
 
-    def _tally(self, message: Shares) -> None:
-        config, layout, started = self._config, self._config.ballot_layout(), time.perf_counter()
+    def _open_shares(self, message: Shares) -> dict[str, np.ndarray]:
+        """This tallier's share of each hospital's ballot; a box that does not open is rejected, its hospital
+        left out."""
+        config, layout = self._config, self._config.ballot_layout()
         shares = {}
         for hospital, box in message.boxes.items():
             if hospital not in config.hospitals:
@@ -187,6 +191,11 @@ class Tallier:
                 )
             except BallotError as error:
                 self._channel.rejections.reject("the server", message.TYPE, str(error))
+        return shares
+
+    def _tally(self, message: Shares) -> None:
+        config, layout, started = self._config, self._config.ballot_layout(), time.perf_counter()
+        shares = self._open_shares(message)
         log.info("round %d: valid shares from %d hospitals; the MPC starts", message.round, len(shares))
         try:
             result = run_round(

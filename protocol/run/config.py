@@ -18,7 +18,7 @@ from consilium.crypto.bfv_parameters import BfvParameters, ParameterError, selec
 from consilium.crypto.linear_hash import challenge_count
 from consilium.crypto.one_time_keys import key_share_bytes
 from consilium.crypto.sealed_box import OVERHEAD_BYTES
-from consilium.protocol.secure_round.one_time_round import RoundSetting, check_threshold
+from consilium.protocol.secure_round.statement import RoundSetting, check_threshold
 from consilium.training.privacy.accounting import tolerated_coalition
 from consilium.training.methods.registry import TrainingMethod, settings_from_dict
 from consilium.training.models.build import ModelSpec

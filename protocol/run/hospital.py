@@ -5,7 +5,7 @@ Dopamine's DP-SGD step, or DP-FedAvg's sub-client updates) and uploads it under 
 that upload alone, whose Shamir shares it seals to the other hospitals; it endorses at most one sum
 a round, proves its dealing, and releases its share of the sum's key only once every contributor
 has endorsed that same sum and every dealing to it checks (``docs/explanation/secure-round.md``;
-the checks are ``protocol.secure_round.one_time_round``'s). It then opens the sum from every member's release,
+the checks are ``protocol.secure_round``'s). It then opens the sum from every member's release,
 applies the mean with the method's update rule like every other party, and tells the server what
 it applied. Where a check fails it refuses the round, naming whom the check caught.
 
@@ -81,11 +81,12 @@ from consilium.protocol.wire.messages import (
     float32_values,
     release_digest,
 )
-from consilium.protocol.secure_round.one_time_round import (
+from consilium.protocol.secure_round.hospital_round import HospitalRound
+from consilium.protocol.secure_round.statement import (
     Endorsed,
-    HospitalRound,
     Proved,
     RoundRefused,
+    RoundSetting,
     box_key_context,
     check_box_keys,
     released_from,
@@ -352,19 +353,10 @@ class Hospital:
     ) -> "Contribution | None":
         """This hospital's update for the round, sent; None where it refuses the round before it is charged."""
         round_number = message.round
+        setting = None
         if self._aggregation == SECURE_AGGREGATION:
             setting = self._config.round_setting(self._run, round_number, self._public.params)
-            try:  # before the charge: a relay's fault costs nothing and ends nothing (review 4, finding 8)
-                check_box_keys(setting, self._name, message.box_keys, self._identities())
-                own = self._box_keys.get(round_number)
-                if own is None or message.box_keys[self._name] != own[1]:  # e.g. one certified before a restart
-                    raise RoundRefused(
-                        f"round {round_number}: the box key listed for {self._name} is not the one it holds",
-                        named=["server"],
-                    )
-            except RoundRefused as refusal:
-                self._box_keys.pop(round_number, None)
-                self._refuse(round_number, refusal)
+            if not self._box_keys_check(setting, message):
                 return None
         # Durable before the update leaves: a crash can only over-count.
         self._ledger.record(charge, run_id=self._config.run_id, round_number=round_number)
@@ -383,28 +375,54 @@ class Hospital:
             raise ProtocolError(f"round {round_number}: {error}") from None
         contribution.seconds["train"] = time.perf_counter() - started
         started = time.perf_counter()
+        update = encode(self._update(contribution, setting, share, message))
+        contribution.seconds["encrypt"] = time.perf_counter() - started
+        contribution.update_bytes = len(update)
+        self._send_at(update, send_at, contribution)
+        return contribution
+
+    def _box_keys_check(self, setting: RoundSetting, message: RoundStart) -> bool:
+        """Whether the round's box keys check, this hospital's own among them; a failure refuses the round before
+        the charge, so that a relay's fault costs nothing and ends nothing (review 4, finding 8)."""
+        round_number = message.round
+        try:
+            check_box_keys(setting, self._name, message.box_keys, self._identities())
+            own = self._box_keys.get(round_number)
+            if own is None or message.box_keys[self._name] != own[1]:  # e.g. one certified before a restart
+                raise RoundRefused(
+                    f"round {round_number}: the box key listed for {self._name} is not the one it holds",
+                    named=["server"],
+                )
+        except RoundRefused as refusal:
+            self._box_keys.pop(round_number, None)
+            self._refuse(round_number, refusal)
+            return False
+        return True
+
+    def _update(
+        self, contribution: Contribution, setting: RoundSetting | None, share: np.ndarray, message: RoundStart
+    ) -> Update:
+        """The share under this round's one-time key, with that key's shares sealed to the members, and this
+        hospital's box key for the next round (the plaintext benchmark: the share in the clear)."""
+        round_number = message.round
         next_key = self._box_key(round_number + 1) if round_number < self._config.rounds else b""
         if self._aggregation == INSECURE_PLAINTEXT:
             chunks = InsecurePlaintextUploads(self._config.bfv_parameters()).encrypt_update(
                 share, round_number=round_number, hospital=self._name
             )
-            boxes: dict[str, bytes] = {}
-        else:
-            box, _ = self._box_keys.pop(round_number)
-            contribution.round_keys = HospitalRound(
-                setting,
-                self._public,
-                name=self._name,
-                signing=self._credentials.identity.signing,
-                box=box,
-            )
-            try:
-                chunks, boxes = contribution.round_keys.upload(self._slots(share), message.box_keys, self._identities())
-            except RoundRefused as refusal:
-                raise ProtocolError(f"round {round_number}: {refusal}") from None
-        update = encode(Update(round=round_number, chunks=tuple(chunks), boxes=boxes, next_box_key=next_key))
-        contribution.seconds["encrypt"] = time.perf_counter() - started
-        contribution.update_bytes = len(update)
+            return Update(round=round_number, chunks=tuple(chunks), boxes={}, next_box_key=next_key)
+        box, _ = self._box_keys.pop(round_number)
+        contribution.round_keys = HospitalRound(
+            setting, self._public, name=self._name, signing=self._credentials.identity.signing, box=box
+        )
+        try:
+            chunks, boxes = contribution.round_keys.upload(self._slots(share), message.box_keys, self._identities())
+        except RoundRefused as refusal:
+            raise ProtocolError(f"round {round_number}: {refusal}") from None
+        return Update(round=round_number, chunks=tuple(chunks), boxes=boxes, next_box_key=next_key)
+
+    def _send_at(self, update: bytes, send_at: float, contribution: Contribution) -> None:
+        """Send at the round's send offset, so that the send time does not reveal how long the step took."""
         wait = send_at - time.monotonic()
         if wait > 0:
             time.sleep(wait)
@@ -413,12 +431,11 @@ class Hospital:
             log.warning(
                 "round %d: the update took %.3f s longer than the send offset of %g s; its send time may "
                 "reveal the batch size (raise --send-offset)",
-                round_number,
+                contribution.round,
                 -wait,
                 self._send_offset_s,
             )
         self._channel.transport.send(update)
-        return contribution
 
     def _endorse(self, message: Aggregate, pending: "Contribution") -> None:
         """Check the sum and the set, open this hospital's shares, and sign the round's one statement."""

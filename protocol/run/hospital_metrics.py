@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from consilium.protocol.run.config import RunConfig
-from consilium.protocol.secure_round.one_time_round import HospitalRound
+from consilium.protocol.secure_round.hospital_round import HospitalRound
 from consilium.training.methods.registry import TrainingMethod
 
 __all__ = ["Contribution", "HospitalMetrics"]

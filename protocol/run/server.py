@@ -6,7 +6,7 @@ key outlives a round: each upload is under a one-time key whose shares the other
 release only for one sum every contributor endorsed (``docs/explanation/secure-round.md``).
 
 A run is a join and rounds (``protocol.wire.messages`` shows the sequence); this module is the rounds'
-phases, ``protocol.secure_round.one_time_round`` the checks the server makes at each. What the server reports
+phases, ``protocol.secure_round`` the checks the server makes at each. What the server reports
 and keeps of each round is ``protocol.run.server_report``'s. Every wait has a deadline. A message that
 fails validation, is out of sequence, or comes from a party with nothing to say at that point is
 logged as rejected and changes nothing. A round that gathers fewer contributions than the quorum
@@ -46,7 +46,6 @@ from consilium.protocol.wire.messages import (
     Proof,
     Proofs,
     ProtocolError,
-    Refused,
     Release,
     Releases,
     RoundAbort,
@@ -55,16 +54,15 @@ from consilium.protocol.wire.messages import (
     float32_values,
     release_digest,
 )
-from consilium.protocol.secure_round.one_time_round import (
+from consilium.protocol.secure_round.statement import (
     Endorsed,
     Proved,
-    check_opening,
     RoundRefused,
-    SumRound,
     box_key_context,
     released_from,
     state_digest,
 )
+from consilium.protocol.secure_round.sum_round import SumRound
 from consilium.protocol.run.participants import Participants, Timeouts, join_record, run_to_the_end
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
@@ -74,14 +72,13 @@ from consilium.protocol.wire.transcript import Transcript
 from consilium.protocol.wire.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
 from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
 from consilium.training.data.datasets import Split
+from consilium.protocol.run.blame import Blame, Evidence
 from consilium.training.models.evaluation import Selection
 from consilium.training.methods.registry import SharedState, ledger_release
 from consilium.training.models.build import build_model, get_flat_parameters, set_flat_parameters
 
-__all__ = ["MAX_UNPROVEN_REFUSALS", "Server"]
+__all__ = ["Server"]
 
-MAX_UNPROVEN_REFUSALS = 2  # a hospital's refusals of rounds that no evidence bears out, before it leaves the run
-MAX_ANONYMOUS_FAILURES = 2  # rounds in a row whose sum did not open and nobody is named, before the run ends
 
 log = logging.getLogger("consilium.server")
 
@@ -106,19 +103,7 @@ class Server:
         _checkpoint: Checkpoint | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
-        self._selection = selection or Selection()
-        if _checkpoint is not None:  # a resumed run keeps the selection it began with
-            try:
-                checkpointed = Selection(**_checkpoint.selection)
-            except (TypeError, ValueError) as error:
-                raise CheckpointError(f"the checkpoint in {out_dir} is unusable: {error}") from None
-            if selection not in (None, checkpointed):
-                raise ConfigError(
-                    f"the checkpointed run selects its model on {checkpointed.on} among every {checkpointed.every}-th "
-                    f"round: resume it with --select-every {checkpointed.every} --select-on {checkpointed.on}, or "
-                    "without either flag"
-                )
-            self._selection = checkpointed
+        self._selection = _selection_of(selection, _checkpoint, out_dir)
         ledger_path = out_dir / LEDGER_FILE
         if _checkpoint is None and ledger_path.exists():
             raise ConfigError(
@@ -133,7 +118,6 @@ class Server:
         self._model = build_model(config.model, seed=model_seed)  # a resumed run takes its checkpoint's
         self._shared = SharedState(config.training, self._model)
         self._params = config.bfv_parameters()
-        limit = config.message_limit()
         self._mechanism = self._shared.mechanism
         # Charged at the method's first level, as the hospitals' ledgers are.
         ledger = PrivacyLedger(ledger_path, key=credentials.ledger_key)
@@ -148,9 +132,6 @@ class Server:
         )
         self._public: PublicContext | None = None
         self._box_keys: dict[str, tuple[int, bytes]] = {}  # hospital -> (round, its certified box key for it)
-        self._unproven: dict[str, int] = {}  # hospital -> its refusals that no evidence bore out
-        self._anonymous_failures = 0  # rounds in a row whose sum did not open, naming nobody
-        self._disputes: dict[tuple[str, str], int] = {}  # (accuser, dealer) -> rounds it named that dealer
         self._run = ""  # RunConfig.fingerprint of what every hospital is welcomed with, once known
         self._rounds_started = 0
         self._resumed_from = _checkpoint
@@ -159,6 +140,18 @@ class Server:
             self._initial_parameters = get_flat_parameters(self._model)  # the ledger's run begins once the run is named
         else:
             membership = self._restore(_checkpoint)
+        self._open_channels(credentials, transcript, transcript_payloads, max_messages_per_second, membership)
+
+    def _open_channels(
+        self,
+        credentials: Credentials,
+        transcript: Path | None,
+        transcript_payloads: bool,
+        max_messages_per_second: float,
+        membership: tuple[dict, list],
+    ) -> None:
+        """The server's socket, open to the roster's hospitals only, its transcript, and who takes part."""
+        config, roster, limit = self._config, self._roster, self._config.message_limit()
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
         self._transport = ServerTransport(
             roster.server_address, credentials.curve, enrolled, limit, max_messages_per_second
@@ -169,6 +162,7 @@ class Server:
         parties = PartyChannels(self._transport, accept=TO_SERVER, limit=limit, log=log, transcript=self._transcript)
         self._participants = Participants(parties, config.hospitals, log)
         self._participants.departures, self._participants.joins = membership
+        self._blame = Blame(self._participants.drop, config.hospitals, config.key_threshold)
 
     @property
     def config(self) -> RunConfig:
@@ -245,7 +239,7 @@ class Server:
 
     def _admit(self) -> None:
         """Welcome the hospitals that said Hello to the model as it is now; each answers with its box key
-        for the next round (``protocol.secure_round.one_time_round.box_key_context``), or is turned away."""
+        for the next round (``protocol.secure_round.statement.box_key_context``), or is turned away."""
         participants, timeout_s = self._participants, self._timeouts.key_s
         deadline, next_round = time.monotonic() + timeout_s, self._rounds_started + 1
         welcome = Welcome(
@@ -304,24 +298,12 @@ class Server:
     def _run_round(self, round_number: int) -> None:
         training, participants, timeout_s = self._shared.settings, self._participants, self._timeouts.round_s
         record = RoundRecord(round=round_number, status="aborted", contributors=[], round_state=training.round_state())
-        self._rounds_started = round_number
-        self._save_checkpoint(required=True)  # before RoundStart leaves: a resumed server never starts this round again
-        started = time.perf_counter()
         insecure = self._config.aggregation == INSECURE_PLAINTEXT
-        for name in list(participants.active):
-            if not insecure and self._box_keys.get(name, (0, b""))[0] != round_number:
-                participants.drop(name, f"holds no box key for round {round_number}")
         quorum = self._config.training.quorum
-        if len(participants.active) < quorum:  # before RoundStart: nobody is charged for a round that cannot be
-            self._abort(
-                record,
-                f"{len(participants.active)} hospitals hold a box key for this round, fewer than the quorum of {quorum}",
-            )
+        box_keys = self._start_round(record, insecure)
+        if box_keys is None:
             return
-        box_keys = {} if insecure else {name: self._box_keys[name][1] for name in participants.active}
-        for name in participants.active:
-            participants.parties.send(name, RoundStart(round=round_number, box_keys=box_keys))
-        participants.begin_round()
+        started = time.perf_counter()
         setting = self._config.round_setting(self._run, round_number, self._params) if not insecure else None
         total = SumRound(setting, self._public) if setting else InsecurePlaintextSum(self._params)
         identities = self._identities()
@@ -365,59 +347,36 @@ class Server:
         self._record.account(record)
         self._finish_round(record)
 
+    def _start_round(self, record: RoundRecord, insecure: bool) -> dict[str, bytes] | None:
+        """RoundStart, with the box keys, to the hospitals that hold one for this round; None, and the round
+        aborted before anyone is charged, where fewer than the quorum do."""
+        round_number, participants = record.round, self._participants
+        self._rounds_started = round_number
+        self._save_checkpoint(required=True)  # before RoundStart leaves: a resumed server never starts this round again
+        for name in list(participants.active):
+            if not insecure and self._box_keys.get(name, (0, b""))[0] != round_number:
+                participants.drop(name, f"holds no box key for round {round_number}")
+        quorum = self._config.training.quorum
+        if len(participants.active) < quorum:
+            self._abort(
+                record,
+                f"{len(participants.active)} hospitals hold a box key for this round, fewer than the quorum of {quorum}",
+            )
+            return None
+        box_keys = {} if insecure else {name: self._box_keys[name][1] for name in participants.active}
+        for name in participants.active:
+            participants.parties.send(name, RoundStart(round=round_number, box_keys=box_keys))
+        participants.begin_round()
+        return box_keys
+
     def _open_secure(self, record: RoundRecord, total: SumRound, updates: dict, box_keys: dict[str, bytes]):
-        """The round's mean, once every member endorsed, proved and released (``protocol.secure_round.one_time_round``);
+        """The round's mean, once every member endorsed, proved and released (``protocol.secure_round``);
         None where the round was aborted."""
-        participants, members, number = self._participants, record.contributors, record.round
         identities = self._identities()
-        chunks = total.total(members, box_keys, round_state=record.round_state, previous_result=self._state_digest())
-        digests = {name: total.digests[name] for name in members}
-        for name in members:
-            boxes = {dealer: updates[dealer].boxes[name] for dealer in members}
-            participants.parties.send(
-                name,
-                Aggregate(
-                    round=number, contributors=tuple(members), chunks=tuple(chunks), digests=digests, boxes=boxes
-                ),
-            )
+        self._send_aggregates(record, total, updates, box_keys)
         try:
-            evidence = _Evidence(total, updates, box_keys, identities)
-            endorsements = self._step(
-                record,
-                Endorsement,
-                "endorse the sum",
-                lambda n, e: total.endorsement_refusal(n, _endorsed(e), identities[n]),
-                evidence,
-            )
-            if endorsements is None:
-                return None
-            total.endorsed({n: _endorsed(e) for n, e in endorsements.items()}, identities)
-            self._send_all(members, Endorsements.of(number, endorsements))
-            proofs = self._step(
-                record,
-                Proof,
-                "prove their dealing",
-                lambda n, p: total.proof_refusal(n, _proved(p), identities[n]),
-                evidence,
-            )
-            if proofs is None:
-                return None
-            evidence.proofs = {n: _proved(p) for n, p in proofs.items()}
-            total.proved(evidence.proofs, identities)
-            # From here on members release, and any tau releases open the sum: the ledger first (review 4, finding 12).
-            self._record.charge(
-                ledger_release(
-                    self._shared.settings,
-                    self._mechanism,
-                    len(members),
-                    self._config.coalition(len(self._roster.hospitals)),
-                ),
-                number,
-            )
-            self._send_all(members, Proofs.of(number, proofs))
-            releases = self._step(
-                record, Release, "release", lambda n, r: self._release_refusal(total, n, r, identities), evidence
-            )
+            evidence = Evidence(total, updates, box_keys, identities)
+            releases = self._gather_releases(record, total, evidence, identities)
             if releases is None:
                 return None
         except RoundRefused as refusal:
@@ -430,14 +389,65 @@ class Server:
             )
         except RoundRefused as refusal:
             self._abort(record, f"{refusal} (named: {', '.join(refusal.named) or 'nobody'})")
-            self._after_failed_opening(refusal)
+            self._blame.failed_opening(refusal)
             return None
-        self._anonymous_failures = 0
-        self._send_all(members, Releases.of(number, releases))
+        self._blame.opened()
+        members = record.contributors
+        self._send_all(members, Releases.of(record.round, releases))
         digits = self._params.digits
         summed = digits.from_slots(slots[: digits.slots_for(self._params.vector_length)], self._params.vector_length)
         mean = self._shared.settings.read_sum(summed, len(members), self._shared.parameter_count)
         return self._confirmed(record, mean)
+
+    def _send_aggregates(self, record: RoundRecord, total: SumRound, updates: dict, box_keys: dict[str, bytes]) -> None:
+        """Each member gets the sum, every upload's digest, and the key shares the others dealt it."""
+        members, number = record.contributors, record.round
+        chunks = total.total(members, box_keys, round_state=record.round_state, previous_result=self._state_digest())
+        digests = {name: total.digests[name] for name in members}
+        for name in members:
+            boxes = {dealer: updates[dealer].boxes[name] for dealer in members}
+            self._participants.parties.send(
+                name,
+                Aggregate(
+                    round=number, contributors=tuple(members), chunks=tuple(chunks), digests=digests, boxes=boxes
+                ),
+            )
+
+    def _gather_releases(
+        self, record: RoundRecord, total: SumRound, evidence: Evidence, identities: dict
+    ) -> dict | None:
+        """Endorsements, then proofs, then releases, each relayed once all are in; the ledger is charged before
+        the proofs go out, since any tau releases after them open the sum. None where a step timed out."""
+        members, number = record.contributors, record.round
+        endorsements = self._step(
+            record,
+            Endorsement,
+            "endorse the sum",
+            lambda n, e: total.endorsement_refusal(n, _endorsed(e), identities[n]),
+            evidence,
+        )
+        if endorsements is None:
+            return None
+        total.endorsed({n: _endorsed(e) for n, e in endorsements.items()}, identities)
+        self._send_all(members, Endorsements.of(number, endorsements))
+        proofs = self._step(
+            record,
+            Proof,
+            "prove their dealing",
+            lambda n, p: total.proof_refusal(n, _proved(p), identities[n]),
+            evidence,
+        )
+        if proofs is None:
+            return None
+        evidence.proofs = {n: _proved(p) for n, p in proofs.items()}
+        total.proved(evidence.proofs, identities)
+        # From here on members release, and any tau releases open the sum: the ledger first (review 4, finding 12).
+        coalition = self._config.coalition(len(self._roster.hospitals))
+        self._record.charge(ledger_release(self._shared.settings, self._mechanism, len(members), coalition), number)
+        self._send_all(members, Proofs.of(number, proofs))
+        return self._step(
+            record, Release, "release", lambda n, r: self._release_refusal(total, n, r, identities), evidence
+        )
 
     def _open_plaintext(self, record: RoundRecord, total: InsecurePlaintextSum):
         """The plaintext benchmark's round: the sum goes back to the contributors as it is."""
@@ -483,10 +493,10 @@ class Server:
             self._participants.drop(name, f"round {record.round}: it refused the opened sum: {reason}")
         return mean
 
-    def _step(self, record: RoundRecord, kind, what: str, check, evidence: "_Evidence"):
+    def _step(self, record: RoundRecord, kind, what: str, check, evidence: Evidence):
         """Every member's ``kind`` message of the round, each passing ``check`` as it arrives, or None
         where one refused or fell silent (the round aborted). A refusal's evidence is weighed
-        (``_weigh``) before the round is aborted."""
+        (``Blame.weigh``) before the round is aborted."""
         answers, refusals = collect_from_members(
             self._participants, record.contributors, kind, record.round, self._timeouts.round_s, check
         )
@@ -498,70 +508,12 @@ class Server:
                 f"refused by {', '.join(sorted(refusals))} ({reasons}; "
                 f"named, unverified: {', '.join(named) or 'nobody'})",
             )
-            self._weigh(record.round, refusals, evidence)
+            self._blame.weigh(record.round, refusals, evidence)
             return None
         if set(answers) != set(record.contributors):
             self._abort(record, f"{len(answers)} of {len(record.contributors)} contributors did {what}")
             return None
         return answers
-
-    def _weigh(self, round_number: int, refusals: dict[str, Refused], evidence: "_Evidence") -> None:
-        """Act on refusals (review 4, finding 2; review 5, finding 2):
-
-        - a dealer that an opening convicts (``protocol.secure_round.one_time_round.check_opening``) leaves the run;
-        - a refusal that shows no opening for whom it names (the server, say) is its refuser's word
-          alone, since this server checked every box signature, endorsement, proof and release it
-          relayed: after ``MAX_UNPROVEN_REFUSALS`` of them the refuser leaves the run;
-        - a refusal that names dealers and shows their boxes' keys, which do not convict them (a
-          signed box that does not decrypt, which nobody can prove either way), is a dispute between
-          two hospitals. A dealer that ``tau`` or
-          more hospitals name so in one round leaves the run (at most ``tau - 1`` are dishonest, so
-          one of them told the truth); a pair in dispute ``MAX_UNPROVEN_REFUSALS`` times leaves the
-          run together, so that a liar costs the run no more than itself and one other.
-        """
-        accusers: dict[str, set[str]] = {}
-        for name, refusal in refusals.items():
-            convicted = [dealer for dealer, key in refusal.openings.items() if evidence.convicts(name, dealer, key)]
-            for dealer in convicted:
-                self._participants.drop(dealer, f"round {round_number}: {name}'s opening shows it dealt a wrong share")
-            disputed = [  # named, with the box's key shown, but not convicted by it
-                dealer for dealer in refusal.named if dealer in refusal.openings and dealer in self._config.hospitals
-            ]
-            if convicted:
-                continue
-            if not disputed:
-                self._unproven[name] = self._unproven.get(name, 0) + 1
-                if self._unproven[name] >= MAX_UNPROVEN_REFUSALS:
-                    self._participants.drop(name, f"refused {self._unproven[name]} rounds without evidence")
-            for dealer in disputed:
-                accusers.setdefault(dealer, set()).add(name)
-        for dealer, names in accusers.items():
-            if len(names) >= self._config.key_threshold:
-                self._participants.drop(dealer, f"round {round_number}: {len(names)} hospitals name it as a dealer")
-                continue
-            for name in names:
-                pair = (name, dealer)
-                self._disputes[pair] = self._disputes.get(pair, 0) + 1
-                if self._disputes[pair] >= MAX_UNPROVEN_REFUSALS:
-                    reason = f"in dispute with {{}} over {self._disputes[pair]} rounds; neither side can be proven"
-                    self._participants.drop(name, reason.format(dealer))
-                    self._participants.drop(dealer, reason.format(name))
-
-    def _after_failed_opening(self, refusal: RoundRefused) -> None:
-        """Every member released, yet the sum did not open. A member a check names signed what convicts
-        it, and leaves the run. A failure that names nobody is an upload made under another key than
-        its dealer shared, which nothing yet pins on its maker (review 5, finding 4): after
-        ``MAX_ANONYMOUS_FAILURES`` of them in a row the run ends, rather than charge every ledger on."""
-        for name in refusal.named:
-            self._participants.drop(name, str(refusal))
-        if refusal.named:
-            return
-        self._anonymous_failures += 1
-        if self._anonymous_failures >= MAX_ANONYMOUS_FAILURES:
-            raise ProtocolError(
-                f"{self._anonymous_failures} rounds in a row did not open after every release, and no check names "
-                "whom: an upload was made under another key than its dealer shared"
-            )
 
     def _release_refusal(self, total: SumRound, name: str, message: Release, identities: dict) -> str:
         """Why a release is rejected (""); a member that signed wrong values leaves the run at once."""
@@ -713,26 +665,18 @@ def _proved(message: Proof) -> Proved:
     return Proved(message.seed, message.proof, message.signature)
 
 
-class _Evidence:
-    """What the server holds to weigh a refusal's openings: the round's statement, boxes and proofs."""
-
-    def __init__(self, total: SumRound, updates: dict, box_keys: dict[str, bytes], identities: dict) -> None:
-        self._total, self._updates, self._box_keys, self._identities = total, updates, box_keys, identities
-        self.proofs: dict[str, Proved] = {}
-
-    def convicts(self, recipient: str, dealer: str, key: bytes) -> bool:
-        if dealer not in self._updates or recipient not in self._box_keys:
-            return False
-        return check_opening(
-            self._total.setting,
-            self._total.public,
-            statement=self._total.statement_bytes,
-            dealer=dealer,
-            recipient=recipient,
-            box=self._updates[dealer].boxes[recipient],
-            key=key,
-            dealer_upload=self._total.digests[dealer],
-            recipient_box_key=self._box_keys[recipient],
-            identities=self._identities,
-            proved=self.proofs.get(dealer),
+def _selection_of(selection: Selection | None, checkpoint: Checkpoint | None, out_dir: Path) -> Selection:
+    """The model selection a run uses: a resumed run keeps the one it began with, and refuses another."""
+    if checkpoint is None:
+        return selection or Selection()
+    try:
+        checkpointed = Selection(**checkpoint.selection)
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"the checkpoint in {out_dir} is unusable: {error}") from None
+    if selection not in (None, checkpointed):
+        raise ConfigError(
+            f"the checkpointed run selects its model on {checkpointed.on} among every {checkpointed.every}-th "
+            f"round: resume it with --select-every {checkpointed.every} --select-on {checkpointed.on}, or "
+            "without either flag"
         )
+    return checkpointed

@@ -1,7 +1,7 @@
 """The server's side of one secure round, phase by phase (``docs/explanation/secure-round.md``).
 
 1. ``collect_updates``: each active hospital's upload is added to the round's sum as it arrives
-   (``protocol.secure_round.one_time_round.SumRound``), with the shares it sealed to the others and its box key
+   (``protocol.secure_round.sum_round.SumRound``), with the shares it sealed to the others and its box key
    for the next round; a hospital that sends none in time is dropped. One that refuses the round
    (the box keys it was sent did not check) is left out of it without a wait; with no box key for
    the next round, it leaves the run then.
@@ -23,7 +23,7 @@ from typing import Callable
 from consilium.crypto.bfv import BfvError
 from consilium.crypto.insecure_plaintext import InsecurePlaintextSum
 from consilium.protocol.wire.messages import Message, Refused, Update, Withdraw
-from consilium.protocol.secure_round.one_time_round import SumRound
+from consilium.protocol.secure_round.sum_round import SumRound
 from consilium.protocol.run.participants import Participants
 
 __all__ = ["collect_from_members", "collect_updates"]
@@ -66,17 +66,9 @@ def collect_updates(
         ):
             refused.add(sender)
             log.warning("%s refuses round %d before its upload: %s", sender, round_number, message.reason)
-        elif not isinstance(message, Update) or sender not in participants.active:
-            parties.reject(sender, message, f"expected an update for round {round_number}")
-        elif message.round != round_number:
-            parties.reject(sender, message, f"update for round {message.round} during round {round_number}")
-        elif sender in updates:
-            parties.reject(sender, message, f"second update for round {round_number}")
-        elif sender in refused:
-            parties.reject(sender, message, f"an update after refusing round {round_number}")
-        elif set(message.boxes) != boxes_for:
-            parties.reject(sender, message, f"shares sealed to {sorted(message.boxes)}, not to {sorted(boxes_for)}")
-        elif reason := check(sender, message):
+        elif reason := _update_refusal(
+            sender, message, round_number, participants.active, updates, refused, boxes_for
+        ) or check(sender, message):
             parties.reject(sender, message, reason)
         else:
             started = time.perf_counter()
@@ -93,6 +85,30 @@ def collect_updates(
     for name in set(participants.active) - set(updates) - refused:
         participants.drop(name, f"sent no update for round {round_number} within {timeout_s:g} s")
     return updates, aggregate_seconds
+
+
+def _update_refusal(
+    sender: str,
+    message,
+    round_number: int,
+    active,
+    updates: dict[str, Update],
+    refused: set[str],
+    boxes_for: set[str],
+) -> str:
+    """Why ``message`` is not ``sender``'s update for the round, or "" where it is. An update carries a sealed share
+    for each hospital the round started with, and for no other."""
+    if not isinstance(message, Update) or sender not in active:
+        return f"expected an update for round {round_number}"
+    if message.round != round_number:
+        return f"update for round {message.round} during round {round_number}"
+    if sender in updates:
+        return f"second update for round {round_number}"
+    if sender in refused:
+        return f"an update after refusing round {round_number}"
+    if set(message.boxes) != boxes_for:
+        return f"shares sealed to {sorted(message.boxes)}, not to {sorted(boxes_for)}"
+    return ""
 
 
 def collect_from_members(

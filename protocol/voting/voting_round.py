@@ -89,28 +89,8 @@ def collect_labels(
     (too few agreed voters: the round is lost); ``TallyInterrupted`` if the MPC did not finish;
     ``ProtocolError`` for anything else, which stops the run. ``rejoined`` (filled while this waits)
     holds the talliers that said Hello again since they were sent the boxes: they will not answer."""
-    parties, round_number = participants.parties, record.round
-    answers: dict[str, Labels | TallyFailed] = {}
-    deadline = time.monotonic() + timeout_s
-    most_label = config.classes if config.label_threshold else config.classes - 1  # C: withheld
-
-    def waiting() -> bool:
-        return not set(answers) | set(rejoined) >= set(config.talliers)
-
-    while waiting() and (got := participants.next_message(deadline, waiting)) is not None:
-        sender, message = got
-        if not (
-            isinstance(message, (Labels, TallyFailed)) and sender in config.talliers and message.round == round_number
-        ):
-            parties.reject(sender, message, f"expected the labels of round {round_number}")
-        elif sender in answers:
-            parties.reject(sender, message, f"second answer for round {round_number}")
-        elif isinstance(message, Labels) and (
-            len(message.labels) != config.queries_per_round or max(message.labels, default=0) > most_label
-        ):
-            parties.reject(sender, message, f"labels must be {config.queries_per_round} values up to {most_label}")
-        else:
-            answers[sender] = message
+    round_number = record.round
+    answers = _answers(participants, config, round_number, timeout_s, rejoined)
     failures = {name: a.reason for name, a in answers.items() if isinstance(a, TallyFailed)}
     missing = sorted(set(config.talliers) - set(answers))
     interrupted = {name for name, a in answers.items() if isinstance(a, TallyFailed) and a.interrupted}
@@ -144,3 +124,33 @@ def collect_labels(
     record.mpc_seconds = max(a.mpc_microseconds for a in answers.values()) / 1e6
     record.mpc_bytes = {name: a.mpc_bytes for name, a in answers.items()}
     return np.array(first.labels, dtype=np.int64)
+
+
+def _answers(
+    participants: Participants, config: VotingConfig, round_number: int, timeout_s: float, rejoined: set[str]
+) -> dict[str, Labels | TallyFailed]:
+    """Each tallier's one answer for the round, labels of the right shape or a failure, until all answered (or
+    said Hello again) or the time is up."""
+    parties = participants.parties
+    answers: dict[str, Labels | TallyFailed] = {}
+    deadline = time.monotonic() + timeout_s
+    most_label = config.classes if config.label_threshold else config.classes - 1  # C: withheld
+
+    def waiting() -> bool:
+        return not set(answers) | set(rejoined) >= set(config.talliers)
+
+    while waiting() and (got := participants.next_message(deadline, waiting)) is not None:
+        sender, message = got
+        if not (
+            isinstance(message, (Labels, TallyFailed)) and sender in config.talliers and message.round == round_number
+        ):
+            parties.reject(sender, message, f"expected the labels of round {round_number}")
+        elif sender in answers:
+            parties.reject(sender, message, f"second answer for round {round_number}")
+        elif isinstance(message, Labels) and (
+            len(message.labels) != config.queries_per_round or max(message.labels, default=0) > most_label
+        ):
+            parties.reject(sender, message, f"labels must be {config.queries_per_round} values up to {most_label}")
+        else:
+            answers[sender] = message
+    return answers

@@ -101,18 +101,8 @@ class VotingServer:
         _checkpoint: VotingCheckpoint | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
-        if config.talliers != tuple(roster.talliers):
-            raise ConfigError(f"the run's talliers {list(config.talliers)} are not the roster's {roster.talliers}")
-        if len(public_pool) < config.rounds * config.queries_per_round:
-            raise ConfigError(
-                f"{config.rounds} rounds of {config.queries_per_round} queries need {config.rounds * config.queries_per_round} "
-                f"public records; the pool has {len(public_pool)}"
-            )
         ledgers = {level: out_dir / f"privacy_ledger_{level}.jsonl" for level in LEVELS}
-        if _checkpoint is None and any(path.exists() for path in ledgers.values()):
-            raise ConfigError(
-                f"{out_dir} already holds a run (its ledgers would mix two runs); choose another --out, or --resume it"
-            )
+        _check_run(config, roster, public_pool, ledgers, resumed=_checkpoint is not None)
         self._config = config
         self._roster = roster
         self._pool = public_pool
@@ -136,9 +126,14 @@ class VotingServer:
         self._resumed_from = _checkpoint
         self._data_digest = _data_digest(public_pool, test)  # in every checkpoint: hashed once, not per write
         self._charged: dict[str, int] = {}  # per level, the last round its ledger charged before a resume
-        limit = config.message_limit()
-        parties = list(config.hospitals) + list(config.talliers)
-        enrolled = {roster.party(name).curve_public: name for name in parties}
+        self._open_channels(credentials, transcript)
+        if _checkpoint is not None:
+            self._restore(_checkpoint)
+
+    def _open_channels(self, credentials: Credentials, transcript: Path | None) -> None:
+        """The server's socket, open to the roster's hospitals and talliers only, its transcript, and who takes part."""
+        config, roster, limit = self._config, self._roster, self._config.message_limit()
+        enrolled = {roster.party(name).curve_public: name for name in (*config.hospitals, *config.talliers)}
         self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, limit)
         self._transcript = Transcript(transcript, payloads=True, max_payload_bytes=limit) if transcript else None
         parties = PartyChannels(
@@ -146,8 +141,6 @@ class VotingServer:
         )
         self._participants = Participants(parties, config.hospitals, log)
         self._participants.intercept = self._tallier_returns
-        if _checkpoint is not None:
-            self._restore(_checkpoint)
 
     @classmethod
     def resume(cls, *, out_dir: Path, public_pool: Split, test: Split, **settings) -> "VotingServer":
@@ -609,6 +602,25 @@ def _checkpointed_config(checkpoint: VotingCheckpoint, out_dir: Path) -> VotingC
         return VotingConfig.from_dict(checkpoint.config)
     except ConfigError as error:
         raise CheckpointError(f"the checkpoint in {out_dir} is unusable: {error}") from None
+
+
+def _check_run(
+    config: VotingConfig, roster: Roster, public_pool: Split, ledgers: dict[str, Path], *, resumed: bool
+) -> None:
+    """``ConfigError`` where the run cannot start: talliers other than the roster's, a pool too small for its
+    queries, or (unless resumed) an output folder that already holds a run's ledgers."""
+    if config.talliers != tuple(roster.talliers):
+        raise ConfigError(f"the run's talliers {list(config.talliers)} are not the roster's {roster.talliers}")
+    if len(public_pool) < config.rounds * config.queries_per_round:
+        raise ConfigError(
+            f"{config.rounds} rounds of {config.queries_per_round} queries need {config.rounds * config.queries_per_round} "
+            f"public records; the pool has {len(public_pool)}"
+        )
+    if not resumed and any(path.exists() for path in ledgers.values()):
+        out_dir = next(iter(ledgers.values())).parent
+        raise ConfigError(
+            f"{out_dir} already holds a run (its ledgers would mix two runs); choose another --out, or --resume it"
+        )
 
 
 def _data_digest(public_pool: Split, test: Split) -> str:

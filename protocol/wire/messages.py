@@ -142,9 +142,7 @@ class RunKey(Message):
 class BoxKey(Message):
     TYPE = "box_key"
     round: int
-    certified_key: (
-        bytes  # a hospital's X25519 key for that round (protocol.secure_round.one_time_round.box_key_context)
-    )
+    certified_key: bytes  # a hospital's X25519 key for that round (protocol.secure_round.statement.box_key_context)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from consilium.crypto.one_time_keys import (
 )
 from consilium.protocol.run.config import RunConfig
 from consilium.protocol.wire.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Release, Update
-from consilium.protocol.secure_round.one_time_round import released_from
+from consilium.protocol.secure_round.statement import released_from
 from consilium.protocol.wire.transcript import read_messages
 from consilium.protocol.voting.voting_config import VotingConfig
 from consilium.training.privacy.accounting import release_of

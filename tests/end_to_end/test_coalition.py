@@ -24,7 +24,7 @@ from consilium.protocol.wire.messages import (
     RoundStart,
     Update,
 )
-from consilium.protocol.secure_round.one_time_round import released_from
+from consilium.protocol.secure_round.statement import released_from
 from consilium.protocol.wire.transcript import read_messages
 
 pytestmark = pytest.mark.slow

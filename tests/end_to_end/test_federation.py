@@ -15,7 +15,7 @@ from consilium.crypto.one_time_keys import check_zero_slots, decrypt_sum, public
 from consilium.crypto.sealed_box import SealedBoxError, open_box
 from consilium.protocol.run.config import RunConfig
 from consilium.protocol.wire.messages import TO_SERVER, Release, Update
-from consilium.protocol.secure_round.one_time_round import _box_context, released_from, upload_digest, RoundSetting
+from consilium.protocol.secure_round.statement import RoundSetting, box_context, released_from, upload_digest
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transcript import Transcript, read_messages, read_transcript
@@ -165,7 +165,7 @@ def test_a_finished_run_s_key_shares_stay_shut_with_every_long_term_key(run):
                 box,
                 recipient=Credentials.load(federation / name).identity.box,
                 sender=roster.party(dealer).identity.signing,
-                context=_box_context(setting, dealer, name, upload_digest(list(update.chunks))),
+                context=box_context(setting, dealer, name, upload_digest(list(update.chunks))),
             )
 
 

@@ -24,7 +24,7 @@ from consilium.protocol.wire.messages import (
     Refused,
     RoundStart,
 )
-from consilium.protocol.secure_round.one_time_round import box_key_context
+from consilium.protocol.secure_round.statement import box_key_context
 from consilium.protocol.identity.party_keys import Credentials
 from scripted import ScriptedServer
 from consilium.training.methods.dp_fedavg import DpFedAvgSettings

@@ -20,7 +20,7 @@ Targets, each a real component:
   it refuse the round when hostile, so they are not fuzzed here: ``tests/integration/test_malicious_server.py``
   sends those, and the ``decrypt`` target fuzzes the checks.
 - ``decrypt``: mutated sums into the checks every member makes before it releases anything
-  (``protocol.secure_round.one_time_round``: each endorses the sum it was sent, and the hashes they signed must
+  (``protocol.secure_round``: each endorses the sum it was sent, and the hashes they signed must
   refuse it), in this process (its rejected count is the fuzzer's own: this target checks for
   crashes and accepted forgeries). Anything but a refusal is a crash, and a mutated sum that passes
   is a state change.
@@ -84,14 +84,9 @@ from consilium.protocol.wire.messages import (
     decode,
     encode,
 )
-from consilium.protocol.secure_round.one_time_round import (
-    HospitalRound,
-    RoundRefused,
-    RoundSetting,
-    SumRound,
-    box_key_context,
-    box_keys_digest,
-)
+from consilium.protocol.secure_round.hospital_round import HospitalRound
+from consilium.protocol.secure_round.statement import RoundRefused, RoundSetting, box_key_context, box_keys_digest
+from consilium.protocol.secure_round.sum_round import SumRound
 from consilium.protocol.identity.party_keys import SERVER, Credentials
 from consilium.protocol.identity.roster import local_federation
 from consilium.orchestration.local import free_port
@@ -610,7 +605,7 @@ def _fuzz_hospital(quota: int, mutator: _Mutator, result: TargetResult, work: Pa
 
 
 def _fuzz_decrypt(quota: int, mutator: _Mutator, result: TargetResult, work: Path) -> None:
-    """Mutated sums into every check a hospital makes of the sum (``protocol.secure_round.one_time_round``): each member
+    """Mutated sums into every check a hospital makes of the sum (``protocol.secure_round``): each member
     endorses the mutated sum, and the hashes they signed must refuse it before anyone proves or releases."""
     params = select_bfv_parameters(max_contributors=3, vector_length=300, sum_bound=40_000)
     public = PublicContext(params)

@@ -39,17 +39,17 @@ from consilium.protocol.wire.messages import (
     encode,
     release_digest,
 )
-from consilium.protocol.secure_round.one_time_round import (
+from consilium.protocol.secure_round.hospital_round import HospitalRound
+from consilium.protocol.secure_round.statement import (
     Endorsed,
-    HospitalRound,
     Proved,
     RoundSetting,
-    SumRound,
-    _release_message,
     box_key_context,
+    release_message,
     released_from,
     state_digest,
 )
+from consilium.protocol.secure_round.sum_round import SumRound
 from consilium.protocol.run.participants import Timeouts
 from consilium.protocol.identity.party_keys import SERVER, Credentials
 from consilium.protocol.identity.roster import Roster
@@ -89,7 +89,7 @@ def small_run_config(roster: Roster, *, quorum: int, rounds: int, run_id: str | 
 
 
 class ScriptedHospital:
-    """A hospital played step by step with the real round (``protocol.secure_round.one_time_round``); every secret it
+    """A hospital played step by step with the real round (``protocol.secure_round``); every secret it
     holds is an attribute, so a test can hand them to an attacker."""
 
     def __init__(self, roster: Roster, credentials: Credentials) -> None:
@@ -196,7 +196,7 @@ class ScriptedHospital:
         opened = self.rounds[proofs.round]._opened
         wrong = KeyRelease(share, honest.masks)
         signature = self.credentials.identity.signing.sign(
-            _release_message(opened.statement, opened.seed, opened.proofs_digest, wrong)
+            release_message(opened.statement, opened.seed, opened.proofs_digest, wrong)
         )
         return Release(
             round=proofs.round,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -103,9 +104,37 @@ def run_baseline(
     rounds = {"central": _central, "central-dp": _central_dp, "fedavg": _fedavg, "fedavg-local-dp": _fedavg_local_dp}[
         name
     ]
-    records, best, epsilon, candidates = [], None, None, 0
     published = len(dataset.train)  # the data set's published training size: public, as Dopamine's B takes it
-    for number, (parameters, epsilon) in enumerate(rounds(model, pooled, hospitals, settings, published), start=1):
+    records, best, epsilon, candidates = _train_and_select(
+        model, rounds(model, pooled, hospitals, settings, published), dataset, settings, selection
+    )
+    set_flat_parameters(model, best[1])
+    return {
+        "method": name,
+        "settings": asdict(settings),
+        "rounds": records,
+        "final": {
+            "selection": {"every": selection.every, "on": selection.on, "candidates": candidates},
+            "selected": _selected_round(model, dataset, records, best[0]),
+            "epsilon": epsilon,  # per record, of the released model; None without DP
+            "delta": settings.delta if epsilon is not None else None,
+            "accountant": f"Gaussian {settings.accountant.upper()} (Opacus)" if epsilon is not None else None,
+        },
+        "wall_seconds": time.monotonic() - started,
+    }
+
+
+def _train_and_select(
+    model: nn.Module,
+    rounds: Iterable[tuple[np.ndarray, float | None]],
+    dataset: Dataset,
+    settings: BaselineSettings,
+    selection: Selection,
+) -> tuple[list[dict], tuple[int, np.ndarray, float] | None, float | None, int]:
+    """Train through ``rounds``, scoring each on validation: the rounds' records, the best candidate round (its
+    number, parameters and score; the earliest of ties), the last round's epsilon and the number of candidates."""
+    records, best, epsilon, candidates = [], None, None, 0
+    for number, (parameters, epsilon) in enumerate(rounds, start=1):
         validation = evaluate(model, dataset.validation, num_classes=dataset.num_classes)
         records.append(
             {
@@ -120,26 +149,16 @@ def run_baseline(
             score = selection.score(validation["accuracy"], validation["auc"])
             if best is None or score > best[2]:
                 best = (number, parameters, score)
-    set_flat_parameters(model, best[1])
+    return records, best, epsilon, candidates
+
+
+def _selected_round(model: nn.Module, dataset: Dataset, records: list[dict], number: int) -> dict:
+    """The selected round's validation scores, and the test scores of ``model``, which holds its parameters."""
     return {
-        "method": name,
-        "settings": asdict(settings),
-        "rounds": records,
-        "final": {
-            "selection": {"every": selection.every, "on": selection.on, "candidates": candidates},
-            "selected": {
-                "round": best[0],
-                "validation_accuracy": records[best[0] - 1]["validation_accuracy"],
-                "validation_auc": records[best[0] - 1]["validation_auc"],
-                "test": evaluate(model, dataset.test, num_classes=dataset.num_classes)
-                if dataset.test is not None
-                else None,
-            },
-            "epsilon": epsilon,  # per record, of the released model; None without DP
-            "delta": settings.delta if epsilon is not None else None,
-            "accountant": f"Gaussian {settings.accountant.upper()} (Opacus)" if epsilon is not None else None,
-        },
-        "wall_seconds": time.monotonic() - started,
+        "round": number,
+        "validation_accuracy": records[number - 1]["validation_accuracy"],
+        "validation_auc": records[number - 1]["validation_auc"],
+        "test": evaluate(model, dataset.test, num_classes=dataset.num_classes) if dataset.test is not None else None,
     }
 
 

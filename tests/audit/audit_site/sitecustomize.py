@@ -39,7 +39,7 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
     import_mpyc()  # MPyC reads its options from sys.argv when first imported: not this process's
 
     from consilium.protocol.voting import ballots
-    from consilium.protocol.secure_round import one_time_round
+    from consilium.protocol.secure_round import hospital_round
     from consilium.protocol.voting import voting_hospital
     from consilium.tallier import mpc_network
     from consilium.training.privacy import skellam
@@ -60,7 +60,7 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     skellam.SkellamMechanism.round_examples = _recorded_round_examples
 
-    _upload = one_time_round.HospitalRound.upload
+    _upload = hospital_round.HospitalRound.upload
 
     def _recorded_upload(self, slots, box_keys, identities):
         gradient, rows, scale = _gradient.pop() if _gradient else ([], 0, None)
@@ -81,7 +81,7 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
         )
         return uploaded
 
-    one_time_round.HospitalRound.upload = _recorded_upload
+    hospital_round.HospitalRound.upload = _recorded_upload
 
     _ballot = threading.local()  # the ballot being sealed in this thread, which share() completes
     _seal_ballot = voting_hospital.seal_ballot

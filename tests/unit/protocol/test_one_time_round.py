@@ -16,23 +16,23 @@ from consilium.crypto.bfv_parameters import select_bfv_parameters
 from consilium.crypto.key_shares import Release, rebuild
 from consilium.crypto.one_time_keys import check_zero_slots, decrypt_sum, pack_ring, sum_uploads, unpack_ring
 from consilium.crypto.sealed_box import box_key, certify_key, seal
-from consilium.protocol.secure_round.one_time_round import (
-    HospitalRound,
+from consilium.protocol.secure_round.checks import check_opening
+from consilium.protocol.secure_round.hospital_round import HospitalRound
+from consilium.protocol.secure_round.statement import (
     Proved,
     Released,
     RoundRefused,
     RoundSetting,
-    SumRound,
-    _box_context,
-    _endorsement_message,
-    _proof_message,
-    _release_message,
-    _share_bytes,
+    box_context,
     box_key_context,
-    check_opening,
     check_threshold,
+    endorsement_message,
+    proof_message,
     release_commitment,
+    release_message,
+    share_bytes,
 )
+from consilium.protocol.secure_round.sum_round import SumRound
 
 LENGTH = 2000
 NAMES = ("h1", "h2", "h3")
@@ -107,7 +107,7 @@ class Federation:
 
     def signed(self, name, release):
         opened = self.hospitals[name]._opened
-        message = _release_message(opened.statement, opened.seed, opened.proofs_digest, release)
+        message = release_message(opened.statement, opened.seed, opened.proofs_digest, release)
         return Released(release, self.signing[name].sign(message))
 
     def decoded(self, slots):
@@ -182,7 +182,7 @@ def test_the_server_names_a_member_whose_hashes_are_not_of_its_upload(public):
     endorsements = federation.endorse()
     h2 = federation.hospitals["h2"]
     hashes = (endorsements["h2"].hashes[0] ^ 1,) + endorsements["h2"].hashes[1:]
-    message = _endorsement_message(h2._opened.statement, hashes, endorsements["h2"].commitment)
+    message = endorsement_message(h2._opened.statement, hashes, endorsements["h2"].commitment)
     lying = replace(endorsements["h2"], hashes=hashes, signature=federation.signing["h2"].sign(message))
     with pytest.raises(RoundRefused, match="h2 signed hashes of another upload") as refused:
         federation.server.endorsed(dict(endorsements, h2=lying), federation.identities)
@@ -253,7 +253,7 @@ def test_a_release_committed_wrong_from_the_start_is_named(public, wrong):
         share[5] %= np.uint64(public.params.ciphertext_modulus if wrong == "off by 7" else 2**63)
         h2._release = Release(share, h2._release.masks)
         commitment = release_commitment(federation.setting, "h2", h2._release)
-        message = _endorsement_message(h2._opened.statement, endorsed.hashes, commitment)
+        message = endorsement_message(h2._opened.statement, endorsed.hashes, commitment)
         return replace(endorsed, commitment=commitment, signature=federation.signing["h2"].sign(message))
 
     h2._do_endorse = endorse_wrong
@@ -265,7 +265,7 @@ def test_a_release_committed_wrong_from_the_start_is_named(public, wrong):
 
 
 def _resealed(federation, dealer, recipient, payload):
-    context = _box_context(federation.setting, dealer, recipient, federation.server.digests[dealer])
+    context = box_context(federation.setting, dealer, recipient, federation.server.digests[dealer])
     return seal(
         payload, recipient=federation.box[recipient].public_key(), sender=federation.signing[dealer], context=context
     )
@@ -278,7 +278,7 @@ def test_a_dealer_that_deals_one_recipient_off_its_polynomial_is_named_with_an_o
     bad[9] = (int(bad[9]) + 1) % public.params.ciphertext_modulus
     # h3 seals h1 a share off the polynomial it will prove, as a dishonest dealer would.
     federation.boxes["h3"]["h1"] = _resealed(
-        federation, "h3", "h1", _share_bytes(public, replace(dealing.shares[0], share=bad))
+        federation, "h3", "h1", share_bytes(public, replace(dealing.shares[0], share=bad))
     )
     proofs = federation.prove(federation.endorse())
     statement = federation.hospitals["h1"]._opened.statement
@@ -357,7 +357,7 @@ def test_a_dealer_that_signs_two_proofs_splits_no_verdict_onto_an_honest_release
     )
     half = pow(2, -1, q)  # P'(x) = P(x) + (1 - x / 2): equal at h2's point x = 2
     other = tuple(((row[0] + 1) % q, (row[1] - half) % q) for row in proofs["h3"].proof)
-    second = Proved(seed, other, federation.signing["h3"].sign(_proof_message(statement, seed, other)))
+    second = Proved(seed, other, federation.signing["h3"].sign(proof_message(statement, seed, other)))
     releases = {
         "h1": federation.hospitals["h1"].release(proofs, federation.identities),  # h1 holds the first proof
         "h2": federation.hospitals["h2"].release(dict(proofs, h3=second), federation.identities),
@@ -461,7 +461,7 @@ def test_a_signed_box_that_does_not_decrypt_names_its_dealer_and_the_server_refu
 
     body = bytearray(box[:-_SIGNATURE_BYTES])
     body[-1] ^= 1
-    context = _box_context(federation.setting, "h3", "h1", federation.server.digests["h3"])
+    context = box_context(federation.setting, "h3", "h1", federation.server.digests["h3"])
     message = _signed_message(bytes(body), context, federation.box["h1"].public_key().public_bytes_raw())
     federation.boxes["h3"]["h1"] = bytes(body) + federation.signing["h3"].sign(message)
     with pytest.raises(RoundRefused, match="h3 signed a share that does not open") as refused:
