@@ -40,7 +40,7 @@ from consilium.orchestration.report import (
 )
 from consilium.orchestration.run_flags import model_spec, run_argv, shown
 from consilium.orchestration.spec import RunSpec, resolve
-from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import ProtocolError
 from consilium.protocol.identity.party_keys import SERVER
 from consilium.protocol.identity.roster import Roster, local_federation

@@ -14,7 +14,8 @@ import math
 
 from consilium.orchestration.run_flags import build_run_config
 from consilium.orchestration.spec import RunSpec, resolve
-from consilium.protocol.run.config import ConfigError, RunConfig
+from consilium.protocol.run.config import RunConfig
+from consilium.protocol.run.rules import ConfigError
 from consilium.training.data.datasets import Dataset
 from consilium.training.methods.dp_fedavg import DpFedAvgSettings
 from consilium.training.privacy.ledger import PrivacyBudget, PrivacyLedger

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 from typing import Any, Mapping
 
-from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.run.hospital import DEFAULT_SEND_OFFSET_S
 from consilium.orchestration.run_flags import (
     COMMON_FLAGS,

@@ -12,7 +12,7 @@ from consilium.crypto.bfv_parameters import ParameterError
 from consilium.crypto.sealed_box import SealedBoxError
 from consilium.crypto.secret_sharing import ShareError
 from consilium.protocol.run.checkpoint import CheckpointError
-from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import ProtocolError
 from consilium.protocol.identity.key_files import KeyFileError
 from consilium.scripts._run import run_with

@@ -32,7 +32,7 @@ import numpy as np
 
 from consilium.orchestration.run_flags import build_run_config
 from consilium.orchestration.spec import RunSpec, resolve
-from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.rules import ConfigError
 from consilium.training.data.datasets import Split
 from consilium.training.methods.dopamine import mean_gradient
 from consilium.training.models.evaluation import evaluate

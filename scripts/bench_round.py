@@ -36,7 +36,7 @@ from pathlib import Path
 
 from consilium.orchestration.local import run_local_federation
 from consilium.orchestration.spec import RunSpec
-from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.rules import ConfigError
 from consilium.scripts._cli import run
 from consilium.scripts._flower import require_flower, run_flower_secaggplus
 from consilium.training.methods.flags import non_negative_int, positive_int

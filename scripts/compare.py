@@ -41,7 +41,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.rules import ConfigError
 from consilium.orchestration.local import run_local_federation
 from consilium.orchestration.planning import least_noise_multiplier
 from consilium.orchestration.spec import RunSpec

@@ -7,7 +7,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.run.hospital import DEFAULT_SEND_OFFSET_S, Hospital
 from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS
 from consilium.training.privacy.ledger import PrivacyBudget

@@ -7,7 +7,9 @@ import secrets
 import sys
 from pathlib import Path
 
-from consilium.protocol.run.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
+from consilium.protocol.run.config import INSECURE_PLAINTEXT, RunConfig
+
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
 from consilium.protocol.identity.party_keys import SERVER, Credentials
 from consilium.protocol.identity.roster import Roster

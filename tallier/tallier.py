@@ -35,7 +35,7 @@ import numpy as np
 
 from consilium.protocol.voting.ballots import BallotError, open_share, tallier_key_context
 from consilium.protocol.wire.channel import ServerChannel
-from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import (
     TO_TALLIER,
     Finish,

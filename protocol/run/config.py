@@ -9,15 +9,14 @@ it on its own ledger.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from dataclasses import dataclass
 
 from consilium.crypto.bfv_parameters import BfvParameters, ParameterError, select_bfv_parameters
 from consilium.crypto.linear_hash import challenge_count
 from consilium.crypto.one_time_keys import key_share_bytes
 from consilium.crypto.sealed_box import OVERHEAD_BYTES
+from consilium.protocol.run.rules import MAX_HOSPITALS, MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
 from consilium.protocol.secure_round.statement import RoundSetting, check_threshold
 from consilium.training.privacy.accounting import tolerated_coalition
 from consilium.training.methods.registry import TrainingMethod, settings_from_dict
@@ -27,58 +26,25 @@ from consilium.training.privacy.skellam import SkellamMechanism
 __all__ = [
     "INSECURE_PLAINTEXT",
     "SECURE_AGGREGATION",
-    "ConfigError",
     "RunConfig",
     "check_aggregation",
-    "check_run",
-    "run_fingerprint",
 ]
 
 SECURE_AGGREGATION = "bfv"
 INSECURE_PLAINTEXT = "insecure-plaintext-benchmark"  # crypto.insecure_plaintext: no privacy holds
 AGGREGATIONS = (SECURE_AGGREGATION, INSECURE_PLAINTEXT)
 
-_RUN_ID = re.compile(r"^[0-9a-f]{8,64}$")
 _MESSAGE_SLACK_BYTES = 64 * 1024
-MAX_HOSPITALS = 10_000
 # The one-time round's messages grow with n^2 (every member's proof of lambda x tau values to every member)
 # and its dealing with n tau: beyond this many hospitals a run is refused (review 4, finding 5).
 MAX_SECURE_HOSPITALS = 256
-MAX_ROUNDS = 1_000_000  # round numbers travel through the voting MPC's field too
-# What a hospital accepts before it knows the run, and so ever. A Welcome carries four float32 vectors
-# of the model's size: 179 MB for a ResNet-18 of 11.2M parameters, which this is sized for.
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _WELCOME_VECTORS = 4  # float32 vectors of the model's size in a Welcome (message_limit)
-
-
-class ConfigError(ValueError):
-    """A run configuration that is malformed or cannot be run."""
-
-
-def check_run(run_id: str, hospitals: tuple[str, ...], *, quorum: int, rounds: int, delta: float) -> None:
-    """What every run's configuration must satisfy, whatever the method; ``ConfigError`` if not."""
-    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
-        raise ConfigError(f"run_id must be 8-64 lowercase hex characters, got {run_id!r}")
-    if not 0 < len(hospitals) <= MAX_HOSPITALS or len(set(hospitals)) != len(hospitals):
-        raise ConfigError(f"a run needs 1 to {MAX_HOSPITALS} distinct hospitals")
-    if quorum > len(hospitals):
-        raise ConfigError(f"the quorum {quorum} exceeds the {len(hospitals)} hospitals")
-    if not 1 <= rounds <= MAX_ROUNDS:
-        raise ConfigError(f"rounds must be between 1 and {MAX_ROUNDS}, got {rounds}")
-    if not 0 < delta < 1:
-        raise ConfigError(f"delta must be in (0, 1), got {delta}")
 
 
 def check_aggregation(aggregation: str) -> None:
     """``ConfigError`` unless ``aggregation`` names a mode: secure, or the round benchmark's plaintext one."""
     if aggregation not in AGGREGATIONS:
         raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
-
-
-def run_fingerprint(label: bytes, settings: dict, payload: bytes) -> str:
-    """``run_id:digest`` of every setting and a payload (the initial model, a feature map): what a party took part in."""
-    text = json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()
-    return f"{settings['run_id']}:{hashlib.sha256(label + b'|%d|' % len(text) + text + payload).hexdigest()}"
 
 
 @dataclass(frozen=True)

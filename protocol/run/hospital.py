@@ -49,13 +49,8 @@ from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.insecure_plaintext import InsecurePlaintextUploads
 from consilium.crypto.one_time_keys import pack_ring
 from consilium.crypto.sealed_box import SealedBoxError, certify_key
-from consilium.protocol.run.config import (
-    INSECURE_PLAINTEXT,
-    SECURE_AGGREGATION,
-    ConfigError,
-    RunConfig,
-    check_aggregation,
-)
+from consilium.protocol.run.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, RunConfig, check_aggregation
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import (
     TO_HOSPITAL,
     Aggregate,

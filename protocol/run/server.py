@@ -34,7 +34,8 @@ from consilium.crypto.insecure_plaintext import InsecurePlaintextSum, InsecurePl
 from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
 from consilium.protocol.wire.channel import PartyChannels
 from consilium.protocol.run.checkpoint import Checkpoint, CheckpointError, write_report, write_retrying
-from consilium.protocol.run.config import INSECURE_PLAINTEXT, ConfigError, RunConfig
+from consilium.protocol.run.config import INSECURE_PLAINTEXT, RunConfig
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import (
     TO_SERVER,
     Aggregate,
@@ -153,9 +154,8 @@ class Server:
         """The server's socket, open to the roster's hospitals only, its transcript, and who takes part."""
         config, roster, limit = self._config, self._roster, self._config.message_limit()
         enrolled = {roster.party(name).curve_public: name for name in config.hospitals}
-        self._transport = ServerTransport(
-            roster.server_address, credentials.curve, enrolled, limit, max_messages_per_second
-        )
+        address, rate = roster.server_address, max_messages_per_second
+        self._transport = ServerTransport(address, credentials.curve, enrolled, limit, rate)
         self._transcript = (
             Transcript(transcript, payloads=transcript_payloads, max_payload_bytes=limit) if transcript else None
         )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from consilium.crypto.checked_shares import CheckedLayout
 from consilium.crypto.mpc_field import MIN_PARTIES, MpcField
-from consilium.protocol.run.config import MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
+from consilium.protocol.run.rules import MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
 from consilium.protocol.wire.messages import ProtocolError, VotingWelcome
 from consilium.training.privacy.accounting import tolerated_coalition
 from consilium.training.models.build import ModelSpec

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from consilium.protocol.wire.channel import PartyChannels
-from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import (
     TO_VOTING_SERVER,
     Hello,

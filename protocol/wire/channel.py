@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Callable, TypeVar
 
-from consilium.protocol.run.config import (
+from consilium.protocol.run.rules import (
     MAX_MESSAGE_BYTES,
 )  # until the run's settings, and so its largest message, are known
 from consilium.protocol.wire.messages import Finish, Hello, Message, MessageError, ProtocolError, decode, encode

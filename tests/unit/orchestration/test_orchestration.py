@@ -7,7 +7,7 @@ import pytest
 from consilium.orchestration import spec as run_spec
 from consilium.orchestration.planning import check_first_round, least_noise_multiplier, planned_epsilons
 from consilium.orchestration.spec import RunSpec, resolve
-from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.rules import ConfigError
 from consilium.scripts import federation, hospital
 
 

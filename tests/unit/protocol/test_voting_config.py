@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.voting.voting_config import VotingConfig
 from consilium.training.models.build import ModelSpec
 from consilium.training.voting.vote_privacy import VotingSettings

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import run_launcher
 from consilium.protocol.run.checkpoint import Checkpoint
-from consilium.protocol.run.config import ConfigError
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.identity.roster import local_federation
 from consilium.scripts import federation
 from consilium.orchestration.run_flags import (
