@@ -21,6 +21,7 @@ import numpy as np
 import tenseal.sealapi as seal
 import zstandard
 
+from consilium.errors import ConsiliumError
 from consilium.crypto.bfv_parameters import BfvParameters
 
 __all__ = ["BfvError", "PublicContext", "pack_words", "unpack_words"]
@@ -30,7 +31,7 @@ _HEADER = struct.Struct("<HBBBBHQ")  # magic, header size, version major, minor,
 _COMPRESSION_NONE = 0
 
 
-class BfvError(ValueError):
+class BfvError(ConsiliumError, ValueError):
     """A polynomial, plaintext or ciphertext that does not fit the agreed parameters."""
 
 

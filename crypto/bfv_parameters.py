@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from consilium.errors import ConsiliumError
 from consilium.crypto.linear_hash import challenge_count
 from consilium.crypto.primes import is_prime
 from consilium.crypto.slot_digits import SlotDigits
@@ -61,7 +62,7 @@ _MIN_SPECIAL_PRIME_BITS = 20
 _MAX_COEFF_MODULUS_BITS = {2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
 
 
-class ParameterError(ValueError):
+class ParameterError(ConsiliumError, ValueError):
     """No BFV parameters can hold the requested sum."""
 
 

@@ -31,6 +31,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from consilium.errors import ConsiliumError
+
 __all__ = [
     "OVERHEAD_BYTES",
     "SealedBoxError",
@@ -54,7 +56,7 @@ _HEADER_BYTES = len(_VERSION) + _KEY_BYTES + _NONCE_BYTES
 OVERHEAD_BYTES = _HEADER_BYTES + _TAG_BYTES + _SIGNATURE_BYTES  # a box is exactly this much longer than its plaintext
 
 
-class SealedBoxError(ValueError):
+class SealedBoxError(ConsiliumError, ValueError):
     """A sealed box that cannot be opened as asked."""
 
 

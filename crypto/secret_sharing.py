@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from consilium.errors import ConsiliumError
 from consilium.crypto.primes import is_prime
 
 __all__ = [
@@ -36,7 +37,7 @@ _MAX_MODULUS_BITS = 64
 _EXTRA_BITS = 64
 
 
-class ShareError(ValueError):
+class ShareError(ConsiliumError, ValueError):
     """A share vector of the wrong length or outside the field, or values that do not fit it."""
 
 

@@ -22,7 +22,8 @@ from consilium.training.methods.baselines import BASELINE_DEFAULTS, BASELINE_FLA
 from consilium.training.data.datasets import Dataset, Split
 from consilium.training.methods.flags import Flag, positive_int, probability, widths
 from consilium.training.methods.registry import METHODS as TRAINING_METHODS
-from consilium.training.models.build import ModelSpec, describe_model, input_statistics, takes_images
+from consilium.training.models.build import describe_model, input_statistics
+from consilium.training.models.spec import ModelSpec, takes_images
 from consilium.training.voting.vote_privacy import REVEAL_MODES, VOTING_DEFAULTS, VOTING_FLAGS, VOTING_METHODS
 
 __all__ = [

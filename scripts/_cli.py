@@ -1,4 +1,6 @@
-"""What the launchers share: logging, the run's flags as argument groups, and the errors a user can fix (one line each)."""
+"""What every launcher shares: logging, the roster's fingerprint flag, and the errors a user can fix (one
+line each). Light on purpose: a tallier loads nothing of training from here (the run's flags are
+``_run_arguments``)."""
 
 from __future__ import annotations
 
@@ -7,51 +9,14 @@ import logging
 import sys
 from typing import Callable
 
-from consilium.crypto.bfv import BfvError
-from consilium.crypto.bfv_parameters import ParameterError
-from consilium.crypto.sealed_box import SealedBoxError
-from consilium.crypto.secret_sharing import ShareError
-from consilium.protocol.run.checkpoint import CheckpointError
-from consilium.protocol.run.rules import ConfigError
-from consilium.protocol.wire.messages import ProtocolError
-from consilium.protocol.identity.key_files import KeyFileError
+from consilium.errors import ConsiliumError
 from consilium.scripts._run import run_with
-from consilium.protocol.wire.transcript import TranscriptError
-from consilium.protocol.wire.transport import TransportError
-from consilium.tallier.mpc import MpcError
-from consilium.training.models.compute_device import DeviceError
-from consilium.training.privacy.ledger import LedgerError
-from consilium.training.models.build import ModelError
-from consilium.training.data.datasets import DatasetError
-from consilium.training.data.partition import PartitionError
-from consilium.training.methods.fedavg import FedAvgError
-from consilium.orchestration.run_flags import COMMON_FLAGS, FLAG_READERS, METHOD_DEFAULTS, METHOD_FLAGS, shown
-from consilium.training.methods.flags import Flag, image_size
 
-USER_ERRORS = (
-    BfvError,
-    CheckpointError,
-    ConfigError,
-    DatasetError,
-    DeviceError,
-    FedAvgError,
-    LedgerError,
-    ModelError,
-    MpcError,
-    ParameterError,
-    PartitionError,
-    ProtocolError,
-    KeyFileError,
-    SealedBoxError,
-    ShareError,
-    TranscriptError,
-    TransportError,
-    OSError,
-)
+USER_ERRORS = (ConsiliumError, OSError)
 
 
 def run(main: Callable[[], None]) -> int:
-    """Run a launcher's ``main`` (``scripts._run``), every user error above becoming one line."""
+    """Run a launcher's ``main`` (``scripts._run``), every user error (``consilium.errors``) becoming one line."""
     return run_with(main, USER_ERRORS)
 
 
@@ -64,78 +29,7 @@ def add_roster_fingerprint(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_image_arguments(parser: argparse.ArgumentParser) -> None:
-    """How an image folder's images are read: every party of a run reads them alike."""
-    parser.add_argument(
-        "--image-size", type=image_size, metavar="H,W", help="an image folder's images resized to this (or N: NxN)"
-    )
-    parser.add_argument(
-        "--image-channels",
-        type=int,
-        choices=(1, 3),
-        help="an image folder's images as 1 (grayscale) or 3 (RGB) channels (default: 3 if any has colour, else 1)",
-    )
-
-
-def add_hardware_arguments(parser: argparse.ArgumentParser) -> None:
-    """The party's own hardware: where its models compute."""
-    parser.add_argument(
-        "--device",
-        default="cpu",
-        help="where per-example gradients and scores are computed: cpu, cuda or cuda:N (default: cpu); "
-        "the rounding, noise and cryptography stay on the CPU",
-    )
-
-
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr, force=True
     )
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The common run flags, then a group per method of the flags it reads first (``METHOD_FLAGS``)."""
-    group = parser.add_argument_group("the run (the server announces these to the hospitals)")
-    for flag in COMMON_FLAGS:
-        if flag.kind is bool:
-            group.add_argument(flag.name, action="store_true", help=flag.help)
-        else:
-            group.add_argument(flag.name, type=flag.kind, default=flag.default, help=flag.help + _default_shown(flag))
-    added: set[str] = set()
-    for method, flags in METHOD_FLAGS.items():
-        new = [flag for flag in flags if flag.name not in added]
-        if not new:
-            continue
-        group = parser.add_argument_group(_group_title(method, new))
-        for flag in new:
-            group.add_argument(flag.name, type=flag.kind, default=None, help=_help(flag.name))
-            added.add(flag.name)
-
-
-def _help(name: str) -> str:
-    """A flag's help: what it means to each method that reads it, and its default there."""
-    parts: dict[tuple[str, object], list[str]] = {}
-    for method, flags in METHOD_FLAGS.items():
-        for flag in flags:
-            if flag.name == name:
-                parts.setdefault((flag.help, flag.default), []).append(method)
-    return "; ".join(
-        f"{', '.join(methods)}: {text}" + ("" if default is None else f" (default: {shown(default)})")
-        for (text, default), methods in parts.items()
-    )
-
-
-def _group_title(method: str, flags: list[Flag]) -> str:
-    readers = {tuple(FLAG_READERS[flag.destination]) for flag in flags}
-    if len(readers) == 1:
-        return ", ".join(next(iter(readers)))
-    return f"{method} (each flag names the methods that read it)"
-
-
-def _default_shown(flag: Flag) -> str:
-    if flag.name == "--rounds":  # every method has its own
-        values: dict[object, list[str]] = {}
-        for method, defaults in METHOD_DEFAULTS.items():
-            values.setdefault(defaults.get("rounds"), []).append(method)
-        return " (default: " + "; ".join(f"{value} for {', '.join(methods)}" for value, methods in values.items()) + ")"
-    return "" if flag.default is None else f" (default: {shown(flag.default)})"

@@ -17,14 +17,8 @@ from consilium.protocol.identity.roster import Roster
 from consilium.protocol.identity.roster_confirmation import join_federation
 from consilium.protocol.voting.voting_hospital import VotingHospital
 from consilium.orchestration.run_flags import METHODS, chosen_aggregation
-from consilium.scripts._cli import (
-    USER_ERRORS,
-    add_hardware_arguments,
-    add_image_arguments,
-    add_roster_fingerprint,
-    configure_logging,
-    run,
-)
+from consilium.scripts._cli import USER_ERRORS, add_roster_fingerprint, configure_logging, run
+from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments
 from consilium.training.methods.flags import (
     non_negative_float,
     non_negative_int,

@@ -25,14 +25,8 @@ from consilium.orchestration.run_flags import (
     resolve_data_defaults,
     resolve_run_arguments,
 )
-from consilium.scripts._cli import (
-    add_hardware_arguments,
-    add_image_arguments,
-    add_roster_fingerprint,
-    add_run_arguments,
-    configure_logging,
-    run,
-)
+from consilium.scripts._cli import add_roster_fingerprint, configure_logging, run
+from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments, add_run_arguments
 from consilium.training.methods.flags import non_negative_int, positive_float, positive_int
 from consilium.training.models.compute_device import use_device
 from consilium.training.models.evaluation import SELECTION_METRICS, Selection

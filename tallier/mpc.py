@@ -66,6 +66,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from consilium.errors import ConsiliumError
 from consilium.crypto.checked_shares import CheckedLayout, challenge, tag_combination
 from consilium.crypto.mpc_field import MpcField, mpyc_runtime
 from consilium.crypto.secret_sharing import random_elements
@@ -79,7 +80,7 @@ __all__ = ["MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "mp
 _MESSAGE_SLACK_BYTES = 1 << 16
 
 
-class MpcError(RuntimeError):
+class MpcError(ConsiliumError, RuntimeError):
     """The MPC could not finish: a tallier left, or did not answer before the deadline."""
 
 

@@ -10,10 +10,12 @@ import os
 import tomllib
 from pathlib import Path
 
+from consilium.errors import ConsiliumError
+
 __all__ = ["KeyFileError", "parse_toml", "read_bytes", "read_toml", "shown", "toml_table", "write_private"]
 
 
-class KeyFileError(ValueError):
+class KeyFileError(ConsiliumError, ValueError):
     """A key or roster file that is missing, unreadable or cannot be written."""
 
 

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, ClassVar
 
+from consilium.errors import ConsiliumError
 from consilium.training.privacy.durable import replace_file
 
 __all__ = [
@@ -50,7 +51,7 @@ _WRITE_RETRY_S = 1.0
 log = logging.getLogger("consilium.checkpoint")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(ConsiliumError, RuntimeError):
     """A checkpoint that is missing, unreadable or cannot be written."""
 
 

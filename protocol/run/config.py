@@ -20,7 +20,7 @@ from consilium.protocol.run.rules import MAX_HOSPITALS, MAX_MESSAGE_BYTES, Confi
 from consilium.protocol.secure_round.statement import RoundSetting, check_threshold
 from consilium.training.privacy.accounting import tolerated_coalition
 from consilium.training.methods.registry import TrainingMethod, settings_from_dict
-from consilium.training.models.build import ModelSpec
+from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.skellam import SkellamMechanism
 
 __all__ = [

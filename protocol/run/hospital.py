@@ -72,10 +72,10 @@ from consilium.protocol.wire.messages import (
     Update,
     Welcome,
     Withdraw,
-    encode,
     float32_values,
     release_digest,
 )
+from consilium.protocol.wire.codec import encode
 from consilium.protocol.secure_round.hospital_round import HospitalRound
 from consilium.protocol.secure_round.statement import (
     Endorsed,

@@ -8,6 +8,8 @@ import hashlib
 import json
 import re
 
+from consilium.errors import ConsiliumError
+
 __all__ = ["MAX_HOSPITALS", "MAX_MESSAGE_BYTES", "MAX_ROUNDS", "ConfigError", "check_run", "run_fingerprint"]
 
 _RUN_ID = re.compile(r"^[0-9a-f]{8,64}$")
@@ -18,7 +20,7 @@ MAX_ROUNDS = 1_000_000  # round numbers travel through the voting MPC's field to
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
-class ConfigError(ValueError):
+class ConfigError(ConsiliumError, ValueError):
     """A run configuration that is malformed or cannot be run."""
 
 

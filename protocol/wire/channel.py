@@ -18,7 +18,8 @@ from typing import Callable, TypeVar
 from consilium.protocol.run.rules import (
     MAX_MESSAGE_BYTES,
 )  # until the run's settings, and so its largest message, are known
-from consilium.protocol.wire.messages import Finish, Hello, Message, MessageError, ProtocolError, decode, encode
+from consilium.protocol.wire.messages import Finish, Hello, Message, MessageError, ProtocolError
+from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.wire.rejections import RejectionLog
 from consilium.protocol.wire.transcript import Transcript
 from consilium.protocol.identity.party_keys import Credentials

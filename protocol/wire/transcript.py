@@ -24,7 +24,9 @@ from typing import Iterator
 
 import msgpack
 
-from consilium.protocol.wire.messages import Message, MessageError, decode
+from consilium.errors import ConsiliumError
+from consilium.protocol.wire.messages import Message, MessageError
+from consilium.protocol.wire.codec import decode
 
 __all__ = ["Transcript", "TranscriptError", "read_messages", "read_transcript"]
 
@@ -91,7 +93,7 @@ def read_messages(path: Path, *, accept: frozenset[type]) -> Iterator[tuple[str,
             yield record["sender"], message, payload
 
 
-class TranscriptError(RuntimeError):
+class TranscriptError(ConsiliumError, RuntimeError):
     """A transcript that is damaged other than by a last record cut short."""
 
 

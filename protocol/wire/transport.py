@@ -7,7 +7,7 @@ handler stamps each connection with the enrolled party's name as its User-Id, so
 the sender of a message by the key that authenticated it, never by anything the message says.
 
 Messages are single frames. ``max_message_bytes`` is enforced twice: the application checks it with
-a logged rejection (``protocol.wire.messages.decode``), and ZeroMQ's MAXMSGSIZE, a little above it,
+a logged rejection (``protocol.wire.codec.decode``), and ZeroMQ's MAXMSGSIZE, a little above it,
 drops a connection that sends anything larger before it is buffered.
 
 Floods are bounded: ZeroMQ queues at most ``_RECEIVE_QUEUE_MESSAGES`` messages per connection, at
@@ -44,6 +44,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 from zmq.utils import z85
 
+from consilium.errors import ConsiliumError
 from consilium.protocol.identity.party_keys import CurveKeyPair
 
 __all__ = [
@@ -70,7 +71,7 @@ _WATCH_POLL_MS = 100
 DEFAULT_MAX_MESSAGES_PER_SECOND = 50.0
 
 
-class TransportError(RuntimeError):
+class TransportError(ConsiliumError, RuntimeError):
     """A socket that cannot be opened or a message that cannot be sent."""
 
 

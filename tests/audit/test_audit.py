@@ -48,7 +48,8 @@ from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.methods.dopamine import DopamineSettings, NoisyGradientStep
 from consilium.training.methods.intermediaries import expected_noise_norm, next_subclient_count
 from consilium.training.methods.registry import ledger_release
-from consilium.training.models.build import ModelSpec, build_model
+from consilium.training.models.build import build_model
+from consilium.training.models.spec import ModelSpec
 from consilium.training.methods.per_example import ClippedGradients
 from consilium.training.privacy.secure_random import secure_generator
 from consilium.training.privacy.skellam import SkellamMechanism

@@ -8,7 +8,8 @@ from conftest import child_environment, free_port, launcher, party_ledger
 from consilium.protocol.identity.roster import local_federation
 from scripted import confirmed
 from consilium.training.privacy.accounting import release_of
-from consilium.training.models.build import ModelSpec, build_model
+from consilium.training.models.build import build_model
+from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.skellam import SkellamMechanism
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,8 @@ from consilium.protocol.wire.transcript import Transcript, read_messages, read_t
 from consilium.training.privacy.accounting import VIEWS
 from consilium.training.data.datasets import load_dataset
 from consilium.training.privacy.ledger import LEDGER_FILE
-from consilium.training.models.build import ModelSpec, accuracy, build_model
+from consilium.training.models.build import accuracy, build_model
+from consilium.training.models.spec import ModelSpec
 
 pytestmark = pytest.mark.slow
 ROUNDS = 4

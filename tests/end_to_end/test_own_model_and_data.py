@@ -11,14 +11,8 @@ from sklearn.datasets import load_digits
 from conftest import run_launcher
 from scripted import HospitalProcess, ServerProcess
 from consilium.training.data.datasets import DatasetError, Split, load_dataset
-from consilium.training.models.build import (
-    ModelError,
-    ModelSpec,
-    build_model,
-    check_model_for,
-    describe_model,
-    use_model_code,
-)
+from consilium.training.models.build import ModelError, build_model, check_model_for, describe_model, use_model_code
+from consilium.training.models.spec import ModelSpec
 
 OWN_RESNET = '''
 """A small ResNet with GroupNorm, as a hospital team would write its own."""

@@ -24,9 +24,8 @@ from consilium.protocol.wire.messages import (
     Shares,
     VoteRequest,
     VotingWelcome,
-    decode,
-    encode,
 )
+from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import local_federation
 from consilium.protocol.wire.transcript import read_transcript

@@ -15,15 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from consilium.crypto.one_time_keys import pack_ring, unpack_ring
 from consilium.crypto.sealed_box import certify_key
 from consilium.protocol.run.config import INSECURE_PLAINTEXT
-from consilium.protocol.wire.messages import (
-    BoxKey,
-    Endorsement,
-    Endorsements,
-    Finish,
-    Hello,
-    Refused,
-    RoundStart,
-)
+from consilium.protocol.wire.messages import BoxKey, Endorsement, Endorsements, Finish, Hello, Refused, RoundStart
 from consilium.protocol.secure_round.statement import box_key_context
 from consilium.protocol.identity.party_keys import Credentials
 from scripted import ScriptedServer

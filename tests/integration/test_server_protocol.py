@@ -22,8 +22,9 @@ from consilium.protocol.wire.messages import (
     Releases,
     Update,
     Withdraw,
-    encode,
 )
+
+from consilium.protocol.wire.codec import encode
 from consilium.protocol.identity.party_keys import CurveKeyPair
 from consilium.protocol.wire.transport import ClientTransport
 from scripted import ScriptedHospital, ServerProcess

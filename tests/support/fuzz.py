@@ -81,9 +81,8 @@ from consilium.protocol.wire.messages import (
     RoundStart,
     Update,
     Withdraw,
-    decode,
-    encode,
 )
+from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.secure_round.hospital_round import HospitalRound
 from consilium.protocol.secure_round.statement import RoundRefused, RoundSetting, box_key_context, box_keys_digest
 from consilium.protocol.secure_round.sum_round import SumRound

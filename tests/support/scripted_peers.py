@@ -35,10 +35,9 @@ from consilium.protocol.wire.messages import (
     RoundStart,
     Update,
     Welcome,
-    decode,
-    encode,
     release_digest,
 )
+from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.secure_round.hospital_round import HospitalRound
 from consilium.protocol.secure_round.statement import (
     Endorsed,
@@ -56,7 +55,8 @@ from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transport import ClientTransport, ServerTransport
 from consilium.training.methods.dopamine import DopamineSettings
 from consilium.training.methods.registry import SharedState
-from consilium.training.models.build import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
+from consilium.training.models.build import build_model, get_flat_parameters, set_flat_parameters
+from consilium.training.models.spec import ModelSpec
 
 __all__ = ["ScriptError", "ScriptedHospital", "ScriptedServer", "small_run_config"]
 

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from consilium.errors import ConsiliumError
+
 __all__ = ["PARTITION_SCHEMES", "PartitionError", "partition"]
 
 PARTITION_SCHEMES = ("iid", "label_skew", "dirichlet")
 _DIRICHLET_ATTEMPTS = 100
 
 
-class PartitionError(ValueError):
+class PartitionError(ConsiliumError, ValueError):
     """A partition that cannot be made as asked."""
 
 

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from consilium.errors import ConsiliumError
+
 __all__ = ["DatasetError", "Split"]
 
 
-class DatasetError(ValueError):
+class DatasetError(ConsiliumError, ValueError):
     """A dataset that cannot be found or read."""
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from consilium.errors import ConsiliumError
 from consilium.training.data.datasets import Split
 from consilium.training.models.build import get_flat_parameters, parameter_count
 
@@ -32,7 +33,7 @@ __all__ = ["LOCAL_OPTIMIZERS", "FedAvgError", "LocalTraining", "clip_update", "l
 LOCAL_OPTIMIZERS = ("sgd", "adam")
 
 
-class FedAvgError(ValueError):
+class FedAvgError(ConsiliumError, ValueError):
     """Settings or a split that DP-FedAvg cannot run with."""
 
 

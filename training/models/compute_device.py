@@ -15,12 +15,14 @@ import copy
 import torch
 from torch import nn
 
+from consilium.errors import ConsiliumError
+
 __all__ = ["DeviceError", "compute_device", "on_device", "use_device"]
 
 _device = torch.device("cpu")
 
 
-class DeviceError(ValueError):
+class DeviceError(ConsiliumError, ValueError):
     """A device this machine does not have."""
 
 

@@ -1,8 +1,7 @@
 """A party's privacy ledger: every release its data took part in, durable and tamper-evident.
 
-**The ledger** records every release a party's data took part in, written to disk before the
-release leaves (so a crash can only over-count) and read back on start, so a restart never resets
-epsilon. Each record is keyed by an identifier the ledger draws itself, never by anything the
+Each release is written to disk before it leaves (so a crash can only over-count) and read back on
+start, so a restart never resets epsilon. Each record is keyed by an identifier the ledger draws itself, never by anything the
 server chooses: a server that repeats a run id or a round cannot make two releases count as one.
 A run id is accepted again only to resume that same run (the same fingerprint: every setting and the
 initial model, ``protocol.run.config.RunConfig.fingerprint``); ``begin_run`` then returns the last round
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from consilium.errors import ConsiliumError
 from consilium.training.privacy.durable import append_line, replace_file
 from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS, Release
 from consilium.training.privacy.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon
@@ -53,7 +53,7 @@ ROUND_STEPS = ("endorsed", "released")
 log = logging.getLogger("consilium.accounting")
 
 
-class LedgerError(RuntimeError):
+class LedgerError(ConsiliumError, RuntimeError):
     """A privacy ledger that cannot be read or written, or a record it must refuse."""
 
 

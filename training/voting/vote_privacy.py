@@ -62,8 +62,12 @@ from consilium.training.privacy.accounting import Release, release_of
 from consilium.training.methods.flags import Flag, below_one, non_negative_int, positive_float, positive_int, rate
 from consilium.training.privacy.skellam import SkellamMechanism, bernstein_deviation
 
+# The widest row a kNN feature map may give (a run configuration's limit, checked before any map is used).
+MAX_FEATURE_DIMENSIONS = 2**10
+
 __all__ = [
     "ACCOUNTANT",
+    "MAX_FEATURE_DIMENSIONS",
     "LEVELS",
     "REVEAL_MODES",
     "VOTING_DEFAULTS",

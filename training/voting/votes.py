@@ -26,12 +26,13 @@ import torch
 from torch import nn
 
 from consilium.training.data.datasets import Split
-from consilium.training.models.build import ModelSpec, build_model
+from consilium.training.models.build import build_model
+from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.secure_random import require_cryptographic
 from consilium.training.privacy.skellam import SkellamMechanism
+from consilium.training.voting.vote_privacy import MAX_FEATURE_DIMENSIONS
 
 __all__ = [
-    "MAX_FEATURE_DIMENSIONS",
     "FeatureMap",
     "PcaFeatures",
     "knn_votes",
@@ -58,7 +59,6 @@ _GRID_STEPS_PER_UNIT = 2.0**12
 _INPUT_STEPS_PER_UNIT = 2.0**12
 _WEIGHT_STEPS_PER_UNIT = 2.0**16
 _MAX_PCA_INPUTS = 2**17
-MAX_FEATURE_DIMENSIONS = 2**10
 _QUERY_CHUNK = 256
 
 

@@ -33,11 +33,11 @@ from consilium.protocol.wire.messages import (
     VotingWelcome,
     Welcome,
     Withdraw,
-    decode,
-    encode,
     float32_values,
     release_digest,
 )
+
+from consilium.protocol.wire.codec import decode, encode
 
 LIMIT = 1 << 20
 SAMPLES = [

@@ -6,7 +6,7 @@ import pytest
 
 from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.voting.voting_config import VotingConfig
-from consilium.training.models.build import ModelSpec
+from consilium.training.models.spec import ModelSpec
 from consilium.training.voting.vote_privacy import VotingSettings
 
 

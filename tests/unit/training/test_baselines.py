@@ -9,7 +9,8 @@ from consilium.training.models.evaluation import Selection
 from consilium.training.methods.baselines import BASELINES, BaselineSettings, run_baseline
 from consilium.training.data.datasets import Dataset, Split, load_dataset
 from consilium.training.methods.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
-from consilium.training.models.build import ModelSpec, input_statistics
+from consilium.training.models.build import input_statistics
+from consilium.training.models.spec import ModelSpec
 from consilium.training.data.partition import partition
 
 

@@ -12,13 +12,8 @@ from scipy.stats import skellam
 from consilium.training.data.datasets import load_dataset
 from consilium.training.methods.dopamine import DopamineSettings, NoisyGradientStep, mean_gradient
 from consilium.training.methods.update_rules import MomentumUpdate
-from consilium.training.models.build import (
-    ModelSpec,
-    build_model,
-    get_flat_parameters,
-    input_statistics,
-    set_flat_parameters,
-)
+from consilium.training.models.build import build_model, get_flat_parameters, input_statistics, set_flat_parameters
+from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.secure_random import secure_generator, uniform
 from consilium.training.privacy.skellam import SkellamMechanism
 

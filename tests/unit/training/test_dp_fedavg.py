@@ -9,7 +9,8 @@ from consilium.training.methods.dp_fedavg import COUNT_SLOT_WEIGHT, NORM_SLOT_WE
 from consilium.training.methods.fedavg import FedAvgError, clip_update, local_update
 from consilium.training.methods.intermediaries import expected_noise_norm, next_subclient_count
 from consilium.training.methods.registry import SharedState, ledger_release, settings_from_dict
-from consilium.training.models.build import ModelSpec, build_model, get_flat_parameters, set_flat_parameters
+from consilium.training.models.build import build_model, get_flat_parameters, set_flat_parameters
+from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.secure_random import secure_generator
 from consilium.training.methods.update_rules import FedAdamUpdate
 

@@ -7,7 +7,8 @@ from torch import nn
 
 from consilium.training.data.datasets import Split
 from consilium.training.methods.fedavg import FedAvgError, LocalTraining, clip_update, local_update, split_subclients
-from consilium.training.models.build import ModelSpec, build_model, get_flat_parameters
+from consilium.training.models.build import build_model, get_flat_parameters
+from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.secure_random import secure_generator
 
 

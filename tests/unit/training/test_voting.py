@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from consilium.training.data.datasets import Split, load_dataset
-from consilium.training.models.build import ModelSpec, accuracy, build_model
+from consilium.training.models.build import accuracy, build_model
+from consilium.training.models.spec import ModelSpec
 from consilium.training.voting.votes import (
     PcaFeatures,
     _jittered,
