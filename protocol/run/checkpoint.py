@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, ClassVar
 
 from consilium.errors import ConsiliumError
+from consilium.protocol.wire.messages import ProtocolError
 from consilium.training.privacy.durable import replace_file
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "VotingCheckpoint",
+    "save_checkpoint",
     "write_at_the_end",
     "write_report",
     "write_retrying",
@@ -167,6 +169,20 @@ def write_retrying(write: Callable[[], None], what: str) -> None:
                 raise CheckpointError(f"cannot write {what}: {error}") from None
             log.warning("cannot write %s (%s); trying again", what, error)
             time.sleep(_WRITE_RETRY_S)
+
+
+def save_checkpoint(checkpoint: Checkpoint | VotingCheckpoint, out_dir: Path, *, required: bool) -> str:
+    """Write a server's checkpoint. Where the system refuses (a full disk, no descriptor left) the one before
+    stands: returns "" once written, else why not; ``ProtocolError`` where ``required`` (no round starts
+    before its number is on disk)."""
+    try:
+        write_retrying(lambda: checkpoint.save(out_dir), "the checkpoint")
+    except CheckpointError as error:
+        if required:
+            raise ProtocolError(f"{error}; no round starts before its number is on disk") from None
+        log.warning("%s; the one before stands", error)
+        return str(error)
+    return ""
 
 
 def write_at_the_end(write: Callable[[], None], *, run_failed: bool) -> None:

@@ -69,6 +69,23 @@ class Participants:
         # tallier that says Hello again): True when handled.
         self.intercept: Callable[[str, Message], bool] = lambda sender, message: False
 
+    def narrow_to(self, hospitals: Iterable[str], *, take_part: bool = False) -> None:
+        """The run is the hospitals that joined; with ``take_part``, each takes part from now on (and so is
+        told when the run ends, however it ends)."""
+        self.hospitals = tuple(hospitals)
+        if take_part:
+            self.active = list(self.hospitals)
+
+    def restore(self, *, active: Iterable[str], departures: dict[str, str], joins: list[dict]) -> None:
+        """The membership a checkpoint holds: whom a resumed server waits for, who left and why, and each
+        hospital's joins again (which count across restarts)."""
+        self.active, self.departures, self.joins = list(active), dict(departures), list(joins)
+
+    def take_joining(self) -> list[str]:
+        """The hospitals that said Hello, now to be welcomed: ``joining`` is empty after."""
+        joining, self.joining = self.joining, []
+        return joining
+
     def open_rounds(self) -> None:
         """From now on a Hello means that a hospital joins again."""
         self._rounds_open = True

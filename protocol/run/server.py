@@ -33,7 +33,7 @@ from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.insecure_plaintext import InsecurePlaintextSum, InsecurePlaintextUploads
 from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
 from consilium.protocol.wire.channel import PartyChannels
-from consilium.protocol.run.checkpoint import Checkpoint, CheckpointError, write_report, write_retrying
+from consilium.protocol.run.checkpoint import Checkpoint, CheckpointError, save_checkpoint, write_report, write_retrying
 from consilium.protocol.run.config import INSECURE_PLAINTEXT, RunConfig
 from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import (
@@ -161,7 +161,8 @@ class Server:
         )
         parties = PartyChannels(self._transport, accept=TO_SERVER, limit=limit, log=log, transcript=self._transcript)
         self._participants = Participants(parties, config.hospitals, log)
-        self._participants.departures, self._participants.joins = membership
+        departures, joins = membership
+        self._participants.restore(active=[], departures=departures, joins=joins)
         self._blame = Blame(self._participants.drop, config.hospitals, config.key_threshold)
 
     @property
@@ -231,7 +232,7 @@ class Server:
         self._config = dataclasses.replace(
             self._config, hospitals=tuple(h for h in self._config.hospitals if h in joined)
         )
-        self._participants.hospitals = self._config.hospitals
+        self._participants.narrow_to(self._config.hospitals)
         self._params = self._config.bfv_parameters()
         self._public = PublicContext(self._params)
         self._run = self._config.fingerprint(self._initial_parameters.tobytes())
@@ -250,7 +251,7 @@ class Server:
             next_round=next_round,
             server_wait_s=self._timeouts.server_silence_s(),
         )
-        newcomers, participants.joining = participants.joining, []
+        newcomers = participants.take_joining()
         for name in newcomers:
             participants.parties.send(name, welcome)
         ready: list[str] = []
@@ -572,13 +573,8 @@ class Server:
             selection=dataclasses.asdict(self._selection),
             joins=list(participants.joins),
         )
-        try:
-            write_retrying(lambda: checkpoint.save(self._out_dir), "the checkpoint")
-        except CheckpointError as error:
-            if required:
-                raise ProtocolError(f"{error}; no round starts before its number is on disk") from None
-            self._record.write_failures.append(str(error))
-            log.warning("%s; the one before stands", error)
+        if failure := save_checkpoint(checkpoint, self._out_dir, required=required):
+            self._record.write_failures.append(failure)
 
     def _restore(self, checkpoint: Checkpoint) -> tuple[dict[str, str], list[dict]]:
         """Go on from ``checkpoint``; returns the departures and joins it recorded."""

@@ -53,27 +53,30 @@ from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import (
     TO_VOTING_SERVER,
     Hello,
-    Labels,
-    Message,
     ProtocolError,
-    RunKey,
     Shares,
-    TallyFailed,
     VoteRequest,
     VotingWelcome,
 )
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transcript import Transcript
-from consilium.protocol.run.checkpoint import CheckpointError, VotingCheckpoint, write_report, write_retrying
+from consilium.protocol.run.checkpoint import (
+    CheckpointError,
+    VotingCheckpoint,
+    save_checkpoint,
+    write_report,
+    write_retrying,
+)
 from consilium.protocol.run.participants import Participants, Timeouts, join_record, run_to_the_end
 from consilium.protocol.wire.transport import ServerTransport
+from consilium.protocol.voting.tallier_keys import TallierKeys
 from consilium.protocol.voting.voting_config import VotingConfig
+from consilium.protocol.voting.voting_report import final_figures, run_report
 from consilium.protocol.voting.voting_round import RoundRecord, TallyInterrupted, collect_ballots, collect_labels
 from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.data.datasets import Split
-from consilium.training.models.build import accuracy
-from consilium.training.voting.vote_privacy import ACCOUNTANT, LEVELS
+from consilium.training.voting.vote_privacy import LEVELS
 from consilium.training.voting.votes import train_student
 
 __all__ = ["MAX_TALLY_ATTEMPTS", "VotingServer"]
@@ -118,11 +121,8 @@ class VotingServer:
         self._student: torch.nn.Module | None = None
         self._phase_seconds: dict[str, float] = {}
         self._order = np.random.default_rng().permutation(len(public_pool))  # the queries are public: no secret needed
-        self._tallier_keys: dict[str, bytes] = {}
         self._rounds_started = 0
         self._pending: tuple[int, dict[str, dict[str, bytes]]] | None = None  # a round's ballots, awaiting labels
-        self._returning: set[str] = set()  # talliers that said Hello again and owe their box key
-        self._rejoined: set[str] = set()  # talliers back with their key since the boxes were last relayed
         self._resumed_from = _checkpoint
         self._data_digest = _data_digest(public_pool, test)  # in every checkpoint: hashed once, not per write
         self._charged: dict[str, int] = {}  # per level, the last round its ledger charged before a resume
@@ -140,7 +140,8 @@ class VotingServer:
             self._transport, accept=TO_VOTING_SERVER, limit=limit, log=log, transcript=self._transcript
         )
         self._participants = Participants(parties, config.hospitals, log)
-        self._participants.intercept = self._tallier_returns
+        self._talliers = TallierKeys(self._participants, config.talliers, self._tallier_welcome, self._timeouts)
+        self._participants.intercept = self._talliers.returns
 
     @classmethod
     def resume(cls, *, out_dir: Path, public_pool: Split, test: Split, **settings) -> "VotingServer":
@@ -220,12 +221,11 @@ class VotingServer:
                 f"only {len(hospitals)} of {len(config.hospitals)} hospitals joined; the quorum is {config.voting.quorum}"
             )
         self._config = dataclasses.replace(config, hospitals=hospitals)
-        self._participants.hospitals = hospitals
-        self._participants.active = list(hospitals)  # from here on each is told when the run ends, however it ends
+        self._participants.narrow_to(hospitals, take_part=True)
         self._run = self._config.fingerprint(self._feature_map)
         for ledger in self._ledgers.values():
             ledger.begin_run(self._config.run_id, self._run)
-        self._tallier_keys = self._welcome_talliers()
+        self._talliers.keys = self._talliers.ask()
         self._welcome_hospitals(hospitals)
 
     def _join_again(self) -> None:
@@ -234,8 +234,8 @@ class VotingServer:
         joined = self._hellos(expected)
         for name in sorted(set(self._participants.active) - set(joined)):
             self._participants.drop(name, f"did not join again within {self._timeouts.join_s:g} s", notify=False)
-        keys = self._welcome_talliers()
-        changed = sorted(name for name in keys if keys[name] != self._tallier_keys[name])
+        keys = self._talliers.ask()
+        changed = sorted(name for name in keys if keys[name] != self._talliers.keys[name])
         if changed:
             raise ProtocolError(
                 f"the talliers {changed} came back with another box key than the run's (their sealed run state "
@@ -261,33 +261,13 @@ class VotingServer:
             )
         return joined
 
-    def _welcome_talliers(self) -> dict[str, bytes]:
-        """Send every tallier the run; returns the box key each answers with."""
-        welcome = VotingWelcome(config=self._config.to_dict(), feature_map=self._feature_map, tallier_keys={})
-        for name in self._config.talliers:
-            self._participants.parties.send(name, welcome)
-        keys: dict[str, bytes] = {}
-        deadline = time.monotonic() + self._timeouts.key_s
-        while (
-            set(keys) != set(self._config.talliers)
-            and (got := self._participants.parties.next_message(deadline)) is not None
-        ):
-            sender, message = got
-            if isinstance(message, TallyFailed) and sender in self._config.talliers and message.round == 0:
-                raise ProtocolError(f"{sender} refuses the run: {message.reason}")
-            if not isinstance(message, RunKey) or sender not in self._config.talliers or sender in keys:
-                self._participants.parties.reject(sender, message, "expected a tallier's box key")
-            else:
-                keys[sender] = message.certified_key  # the hospitals check it against the tallier's identity
-        if set(keys) != set(self._config.talliers):
-            raise ProtocolError(
-                f"the talliers {sorted(set(self._config.talliers) - set(keys))} sent no box key in time"
-            )
-        return keys
+    def _tallier_welcome(self) -> VotingWelcome:
+        """The run as a tallier is welcomed to it: no keys (a tallier answers with its own)."""
+        return VotingWelcome(config=self._config.to_dict(), feature_map=self._feature_map, tallier_keys={})
 
     def _welcome_hospitals(self, names: tuple[str, ...]) -> None:
         welcome = VotingWelcome(
-            config=self._config.to_dict(), feature_map=self._feature_map, tallier_keys=self._tallier_keys
+            config=self._config.to_dict(), feature_map=self._feature_map, tallier_keys=self._talliers.keys
         )
         for name in names:
             self._participants.parties.send(name, welcome)
@@ -297,37 +277,9 @@ class VotingServer:
         their ledgers keep them from voting twice on a round."""
         participants = self._participants
         if participants.joining:
-            joining, participants.joining = participants.joining, []
+            joining = participants.take_joining()
             self._welcome_hospitals(tuple(joining))
             participants.admit(joining, before_round=self._rounds_started + 1)
-
-    def _tallier_returns(self, sender: str, message: Message) -> bool:
-        """A tallier that says Hello mid-run (restarted, or cut off) is welcomed again and must answer with the
-        box key it had; True where ``message`` was that exchange."""
-        if sender not in self._config.talliers:
-            return False
-        if isinstance(message, Hello):
-            log.warning("%s connected again; it is welcomed back to the run", sender)
-            self._returning.add(sender)
-            self._participants.parties.send(
-                sender, VotingWelcome(config=self._config.to_dict(), feature_map=self._feature_map, tallier_keys={})
-            )
-            return True
-        if sender not in self._returning:
-            return False
-        if isinstance(message, TallyFailed) and message.round == 0:
-            raise ProtocolError(f"{sender} refuses the run it joined again: {message.reason}")
-        if not isinstance(message, RunKey):
-            return False
-        self._returning.discard(sender)
-        if message.certified_key != self._tallier_keys[sender]:
-            raise ProtocolError(
-                f"{sender} came back with another box key than the run's (its sealed run state was lost): the "
-                "ballots sealed to it cannot be opened"
-            )
-        self._rejoined.add(sender)
-        log.warning("%s is back in the run with its box key", sender)
-        return True
 
     def _queries(self, round_number: int) -> np.ndarray:
         q = self._config.queries_per_round
@@ -366,7 +318,7 @@ class VotingServer:
         labels = None
         for attempt in range(1, MAX_TALLY_ATTEMPTS + 1):
             record.tally_attempts = attempt
-            self._rejoined = set()
+            self._talliers.relayed()
             for tallier in self._config.talliers:
                 self._participants.parties.send(
                     tallier,
@@ -374,14 +326,14 @@ class VotingServer:
                 )
             try:
                 labels = collect_labels(
-                    self._participants, self._config, record, self._timeouts.round_s, self._rejoined
+                    self._participants, self._config, record, self._timeouts.round_s, self._talliers.rejoined
                 )
                 break
             except TallyInterrupted as interrupted:
                 if attempt == MAX_TALLY_ATTEMPTS:
                     raise ProtocolError(f"{interrupted}; tried {attempt} times, the run stops") from None
                 log.warning("%s; the same boxes go to the talliers again once every one is back", interrupted)
-                self._await_talliers(set(interrupted.silent), record.round)
+                self._talliers.await_back(set(interrupted.silent), record.round)
         record.seconds["tally"] = time.perf_counter() - started
         self._pending = None
         if labels is None:
@@ -415,36 +367,6 @@ class VotingServer:
         record.status = "labelled"
         self._finish_round(record)
 
-    def _await_talliers(self, silent: set[str], round_number: int) -> None:
-        """Wait until every tallier in ``silent`` is ready for the round again: back with its box key, or
-        alive after all (its answer arrives late). ``ProtocolError`` after twice the round timeout (a
-        tallier waits out its own MPC timeout before it answers)."""
-        late: set[str] = set()
-
-        def waiting() -> bool:
-            return not silent <= late | self._rejoined
-
-        wait_s = 2 * self._timeouts.round_s
-        deadline = time.monotonic() + wait_s
-        while waiting() and (got := self._participants.next_message(deadline, waiting)) is not None:
-            sender, message = got
-            if (
-                isinstance(message, (Labels, TallyFailed))
-                and sender in silent
-                and message.round == round_number
-                and not (isinstance(message, TallyFailed) and message.tampered)
-            ):
-                late.add(sender)
-            elif isinstance(message, TallyFailed) and message.tampered and message.round == round_number:
-                raise ProtocolError(f"round {round_number}: no labels: {message.reason}; the run stops")
-            else:
-                self._participants.parties.reject(sender, message, f"round {round_number} waits for the talliers")
-        if waiting():
-            raise ProtocolError(
-                f"round {round_number}: {', '.join(sorted(silent - late - self._rejoined))} did not come back within "
-                f"{wait_s:g} s; no label of the round is released"
-            )
-
     def _train_student(self) -> torch.nn.Module | None:
         if not any(len(indices) for indices, _ in self._labelled):  # no round, or every label withheld
             return None
@@ -469,7 +391,7 @@ class VotingServer:
             feature_map=self._feature_map,
             data_digest=self._data_digest,
             order=self._order.tolist(),
-            tallier_keys=dict(self._tallier_keys),
+            tallier_keys=dict(self._talliers.keys),
             rounds_started=self._rounds_started,
             rounds=[dataclasses.asdict(r) for r in self._rounds],
             labelled=[[indices.tolist(), labels.tolist()] for indices, labels in self._labelled],
@@ -479,12 +401,7 @@ class VotingServer:
             pending_round=round_number,
             pending_ballots=ballots,
         )
-        try:
-            write_retrying(lambda: checkpoint.save(self._out_dir), "the checkpoint")
-        except CheckpointError as error:
-            if required:
-                raise ProtocolError(f"{error}; no round starts before its number is on disk") from None
-            log.warning("%s; the one before stands", error)
+        save_checkpoint(checkpoint, self._out_dir, required=required)
 
     def _restore(self, checkpoint: VotingCheckpoint) -> None:
         """Go on from ``checkpoint``."""
@@ -511,11 +428,9 @@ class VotingServer:
         except (TypeError, ValueError, KeyError, AttributeError) as error:
             raise CheckpointError(f"the checkpoint in {self._out_dir} is unusable: {error}") from None
         self._order, self._rounds, self._labelled = order, rounds, labelled
-        self._tallier_keys = dict(checkpoint.tallier_keys)
-        self._participants.hospitals = self._config.hospitals
-        self._participants.active = active
-        self._participants.departures = departures
-        self._participants.joins = joins  # each hospital's joins again count across restarts
+        self._talliers.keys = dict(checkpoint.tallier_keys)
+        self._participants.narrow_to(self._config.hospitals)
+        self._participants.restore(active=active, departures=departures, joins=joins)
         self._run = self._config.fingerprint(self._feature_map)
         self._charged = {
             level: ledger.begin_run(self._config.run_id, self._run) for level, ledger in self._ledgers.items()
@@ -545,47 +460,19 @@ class VotingServer:
         self._on_round(dataclasses.asdict(record))
 
     def _report(self, finish_reason: str) -> dict:
-        student = self._student
-        labelled = [r for r in self._rounds if r.status == "labelled"]
-        queries = sum(len(indices) for indices, _ in self._labelled)
-        asked = queries + sum(r.labels_withheld for r in labelled)
-        correct = sum(int(np.sum(labels == self._pool.y[indices])) for indices, labels in self._labelled)
-        mpc_seconds = sum(r.mpc_seconds for r in labelled)
-        config = self._config
-        layout = config.ballot_layout()
+        transport, participants = self._transport, self._participants
         return {
-            "method": config.voting.method,
-            "config": config.to_dict(),
-            "field": dataclasses.asdict(config.field()),
-            "ballot_range": [layout.low, layout.high],
-            "totals_bound": config.totals_bound(),
-            "finish_reason": finish_reason,
-            "run_fingerprint": getattr(self, "_run", ""),
-            "reveal": config.reveal,
-            "reveal_warning": (
-                "histogram mode: the server and every tallier saw the noisy vote totals, not only the labels"
-                if config.reveal == "histogram"
-                else ""
+            **run_report(self._config, finish_reason, getattr(self, "_run", ""), self._rounds),
+            "final": final_figures(
+                self._config, self._rounds, self._labelled, self._pool, self._test, self._student, self._ledgers
             ),
-            "rounds": [dataclasses.asdict(r) for r in self._rounds],
-            "final": {
-                "rounds_labelled": len(labelled),
-                "queries_labelled": queries,
-                "queries_withheld": asked - queries,
-                "label_accuracy": correct / queries if queries else None,
-                "student_test_accuracy": accuracy(student, self._test.x, self._test.y) if student is not None else None,
-                "epsilon": {level: ledger.epsilons(config.delta) for level, ledger in self._ledgers.items()},
-                "delta": config.delta,
-                "accountant": ACCOUNTANT,
-                "mpc_seconds_per_query": mpc_seconds / asked if asked else None,
-            },
             "phase_seconds": self._phase_seconds,
-            "rejected_messages": self._participants.parties.rejections.total,
-            "departures": self._participants.departures,
-            "joins": self._participants.joins,
-            "connection_limits": self._transport.limits,
-            "bytes_received": dict(self._transport.bytes_received),
-            "bytes_sent": dict(self._transport.bytes_sent),
+            "rejected_messages": participants.parties.rejections.total,
+            "departures": participants.departures,
+            "joins": participants.joins,
+            "connection_limits": transport.limits,
+            "bytes_received": dict(transport.bytes_received),
+            "bytes_sent": dict(transport.bytes_sent),
         }
 
     def _write_outputs(self, report: dict) -> None:

@@ -11,12 +11,11 @@ PACKAGES = ("crypto", "training", "protocol", "tallier", "orchestration", "scrip
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 400
 STILL_TOO_LONG = {
-    "protocol/run/server.py": 682,
-    "protocol/voting/voting_server.py": 632,
-    "protocol/run/hospital.py": 544,
+    "protocol/run/server.py": 678,
+    "protocol/run/hospital.py": 539,
+    "protocol/voting/voting_server.py": 519,
     "scripts/bench_crypto.py": 494,
     "scripts/compare.py": 478,
-    "training/models/build.py": 474,
     "tallier/mpc_network.py": 451,
     "training/privacy/ledger.py": 438,
     "training/methods/dp_fedavg.py": 422,
