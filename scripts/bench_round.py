@@ -13,7 +13,7 @@ would otherwise hide the encryption time too. A round's wall time is the server'
 to the evaluated model: ``collect`` (the hospitals' step, encryption and upload, and the server's
 additions) + ``release`` (the sum down, decryption, endorsements, the mean back) + ``evaluate``.
 Each run's figures are medians over the rounds after the first (warm-up). Every process shares this
-machine's cores, as in the README's main job.
+machine's cores, as in the main job (docs/tutorials/first-federation.md).
 
 ``--flower`` adds a peer system to each pair: the same round over Flower's SecAgg+ (``scripts/_flower.py``,
 the optional dependency group ``bench-flower``), with the same model, data, K, seed, rounds and

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from consilium.protocol.run.config import RunConfig
 from consilium.protocol.secure_round.checks import check_opening
 from consilium.protocol.secure_round.statement import Proved, RoundRefused
 from consilium.protocol.secure_round.sum_round import SumRound
@@ -20,8 +21,10 @@ MAX_ANONYMOUS_FAILURES = 2  # rounds in a row whose sum did not open and nobody 
 class Blame:
     """The server's counts of unproven refusals, disputes and anonymous failures over a run, and whom they drop."""
 
-    def __init__(self, drop: Callable[[str, str], None], hospitals: tuple[str, ...], key_threshold: int) -> None:
-        self._drop, self._hospitals, self._key_threshold = drop, hospitals, key_threshold
+    def __init__(self, drop: Callable[[str, str], None], run: Callable[[], RunConfig]) -> None:
+        # The run's configuration as it is when a round is weighed: narrowed to the hospitals that joined,
+        # whose key threshold tau is the one that counts (never the roster's).
+        self._drop, self._run = drop, run
         self._unproven: dict[str, int] = {}  # hospital -> its refusals that no evidence bore out
         self._anonymous_failures = 0  # rounds in a row whose sum did not open, naming nobody
         self._disputes: dict[tuple[str, str], int] = {}  # (accuser, dealer) -> rounds it named that dealer
@@ -50,7 +53,7 @@ class Blame:
             for dealer in convicted:
                 self._drop(dealer, f"round {round_number}: {name}'s opening shows it dealt a wrong share")
             disputed = [  # named, with the box's key shown, but not convicted by it
-                dealer for dealer in refusal.named if dealer in refusal.openings and dealer in self._hospitals
+                dealer for dealer in refusal.named if dealer in refusal.openings and dealer in self._run().hospitals
             ]
             if convicted:
                 continue
@@ -61,7 +64,7 @@ class Blame:
             for dealer in disputed:
                 accusers.setdefault(dealer, set()).add(name)
         for dealer, names in accusers.items():
-            if len(names) >= self._key_threshold:
+            if len(names) >= self._run().key_threshold:
                 self._drop(dealer, f"round {round_number}: {len(names)} hospitals name it as a dealer")
                 continue
             for name in names:

@@ -110,7 +110,7 @@ log = logging.getLogger("consilium.hospital")
 
 
 # Measured: the default run's slowest train + encrypt step on a 2-core machine took 0.04 s (its
-# first); the offset is six times that, so that a large batch does not overrun it. See the README.
+# first); the offset is six times that, so that a large batch does not overrun it. See docs/tutorials/first-federation.md.
 DEFAULT_SEND_OFFSET_S = 0.25
 MAX_SERVER_WAIT_S = 24 * 3600  # the most a Welcome may say the server keeps a hospital waiting
 

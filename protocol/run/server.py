@@ -6,17 +6,16 @@ key outlives a round: each upload is under a one-time key whose shares the other
 release only for one sum every contributor endorsed (``docs/explanation/secure-round.md``).
 
 A run is a join and rounds (``protocol.wire.messages`` shows the sequence); this module is the rounds'
-phases, ``protocol.secure_round`` the checks the server makes at each. What the server reports
-and keeps of each round is ``protocol.run.server_report``'s. Every wait has a deadline. A message that
+phases, ``protocol.secure_round`` the checks it makes at each, ``protocol.run.blame`` whom a failed
+round drops, ``protocol.run.server_report`` what it reports. Every wait has a deadline. A message that
 fails validation, is out of sequence, or comes from a party with nothing to say at that point is
-logged as rejected and changes nothing. A round that gathers fewer contributions than the quorum
-is aborted and its sum is never opened; one that a member refuses, or does not answer in time, is
-aborted, with whom the refusals name; a hospital that misses a deadline is dropped from the run.
+logged as rejected and changes nothing. A round with fewer contributions than the quorum is aborted
+and its sum never opened; one that a member refuses, or does not answer in time, is aborted, with
+whom the refusals name; a hospital that misses a deadline is dropped from the run.
 
 Hospitals of the run may join again (``protocol.run.participants``): one that says Hello after the run
-began, because it restarted or its connection was made again, leaves the round under way and is
-welcomed before the next one, to the model and its update rule's state as they are then, and
-answers with a box key for that round. The server checkpoints what it needs to resume after a crash
+began (restarted, or its connection made again) leaves the round under way and is welcomed before the
+next one, to the model and its update rule's state as they are then, answering with a box key. The server checkpoints what it needs to resume after a crash
 (``protocol.run.checkpoint``); ``Server.resume`` goes on from it, and the hospitals, which notice the new
 connection, join again by themselves.
 """
@@ -163,7 +162,7 @@ class Server:
         self._participants = Participants(parties, config.hospitals, log)
         departures, joins = membership
         self._participants.restore(active=[], departures=departures, joins=joins)
-        self._blame = Blame(self._participants.drop, config.hospitals, config.key_threshold)
+        self._blame = Blame(self._participants.drop, lambda: self._config)
 
     @property
     def config(self) -> RunConfig:
@@ -496,8 +495,8 @@ class Server:
 
     def _step(self, record: RoundRecord, kind, what: str, check, evidence: Evidence):
         """Every member's ``kind`` message of the round, each passing ``check`` as it arrives, or None
-        where one refused or fell silent (the round aborted). A refusal's evidence is weighed
-        (``Blame.weigh``) before the round is aborted."""
+        where one refused or fell silent (the round aborted). After the abort, which every member is told,
+        a refusal's evidence is weighed (``Blame.weigh``), and the checkpoint saved again with whom it drops."""
         answers, refusals = collect_from_members(
             self._participants, record.contributors, kind, record.round, self._timeouts.round_s, check
         )
@@ -510,6 +509,7 @@ class Server:
                 f"named, unverified: {', '.join(named) or 'nobody'})",
             )
             self._blame.weigh(record.round, refusals, evidence)
+            self._save_checkpoint()  # a resumed server must not let back in a member the evidence dropped
             return None
         if set(answers) != set(record.contributors):
             self._abort(record, f"{len(answers)} of {len(record.contributors)} contributors did {what}")

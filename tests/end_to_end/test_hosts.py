@@ -2,7 +2,7 @@
 
 Each party makes its keys in its own folder (``consilium-keygen``), hands its public file to the
 provisioner, gets back the roster, checks its own entry and reads the fingerprint
-(``consilium-roster fingerprint``), and starts with it: the commands of the README's deployment
+(``consilium-roster fingerprint``), and starts with it: the commands of docs/how-to/deploy-across-hosts.md
 section, in its order. The server, three hospitals and (for private voting) three talliers then
 run Dopamine and kNN-DPFL to the end across a virtual switch, and every epsilon equals that of the
 same commands run on localhost. Where this machine cannot make network namespaces (not root, or
@@ -110,7 +110,7 @@ def _run(command: list, *, check: bool = True, timeout: float = 120) -> subproce
 
 
 def _federate(root: Path, hosts: Hosts, talliers: tuple[str, ...]) -> tuple[str, dict[str, Path]]:
-    """The README's set-up, machine by machine: keys, public files to the provisioner, the roster back,
+    """The deployment how-to's set-up, machine by machine: keys, public files to the provisioner, the roster back,
     each party's own check. Returns the fingerprint every party read and each party's federation folder."""
     port = free_port()
     folders = {}

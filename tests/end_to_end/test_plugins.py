@@ -1,4 +1,4 @@
-"""A training method added as the README says: one module and one registry line, run through a real federation.
+"""A training method added as docs/how-to/add-a-training-method.md says: one module and one registry line, run through a real federation.
 
 The toy method is Dopamine's step without momentum, under a name of its own. It lives in a module
 written to this test's folder, outside the project; a ``sitecustomize`` there holds the one

@@ -319,32 +319,44 @@ def test_a_member_that_signs_a_wrong_release_leaves_the_run_and_the_others_go_on
         hospital.close()
 
 
-@pytest.mark.parametrize("server", [(3, "--rounds", "2", "--round-timeout", "30")], indirect=True)
-def test_a_dealer_that_tau_hospitals_name_with_its_boxes_keys_leaves_the_run(server):
-    """Boxes that are signed but do not decrypt cannot be proven either way; a dealer that tau (2 of 3)
-    hospitals name so in one round leaves the run, as one of them told the truth (review 5, finding 2)."""
-    hospitals = h1, h2, h3 = [ScriptedHospital(server, f"hospital-{i}") for i in (1, 2, 3)]
+@pytest.mark.parametrize(
+    ("server", "joined"),
+    [
+        ((3, "--rounds", "2", "--round-timeout", "30"), 3),
+        ((6, "--rounds", "2", "--round-timeout", "30", "--quorum", "5", "--join-timeout", "5"), 5),
+    ],
+    indirect=["server"],
+    ids=["3-of-3-join", "5-of-6-join"],
+)
+def test_a_dealer_that_tau_hospitals_name_with_its_boxes_keys_leaves_the_run(server, joined):
+    """Boxes that are signed but do not decrypt cannot be proven either way; a dealer that tau hospitals
+    name so in one round leaves the run, as one of them told the truth (review 5, finding 2). Tau is the
+    joined hospitals' (3 of 5), not the roster's (4 of 6), when some never join."""
+    hospitals = [ScriptedHospital(server, f"hospital-{i}") for i in range(1, joined + 1)]
+    *others, dealer = hospitals
+    tau = joined // 2 + 1
     _join(hospitals)
     updates, _ = _uploads(hospitals, 1)
     for hospital in hospitals:
         hospital.send(updates[hospital.name])
     aggregates = {h.name: h.expect(Aggregate) for h in hospitals}
-    for accuser in (h1, h2):
+    for accuser in others[:tau]:
         accuser.send(
             Refused(
                 round=1,
                 reason="signed a share that does not open",
-                named=("hospital-3",),
-                openings={"hospital-3": bytes(32)},
+                named=(dealer.name,),
+                openings={dealer.name: bytes(32)},
             )
         )
-    h3.send(h3.endorse(aggregates["hospital-3"]))
+    for hospital in [*others[tau:], dealer]:
+        hospital.send(hospital.endorse(aggregates[hospital.name]))
     for hospital in hospitals:
         assert hospital.expect(RoundAbort).round == 1
-    assert "2 hospitals name it as a dealer" in h3.expect(Finish).reason
+    assert f"{tau} hospitals name it as a dealer" in dealer.expect(Finish).reason
     report = server.finish()
-    assert "named, unverified: hospital-3" in report["rounds"][0]["reason"]
-    assert set(report["departures"]) == {"hospital-3"}
+    assert f"named, unverified: {dealer.name}" in report["rounds"][0]["reason"]
+    assert set(report["departures"]) == {dealer.name}
     for hospital in hospitals:
         hospital.close()
 

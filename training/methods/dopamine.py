@@ -68,7 +68,7 @@ class DopamineSettings:
         ),
         Flag("--max-grad-norm", positive_float, 1.0, "C, per-example gradient clipping norm"),
         # One rate for all data: on the validation AUC of PneumoniaMNIST and of a 1,000-record subset, 0.05
-        # did best on the mean against 0.15 and 0.5 (README, "The DP-SGD learning rate, chosen on validation").
+        # did best on the mean against 0.15 and 0.5 (docs/how-to/baselines-and-comparison.md, "The learning rate").
         Flag("--lr", positive_float, 0.05, "learning rate"),
         Flag("--momentum", below_one, 0.9, "momentum, applied to the decrypted mean gradient"),
     )

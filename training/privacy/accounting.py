@@ -45,7 +45,7 @@ __all__ = ["ACCOUNTANT", "DEFAULT_BUDGET_VIEW", "VIEWS", "Release", "release_of"
 ACCOUNTANT = (
     "RDP of the Skellam mechanism (Agarwal et al. 2021, Thm 3.5) amplified by Poisson subsampling with the "
     "binomial bound, for adding and removing a record (training/privacy/rdp.py), at integer orders 2-256, converted "
-    "with Opacus's RDP-to-DP bound"
+    "with the RDP-to-DP bound of Balle et al. (2020), as Opacus's"
 )
 VIEWS = ("server", "peer_hospital", "coalition", "collusion")
 DEFAULT_BUDGET_VIEW = "coalition"

@@ -78,7 +78,7 @@ __all__ = [
 
 ACCOUNTANT = (
     "RDP of the Skellam mechanism (Agarwal et al. 2021, Thm 3.5) on one round's Q x C noisy totals, no sampling, "
-    "composed over the labelled rounds (training/privacy/rdp.py), at integer orders 2-256, converted with Opacus's RDP-to-DP bound"
+    "composed over the labelled rounds (training/privacy/rdp.py), at integer orders 2-256, converted with the RDP-to-DP bound of Balle et al. (2020), as Opacus's"
 )
 
 VOTING_METHODS = ("ae-dpfl", "knn-dpfl")

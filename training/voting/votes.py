@@ -131,7 +131,7 @@ def train_student(spec: ModelSpec, labelled: Split, unlabelled: np.ndarray, *, e
     times, with its latest confident predictions on the rest of the public pool as further labels
     (pseudo-labelling, Lee 2013). Images are jittered, and every training follows one cycle of
     learning rates (``train_classifier``): on label sets drawn as kNN-DPFL's MNIST run draws them,
-    it scored higher on held-out validation records than Adam's constant rate (README, "The
+    it scored higher on held-out validation records than Adam's constant rate (docs/how-to/private-voting.md, "The
     student's learning rate follows one cycle"; ``tests/support/student_schedule.py``).
 
     Only public records and released labels go in, so the student costs no privacy."""
