@@ -2,6 +2,7 @@
 
 Installed, everything lives under this one name: ``consilium.crypto``, ``consilium.training``,
 ``consilium.protocol``, ``consilium.tallier``, ``consilium.orchestration`` and ``consilium.scripts``.
-In the repository those are the top-level folders of the same names (pyproject.toml maps them), so
-that the folders a newcomer opens are the design card's.
+In the repository those are the top-level folders of the same names (pyproject.toml maps them): the
+layers of docs/explanation/architecture.md, each a folder a newcomer opens first. ``consilium.errors``
+holds the one base of every error a launcher reports in one line.
 """
