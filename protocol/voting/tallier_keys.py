@@ -58,6 +58,20 @@ class TallierKeys:
             raise ProtocolError(f"the talliers {sorted(set(self._talliers) - set(keys))} sent no box key in time")
         return keys
 
+    def ask_again(self) -> None:
+        """After the server's restart: every tallier must answer with the box key the run has."""
+        self._refuse_changed(self.ask())
+
+    def _refuse_changed(self, keys: dict[str, bytes]) -> None:
+        """``ProtocolError`` naming the talliers that came back with another box key than the run's: their
+        sealed run state was lost, and the ballots sealed to them cannot be opened."""
+        changed = sorted(name for name, key in keys.items() if key != self.keys[name])
+        if changed:
+            raise ProtocolError(
+                f"{', '.join(changed)} came back with another box key than the run's (sealed run state lost): "
+                "the ballots sealed to them cannot be opened"
+            )
+
     def relayed(self) -> None:
         """The boxes went out: a tallier rejoins from here on by coming back again."""
         self.rejoined = set()
@@ -79,11 +93,7 @@ class TallierKeys:
         if not isinstance(message, RunKey):
             return False
         self._returning.discard(sender)
-        if message.certified_key != self.keys[sender]:
-            raise ProtocolError(
-                f"{sender} came back with another box key than the run's (its sealed run state was lost): the "
-                "ballots sealed to it cannot be opened"
-            )
+        self._refuse_changed({sender: message.certified_key})
         self.rejoined.add(sender)
         log.warning("%s is back in the run with its box key", sender)
         return True

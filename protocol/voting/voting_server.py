@@ -234,13 +234,7 @@ class VotingServer:
         joined = self._hellos(expected)
         for name in sorted(set(self._participants.active) - set(joined)):
             self._participants.drop(name, f"did not join again within {self._timeouts.join_s:g} s", notify=False)
-        keys = self._talliers.ask()
-        changed = sorted(name for name in keys if keys[name] != self._talliers.keys[name])
-        if changed:
-            raise ProtocolError(
-                f"the talliers {changed} came back with another box key than the run's (their sealed run state "
-                "was lost): the ballots sealed to them cannot be opened"
-            )
+        self._talliers.ask_again()
         self._welcome_hospitals(tuple(self._participants.active))
         log.warning("resuming run %s after round %d", self._config.run_id, self._rounds_started)
 

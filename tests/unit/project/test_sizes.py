@@ -13,7 +13,7 @@ MAX_MODULE_LINES = 400
 STILL_TOO_LONG = {
     "protocol/run/server.py": 678,
     "protocol/run/hospital.py": 539,
-    "protocol/voting/voting_server.py": 519,
+    "protocol/voting/voting_server.py": 513,
     "scripts/bench_crypto.py": 494,
     "scripts/compare.py": 478,
     "tallier/mpc_network.py": 451,
