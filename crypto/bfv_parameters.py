@@ -45,6 +45,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from consilium.errors import ConsiliumError
 from consilium.crypto.linear_hash import challenge_count
 from consilium.crypto.primes import is_prime
@@ -91,6 +93,17 @@ class BfvParameters:
     @property
     def chunk_count(self) -> int:
         return _chunk_count(self.digits, self.vector_length, self.poly_modulus_degree)
+
+    def slots_of(self, values: np.ndarray) -> np.ndarray:
+        """The slots of every chunk that carry ``vector_length`` integers: their digits, then zeros."""
+        slots = np.zeros(self.chunk_count * self.poly_modulus_degree, dtype=np.int64)
+        digits = self.digits.to_slots(values)
+        slots[: digits.size] = digits
+        return slots
+
+    def values_of(self, slots: np.ndarray) -> np.ndarray:
+        """The ``vector_length`` integers that a decrypted sum's ``slots`` carry (``slots_of``'s inverse)."""
+        return self.digits.from_slots(slots[: self.digits.slots_for(self.vector_length)], self.vector_length)
 
     def to_dict(self) -> dict:
         return {

@@ -33,7 +33,7 @@ prime ``p`` of MPyC's ``SecInt(l)``, ``crypto.mpc_field``). A round, on one scre
    ``C + [top >= T] (label - C)``, the label or ``C`` for "withheld"; the comparison's bit is never
    opened on its own.
 
-Every opening goes through ``tallier.mpc_network.open_checked``: from all ``J`` shares, refused
+Every opening goes through ``tallier.mpc_values.open_checked``: from all ``J`` shares, refused
 unless they lie on one polynomial of degree ``t``. ``reveal="histogram"`` opens the totals
 themselves instead of step 6 (a secure sum): cheaper, and it shows the noisy totals to the
 talliers and the server; the talliers draw the labels from them by the same rule
@@ -49,8 +49,9 @@ make an honest hospital's bit check fail (and so have it refused), though it lea
 
 The talliers connect to each other with ``tallier.mpc_network``, not MPyC's own start-up: each
 listens on its own address, presents its own certificate and lets in only the pinned certificate
-of the party a peer claims to be; no peer's bytes are ever unpickled into objects, and a peer that
-sends what no honest tallier sends aborts the round (``MpcError`` naming it).
+of the party a peer claims to be; no peer's bytes are ever unpickled into objects
+(``tallier.mpc_values``), and a peer that sends what no honest tallier sends aborts the round
+(``MpcError`` naming it).
 
 Each round runs on an event loop of its own, closed with every connection and pending step of the
 round however it ends: a round that failed (a tallier left mid-round, say) leaves nothing behind,
@@ -72,7 +73,8 @@ from consilium.crypto.mpc_field import MpcField, mpyc_runtime
 from consilium.crypto.secret_sharing import random_elements
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
-from consilium.tallier.mpc_network import MpcNetwork, MpcParty, MpcPeerError, harden_mpyc, open_checked
+from consilium.tallier.mpc_network import MpcNetwork, MpcParty
+from consilium.tallier.mpc_values import MpcPeerError, harden_mpyc, open_checked
 from consilium.training.voting.vote_privacy import REVEAL_MODES
 
 __all__ = ["MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "mpc_party", "run_round"]

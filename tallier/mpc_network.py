@@ -9,7 +9,8 @@ MPyC 0.11 trusts its peers further than Consilium may:
   which ``shutdown`` calls, unpickles whatever a peer sent: a crafted pickle runs code here;
 - a message may announce up to 4 GiB, and is buffered whole.
 
-This module replaces those parts, and nothing else of MPyC. A round's ``MpcNetwork``:
+This module and ``tallier.mpc_values`` replace those parts, and nothing else of MPyC. A round's
+``MpcNetwork``:
 
 1. **Connects** (``connect``, instead of ``Runtime.start``): it listens on this tallier's own
    address only, TLS 1.3 with the certificates the roster pins. The listener trusts the pins of
@@ -20,22 +21,16 @@ This module replaces those parts, and nothing else of MPyC. A round's ``MpcNetwo
    unidentified at once, each for at most ``_HANDSHAKE_S``. A connection this tallier dialled that
    ends before every peer is in (it reached a peer still ending the round before, say) is dialled
    again until the deadline. Once every peer is connected, the listener closes.
-2. **Decodes only data.** Where MPyC would pickle (secure arrays' shares in ``_distribute``,
-   ``output`` and ``_reshare``; the party numbers ``shutdown`` exchanges through ``transfer``), it
-   gets ``_Codec`` instead: a one-dimensional array of field elements as fixed-width little-endian
-   numbers, each checked to lie below the round's modulus, or one integer. Nothing else is parsed,
-   and nothing a peer sends is ever unpickled. Single field elements travel as MPyC's fixed-width
-   bytes, checked the same way (``_field_elements``).
+2. **Decodes only data** (``tallier.mpc_values``): where MPyC would pickle, it gets a codec of
+   field elements below the round's modulus, or one integer; nothing a peer sends is unpickled.
 3. **Bounds what a peer sends**: a message of at most the round's ``max_message_bytes``, and at
    most ``_BUFFERED_MESSAGES`` messages (each counted at ``_MESSAGE_COST`` bytes at least) waiting
    unread, within ``_BUFFERED_LIMITS`` of the round's largest messages or ``_BUFFERED_BYTES``,
    whichever is more (a round's inputs, every ballot's bits, make one message far larger than the
    rest).
-4. **Opens values from every share, checked** (``open_checked``, instead of ``Runtime.output``,
-   which rebuilds a value from ``t + 1`` shares and so takes a wrong share from a peer as the
-   truth): every tallier sends its share to every other, and each checks that all ``J`` shares lie
-   on one polynomial of degree ``t`` before it takes the value. With ``J = 3`` and ``t = 1``, a
-   peer's wrong share puts the three points off one line, and the round ends.
+4. **Opens values from every share, checked** (``tallier.mpc_values.open_checked``, instead of
+   ``Runtime.output``): each tallier takes a value only once all ``J`` shares lie on one polynomial
+   of degree ``t``, so a peer's wrong share ends the round.
 5. **Ends a round on the first failure, and says whose**: a peer that breaks 2 or 3, leaves before
    the round is over, or whose message makes one of MPyC's steps fail, stops the event loop at
    once; this tallier then tells its peers why (``_ABORT``), so that each names the cause rather
@@ -45,9 +40,6 @@ What a tallier computes inside MPyC between the inputs and the openings (its par
 multiplication's resharing, of the comparisons' random bits) is not checked: MPyC is secure
 against honest-but-curious parties only, and a tallier that deviates there can still change an
 opened label without being caught.
-
-``harden_mpyc`` installs the decoders of 2 in this process, for the round's field;
-``tests/integration/test_mpc_network.py`` fails if an MPyC upgrade moves the places that unpickle.
 """
 
 from __future__ import annotations
@@ -60,14 +52,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from consilium.crypto.mpc_field import MIN_PARTIES, import_mpyc
+from consilium.tallier.mpc_values import MpcPeerError
 
-_mpyc_runtime = import_mpyc()
-from mpyc import asyncoro, finfields, thresha  # noqa: E402  (imported safely on the line above)
+import_mpyc()
+from mpyc import asyncoro  # noqa: E402  (imported safely on the line above)
 
-__all__ = ["MpcNetwork", "MpcParty", "MpcPeerError", "harden_mpyc", "open_checked"]
+__all__ = ["MpcNetwork", "MpcParty"]
 
 log = logging.getLogger("consilium.mpc")
 
@@ -81,11 +72,6 @@ _MESSAGE_COST = 256  # what a buffered message costs at least, in memory
 _STRANGERS = 64
 _HANDSHAKE_S = 5.0
 _RETRY_S = 0.1
-_ARRAY, _INTEGER = b"A", b"I"
-
-
-class MpcPeerError(RuntimeError):
-    """A peer sent what an honest tallier never sends; the round is aborted."""
 
 
 @dataclass(frozen=True)
@@ -111,49 +97,14 @@ class MpcParty:
 
 
 class _FromPeer(bytes):
-    """A payload as it arrived, with the name of the tallier that sent it."""
+    """A payload as it arrived, with the name of the tallier that sent it (which ``tallier.mpc_values`` names
+    in a refusal)."""
 
     sender: str
 
 
-def harden_mpyc(modulus: int) -> None:
-    """Make every decoder MPyC applies to a peer's bytes refuse what is not data (point 2 above),
-    for a round computing modulo ``modulus``."""
-    _mpyc_runtime.pickle = _Codec(modulus)
-    finfields.FiniteFieldElement.from_bytes = classmethod(_field_elements)
-
-
-@asyncoro.mpc_coro
-async def open_checked(runtime, x):  # no return annotation: MPyC would take it for the placeholder type
-    """The value of the 1-D secure array ``x``, opened to every party from every party's share (point 4
-    above), as signed integers in ``[-p/2, p/2)``; ``MpcPeerError`` unless the shares lie on one
-    polynomial of degree ``t``."""
-    await runtime.returnType(asyncoro.Future)
-    field = x.sectype.field
-    (own,) = await runtime.gather([x])
-    own = own.value.reshape(-1)
-    codec = _mpyc_runtime.pickle
-    others = [pid for pid in range(len(runtime.parties)) if pid != runtime.pid]
-    payload = codec.dumps(own)
-    for pid in others:
-        runtime._send_message(pid, payload)
-    received = await runtime.gather([runtime._receive_message(pid) for pid in others])
-    points = sorted([(runtime.pid + 1, own)] + [(pid + 1, codec.loads(data)) for pid, data in zip(others, received)])
-    if any(len(share) != len(own) for _, share in points):
-        raise MpcPeerError("a tallier sent a share of an opened value of the wrong length")
-    base, rest = points[: runtime.threshold + 1], points[runtime.threshold + 1 :]
-    rebuilt = thresha.np_recombine(field, base, x_rs=[0] + [at for at, _ in rest]).value
-    for row, (_, share) in zip(rebuilt[1:], rest):
-        if any(int(a) != int(b) for a, b in zip(row, share)):
-            raise MpcPeerError(
-                "the talliers' shares of an opened value do not lie on one polynomial: a tallier sent a wrong share"
-            )
-    half = field.modulus // 2
-    return [int(v) - field.modulus if int(v) > half else int(v) for v in rebuilt[0]]
-
-
 class MpcNetwork:
-    """One round's connections among the talliers (the module docstring's points 1, 3 and 4)."""
+    """One round's connections among the talliers (the module docstring's points 1, 3 and 5)."""
 
     def __init__(self, runtime, party: MpcParty, *, max_message_bytes: int) -> None:
         self.runtime, self.party, self.limit = runtime, party, max_message_bytes
@@ -398,54 +349,3 @@ def _certificate(transport) -> bytes | None:
 def _address(transport) -> str:
     peer = transport.get_extra_info("peername")
     return "%s:%s" % peer[:2] if peer else "an unknown address"
-
-
-class _Codec:
-    """What MPyC's ``pickle.dumps`` and ``pickle.loads`` become: shares as fixed-width numbers, or one integer.
-
-    ``A`` then ``n`` numbers of ``width`` bytes (the modulus's), little-endian, each below the
-    modulus: a one-dimensional array of field elements, as NumPy object arrays hold them. ``I``
-    then eight bytes, signed: an integer (a party number). Anything else is refused unread."""
-
-    def __init__(self, modulus: int) -> None:
-        if not 1 < modulus < 2**64:
-            raise ValueError(f"shares travel as at most 64-bit numbers; the modulus has {modulus.bit_length()} bits")
-        self.modulus, self.width = modulus, (modulus.bit_length() + 7) // 8
-
-    def dumps(self, value) -> bytes:
-        if isinstance(value, np.ndarray) and value.ndim == 1:
-            words = value.astype(np.uint64).astype("<u8").view(np.uint8).reshape(-1, 8)[:, : self.width]
-            return _ARRAY + words.tobytes()
-        if type(value) is int:
-            return _INTEGER + value.to_bytes(8, "little", signed=True)
-        raise TypeError(f"the MPC sends arrays of field elements and integers only, not {type(value).__name__}")
-
-    def loads(self, data: bytes):
-        kind, body = data[:1], data[1:]
-        if kind == _INTEGER and len(body) == 8:
-            return int.from_bytes(body, "little", signed=True)
-        if kind != _ARRAY or len(body) % self.width:
-            raise MpcPeerError(
-                f"{_sender(data)} sent an MPC message that is neither whole field elements nor an integer"
-            )
-        words = np.zeros((len(body) // self.width, 8), dtype=np.uint8)
-        words[:, : self.width] = np.frombuffer(body, dtype=np.uint8).reshape(-1, self.width)
-        values = words.view("<u8").reshape(-1)
-        if values.size and int(values.max()) >= self.modulus:
-            raise MpcPeerError(f"{_sender(data)} sent a value outside the field")
-        return values.astype(object)
-
-
-def _field_elements(cls, data: bytes) -> list[int]:
-    """``FiniteFieldElement.from_bytes``, refusing anything but whole elements of the field."""
-    width = cls.byte_length
-    if len(data) % width:
-        raise MpcPeerError(f"{_sender(data)} sent {len(data)} bytes, not a whole number of {width}-byte field elements")
-    values = [int.from_bytes(data[i : i + width], "little") for i in range(0, len(data), width)]
-    if values and max(values) >= cls.order:
-        raise MpcPeerError(f"{_sender(data)} sent a value outside the field")
-    return values
-
-
-def _sender(data: bytes) -> str:
-    return getattr(data, "sender", "a peer")

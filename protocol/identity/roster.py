@@ -82,6 +82,10 @@ class Roster:
         """Whether ``fingerprint``, as someone typed it (spaces and dashes anywhere), is this roster's."""
         return _digits(fingerprint) == _digits(self.fingerprint)
 
+    def identities(self, names) -> dict:
+        """The identity (signing) keys of ``names``, by name."""
+        return {name: self.party(name).identity.signing for name in names}
+
     def party(self, name: str) -> Party:
         try:
             return self.parties[name]

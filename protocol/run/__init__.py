@@ -1,2 +1,3 @@
-"""A training run: its configuration, who takes part (participants, the run skeleton both servers share),
-the server and its checkpoint and report, and the hospital with its metrics."""
+"""A training run: its configuration and its model as every party holds it (``config``, ``run_model``),
+who takes part (``participants``, the run skeleton both servers share, over ``server_connections``),
+the server with its round steps, blame, checkpoint and report, and the hospital with its metrics."""

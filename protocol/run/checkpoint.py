@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, ClassVar
 
 from consilium.errors import ConsiliumError
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import ProtocolError
 from consilium.training.privacy.durable import replace_file
 
@@ -39,6 +40,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "VotingCheckpoint",
+    "join_record",
     "save_checkpoint",
     "write_at_the_end",
     "write_report",
@@ -94,6 +96,21 @@ class _CheckpointFile:
             raise CheckpointError(f"the checkpoint {path} is unreadable: {error}") from None
         return checkpoint
 
+    def run_config(self, config_class, out_dir: Path):
+        """The run's configuration, as ``config_class`` (``RunConfig``, ``VotingConfig``) reads it."""
+        try:
+            return config_class.from_dict(self.config)
+        except ConfigError as error:
+            raise CheckpointError(f"the checkpoint in {out_dir} holds an unusable configuration: {error}") from None
+
+    def membership(self, out_dir: Path) -> tuple[dict[str, str], list[dict]]:
+        """Who left the run and why, and the joins after its start (``protocol.run.participants``)."""
+        try:
+            departures = {str(name): str(reason) for name, reason in dict(self.departures).items()}
+            return departures, [join_record(join) for join in self.joins]
+        except (TypeError, ValueError, KeyError, AttributeError) as error:
+            raise CheckpointError(f"the checkpoint in {out_dir} is unusable: {error}") from None
+
 
 @dataclass(frozen=True)
 class Checkpoint(_CheckpointFile):
@@ -136,6 +153,16 @@ class VotingCheckpoint(_CheckpointFile):
     joins: list[dict]  # hospitals that joined again, and before which round (protocol.run.participants)
     pending_round: int  # the round whose ballots are in but whose labels are not yet (0: none)
     pending_ballots: dict[str, dict[str, bytes]]  # its ballots: voter -> tallier -> sealed box
+
+
+def join_record(join: dict) -> dict:
+    """A join as a checkpoint holds it. One written before joins were told apart counts as one that broke a
+    round, as every join did then."""
+    return {
+        "hospital": str(join["hospital"]),
+        "before_round": int(join["before_round"]),
+        "broke_round": bool(join.get("broke_round", True)),
+    }
 
 
 def _to_text(value: bytes | dict) -> str | dict:

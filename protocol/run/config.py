@@ -19,26 +19,37 @@ from consilium.crypto.sealed_box import OVERHEAD_BYTES
 from consilium.protocol.run.rules import MAX_HOSPITALS, MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
 from consilium.protocol.secure_round.statement import RoundSetting, check_threshold
 from consilium.training.privacy.accounting import tolerated_coalition
-from consilium.training.methods.registry import TrainingMethod, settings_from_dict
+from consilium.training.methods.registry import METHODS, TrainingMethod, settings_from_dict
 from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.skellam import SkellamMechanism
+from consilium.protocol.wire.messages import ProtocolError, Welcome
 
 __all__ = [
     "INSECURE_PLAINTEXT",
     "SECURE_AGGREGATION",
     "RunConfig",
+    "accept_run",
     "check_aggregation",
+    "check_choices",
 ]
 
 SECURE_AGGREGATION = "bfv"
 INSECURE_PLAINTEXT = "insecure-plaintext-benchmark"  # crypto.insecure_plaintext: no privacy holds
 AGGREGATIONS = (SECURE_AGGREGATION, INSECURE_PLAINTEXT)
 
+MAX_SERVER_WAIT_S = 24 * 3600  # the most a Welcome may say the server keeps a hospital waiting
 _MESSAGE_SLACK_BYTES = 64 * 1024
 # The one-time round's messages grow with n^2 (every member's proof of lambda x tau values to every member)
 # and its dealing with n tau: beyond this many hospitals a run is refused (review 4, finding 5).
 MAX_SECURE_HOSPITALS = 256
 _WELCOME_VECTORS = 4  # float32 vectors of the model's size in a Welcome (message_limit)
+
+
+def check_choices(method: str, aggregation: str) -> None:
+    """``ConfigError`` unless a hospital's operator chose a method and an aggregation mode there are."""
+    check_aggregation(aggregation)
+    if method not in METHODS:
+        raise ConfigError(f"a hospital of the secure round trains with one of {', '.join(METHODS)}, not {method!r}")
 
 
 def check_aggregation(aggregation: str) -> None:
@@ -187,3 +198,35 @@ class RunConfig:
         except (ValueError, OverflowError) as error:
             raise ConfigError(f"malformed run configuration: {error}") from None
         return config
+
+
+def accept_run(welcome: Welcome, *, name: str, method: str, aggregation: str, roster_hospitals: list[str]) -> RunConfig:
+    """The run a server's Welcome announces, as hospital ``name`` accepts it: of the method and aggregation
+    mode its own operator chose (a server cannot switch it to plaintext uploads, or to another method,
+    whose ledger entries would mean something else), naming ``name`` and only the roster's hospitals
+    (not, say, the server as a hospital, to hold a key), with a wait for the server of at most
+    ``MAX_SERVER_WAIT_S``. ``ProtocolError`` otherwise."""
+    announced = welcome.config
+    training = announced.get("training")
+    method_announced = training.get("method") if isinstance(training, dict) else None
+    if not (isinstance(method_announced, str) and len(method_announced) <= 64):  # shown in one line
+        method_announced = None
+    if method_announced != method:  # before any method's code reads the server's settings
+        raise ProtocolError(f"the server's run trains with {method_announced!r}; {name} was started for {method!r}")
+    try:
+        config = RunConfig.from_dict(announced)
+    except ConfigError as error:
+        raise ProtocolError(f"the server's run configuration is unusable: {error}") from None
+    if config.aggregation != aggregation:
+        raise ProtocolError(
+            f"the server's run uses {config.aggregation!r} aggregation; {name} was started for {aggregation!r}"
+        )
+    if name not in config.hospitals:
+        raise ProtocolError(f"{name} is not among the run's hospitals")
+    if strangers := set(config.hospitals) - set(roster_hospitals):
+        raise ProtocolError(f"the run names {sorted(strangers)} as hospitals; the roster does not")
+    if not 0 < welcome.server_wait_s <= MAX_SERVER_WAIT_S:
+        raise ProtocolError(
+            f"the server says it may keep a hospital waiting {welcome.server_wait_s} s; at most {MAX_SERVER_WAIT_S} s is accepted"
+        )
+    return config

@@ -37,6 +37,21 @@ class Contribution:
     round_keys: HospitalRound | None = None  # the round's one-time key and checks (not in the plaintext benchmark)
     contributors: tuple[str, ...] = ()  # the sum's, once the server sends it
 
+    def summed_by(self, contributors: tuple[str, ...], transport) -> None:
+        """The server's sum arrived, of ``contributors``' updates: count what came in for it."""
+        self.bytes_received_aggregate = transport.bytes_received - self.bytes_received_before
+        self.contributors = tuple(contributors)
+
+    @classmethod
+    def starting(cls, round_number: int, settings: TrainingMethod, transport) -> "Contribution":
+        """A contribution to ``round_number`` begun now, counting the bytes ``transport`` moves from here."""
+        return cls(
+            round=round_number,
+            settings=settings,
+            bytes_sent_before=transport.bytes_sent,
+            bytes_received_before=transport.bytes_received,
+        )
+
 
 class HospitalMetrics:
     def __init__(self, state_dir: Path, name: str) -> None:

@@ -29,7 +29,7 @@ from consilium.protocol.wire.channel import PartyChannels
 from consilium.protocol.run.checkpoint import write_at_the_end
 from consilium.protocol.wire.messages import Finish, Hello, Message, ProtocolError, Withdraw
 
-__all__ = ["MAX_JOINS_AGAIN", "Participants", "Timeouts", "join_record", "run_to_the_end"]
+__all__ = ["MAX_JOINS_AGAIN", "Participants", "Timeouts", "run_to_the_end"]
 
 MAX_JOINS_AGAIN = 3  # per hospital and run
 _QUEUED_S = 0.01  # how long ``read_between_rounds`` waits for a message that is already on its way
@@ -152,6 +152,40 @@ class Participants:
         self._breaking -= set(ready)
         self.active = [name for name in self.hospitals if name in self.active or name in ready]
 
+    def welcome(
+        self,
+        message: Message,
+        *,
+        before_round: int,
+        timeout_s: float,
+        awaited: str,
+        answer: Callable[[str, Message], str],
+    ) -> None:
+        """Welcome the hospitals that said Hello with ``message``; each must answer within ``timeout_s`` with
+        its ``awaited``, a message ``answer`` accepts (it returns why not, or ""), and takes part from ``before_round`` on, or
+        is turned away. One that says Hello again instead is welcomed again later; that counts as a join
+        that broke a welcome, so that no hospital can keep the server welcoming it while the others wait
+        (review 4, finding 3)."""
+        deadline, newcomers = time.monotonic() + timeout_s, self.take_joining()
+        self.send_all(newcomers, message)
+        ready: list[str] = []
+        while set(ready) != set(newcomers) and (got := self.next_message(deadline)) is not None:
+            sender, reply = got
+            if sender not in newcomers or sender in ready:
+                self.parties.reject(sender, reply, "expected nothing while hospitals join")
+            elif reason := answer(sender, reply):
+                self.parties.reject(sender, reply, reason)
+            else:
+                ready.append(sender)
+        for name in set(newcomers) - set(ready) - set(self.joining):
+            self.turn_away(name, f"sent no {awaited} within {timeout_s:g} s")
+        self.joins += [
+            {"hospital": name, "before_round": before_round, "broke_round": True}
+            for name in newcomers
+            if name in self.joining
+        ]
+        self.admit(ready, before_round=before_round)
+
     def turn_away(self, name: str, reason: str) -> None:
         """A hospital that joined but may not take part: it is told why."""
         self.departures[name] = reason
@@ -173,8 +207,11 @@ class Participants:
 
     def finish(self, reason: str, *, others: Iterable[str] = ()) -> None:
         """Tell every hospital still in the run, and ``others`` (talliers), that it ends, and why."""
-        for name in [*self.active, *self.joining, *others]:
-            self.parties.send(name, Finish(reason=reason))
+        self.send_all([*self.active, *self.joining, *others], Finish(reason=reason))
+
+    def send_all(self, names: Iterable[str], message: Message) -> None:
+        for name in names:
+            self.parties.send(name, message)
 
     def _hello_again(self, sender: str, message: Hello) -> None:
         if sender not in self.hospitals:
@@ -199,16 +236,6 @@ class Participants:
             self.active.remove(sender)  # whatever it had in flight is gone: a round waits for it no longer
             self._log.warning("%s connected again; it joins again before the next round", sender)
         self.joining.append(sender)
-
-
-def join_record(join: dict) -> dict:
-    """A join as a checkpoint holds it (``KeyError``, ``TypeError`` or ``ValueError`` if malformed). One
-    written before joins were told apart counts as one that broke a round, as every join did then."""
-    return {
-        "hospital": str(join["hospital"]),
-        "before_round": int(join["before_round"]),
-        "broke_round": bool(join.get("broke_round", True)),
-    }
 
 
 def run_to_the_end(

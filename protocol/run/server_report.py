@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-from consilium.protocol.run.checkpoint import CheckpointError, write_retrying
+from consilium.protocol.run.checkpoint import Checkpoint, CheckpointError, write_retrying
 from consilium.protocol.run.config import RunConfig
+from consilium.protocol.run.rules import ConfigError
 from consilium.training.privacy.accounting import ACCOUNTANT, Release
 from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.data.datasets import Split
@@ -29,7 +30,7 @@ from consilium.training.privacy.durable import replace_file
 from consilium.training.models.evaluation import Selection, evaluate
 from consilium.training.privacy.skellam import SkellamMechanism
 
-__all__ = ["SELECTED_MODEL_FILE", "RoundRecord", "RunRecord", "mechanism_report", "save_model"]
+__all__ = ["SELECTED_MODEL_FILE", "RoundRecord", "RunRecord", "mechanism_report", "run_selection", "save_model"]
 
 SELECTED_MODEL_FILE = "selected_model.pt"  # the parameters of the round selected on validation
 
@@ -86,10 +87,30 @@ class RunRecord:
             ledger.begin_run(self._run_id, run)
         return charged_up_to
 
-    def restore(self, rounds: list[RoundRecord]) -> None:
-        self.rounds = rounds
+    def resume(self, run: str, checkpoint: Checkpoint, out_dir: Path) -> int:
+        """Go on with the run from its checkpoint's rounds; returns the number of rounds started. That is
+        never a round number used before, even if the checkpoint on disk were older than the ledger; a
+        round under way when the server stopped is recorded as interrupted."""
+        try:
+            self.rounds = [RoundRecord(**record) for record in checkpoint.rounds]
+            if not all(type(r.round) is int for r in self.rounds):
+                raise ValueError("round numbers must be integers")
+        except (TypeError, ValueError) as error:
+            raise CheckpointError(f"the checkpoint in {out_dir} is unusable: {error}") from None
+        charged_up_to = self.begin_run(run)
         for record in self.released():
             self._record_other_levels(record)
+        rounds_started = max(checkpoint.rounds_started, charged_up_to)
+        if rounds_started > max((r.round for r in self.rounds), default=0):
+            interrupted = "interrupted: the server stopped during this round"
+            self.rounds.append(RoundRecord(round=rounds_started, status="aborted", contributors=[], reason=interrupted))
+        log.warning(
+            "resuming run %s after round %d (its ledger last charged round %d)",
+            self._run_id,
+            rounds_started,
+            charged_up_to,
+        )
+        return rounds_started
 
     def released(self) -> list[RoundRecord]:
         return [r for r in self.rounds if r.status == "released"]
@@ -118,6 +139,15 @@ class RunRecord:
         return {
             first: self._ledger.epsilons(self._delta),
             **{level: self._levels[level].epsilons(self._delta) for level in others},
+        }
+
+    def report(self) -> dict:
+        """The report's entries of the rounds, the final figures, and what took how long or failed to be written."""
+        return {
+            "rounds": [dataclasses.asdict(r) for r in self.rounds],
+            "final": self.final(),
+            "phase_seconds": self.phase_seconds,
+            "write_failures": list(self.write_failures),
         }
 
     def final(self) -> dict:
@@ -194,3 +224,20 @@ def save_model(model: torch.nn.Module, path: Path) -> None:
     serialized = io.BytesIO()
     torch.save(model.state_dict(), serialized)
     replace_file(path, serialized.getvalue())
+
+
+def run_selection(selection: Selection | None, checkpoint: Checkpoint | None, out_dir: Path) -> Selection:
+    """The model selection a run uses: a resumed run keeps the one it began with, and refuses another."""
+    if checkpoint is None:
+        return selection or Selection()
+    try:
+        checkpointed = Selection(**checkpoint.selection)
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"the checkpoint in {out_dir} is unusable: {error}") from None
+    if selection not in (None, checkpointed):
+        raise ConfigError(
+            f"the checkpointed run selects its model on {checkpointed.on} among every {checkpointed.every}-th "
+            f"round: resume it with --select-every {checkpointed.every} --select-on {checkpointed.on}, or "
+            "without either flag"
+        )
+    return checkpointed

@@ -37,13 +37,13 @@ def collect_updates(
     round_number: int,
     timeout_s: float,
     *,
-    boxes_for: set[str],
-    check: Callable[[str, Update], str] = lambda sender, update: "",
+    box_keys: dict[str, bytes],
+    identities: dict,
 ) -> tuple[dict[str, Update], float]:
     """Add each active hospital's update for ``round_number`` to ``total``; returns the updates taken
-    (in arrival order) and the seconds spent adding. An update must carry a sealed share for each of
-    ``boxes_for`` (the hospitals whose box keys the round started with) and no other, and pass
-    ``check`` (which says why not, or "")."""
+    (in arrival order) and the seconds spent adding. An update must carry a sealed share for each
+    hospital whose box key the round started with (``box_keys``) and no other, each signed by its
+    dealer (``SumRound.box_refusal``; the plaintext benchmark seals nothing)."""
     parties = participants.parties
     updates: dict[str, Update] = {}
     refused: set[str] = set()
@@ -67,8 +67,8 @@ def collect_updates(
             refused.add(sender)
             log.warning("%s refuses round %d before its upload: %s", sender, round_number, message.reason)
         elif reason := _update_refusal(
-            sender, message, round_number, participants.active, updates, refused, boxes_for
-        ) or check(sender, message):
+            sender, message, round_number, participants.active, updates, refused
+        ) or _boxes_refusal(total, sender, message, box_keys, identities):
             parties.reject(sender, message, reason)
         else:
             started = time.perf_counter()
@@ -94,10 +94,8 @@ def _update_refusal(
     active,
     updates: dict[str, Update],
     refused: set[str],
-    boxes_for: set[str],
 ) -> str:
-    """Why ``message`` is not ``sender``'s update for the round, or "" where it is. An update carries a sealed share
-    for each hospital the round started with, and for no other."""
+    """Why ``message`` is not ``sender``'s update for the round, or "" where it is."""
     if not isinstance(message, Update) or sender not in active:
         return f"expected an update for round {round_number}"
     if message.round != round_number:
@@ -106,8 +104,16 @@ def _update_refusal(
         return f"second update for round {round_number}"
     if sender in refused:
         return f"an update after refusing round {round_number}"
-    if set(message.boxes) != boxes_for:
-        return f"shares sealed to {sorted(message.boxes)}, not to {sorted(boxes_for)}"
+    return ""
+
+
+def _boxes_refusal(total, sender: str, message: Update, box_keys: dict[str, bytes], identities: dict) -> str:
+    """Why ``sender``'s sealed shares are refused, or "": an update carries one for each hospital whose box key
+    the round started with, and for no other, each signed by its dealer (the plaintext benchmark seals none)."""
+    if set(message.boxes) != set(box_keys):
+        return f"shares sealed to {sorted(message.boxes)}, not to {sorted(box_keys)}"
+    if isinstance(total, SumRound):
+        return total.box_refusal(sender, message.chunks, message.boxes, box_keys, identities)
     return ""
 
 

@@ -1,2 +1,3 @@
-"""Private voting (AE-DPFL, kNN-DPFL): the voting run's configuration, its server and rounds, the
-hospital's part, and the sealed, checked ballots the talliers count."""
+"""Private voting (AE-DPFL, kNN-DPFL): the voting run's configuration, its server with its rounds,
+ledgers, tallier keys, report and resumption, the hospital's part, and the sealed, checked ballots the
+talliers count."""

@@ -12,7 +12,6 @@ from consilium.protocol.voting.voting_config import VotingConfig
 from consilium.protocol.voting.voting_round import RoundRecord
 from consilium.training.data.splits import Split
 from consilium.training.models.build import accuracy
-from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.voting.vote_privacy import ACCOUNTANT
 
 __all__ = ["final_figures", "run_report"]
@@ -46,7 +45,7 @@ def final_figures(
     pool: Split,
     test: Split,
     student: torch.nn.Module | None,
-    ledgers: dict[str, PrivacyLedger],
+    epsilon: dict[str, dict[str, float]],
 ) -> dict:
     """The labels released and how many were right, the student's test accuracy, epsilon per level, and the
     MPC's seconds per query asked (released or withheld)."""
@@ -61,7 +60,7 @@ def final_figures(
         "queries_withheld": asked - queries,
         "label_accuracy": correct / queries if queries else None,
         "student_test_accuracy": accuracy(student, test.x, test.y) if student is not None else None,
-        "epsilon": {level: ledger.epsilons(config.delta) for level, ledger in ledgers.items()},
+        "epsilon": epsilon,
         "delta": config.delta,
         "accountant": ACCOUNTANT,
         "mpc_seconds_per_query": mpc_seconds / asked if asked else None,

@@ -9,23 +9,30 @@
    failure of too few agreed voters, the round is lost and the run goes on. If the MPC was
    interrupted (a tallier reports it did not finish, or sends nothing: it left), ``TallyInterrupted``
    names the talliers that did not answer, so that the server can relay the same boxes again once
-   they are back. A ballot whose tag check failed (a tallier changed its input, or the hospital its
-   tags), any other failure, or disagreement stops the run.
+   they are back (``tally`` does so up to ``MAX_TALLY_ATTEMPTS`` times a round). A ballot whose tag
+   check failed (a tallier changed its input, or the hospital its tags), any other failure, or
+   disagreement stops the run, as do talliers that count voters or refuse ballots the server did not relay.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from consilium.protocol.voting.ballots import box_bytes
-from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, TallyFailed, Withdraw
+from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, Shares, TallyFailed, Withdraw
 from consilium.protocol.run.participants import Participants
+from consilium.protocol.voting.tallier_keys import TallierKeys
 from consilium.protocol.voting.voting_config import VotingConfig
 
-__all__ = ["RoundRecord", "TallyInterrupted", "collect_ballots", "collect_labels"]
+__all__ = ["MAX_TALLY_ATTEMPTS", "RoundRecord", "TallyInterrupted", "collect_ballots", "collect_labels", "tally"]
+
+MAX_TALLY_ATTEMPTS = 3  # per round: the first, and two more after interrupted MPCs
+
+log = logging.getLogger("consilium.voting_server")
 
 
 class TallyInterrupted(ProtocolError):
@@ -76,6 +83,42 @@ def collect_ballots(
     for name in set(participants.active) - set(ballots):
         participants.drop(name, f"sent no ballot for round {round_number} within {timeout_s:g} s")
     return ballots
+
+
+def tally(
+    participants: Participants,
+    talliers: TallierKeys,
+    config: VotingConfig,
+    record: RoundRecord,
+    ballots: dict[str, dict[str, bytes]],
+    timeout_s: float,
+) -> np.ndarray | None:
+    """Relay each tallier its boxes and take the labels (``collect_labels``), relaying the same boxes again
+    after an interrupted MPC once every silent tallier is back; then check that the talliers counted a
+    quorum of the relayed ballots and refused only ballots they left out."""
+    for attempt in range(1, MAX_TALLY_ATTEMPTS + 1):
+        record.tally_attempts = attempt
+        talliers.relayed()
+        for tallier in config.talliers:
+            shares = Shares(round=record.round, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()})
+            participants.parties.send(tallier, shares)
+        try:
+            labels = collect_labels(participants, config, record, timeout_s, talliers.rejoined)
+            break
+        except TallyInterrupted as interrupted:
+            if attempt == MAX_TALLY_ATTEMPTS:
+                raise ProtocolError(f"{interrupted}; tried {attempt} times, the run stops") from None
+            log.warning("%s; the same boxes go to the talliers again once every one is back", interrupted)
+            talliers.await_back(set(interrupted.silent), record.round)
+    if labels is None:
+        return None
+    if set(record.voters) - set(ballots) or len(record.voters) < config.voting.quorum:
+        raise ProtocolError(
+            f"round {record.round}: the talliers counted voters {record.voters}, not a quorum of those relayed"
+        )
+    if set(record.refused) - set(ballots) or set(record.refused) & set(record.voters):
+        raise ProtocolError(f"round {record.round}: the talliers refused {record.refused}, not ballots they left out")
+    return labels
 
 
 def collect_labels(

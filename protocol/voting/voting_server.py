@@ -2,44 +2,28 @@
 
 It holds the public pool (unlabeled records; their true labels only to measure the label accuracy
 of the run, as a simulation can) and a test split. It never sees a vote, a share or a total: it
-relays each tallier only the boxes sealed to it (``protocol.voting.ballots``), and the talliers send back
-the labels (``tallier.mpc``).
+relays each tallier only the boxes sealed to it (``protocol.voting.ballots``), and the talliers send
+back the labels (``tallier.mpc``). Its transcript keeps whole messages: the boxes in them open only
+with the talliers' per-run keys, which never leave the tallier processes' memory.
 
-A run: every hospital and tallier says Hello (all talliers must: the MPC needs each of them);
-the talliers get the run's ``VotingWelcome`` and answer with a certified box key, which the
-hospitals then get in theirs. A tallier that refuses the run stops it; a hospital that refuses it
-(``Withdraw``) leaves it. Per round (``protocol.voting.voting_round``) the server picks ``Q`` queries from the pool, sends them
-to the hospitals, and relays the ballots that arrive in time and carry a box of the right length
-for each tallier. A round with fewer ballots than the quorum is aborted: nothing is relayed. Every
-tallier must answer with the same voters and labels (with a label threshold, ``C`` for a query
-whose noisy top total fell short: its record stays unlabelled); the round is then charged to the server's
-ledgers, one per level (``training.voting.vote_privacy``), at the number of voters the talliers agreed.
-If every tallier reports the same failure (they agreed on fewer voters than the quorum, say after
-bad shares), the round is lost and the run goes on; a tallier that fails otherwise, goes silent or
-disagrees stops the run. Either way no label of that round is used.
-
-**Crashes.** The server checkpoints the run (``protocol.run.checkpoint.VotingCheckpoint``): once every
-party joined, before each VoteRequest leaves, once a round's ballots are in, and after each round.
-Restarted with ``--resume`` it waits for the talliers and hospitals to say Hello again (their
-connections are made again by themselves), checks that every tallier comes back with the box key
-it had, and goes on: a round whose ballots were in is tallied again from the very same boxes (no
-hospital votes twice on the same queries, and the server's ledgers charge each round once), one
-stopped before that is recorded as interrupted, and the next round asks new queries. If the
-talliers' MPC is interrupted (a tallier left mid-round), the server waits until every tallier that
-did not answer has come back with its key, then relays the same boxes again, up to
-``MAX_TALLY_ATTEMPTS`` times a round.
-
-Its transcript keeps whole messages: the boxes in them open only with the talliers' per-run keys,
-which never leave the tallier processes' memory.
-
-After the rounds it trains a student on the labelled queries and the rest of the pool
-(``training.voting.votes.train_student``) and reports its test accuracy, the labels' accuracy, and epsilon at both levels.
+A run: every hospital and tallier says Hello (all talliers must: the MPC needs each of them); the
+talliers get the run's ``VotingWelcome`` and answer with a certified box key
+(``protocol.voting.tallier_keys``), which the hospitals then get in theirs. A tallier that refuses the
+run stops it; a hospital that refuses it (``Withdraw``) leaves it. Per round
+(``protocol.voting.voting_round``) the server picks ``Q`` queries from the pool, sends them to the
+hospitals, relays the ballots that arrive in time to the talliers, and takes the labels they all
+report alike (with a label threshold, ``C`` for a query whose noisy top total fell short: its record
+stays unlabelled). A round with fewer ballots than the quorum is aborted; a round the talliers
+could not tally is lost. Either way no label of that round is used, and only a labelled round is
+charged to the server's ledgers (``protocol.voting.voting_ledgers``). A server that stopped goes on
+from its checkpoint (``protocol.voting.voting_resume``). After the rounds it trains a student on the
+labelled queries and the rest of the pool (``training.voting.votes.train_student``) and reports its
+test accuracy, the labels' accuracy, and epsilon at both levels.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import time
 from pathlib import Path
@@ -48,40 +32,23 @@ from typing import Callable
 import numpy as np
 import torch
 
-from consilium.protocol.wire.channel import PartyChannels
 from consilium.protocol.run.rules import ConfigError
-from consilium.protocol.wire.messages import (
-    TO_VOTING_SERVER,
-    Hello,
-    ProtocolError,
-    Shares,
-    VoteRequest,
-    VotingWelcome,
-)
+from consilium.protocol.wire.messages import TO_VOTING_SERVER, Hello, ProtocolError, VoteRequest, VotingWelcome
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
-from consilium.protocol.wire.transcript import Transcript
-from consilium.protocol.run.checkpoint import (
-    CheckpointError,
-    VotingCheckpoint,
-    save_checkpoint,
-    write_report,
-    write_retrying,
-)
-from consilium.protocol.run.participants import Participants, Timeouts, join_record, run_to_the_end
-from consilium.protocol.wire.transport import ServerTransport
+from consilium.protocol.run.checkpoint import VotingCheckpoint, save_checkpoint, write_report, write_retrying
+from consilium.protocol.run.participants import Timeouts, run_to_the_end
+from consilium.protocol.run.server_connections import ServerConnections
+from consilium.protocol.voting.voting_resume import check_startable, data_digest, restored
 from consilium.protocol.voting.tallier_keys import TallierKeys
 from consilium.protocol.voting.voting_config import VotingConfig
+from consilium.protocol.voting.voting_ledgers import VotingLedgers, ledger_paths
 from consilium.protocol.voting.voting_report import final_figures, run_report
-from consilium.protocol.voting.voting_round import RoundRecord, TallyInterrupted, collect_ballots, collect_labels
-from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.protocol.voting.voting_round import RoundRecord, collect_ballots, tally
 from consilium.training.data.datasets import Split
-from consilium.training.voting.vote_privacy import LEVELS
 from consilium.training.voting.votes import train_student
 
-__all__ = ["MAX_TALLY_ATTEMPTS", "VotingServer"]
-
-MAX_TALLY_ATTEMPTS = 3  # per round: the first, and two more after interrupted MPCs
+__all__ = ["VotingServer"]
 
 log = logging.getLogger("consilium.voting_server")
 
@@ -104,8 +71,7 @@ class VotingServer:
         _checkpoint: VotingCheckpoint | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
-        ledgers = {level: out_dir / f"privacy_ledger_{level}.jsonl" for level in LEVELS}
-        _check_run(config, roster, public_pool, ledgers, resumed=_checkpoint is not None)
+        check_startable(config, roster, public_pool, ledger_paths(out_dir), resumed=_checkpoint is not None)
         self._config = config
         self._roster = roster
         self._pool = public_pool
@@ -115,7 +81,9 @@ class VotingServer:
         self._student_epochs = student_epochs
         self._timeouts = timeouts
         self._on_round = on_round or (lambda record: None)
-        self._ledgers = {level: PrivacyLedger(path, key=credentials.ledger_key) for level, path in ledgers.items()}
+        self._ledgers = VotingLedgers(
+            out_dir, key=credentials.ledger_key, config=config, roster_hospitals=len(roster.hospitals)
+        )
         self._rounds: list[RoundRecord] = []
         self._labelled: list[tuple[np.ndarray, np.ndarray]] = []  # (pool indices, labels) of each labelled round
         self._student: torch.nn.Module | None = None
@@ -124,22 +92,25 @@ class VotingServer:
         self._rounds_started = 0
         self._pending: tuple[int, dict[str, dict[str, bytes]]] | None = None  # a round's ballots, awaiting labels
         self._resumed_from = _checkpoint
-        self._data_digest = _data_digest(public_pool, test)  # in every checkpoint: hashed once, not per write
-        self._charged: dict[str, int] = {}  # per level, the last round its ledger charged before a resume
+        self._data_digest = data_digest(public_pool, test)  # in every checkpoint: hashed once, not per write
         self._open_channels(credentials, transcript)
         if _checkpoint is not None:
             self._restore(_checkpoint)
 
     def _open_channels(self, credentials: Credentials, transcript: Path | None) -> None:
         """The server's socket, open to the roster's hospitals and talliers only, its transcript, and who takes part."""
-        config, roster, limit = self._config, self._roster, self._config.message_limit()
-        enrolled = {roster.party(name).curve_public: name for name in (*config.hospitals, *config.talliers)}
-        self._transport = ServerTransport(roster.server_address, credentials.curve, enrolled, limit)
-        self._transcript = Transcript(transcript, payloads=True, max_payload_bytes=limit) if transcript else None
-        parties = PartyChannels(
-            self._transport, accept=TO_VOTING_SERVER, limit=limit, log=log, transcript=self._transcript
+        config = self._config
+        self._connections = ServerConnections.open(
+            self._roster,
+            credentials,
+            hospitals=config.hospitals,
+            others=config.talliers,
+            accept=TO_VOTING_SERVER,
+            limit=config.message_limit(),
+            log=log,
+            transcript=transcript,
         )
-        self._participants = Participants(parties, config.hospitals, log)
+        self._participants = self._connections.participants
         self._talliers = TallierKeys(self._participants, config.talliers, self._tallier_welcome, self._timeouts)
         self._participants.intercept = self._talliers.returns
 
@@ -147,12 +118,12 @@ class VotingServer:
     def resume(cls, *, out_dir: Path, public_pool: Split, test: Split, **settings) -> "VotingServer":
         """The server of the voting run checkpointed in ``out_dir``, to go on where it stopped."""
         checkpoint = VotingCheckpoint.load(out_dir)
-        if checkpoint.data_digest != _data_digest(public_pool, test):
+        if checkpoint.data_digest != data_digest(public_pool, test):
             raise ConfigError(
                 "this server's public pool and test split are not the checkpointed run's; pass the same --data"
             )
         return cls(
-            config=_checkpointed_config(checkpoint, out_dir),
+            config=checkpoint.run_config(VotingConfig, out_dir),
             public_pool=public_pool,
             test=test,
             feature_map=checkpoint.feature_map,
@@ -164,7 +135,7 @@ class VotingServer:
     @staticmethod
     def checkpointed_config(out_dir: Path) -> VotingConfig:
         """The configuration of the voting run checkpointed in ``out_dir`` (``CheckpointError``)."""
-        return _checkpointed_config(VotingCheckpoint.load(out_dir), out_dir)
+        return VotingCheckpoint.load(out_dir).run_config(VotingConfig, out_dir)
 
     @property
     def config(self) -> VotingConfig:
@@ -223,8 +194,7 @@ class VotingServer:
         self._config = dataclasses.replace(config, hospitals=hospitals)
         self._participants.narrow_to(hospitals, take_part=True)
         self._run = self._config.fingerprint(self._feature_map)
-        for ledger in self._ledgers.values():
-            ledger.begin_run(self._config.run_id, self._run)
+        self._ledgers.begin_run(self._config, self._run)
         self._talliers.keys = self._talliers.ask()
         self._welcome_hospitals(hospitals)
 
@@ -307,51 +277,15 @@ class VotingServer:
         self._tally(record, indices, ballots)
 
     def _tally(self, record: RoundRecord, indices: np.ndarray, ballots: dict[str, dict[str, bytes]]) -> None:
-        """Relay each tallier its boxes and take the labels, relaying the same boxes again after an interrupted MPC."""
+        """The talliers' labels for the round's ballots (``protocol.voting.voting_round.tally``), charged and kept."""
         started = time.perf_counter()
-        labels = None
-        for attempt in range(1, MAX_TALLY_ATTEMPTS + 1):
-            record.tally_attempts = attempt
-            self._talliers.relayed()
-            for tallier in self._config.talliers:
-                self._participants.parties.send(
-                    tallier,
-                    Shares(round=record.round, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()}),
-                )
-            try:
-                labels = collect_labels(
-                    self._participants, self._config, record, self._timeouts.round_s, self._talliers.rejoined
-                )
-                break
-            except TallyInterrupted as interrupted:
-                if attempt == MAX_TALLY_ATTEMPTS:
-                    raise ProtocolError(f"{interrupted}; tried {attempt} times, the run stops") from None
-                log.warning("%s; the same boxes go to the talliers again once every one is back", interrupted)
-                self._talliers.await_back(set(interrupted.silent), record.round)
+        labels = tally(self._participants, self._talliers, self._config, record, ballots, self._timeouts.round_s)
         record.seconds["tally"] = time.perf_counter() - started
         self._pending = None
         if labels is None:
             self._abort(record, record.reason)
             return
-        if set(record.voters) - set(ballots) or len(record.voters) < self._config.voting.quorum:
-            raise ProtocolError(
-                f"round {record.round}: the talliers counted voters {record.voters}, not a quorum of those relayed"
-            )
-        if set(record.refused) - set(ballots) or set(record.refused) & set(record.voters):
-            raise ProtocolError(
-                f"round {record.round}: the talliers refused {record.refused}, not ballots they left out"
-            )
-        for level, ledger in self._ledgers.items():
-            if self._charged.get(level, 0) < record.round:  # a round tallied again after --resume is charged once
-                release = self._config.voting.release(
-                    queries=len(indices),
-                    classes=self._config.classes,
-                    contributors=len(record.voters),
-                    coalition=self._config.coalition(len(self._roster.hospitals)),
-                    level=level,
-                )
-                ledger.record(release, run_id=self._config.run_id, round_number=record.round)
-            record.epsilon[level] = ledger.epsilons(self._config.delta)
+        self._ledgers.charge(record, queries=len(indices))
         released = labels < self._config.classes
         self._labelled.append((indices[released], labels[released]))
         record.labels_withheld = int(np.sum(~released))
@@ -399,39 +333,17 @@ class VotingServer:
 
     def _restore(self, checkpoint: VotingCheckpoint) -> None:
         """Go on from ``checkpoint``."""
-        try:
-            order = np.array(checkpoint.order, dtype=np.int64)
-            if sorted(order.tolist()) != list(range(len(self._pool))):
-                raise ValueError("the pool's order is not a permutation of the pool")
-            rounds = [RoundRecord(**record) for record in checkpoint.rounds]
-            labelled = [(np.array(i, dtype=np.int64), np.array(y, dtype=np.int64)) for i, y in checkpoint.labelled]
-            if any(i.shape != y.shape or i.size and not 0 <= i.min() <= i.max() < len(self._pool) for i, y in labelled):
-                raise ValueError("a labelled round names records outside the pool")
-            if set(checkpoint.tallier_keys) != set(self._config.talliers):
-                raise ValueError("it does not hold every tallier's box key")
-            pending = checkpoint.pending_round
-            if pending and (pending != checkpoint.rounds_started or not checkpoint.pending_ballots):
-                raise ValueError(f"its pending round {pending} is not the last one started")
-            if not set(checkpoint.pending_ballots) <= set(self._config.hospitals) or any(
-                set(boxes) != set(self._config.talliers) for boxes in checkpoint.pending_ballots.values()
-            ):
-                raise ValueError("its pending ballots are not one box per tallier from hospitals of the run")
-            active = [str(name) for name in checkpoint.active if name in self._config.hospitals]
-            departures = {str(name): str(reason) for name, reason in dict(checkpoint.departures).items()}
-            joins = [join_record(join) for join in checkpoint.joins]
-        except (TypeError, ValueError, KeyError, AttributeError) as error:
-            raise CheckpointError(f"the checkpoint in {self._out_dir} is unusable: {error}") from None
-        self._order, self._rounds, self._labelled = order, rounds, labelled
+        vote = restored(checkpoint, self._config, len(self._pool), self._out_dir)
+        departures, joins = checkpoint.membership(self._out_dir)
+        self._order, self._rounds, self._labelled = vote.order, vote.rounds, vote.labelled
         self._talliers.keys = dict(checkpoint.tallier_keys)
         self._participants.narrow_to(self._config.hospitals)
-        self._participants.restore(active=active, departures=departures, joins=joins)
+        self._participants.restore(active=vote.active, departures=departures, joins=joins)
         self._run = self._config.fingerprint(self._feature_map)
-        self._charged = {
-            level: ledger.begin_run(self._config.run_id, self._run) for level, ledger in self._ledgers.items()
-        }
-        self._rounds_started = max(checkpoint.rounds_started, *self._charged.values())
+        self._rounds_started = max(checkpoint.rounds_started, self._ledgers.begin_run(self._config, self._run))
+        pending = vote.pending_round
         self._pending = (pending, checkpoint.pending_ballots) if pending == self._rounds_started and pending else None
-        if self._pending is None and self._rounds_started > max((r.round for r in rounds), default=0):
+        if self._pending is None and self._rounds_started > max((r.round for r in vote.rounds), default=0):
             self._rounds.append(
                 RoundRecord(
                     round=self._rounds_started,
@@ -454,60 +366,23 @@ class VotingServer:
         self._on_round(dataclasses.asdict(record))
 
     def _report(self, finish_reason: str) -> dict:
-        transport, participants = self._transport, self._participants
         return {
             **run_report(self._config, finish_reason, getattr(self, "_run", ""), self._rounds),
             "final": final_figures(
-                self._config, self._rounds, self._labelled, self._pool, self._test, self._student, self._ledgers
+                self._config,
+                self._rounds,
+                self._labelled,
+                self._pool,
+                self._test,
+                self._student,
+                self._ledgers.epsilons(),
             ),
             "phase_seconds": self._phase_seconds,
-            "rejected_messages": participants.parties.rejections.total,
-            "departures": participants.departures,
-            "joins": participants.joins,
-            "connection_limits": transport.limits,
-            "bytes_received": dict(transport.bytes_received),
-            "bytes_sent": dict(transport.bytes_sent),
+            **self._connections.report(),
         }
 
     def _write_outputs(self, report: dict) -> None:
         write_retrying(lambda: write_report(self._out_dir, report), "the server's report")
 
     def _close(self) -> None:
-        self._transport.close()
-        if self._transcript:
-            self._transcript.close()
-
-
-def _checkpointed_config(checkpoint: VotingCheckpoint, out_dir: Path) -> VotingConfig:
-    try:
-        return VotingConfig.from_dict(checkpoint.config)
-    except ConfigError as error:
-        raise CheckpointError(f"the checkpoint in {out_dir} is unusable: {error}") from None
-
-
-def _check_run(
-    config: VotingConfig, roster: Roster, public_pool: Split, ledgers: dict[str, Path], *, resumed: bool
-) -> None:
-    """``ConfigError`` where the run cannot start: talliers other than the roster's, a pool too small for its
-    queries, or (unless resumed) an output folder that already holds a run's ledgers."""
-    if config.talliers != tuple(roster.talliers):
-        raise ConfigError(f"the run's talliers {list(config.talliers)} are not the roster's {roster.talliers}")
-    if len(public_pool) < config.rounds * config.queries_per_round:
-        raise ConfigError(
-            f"{config.rounds} rounds of {config.queries_per_round} queries need {config.rounds * config.queries_per_round} "
-            f"public records; the pool has {len(public_pool)}"
-        )
-    if not resumed and any(path.exists() for path in ledgers.values()):
-        out_dir = next(iter(ledgers.values())).parent
-        raise ConfigError(
-            f"{out_dir} already holds a run (its ledgers would mix two runs); choose another --out, or --resume it"
-        )
-
-
-def _data_digest(public_pool: Split, test: Split) -> str:
-    """A digest of the records a voting server labels and tests on: a resumed server must hold the same."""
-    digest = hashlib.sha256(b"consilium voting data v1")
-    for array in (public_pool.x, public_pool.y, test.x, test.y):
-        data = np.ascontiguousarray(array)
-        digest.update(str((data.dtype.str, data.shape)).encode() + data.tobytes())
-    return digest.hexdigest()
+        self._connections.close()

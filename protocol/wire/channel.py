@@ -72,6 +72,15 @@ class ServerChannel:
     def send(self, message: Message) -> None:
         self.transport.send(encode(message))
 
+    def send_at(self, encoded: bytes, when: float) -> float:
+        """Send an encoded message at ``when`` (``time.monotonic``), not before; returns how many seconds late
+        it left (0 where it was ready in time)."""
+        wait = when - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        self.transport.send(encoded)
+        return max(0.0, -wait)
+
     def wait_at_least(self, seconds: float) -> None:
         """Wait up to ``seconds`` for each message from now on, where that is longer than the wait so far."""
         self._timeout_s = max(self._timeout_s, seconds)

@@ -149,6 +149,10 @@ class Update(Message):
     boxes: dict[str, bytes]  # recipient hospital -> its key share, sealed to its box key (empty in plaintext)
     next_box_key: bytes  # this hospital's certified box key for the next round (empty after the last)
 
+    def upload_bytes(self) -> int:
+        """The ciphertexts' and sealed shares' bytes: what the upload costs, as the report counts it."""
+        return sum(map(len, self.chunks)) + sum(map(len, self.boxes.values()))
+
 
 @dataclass(frozen=True)
 class Withdraw(Message):

@@ -484,9 +484,7 @@ def test_ciphertext_sizes_do_not_depend_on_the_plaintext():
     }
     sizes = {}
     for name, vector in vectors.items():
-        slots = np.zeros(params.chunk_count * params.poly_modulus_degree, dtype=np.int64)
-        digits = params.digits.to_slots(vector)
-        slots[: digits.size] = digits
+        slots = params.slots_of(vector)
         for _ in range(5):
             chunks = OneTimeKey(public, threshold=2, parties=3).encrypt(slots, a)
             sizes.setdefault(name, set()).add(tuple(len(c) for c in chunks))
@@ -701,14 +699,12 @@ def _encrypted_sum(public: PublicContext, shares: list[np.ndarray], round_number
     a = public_polynomials(params, run="audit", round_number=round_number)
     keys, uploads = [], []
     for share in shares:
-        slots = np.zeros(params.chunk_count * params.poly_modulus_degree, dtype=np.int64)
-        digits = params.digits.to_slots(share)
-        slots[: digits.size] = digits
+        slots = params.slots_of(share)
         keys.append(OneTimeKey(public, threshold=2, parties=2))
         uploads.append(unpack_ring(public, keys[-1].encrypt(slots, a), "upload"))
     releases = {x: release_of_shares([key.dealing.shares[x - 1] for key in keys], q).share for x in (1, 2)}
     slots = decrypt_sum(public, sum_uploads(public, uploads), rebuild(releases, 2, q), a)
-    return params.digits.from_slots(slots[: params.digits.slots_for(params.vector_length)], params.vector_length)
+    return params.values_of(slots)
 
 
 def _epsilon_lower_bound(inside: np.ndarray, outside: np.ndarray, *, delta: float, failure: float = FAILURE) -> float:

@@ -20,6 +20,7 @@ from consilium.protocol.secure_round.statement import box_key_context
 from consilium.protocol.identity.party_keys import Credentials
 from scripted import ScriptedServer
 from consilium.training.methods.dp_fedavg import DpFedAvgSettings
+from consilium.training.privacy.ledger import LEDGER_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -239,6 +240,27 @@ def test_a_welcome_with_absurd_sizes_is_refused_in_one_line_before_anything_is_a
             and "the server's run configuration is unusable" in errors[0]
             and "hidden layers" in errors[0]
         )
+
+
+def test_a_welcome_whose_model_is_not_the_run_s_is_refused_before_the_ledger_hears_of_the_run(server):
+    """Initial parameters too short, a model that is not finite, an optimizer state too short: each
+    hospital leaves in one line, and its ledger names no run that a correct Welcome would then clash with."""
+    server.receive_from_each(Hello, EVERYONE)
+    welcome = server.welcome(H1)
+    nan = np.frombuffer(welcome.parameters, dtype="<f4").copy()
+    nan[0] = np.nan
+    broken = {
+        H1: {"initial_parameters": welcome.initial_parameters[:-4]},
+        H2: {"parameters": nan.tobytes()},
+        H3: {"optimizer_state": welcome.optimizer_state[:-4]},
+    }
+    for name, change in broken.items():
+        server.send(name, dataclasses.replace(server.welcome(name), **change))
+    for name in EVERYONE:
+        errors = [line for line in _refusal(server, name).splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "the server's Welcome is unusable" in errors[0], errors
+        ledger = server.federation / name / LEDGER_FILE
+        assert not ledger.exists() or server.config.run_id not in ledger.read_text()
 
 
 def test_a_welcome_that_would_keep_a_hospital_waiting_forever_or_never_is_refused(server):

@@ -20,7 +20,7 @@ import pytest
 
 from consilium.crypto.mpc_field import MpcField, import_mpyc
 from consilium.crypto.tls import certificate_pem, make_mpc_certificate
-from consilium.tallier.mpc_network import harden_mpyc
+from consilium.tallier.mpc_values import harden_mpyc
 from consilium.protocol.identity.party_keys import MPC_CERTIFICATE_FILE, MPC_KEY_FILE
 from consilium.protocol.identity.roster import local_federation
 from consilium.scripts.bench_tallier import party_command, share_votes, write_input
@@ -120,7 +120,7 @@ def _deserializers(package: Path) -> set[tuple[str, str]]:
 
 
 def test_mpyc_unpickles_a_peer_s_bytes_only_where_consilium_refuses_globals():
-    """The places ``tallier.mpc_network`` covers: if an MPyC upgrade moves them, this fails first."""
+    """The places ``tallier.mpc_values`` covers: if an MPyC upgrade moves them, this fails first."""
     runtime = import_mpyc()
     assert _deserializers(Path(runtime.__file__).parent) == {
         ("runtime", "transfer"),

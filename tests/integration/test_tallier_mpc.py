@@ -321,7 +321,7 @@ def test_a_check_is_opened_masked_so_a_failing_one_shows_nothing_of_its_value(mo
     import consilium.tallier.mpc as mpc
     from consilium.crypto.mpc_field import mpyc_runtime
 
-    from consilium.tallier.mpc_network import harden_mpyc
+    from consilium.tallier.mpc_values import harden_mpyc
 
     runtime = mpyc_runtime([])  # one party: MPyC's arithmetic, no network
     secint = runtime.SecInt(11)

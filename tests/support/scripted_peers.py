@@ -153,9 +153,7 @@ class ScriptedHospital:
         self.rounds[number] = HospitalRound(
             setting, self.public, name=self.name, signing=self.credentials.identity.signing, box=self.box_keys[number]
         )
-        slots = np.zeros(params.chunk_count * params.poly_modulus_degree, dtype=np.int64)
-        digits = params.digits.to_slots(values)
-        slots[: digits.size] = digits
+        slots = params.slots_of(values)
         chunks, boxes = self.rounds[number].upload(slots, start.box_keys, self.identities())
         self.dealt[number] = self.rounds[number]._key.dealing.shares  # its own key's shares: a test's ground truth
         return Update(round=number, chunks=tuple(chunks), boxes=boxes, next_box_key=self.box_key(number + 1))
@@ -213,7 +211,7 @@ class ScriptedHospital:
         }
         slots = self.rounds[releases.round].open(given, self.identities())
         params = self.public.params
-        return params.digits.from_slots(slots[: params.digits.slots_for(params.vector_length)], params.vector_length)
+        return params.values_of(slots)
 
     def confirm(self, releases: Releases) -> Confirmed:
         """Open the sum (kept in ``opened``) and say which mean this hospital applies."""

@@ -36,45 +36,18 @@ Hospitals' ledgers are charged at the hospital level, so their budgets bind on w
 member actually is, and every ledger entry, of either method, is also a valid record-level charge.
 
 **Adaptive v** (``subclient_rule="adaptive"``, Sec. 2.2; ``training.methods.intermediaries``). Each row
-then carries one more coordinate, its own norm weighted by ``alpha`` (``NORM_SLOT_WEIGHT``)::
+then carries one more coordinate, its own clipped norm (weighted by ``alpha``, ``NORM_SLOT_WEIGHT``),
+released, noised and accounted with the update; from its sum and public values alone every party
+computes the next round's ``v`` alike (``DpFedAvgSettings.after_release``). ``v`` stays within
+``[1, max_subclients]`` and the plain modulus is sized for ``max_subclients`` rows.
 
-    row_i = (clip(Delta_i, C), alpha ||clip(Delta_i, C)||),    ||row_i|| <= C sqrt(1 + alpha^2)
-
-so the mechanism is calibrated to that norm and the slot's sum is released with the update, under
-the same noise and the same accounting (the update's noise grows by ``sqrt(1 + alpha^2)``, 3% at
-``alpha = 1/4``). The released vector is the mean update's direction followed by
-``S = slot / (gamma alpha)``, a noisy estimate of ``sum_i ||clip(Delta_i)||`` (the paper's
-``sum_i ||Delta_i||``, of clipped updates: an unclipped norm has no bound to noise it by). From it
-and from public values alone (the contributors ``K_c`` and the noise's expected norm, which the
-mechanism fixes) every party computes the next round's ``v`` alike
-(``DpFedAvgSettings.after_release``), and every contributor's endorsement of the round's aggregate
-names the ``v`` it trained with (``crypto.endorsement``), so parties that disagree on ``v`` are
-caught before a sum is used. ``v`` stays within ``[1, max_subclients]`` and the plain modulus is
-sized for ``max_subclients`` rows.
-
-**Adaptive clipping** (``clip_rule="adaptive"``; Andrew et al. 2021, "Differentially private
-learning with adaptive clipping"). ``C`` then follows the ``target_quantile`` of the sub-clients'
-update norms. Each row carries one more coordinate, whether its update was within this round's
-``C_t``, centred and weighted by ``beta`` (``COUNT_SLOT_WEIGHT``)::
-
-    b_i = 1[||Delta_i|| <= C_t],    slot_i = beta C_t (b_i - 1/2),    |slot_i| = beta C_t / 2
-
-so the rows' bound becomes ``C_t sqrt(1 + beta^2 / 4)`` (with the norm slot's ``alpha^2`` inside
-too when ``v`` adapts), and the slot is released, noised and accounted with the update. Every party
-reads the noisy count ``B = slot / (gamma beta C_t) + v K_c / 2`` and moves alike to::
-
-    C_{t+1} = C_t exp(-eta_C (B / (v K_c) - target_quantile))
-
-(the paper's geometric update, ``eta_C = clip_learning_rate``), rounded to float32 so that it
-travels exactly in a Welcome or a checkpoint, within ``[2^-20, 2^20]``; the fraction ``B / (v K_c)``
-is first kept within ``[0, 1]``, post-processing that bounds what noise or a hostile contributor's
-slot can do to one step. The count's noise has standard deviation
-``1.01 z sqrt(1 + ...) sqrt(K_c / K_min) / beta`` sub-clients: ``1.13 z`` at ``beta = 1`` (``1.16 z``
-when v adapts too) for a full quorum. An empty sub-client (``v`` near a hospital's record count)
-counts as within ``C``. Every rounded row is
-calibrated to ``C_t`` times that bound, so ``C_t`` changes only the scale ``gamma``: the
-sensitivities and the noise in integer levels, which the ledgers and the plain modulus see, are
-every round's, and changing ``C`` costs no privacy beyond the count's share of the release.
+**Adaptive clipping** (``clip_rule="adaptive"``; Andrew et al. 2021;
+``training.methods.adaptive_clipping``). ``C`` then follows the ``target_quantile`` of the
+sub-clients' update norms. Each row carries one more coordinate, whether its update was within this
+round's ``C`` (weighted by ``beta``, ``COUNT_SLOT_WEIGHT``), released, noised and accounted with the
+update; every party reads the count from it and moves ``C`` alike. Every rounded row is calibrated
+to the round's ``C``, so ``C`` changes only the scale ``gamma``, never the sensitivities or the
+noise in integer levels that the ledgers and the plain modulus see.
 
 Ledgers charge every round at ``v = max_subclients``, not at the round's ``v``. ``v`` follows
 the released data, and the sum of per-round costs that were themselves chosen from earlier
@@ -95,6 +68,7 @@ from torch import nn
 
 from consilium.training.privacy.accounting import Release, release_of
 from consilium.training.data.datasets import Split
+from consilium.training.methods.adaptive_clipping import COUNT_SLOT_WEIGHT, clipping_bound, next_clipping_bound
 from consilium.training.methods.fedavg import (
     LOCAL_OPTIMIZERS,
     FedAvgError,
@@ -104,7 +78,7 @@ from consilium.training.methods.fedavg import (
     split_subclients,
 )
 from consilium.training.methods.flags import Flag, non_negative_float, positive_float, positive_int, probability
-from consilium.training.methods.intermediaries import expected_noise_norm, next_subclient_count
+from consilium.training.methods.intermediaries import NORM_SLOT_WEIGHT, expected_noise_norm, next_subclient_count
 from consilium.training.models.build import parameter_count
 from consilium.training.privacy.secure_random import require_cryptographic, secure_generator
 from consilium.training.privacy.skellam import SkellamMechanism
@@ -113,8 +87,6 @@ from consilium.training.methods.update_rules import MAX_LEARNING_RATE, FedAdamUp
 
 __all__ = [
     "CLIP_RULES",
-    "COUNT_SLOT_WEIGHT",
-    "NORM_SLOT_WEIGHT",
     "SERVER_OPTIMIZERS",
     "SUBCLIENT_RULES",
     "DpFedAvgSettings",
@@ -125,14 +97,7 @@ SERVER_OPTIMIZERS = ("fedavg", "fedadam")
 _SERVER_LEARNING_RATES = {"fedavg": 1.0, "fedadam": 0.03}
 SUBCLIENT_RULES = ("fixed", "adaptive")
 CLIP_RULES = ("fixed", "adaptive")
-# alpha: the slot's noise, in units of sum_i ||clip(Delta_i)||, is 1/alpha times the update's. v
-# follows the square root of that estimate, so a rough one serves; the update pays sqrt(1 + alpha^2).
-NORM_SLOT_WEIGHT = 0.25
-# beta: the count's noise is about z / beta sub-clients; the update pays sqrt(1 + beta^2 / 4), 12% at 1.
-COUNT_SLOT_WEIGHT = 1.0
 _MAX_CLIP_LEARNING_RATE = 10.0
-# Adaptive C stays within these powers of two, exact in float32 (as C travels), so that it stays a number.
-_LEAST_CLIP, _MOST_CLIP = 2.0**-20, 2.0**20
 _MAX_LOCAL_EPOCHS = 100  # settings come from the server: a bound on the work they ask of a hospital
 _MAX_SUBCLIENTS = 1024
 _MAX_ROW_VALUES = 1 << 27  # v rows of the model's size held at once: 512 MiB of float32
@@ -216,7 +181,7 @@ class DpFedAvgSettings:
             )
         self.local_training  # checks the rest of the local settings
         if self._adapts_clip:  # C is round state from now on, which travels as float32
-            object.__setattr__(self, "max_update_norm", _clipping_bound(self.max_update_norm, FedAvgError))
+            object.__setattr__(self, "max_update_norm", clipping_bound(self.max_update_norm, FedAvgError))
 
     @property
     def local_training(self) -> LocalTraining:
@@ -290,7 +255,7 @@ class DpFedAvgSettings:
         Adaptive v: ``zeta`` is the noise on the mean update, as in the paper (``sigma = z C / N``
         for ``N`` clients, here ``v K_c`` sub-clients), taken at its expectation: the sum's noise is
         ``Sk(K_c mu)`` per coordinate, of standard deviation ``sqrt(2 K_c mu) / gamma``.
-        Adaptive C: the geometric step toward the target quantile (module docstring)."""
+        Adaptive C: the geometric step toward the target quantile (``training.methods.adaptive_clipping``)."""
         statistics = iter(np.asarray(statistics, dtype=np.float64))
         changes = {}
         if self._adapts_v:
@@ -304,12 +269,13 @@ class DpFedAvgSettings:
                 most=self.max_subclients,
             )
         if self._adapts_clip:
-            # A fraction, whatever the noise (or a hostile contributor's slot) made of the count: post-processing
-            # that bounds each round's step to the honest worst case, exp(eta max(q, 1 - q)).
-            within = next(statistics) / (self.subclients * contributors)
-            within = self.target_quantile if math.isnan(within) else min(max(within, 0.0), 1.0)
-            moved = self.max_update_norm * math.exp(-self.clip_learning_rate * (within - self.target_quantile))
-            changes["max_update_norm"] = min(max(float(np.float32(moved)), _LEAST_CLIP), _MOST_CLIP)
+            changes["max_update_norm"] = next_clipping_bound(
+                self.max_update_norm,
+                count=next(statistics),
+                subclients=self.subclients * contributors,
+                target_quantile=self.target_quantile,
+                learning_rate=self.clip_learning_rate,
+            )
         return replace(self, **changes)
 
     def round_state(self) -> dict[str, float]:
@@ -328,7 +294,7 @@ class DpFedAvgSettings:
                 raise ValueError(f"v = {v} is not a whole number of sub-clients within [1, {self.max_subclients}]")
             changes["subclients"] = int(v)
         if "max_update_norm" in state:
-            changes["max_update_norm"] = _clipping_bound(state["max_update_norm"], ValueError)
+            changes["max_update_norm"] = clipping_bound(state["max_update_norm"], ValueError)
         return replace(self, **changes)
 
     def update_rule(self, model: nn.Module) -> UpdateRule:
@@ -373,14 +339,6 @@ class DpFedAvgSettings:
     @classmethod
     def from_dict(cls, values: dict) -> "DpFedAvgSettings":
         return from_typed_dict(cls, values, "DP-FedAvg settings", extra={"method": cls.METHOD})
-
-
-def _clipping_bound(value: float, error: type[Exception]) -> float:
-    """An adaptive C as it travels, in float32, or ``error`` if it is outside ``[2^-20, 2^20]`` (NaN too)."""
-    bound = float(np.float32(value)) if _LEAST_CLIP / 2 <= value <= 2 * _MOST_CLIP else math.nan  # NaN fails below
-    if not _LEAST_CLIP <= bound <= _MOST_CLIP:
-        raise error(f"C = {value} is not a clipping bound within [2^-20, 2^20] (adaptive clipping)")
-    return bound
 
 
 class SubclientStep:

@@ -20,13 +20,32 @@ sum cancels. What is left is all the server may use:
 - ``sum_i ||Delta_i||`` comes from a securely summed and noised slot beside the update (so it is
   part of the accounted release; ``training.methods.dp_fedavg``). It sums clipped norms, which have a
   bound to noise them by, and it is an estimate: it may even come out negative.
+
+In DP-FedAvg each row carries that slot, its own norm weighted by ``alpha`` (``NORM_SLOT_WEIGHT``)::
+
+    row_i = (clip(Delta_i, C), alpha ||clip(Delta_i, C)||),    ||row_i|| <= C sqrt(1 + alpha^2)
+
+so the mechanism is calibrated to that norm and the slot's sum is released with the update, under
+the same noise and the same accounting (the update's noise grows by ``sqrt(1 + alpha^2)``, 3% at
+``alpha = 1/4``). The released vector is the mean update's direction followed by
+``S = slot / (gamma alpha)``, a noisy estimate of ``sum_i ||clip(Delta_i)||`` (the paper's
+``sum_i ||Delta_i||``, of clipped updates: an unclipped norm has no bound to noise it by). From it
+and from public values alone (the contributors ``K_c`` and the noise's expected norm, which the
+mechanism fixes) every party computes the next round's ``v`` alike
+(``DpFedAvgSettings.after_release``), and every contributor's endorsement of the round's aggregate
+names the ``v`` it trained with (``crypto.endorsement``), so parties that disagree on ``v`` are
+caught before a sum is used.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["expected_noise_norm", "next_subclient_count"]
+__all__ = ["NORM_SLOT_WEIGHT", "expected_noise_norm", "next_subclient_count"]
+
+# alpha: the slot's noise, in units of sum_i ||clip(Delta_i)||, is 1/alpha times the update's. v
+# follows the square root of that estimate, so a rough one serves; the update pays sqrt(1 + alpha^2).
+NORM_SLOT_WEIGHT = 0.25
 
 
 def expected_noise_norm(sigma: float, dimension: int) -> float:

@@ -9,9 +9,10 @@ recorded, and a party takes part only in later rounds. A hospital also records e
 secure round that commits it, ``endorsed`` and ``released`` (``ROUND_STEPS``), before the message
 leaves, and the ledger refuses to record one twice for a round: a hospital never releases twice for a
 round, restarted or not (``docs/explanation/secure-round.md``, P5). The file is append-only
-JSON lines, one fsynced line per record; a final line cut short by a crash was never acknowledged
-(so nothing was released on its strength) and is dropped on the next start; anything else
-unreadable is refused. One process at a time may hold a ledger file (an exclusive lock), so two
+JSON lines, one fsynced line per record, each chained to the one before by a MAC under a key only
+its party holds (``training.privacy.ledger_file``); a final line cut short by a crash was never
+acknowledged (so nothing was released on its strength) and is dropped on the next start; anything
+else unreadable is refused. One process at a time may hold a ledger file (an exclusive lock), so two
 processes cannot each count only their own releases. Records hold the mechanism's parameters,
 not epsilons, so any accountant can read them.
 """
@@ -36,18 +37,26 @@ import numpy as np
 from consilium.errors import ConsiliumError
 from consilium.training.privacy.durable import append_line, replace_file
 from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS, Release
-from consilium.training.privacy.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon
+from consilium.training.privacy.ledger_file import (
+    HEAD_SUFFIX,
+    HEADER,
+    LEGACY_HEADER,
+    V3_HEADER,
+    GaussianRelease,
+    chain_mac,
+    genesis,
+    head_path,
+    head_text,
+    is_chained_header,
+    json_line,
+    read_head,
+    read_unchained,
+)
+from consilium.training.privacy.rdp import ORDERS, rdp_to_epsilon
 
 __all__ = ["LEDGER_FILE", "ROUND_STEPS", "LedgerError", "PrivacyBudget", "PrivacyLedger"]
 
 LEDGER_FILE = "privacy_ledger.jsonl"
-_HEADER = {"format": "consilium-privacy-ledger", "version": 4}
-# Versions 2 and 3 did not chain their records; version 2 recorded Gaussian steps by noise
-# multiplier for the server and peer views only.
-_V2_VIEWS = ("server", "peer_hospital")
-_V3_HEADER = {"format": "consilium-privacy-ledger", "version": 3}
-_LEGACY_HEADER = {"format": "consilium-privacy-ledger", "version": 2}
-_HEAD_SUFFIX = ".head"
 ROUND_STEPS = ("endorsed", "released")
 
 log = logging.getLogger("consilium.accounting")
@@ -57,29 +66,8 @@ class LedgerError(ConsiliumError, RuntimeError):
     """A privacy ledger that cannot be read or written, or a record it must refuse."""
 
 
-@dataclass(frozen=True)
-class _GaussianRelease:
-    """A step recorded by ledger version 2: the sampled Gaussian mechanism, server and peer views."""
-
-    sample_rate: float
-    noise_multipliers: tuple[tuple[str, float], ...]
-
-    def rdp(self, view: str) -> np.ndarray:
-        z = dict(self.noise_multipliers).get(view)
-        if z is None:  # version 2 recorded neither the coalition nor the collusion view: nothing is known of them
-            return np.full(len(ORDERS), np.inf)
-        return poisson_subsampled_rdp(ORDERS, self.sample_rate, gaussian_rdp(ORDERS, noise_multiplier=z))
-
-    @classmethod
-    def from_record(cls, record: dict) -> "_GaussianRelease":
-        multipliers = record["noise_multipliers"]
-        if set(multipliers) != set(_V2_VIEWS) or not 0 < float(record["sample_rate"]) <= 1:
-            raise ValueError("malformed version 2 record")
-        return cls(float(record["sample_rate"]), tuple((v, float(multipliers[v])) for v in _V2_VIEWS))
-
-
 @functools.lru_cache(maxsize=1024)
-def _rdp(release: "Release | _GaussianRelease", view: str) -> np.ndarray:
+def _rdp(release: Release | GaussianRelease, view: str) -> np.ndarray:
     """A release's RDP curve for a view: a run repeats a few releases, so each is computed once."""
     curve = release.rdp(view)
     curve.flags.writeable = False  # shared by every caller
@@ -96,7 +84,7 @@ class PrivacyLedger:
         self._path = path
         self._key = key
         self._accept_unchained = accept_unchained  # a version 2 or 3 ledger, read once to be chained on
-        self._entries: dict[str, Release | _GaussianRelease] = {}
+        self._entries: dict[str, Release | GaussianRelease] = {}
         self._runs: dict[str, str | None] = {}  # run id -> its fingerprint (None in older ledgers)
         self._last_round: dict[str, int] = {}
         self._finished: set[str] = set()
@@ -185,26 +173,26 @@ class PrivacyLedger:
             return
         if not self._locked:
             self._lock()
-        head = _head_path(self._path)
+        head = head_path(self._path)
         try:
             if self._complete_size < self._size:
                 os.truncate(self._path, self._complete_size)
             if self._chain is None:
                 # The head exists before the first chained line: from then on a missing head is damage.
-                replace_file(head, _head_text(self._key, 0, _genesis(self._key, self._path)))
+                replace_file(head, head_text(self._key, 0, genesis(self._key, self._path)))
                 legacy = self._path.read_bytes()[: self._complete_size] if self._complete_size else b""
-                self._chain = _genesis(self._key, self._path)
-                self._append({**_HEADER, "legacy_sha256": hashlib.sha256(legacy).hexdigest()})
+                self._chain = genesis(self._key, self._path)
+                self._append({**HEADER, "legacy_sha256": hashlib.sha256(legacy).hexdigest()})
             self._append(record)
-            replace_file(head, _head_text(self._key, self._chained_lines, self._chain))
+            replace_file(head, head_text(self._key, self._chained_lines, self._chain))
         except OSError as error:
             raise LedgerError(f"cannot write privacy ledger {self._path}: {error}") from None
         self._complete_size = self._path.stat().st_size
         self._size = self._complete_size
 
     def _append(self, record: dict) -> None:
-        mac = _mac(self._key, self._chain, record)
-        append_line(self._path, _line({**record, "mac": mac.hex()}))
+        mac = chain_mac(self._key, self._chain, record)
+        append_line(self._path, json_line({**record, "mac": mac.hex()}))
         self._chain = mac
         self._chained_lines += 1
 
@@ -229,11 +217,14 @@ class PrivacyLedger:
             raise LedgerError(f"privacy ledger {self._path} changed since it was read; open it again")
 
     def _read(self, path: Path) -> None:
-        head = _read_head(path, self._key)
+        try:
+            head = read_head(path, self._key)
+        except ValueError as error:
+            raise _unreadable(path, str(error)) from None
         if not self._size:
             if head is not None and head[0]:
                 raise _unreadable(
-                    path, f"it is empty, but its head ({_head_path(path).name}) counts {head[0]} records: truncated"
+                    path, f"it is empty, but its head ({head_path(path).name}) counts {head[0]} records: truncated"
                 )
             return
         try:
@@ -242,7 +233,7 @@ class PrivacyLedger:
             raise LedgerError(f"cannot read privacy ledger {path}: {error}") from None
         complete, _, torn = raw.rpartition(b"\n")
         lines = complete.split(b"\n") if complete else []
-        start = next((i for i, line in enumerate(lines) if _is_chained_header(line)), None)
+        start = next((i for i, line in enumerate(lines) if is_chained_header(line)), None)
         if torn:
             # An unterminated last line is a record cut short by a crash (a short write on a full
             # disk, zeros after a power loss), which was never acknowledged: its head was not moved
@@ -251,7 +242,7 @@ class PrivacyLedger:
             if (
                 not lines
                 and not first_write
-                and not any(_line(h).startswith(torn) for h in (_V3_HEADER, _LEGACY_HEADER))
+                and not any(json_line(h).startswith(torn) for h in (V3_HEADER, LEGACY_HEADER))
             ):
                 raise _unreadable(path, "not a privacy ledger")
             log.warning("privacy ledger %s: dropping an incomplete last record", path)
@@ -276,18 +267,8 @@ class PrivacyLedger:
 
     def _read_legacy(self, lines: list[bytes]) -> None:
         """Version 2 and 3 lines, written before records were chained: read as they are."""
-        header, *records = (json.loads(line) for line in lines)
-        if header == _LEGACY_HEADER:
-            # Version 2 records come first; a version 3 header marks where newer records begin.
-            upgraded = records.index(_V3_HEADER) if _V3_HEADER in records else None
-            # Every line counts: version 2 keyed lines by the server's run id and round, so a
-            # later line replacing an earlier one may hide a release. (A reservation and its
-            # settlement are then both charged: over-counting is the safe side.)
-            for number, record in enumerate(records[:upgraded]):
-                self._entries[f"v2-{number}"] = _GaussianRelease.from_record(record)
-            records = records[upgraded + 1 :] if upgraded is not None else []
-        elif header != _V3_HEADER:
-            raise ValueError("not a privacy ledger of a known version")
+        steps, records = read_unchained(lines)
+        self._entries.update((f"v2-{number}", step) for number, step in enumerate(steps))
         for record in records:
             self._replay(record)
 
@@ -295,12 +276,12 @@ class PrivacyLedger:
         """Lines each carrying the MAC of the one before it and itself: one edited, deleted or moved
         breaks the chain, and the head (kept beside the file) shows where the chain must reach."""
         if head is None:
-            raise ValueError(f"its head ({_HEAD_SUFFIX}) is missing: a chained ledger always has one")
-        chain = _genesis(self._key, self._path)
+            raise ValueError(f"its head ({HEAD_SUFFIX}) is missing: a chained ledger always has one")
+        chain = genesis(self._key, self._path)
         for number, line in enumerate(lines):
             record = json.loads(line)
             mac = bytes.fromhex(record.pop("mac"))
-            if not hmac.compare_digest(mac, _mac(self._key, chain, record)):
+            if not hmac.compare_digest(mac, chain_mac(self._key, chain, record)):
                 raise ValueError(
                     f"record {number + 1} of its chain was altered, or a record before it was (the MACs do not verify)"
                 )
@@ -308,7 +289,7 @@ class PrivacyLedger:
             if number == head[0] - 1 and not hmac.compare_digest(chain, head[1]):
                 raise ValueError("its chain does not pass through its head: records were removed or replaced")
             if number == 0:
-                if record != {**_HEADER, "legacy_sha256": hashlib.sha256(legacy).hexdigest()}:
+                if record != {**HEADER, "legacy_sha256": hashlib.sha256(legacy).hexdigest()}:
                     raise ValueError("the lines before its chained header were altered")
             else:
                 self._replay(record)
@@ -381,58 +362,3 @@ def _unreadable(path: Path, reason: str) -> LedgerError:
         f"privacy ledger {path} is unreadable ({reason}); refusing to continue, as it is the only "
         "record of the privacy already spent"
     )
-
-
-def _line(record: dict) -> bytes:
-    return (json.dumps(record, separators=(",", ":")) + "\n").encode()
-
-
-def _mac(key: bytes, previous: bytes, record: dict) -> bytes:
-    """HMAC-SHA256 of the previous MAC and a record (without its own MAC), in one canonical JSON form."""
-    return hmac.new(
-        key, previous + json.dumps(record, sort_keys=True, separators=(",", ":")).encode(), hashlib.sha256
-    ).digest()
-
-
-def _genesis(key: bytes, path: Path) -> bytes:
-    """Where a ledger's chain starts: bound to its file's name, so a party's ledgers cannot stand in for one another."""
-    return hmac.new(key, b"consilium ledger genesis|" + path.name.encode(), hashlib.sha256).digest()
-
-
-def _is_chained_header(line: bytes) -> bool:
-    try:
-        record = json.loads(line)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(record, dict) and all(record.get(k) == v for k, v in _HEADER.items())
-
-
-def _head_path(path: Path) -> Path:
-    return path.with_name(path.name + _HEAD_SUFFIX)
-
-
-def _head_text(key: bytes, lines: int, chain: bytes) -> bytes:
-    """How many chained lines the ledger holds and the MAC of the last: so a cut at its end shows."""
-    return json.dumps({"lines": lines, "mac": chain.hex(), "tag": _head_tag(key, lines, chain).hex()}).encode()
-
-
-def _head_tag(key: bytes, lines: int, chain: bytes) -> bytes:
-    return hmac.new(key, b"consilium ledger head|%d|" % lines + chain, hashlib.sha256).digest()
-
-
-def _read_head(path: Path, key: bytes) -> tuple[int, bytes] | None:
-    head = _head_path(path)
-    if not head.exists():
-        return None
-    try:
-        record = json.loads(head.read_bytes())
-        lines, chain = record["lines"], bytes.fromhex(record["mac"])
-        if (
-            type(lines) is not int
-            or lines < 0
-            or not hmac.compare_digest(bytes.fromhex(record["tag"]), _head_tag(key, lines, chain))
-        ):
-            raise ValueError("its MAC does not verify")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
-        raise _unreadable(path, f"its head {head.name} is damaged: {error!s:.200}") from None
-    return lines, chain

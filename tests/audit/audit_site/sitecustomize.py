@@ -41,7 +41,7 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
     from consilium.protocol.voting import ballots
     from consilium.protocol.secure_round import hospital_round
     from consilium.protocol.voting import voting_hospital
-    from consilium.tallier import mpc_network
+    from consilium.tallier import mpc_network, mpc_values
     from consilium.training.privacy import skellam
 
     _path = Path(os.environ["CONSILIUM_AUDIT_RECORD"]) / f"{os.getpid()}.pickle"
@@ -118,7 +118,7 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     mpc_network._PinnedExchanger.data_received = _recorded_data_received
 
-    _open_checked = mpc_network.open_checked  # before tallier.mpc imports it
+    _open_checked = mpc_values.open_checked  # before tallier.mpc imports it
 
     def _record_opened(done) -> None:
         if not done.cancelled() and done.exception() is None:
@@ -131,7 +131,7 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
             opened.add_done_callback(_record_opened)
         return opened
 
-    mpc_network.open_checked = _recorded_open_checked
+    mpc_values.open_checked = _recorded_open_checked
 
     if os.environ.get("CONSILIUM_AUDIT_ZERO_VOTES") == "1":
         _noisy_votes = voting_hospital.noisy_votes

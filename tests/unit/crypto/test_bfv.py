@@ -22,9 +22,7 @@ def _sum_of(public, vectors, round_number=1):
     a = one_time_keys.public_polynomials(params, run="run", round_number=round_number)
     keys, uploads = [], []
     for vector in vectors:
-        slots = np.zeros(params.chunk_count * params.poly_modulus_degree, dtype=np.int64)
-        digits = params.digits.to_slots(np.asarray(vector))
-        slots[: digits.size] = digits
+        slots = params.slots_of(np.asarray(vector))
         keys.append(one_time_keys.OneTimeKey(public, threshold=2, parties=3))
         uploads.append(one_time_keys.unpack_ring(public, keys[-1].encrypt(slots, a), "upload"))
     releases = {x: key_shares.release([k.dealing.shares[x - 1] for k in keys], q).share for x in (1, 2)}
@@ -32,7 +30,7 @@ def _sum_of(public, vectors, round_number=1):
         public, one_time_keys.sum_uploads(public, uploads), key_shares.rebuild(releases, 2, q), a
     )
     one_time_keys.check_zero_slots(public, slots, params.digits.slots_for(params.vector_length))
-    return params.digits.from_slots(slots[: params.digits.slots_for(params.vector_length)], params.vector_length)
+    return params.values_of(slots)
 
 
 @pytest.mark.parametrize("contributors", [2, 10, "max"])

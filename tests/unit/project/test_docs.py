@@ -1,9 +1,11 @@
 """What the pages cite exists: every test file, test function and results path that README.md and
 the pages under docs/ name, and every flag they give a launcher. A renamed or removed test, or a flag a
-launcher no longer has, fails here, not in a reader's hands."""
+launcher no longer has, fails here, not in a reader's hands. And every figure of README.md's results
+table is one the file its row links to holds, so the copy cannot drift from its source."""
 
 import importlib
 import re
+from decimal import ROUND_HALF_UP, Decimal
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -63,3 +65,66 @@ def test_every_flag_a_page_gives_a_launcher_is_one_it_has():
                             unknown.append(f"{page.relative_to(ROOT)}: {name} {flag}")
     assert given > 50  # the pattern still finds the pages' commands
     assert not unknown, "; ".join(sorted(set(unknown)))
+
+
+# README's results table: each row's figures and the file its row links to, which is their source.
+_ROW = re.compile(
+    r"^\|(?P<what>[^|\n]*)\|(?P<measured>[^|\n]*)\|[^|\n]*\]\((?P<link>[^)\s]+)\)[^|\n]*\|\s*$", re.MULTILINE
+)
+_NUMBER = re.compile(
+    r"(?<![\w.])(?P<number>\d{1,3}(?:,\d{3})+|\d+)(?P<decimals>\.\d+)?(?P<exponent>e[-+]?\d+)?"
+    r"(?:\s?(?P<unit>%|x|ms|s|kB|MB))?(?![\w])"
+)
+_BYTES = {"kB": 3, "MB": 6}  # powers of ten
+_SECONDS = {"ms": -3, "s": 0}
+
+
+def _numbers(text: str) -> list[tuple[Decimal, str | None]]:
+    """Every number in the text, thousands separators dropped, with the unit written after it."""
+    return [
+        (Decimal(f"{m['number'].replace(',', '')}{m['decimals'] or ''}{m['exponent'] or ''}"), m["unit"])
+        for m in _NUMBER.finditer(text)
+    ]
+
+
+def _results_rows() -> list[tuple[str, str, str]]:
+    table = ROOT.joinpath("README.md").read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
+    return [(row["what"].strip(), row["measured"].strip(), row["link"]) for row in _ROW.finditer(table)]
+
+
+def _holds(source: list[tuple[Decimal, str | None]], figure: Decimal, unit: str | None) -> bool:
+    """The source holds the figure: a number of its own that, in the figure's unit, is written to at
+    least the figure's decimals and rounds to it. A number without a unit counts as a byte count (exact)
+    against kB and MB, and as written against any other unit (a table's unit is in its header)."""
+    step = Decimal(1).scaleb(min(figure.as_tuple().exponent, 0))
+    for value, written in source:
+        exact = False
+        if unit in _BYTES and written is None:
+            value, exact = value.scaleb(-_BYTES[unit]), True
+        elif unit in _BYTES and written in _BYTES:
+            value = value.scaleb(_BYTES[written] - _BYTES[unit])
+        elif unit in _SECONDS and written in _SECONDS:
+            value = value.scaleb(_SECONDS[written] - _SECONDS[unit])
+        elif not (unit is None or written in (None, unit)):
+            continue
+        if (exact or value.as_tuple().exponent <= step.as_tuple().exponent) and value.quantize(
+            step, rounding=ROUND_HALF_UP
+        ) == figure:
+            return True
+    return False
+
+
+def test_the_readme_results_table_is_found():
+    rows = _results_rows()
+    assert len(rows) >= 6 and all(_numbers(measured) for _, measured, _ in rows), rows
+
+
+@pytest.mark.parametrize("what, measured, link", _results_rows(), ids=lambda value: str(value)[:40])
+def test_every_figure_in_the_readme_results_table_is_in_the_file_its_row_links_to(what, measured, link):
+    """A copy in the README cannot drift from its source: each number of a row's figures is one the
+    linked file holds (thousands separators dropped, bytes as kB or MB, rounded to the README's decimals)."""
+    source = ROOT / link
+    assert source.is_file(), f"the row '{what}' links to {link}, which is not a file"
+    numbers = _numbers(source.read_text())
+    missing = [f"{figure}{unit or ''}" for figure, unit in _numbers(measured) if not _holds(numbers, figure, unit)]
+    assert not missing, f"README's '{what}' gives {', '.join(missing)}, which {link} does not hold"

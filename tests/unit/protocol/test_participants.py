@@ -10,7 +10,8 @@ import pytest
 
 from consilium.protocol.wire.channel import ServerChannel
 from consilium.protocol.wire.messages import Finish, Hello, ProtocolError, Withdraw
-from consilium.protocol.run.participants import MAX_JOINS_AGAIN, Participants, Timeouts, join_record
+from consilium.protocol.run.checkpoint import join_record
+from consilium.protocol.run.participants import MAX_JOINS_AGAIN, Participants, Timeouts
 
 HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
 

@@ -80,9 +80,7 @@ class Federation:
 
     def slots(self, values):
         params = self.setting.params
-        slots = np.zeros(params.chunk_count * params.poly_modulus_degree, dtype=np.int64)
-        digits = params.digits.to_slots(values)
-        slots[: digits.size] = digits
+        slots = params.slots_of(values)
         return slots
 
     def boxes_for(self, recipient):

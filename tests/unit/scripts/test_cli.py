@@ -3,6 +3,7 @@
 import contextlib
 import importlib.util
 import io
+import json
 import logging
 import subprocess
 
@@ -112,6 +113,11 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
         bad = config.to_dict()
         bad["model"].update(change)
         Checkpoint(bad, model, model, bytes(len(model)), 0, list(config.hospitals), [], {}, []).save(damaged[label])
+    for label, change in (("not_bytes", {"initial_parameters": {}}), ("joins", {"joins": [{"hospital": "h"}]})):
+        damaged[label] = tmp_path / label  # well-formed JSON, with a field that is not what it must be
+        damaged[label].mkdir()
+        record = json.loads((secure / "checkpoint.json").read_text())
+        (damaged[label] / "checkpoint.json").write_text(json.dumps({**record, **change}))
     damaged["cut"] = tmp_path / "cut"
     damaged["cut"].mkdir()
     (damaged["cut"] / "checkpoint.json").write_bytes((secure / "checkpoint.json").read_bytes()[:-40])
@@ -168,6 +174,11 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
             for folder in list(damaged.values())[:3]
         ],
         (("server", *confirmed, "--out", damaged["cut"], "--resume"), "checkpoint.json is unreadable"),
+        (
+            ("server", *confirmed, "--out", damaged["not_bytes"], "--resume"),
+            "is unusable: its model is not float32 values",
+        ),
+        (("server", *confirmed, "--out", damaged["joins"], "--resume"), "is unusable: 'before_round'"),
         (
             ("server", *confirmed, "--out", secure, "--resume", "--select-every", "3"),
             "resume it with --select-every 1 --select-on accuracy, or without either flag",

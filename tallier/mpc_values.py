@@ -1,0 +1,127 @@
+"""What a peer's MPC messages may hold, and how a value opened from them is checked.
+
+MPyC sends secure arrays as pickles (``_distribute``, ``output``, ``_reshare``), and ``transfer``,
+which ``shutdown`` calls, unpickles whatever a peer sent: a crafted pickle runs code here. This
+module replaces those decoders, and MPyC's own opening (points 2 and 4 of ``tallier.mpc_network``):
+
+- **Only data is decoded.** Where MPyC would pickle (secure arrays' shares in ``_distribute``,
+  ``output`` and ``_reshare``; the party numbers ``shutdown`` exchanges through ``transfer``), it
+  gets ``_Codec`` instead: a one-dimensional array of field elements as fixed-width little-endian
+  numbers, each checked to lie below the round's modulus, or one integer. Nothing else is parsed,
+  and nothing a peer sends is ever unpickled. Single field elements travel as MPyC's fixed-width
+  bytes, checked the same way (``_field_elements``).
+- **Values are opened from every share, checked** (``open_checked``, instead of
+  ``Runtime.output``, which rebuilds a value from ``t + 1`` shares and so takes a wrong share from
+  a peer as the truth): every tallier sends its share to every other, and each checks that all
+  ``J`` shares lie on one polynomial of degree ``t`` before it takes the value. With ``J = 3`` and
+  ``t = 1``, a peer's wrong share puts the three points off one line, and the round ends.
+
+A peer whose message fails either check raises ``MpcPeerError``, naming the peer where the
+network tagged the message with its sender. ``harden_mpyc`` installs the decoders in this process,
+for the round's field; ``tests/integration/test_mpc_network.py`` fails if an MPyC upgrade moves the
+places that unpickle.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from consilium.crypto.mpc_field import import_mpyc
+
+_mpyc_runtime = import_mpyc()
+from mpyc import asyncoro, finfields, thresha  # noqa: E402  (imported safely on the line above)
+
+__all__ = ["MpcPeerError", "harden_mpyc", "open_checked"]
+
+_ARRAY, _INTEGER = b"A", b"I"
+
+
+class MpcPeerError(RuntimeError):
+    """A peer sent what an honest tallier never sends; the round is aborted."""
+
+
+def harden_mpyc(modulus: int) -> None:
+    """Make every decoder MPyC applies to a peer's bytes refuse what is not data (module docstring),
+    for a round computing modulo ``modulus``."""
+    _mpyc_runtime.pickle = _Codec(modulus)
+    finfields.FiniteFieldElement.from_bytes = classmethod(_field_elements)
+
+
+@asyncoro.mpc_coro
+async def open_checked(runtime, x):  # no return annotation: MPyC would take it for the placeholder type
+    """The value of the 1-D secure array ``x``, opened to every party from every party's share (module
+    docstring), as signed integers in ``[-p/2, p/2)``; ``MpcPeerError`` unless the shares lie on one
+    polynomial of degree ``t``."""
+    await runtime.returnType(asyncoro.Future)
+    field = x.sectype.field
+    (own,) = await runtime.gather([x])
+    own = own.value.reshape(-1)
+    codec = _mpyc_runtime.pickle
+    others = [pid for pid in range(len(runtime.parties)) if pid != runtime.pid]
+    payload = codec.dumps(own)
+    for pid in others:
+        runtime._send_message(pid, payload)
+    received = await runtime.gather([runtime._receive_message(pid) for pid in others])
+    points = sorted([(runtime.pid + 1, own)] + [(pid + 1, codec.loads(data)) for pid, data in zip(others, received)])
+    if any(len(share) != len(own) for _, share in points):
+        raise MpcPeerError("a tallier sent a share of an opened value of the wrong length")
+    base, rest = points[: runtime.threshold + 1], points[runtime.threshold + 1 :]
+    rebuilt = thresha.np_recombine(field, base, x_rs=[0] + [at for at, _ in rest]).value
+    for row, (_, share) in zip(rebuilt[1:], rest):
+        if any(int(a) != int(b) for a, b in zip(row, share)):
+            raise MpcPeerError(
+                "the talliers' shares of an opened value do not lie on one polynomial: a tallier sent a wrong share"
+            )
+    half = field.modulus // 2
+    return [int(v) - field.modulus if int(v) > half else int(v) for v in rebuilt[0]]
+
+
+class _Codec:
+    """What MPyC's ``pickle.dumps`` and ``pickle.loads`` become: shares as fixed-width numbers, or one integer.
+
+    ``A`` then ``n`` numbers of ``width`` bytes (the modulus's), little-endian, each below the
+    modulus: a one-dimensional array of field elements, as NumPy object arrays hold them. ``I``
+    then eight bytes, signed: an integer (a party number). Anything else is refused unread."""
+
+    def __init__(self, modulus: int) -> None:
+        if not 1 < modulus < 2**64:
+            raise ValueError(f"shares travel as at most 64-bit numbers; the modulus has {modulus.bit_length()} bits")
+        self.modulus, self.width = modulus, (modulus.bit_length() + 7) // 8
+
+    def dumps(self, value) -> bytes:
+        if isinstance(value, np.ndarray) and value.ndim == 1:
+            words = value.astype(np.uint64).astype("<u8").view(np.uint8).reshape(-1, 8)[:, : self.width]
+            return _ARRAY + words.tobytes()
+        if type(value) is int:
+            return _INTEGER + value.to_bytes(8, "little", signed=True)
+        raise TypeError(f"the MPC sends arrays of field elements and integers only, not {type(value).__name__}")
+
+    def loads(self, data: bytes):
+        kind, body = data[:1], data[1:]
+        if kind == _INTEGER and len(body) == 8:
+            return int.from_bytes(body, "little", signed=True)
+        if kind != _ARRAY or len(body) % self.width:
+            raise MpcPeerError(
+                f"{_sender(data)} sent an MPC message that is neither whole field elements nor an integer"
+            )
+        words = np.zeros((len(body) // self.width, 8), dtype=np.uint8)
+        words[:, : self.width] = np.frombuffer(body, dtype=np.uint8).reshape(-1, self.width)
+        values = words.view("<u8").reshape(-1)
+        if values.size and int(values.max()) >= self.modulus:
+            raise MpcPeerError(f"{_sender(data)} sent a value outside the field")
+        return values.astype(object)
+
+
+def _field_elements(cls, data: bytes) -> list[int]:
+    """``FiniteFieldElement.from_bytes``, refusing anything but whole elements of the field."""
+    width = cls.byte_length
+    if len(data) % width:
+        raise MpcPeerError(f"{_sender(data)} sent {len(data)} bytes, not a whole number of {width}-byte field elements")
+    values = [int.from_bytes(data[i : i + width], "little") for i in range(0, len(data), width)]
+    if values and max(values) >= cls.order:
+        raise MpcPeerError(f"{_sender(data)} sent a value outside the field")
+    return values
+
+
+def _sender(data: bytes) -> str:
+    return getattr(data, "sender", "a peer")
