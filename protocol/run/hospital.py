@@ -72,6 +72,7 @@ from consilium.protocol.secure_round.member_messages import (
 )
 from consilium.protocol.secure_round.statement import RoundRefused, RoundSetting
 from consilium.protocol.wire.channel import ServerChannel
+from consilium.protocol.wire.transport import ClientTransport
 from consilium.protocol.run.hospital_metrics import Contribution, HospitalMetrics
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
@@ -106,6 +107,7 @@ class Hospital:
         method: str,
         aggregation: str = SECURE_AGGREGATION,
         own_model: str | None = None,
+        transport: ClientTransport | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
         self._name = credentials.name
@@ -130,7 +132,9 @@ class Hospital:
         self._box_keys = BoxKeyring(self._name, credentials.identity.signing)  # memory only
         self._last_round = 0  # the last round this hospital was charged for: it takes part only in later ones
         self._metrics = HospitalMetrics(state_dir, self._name)
-        self._channel = ServerChannel.connect(roster, credentials, accept=TO_HOSPITAL, timeout_s=timeout_s, log=log)
+        self._channel = ServerChannel.connect(
+            roster, credentials, accept=TO_HOSPITAL, timeout_s=timeout_s, log=log, transport=transport
+        )
 
     def run(self) -> dict:
         """Take part until the server finishes the run or the budget is spent; returns the metrics."""

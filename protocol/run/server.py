@@ -40,7 +40,7 @@ from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.secure_round.collection import collect_updates
 from consilium.protocol.run.server_report import RoundRecord, RunRecord, mechanism_report, run_selection, save_model
-from consilium.protocol.wire.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
+from consilium.protocol.wire.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
 from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
 from consilium.training.data.datasets import Split
 from consilium.protocol.run.blame import Blame
@@ -69,6 +69,7 @@ class Server:
         on_round: Callable[[dict], None] | None = None,
         model_seed: int | None = None,
         selection: Selection | None = None,
+        transport: ServerTransport | None = None,
         _checkpoint: Checkpoint | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
@@ -109,6 +110,7 @@ class Server:
             transcript=transcript,
             transcript_payloads=transcript_payloads,
             max_messages_per_second=max_messages_per_second,
+            transport=transport,
         )
 
     def _open_channels(self, credentials: Credentials, membership: tuple[dict, list], **settings) -> None:

@@ -60,11 +60,13 @@ class ServerChannel:
         timeout_s: float,
         log: logging.Logger,
         transcript: Transcript | None = None,
+        transport: ClientTransport | None = None,
     ) -> "ServerChannel":
-        """A channel to the roster's server, authenticated with ``credentials``."""
-        transport = ClientTransport(
-            roster.server_address, roster.server.curve_public, credentials.curve, MAX_MESSAGE_BYTES
-        )
+        """A channel to the roster's server, authenticated with ``credentials``; over ``transport`` where one
+        is given (a test's in-process one, say)."""
+        if transport is None:
+            address, server_key = roster.server_address, roster.server.curve_public
+            transport = ClientTransport(address, server_key, credentials.curve, MAX_MESSAGE_BYTES)
         return cls(
             transport, accept=accept, limit=MAX_MESSAGE_BYTES, timeout_s=timeout_s, log=log, transcript=transcript
         )
