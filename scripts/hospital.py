@@ -124,8 +124,9 @@ def _add_round_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=600.0,
         help="seconds to wait for the server's Welcome, and at least for each later message: a training server's "
-        "Welcome raises it to what that server may take, 5 x its --round-timeout + 2 x its --join-timeout + 60 "
-        "(480 at its defaults; default: 600, so that a restarted hospital outwaits a default server's round)",
+        "Welcome raises it to what that server may take, 5 x its --round-timeout + 2 x its --join-timeout + its "
+        "--rejoin-window + 60 (780 at its defaults; default: 600, so that a restarted hospital outwaits a default "
+        "server's round, 480 s at most)",
     )
     group.add_argument(
         "--upgrade-ledger",

@@ -27,7 +27,7 @@ from consilium.orchestration.run_flags import (
 )
 from consilium.scripts._cli import add_roster_fingerprint, configure_logging, run
 from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments, add_run_arguments
-from consilium.training.methods.flags import non_negative_int, positive_float, positive_int
+from consilium.training.methods.flags import non_negative_float, non_negative_int, positive_float, positive_int
 from consilium.training.models.compute_device import use_device
 from consilium.training.models.evaluation import SELECTION_METRICS, Selection
 from consilium.training.models.build import use_model_code
@@ -121,10 +121,28 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_wait_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("waits and floods")
+    defaults = Timeouts()
     group.add_argument(
-        "--join-timeout", type=positive_float, default=60.0, help="seconds to wait for hospitals to join"
+        "--join-timeout",
+        type=positive_float,
+        default=defaults.join_s,
+        help="seconds to wait for hospitals to join, and for each one welcomed to answer with its key "
+        f"(default: {defaults.join_s:g})",
     )
-    group.add_argument("--round-timeout", type=positive_float, default=60.0, help="seconds a round waits for updates")
+    group.add_argument(
+        "--round-timeout",
+        type=positive_float,
+        default=defaults.round_s,
+        help="seconds each step of a round waits for every member; one that sends nothing in time leaves the "
+        f"round, and may come back (default: {defaults.round_s:g})",
+    )
+    group.add_argument(
+        "--rejoin-window",
+        type=non_negative_float,
+        default=defaults.rejoin_s,
+        help="seconds the run waits between rounds, while fewer hospitals than the quorum remain, for those that "
+        f"fell silent to come back (default: {defaults.rejoin_s:g}; 0 ends the run at once)",
+    )
     group.add_argument(
         "--max-messages-per-second",
         type=positive_float,
@@ -140,6 +158,12 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(run(lambda: serve(args)))
 
 
+def _timeouts(args: argparse.Namespace) -> Timeouts:
+    return Timeouts(
+        join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout, rejoin_s=args.rejoin_window
+    )
+
+
 def serve(args: argparse.Namespace) -> None:
     resolve_run_arguments(args)
     use_device(args.device)
@@ -150,7 +174,7 @@ def serve(args: argparse.Namespace) -> None:
         args.data, split_seed=args.data_seed, image_size=args.image_size, image_channels=args.image_channels
     )
     resolve_data_defaults(args, dataset.input_shape)
-    timeouts = Timeouts(join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout)
+    timeouts = _timeouts(args)
     if args.method in VOTING_METHODS:
         if args.insecure_plaintext_benchmark:
             raise ConfigError(
@@ -179,9 +203,8 @@ def serve(args: argparse.Namespace) -> None:
         else Selection(every=args.select_every or 1, on=args.select_on or "accuracy"),
     )
     if args.resume:
-        checkpointed = Server.checkpointed_config(
-            args.out
-        )  # checked before the server binds its socket or begins its ledger
+        # Checked before the server binds its socket or begins its ledger.
+        checkpointed = Server.checkpointed_config(args.out)
         if checkpointed.dataset != dataset.name:
             raise ConfigError(f"the checkpointed run is on {checkpointed.dataset}; pass the same --data")
         if checkpointed.aggregation != chosen_aggregation(args):

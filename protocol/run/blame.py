@@ -19,12 +19,12 @@ MAX_ANONYMOUS_FAILURES = 2  # rounds in a row whose sum did not open and nobody 
 
 
 class Blame:
-    """The server's counts of unproven refusals, disputes and anonymous failures over a run, and whom they drop."""
+    """The server's counts of unproven refusals, disputes and anonymous failures over a run, and whom they expel."""
 
-    def __init__(self, drop: Callable[[str, str], None], run: Callable[[], RunConfig]) -> None:
+    def __init__(self, expel: Callable[[str, str], None], run: Callable[[], RunConfig]) -> None:
         # The run's configuration as it is when a round is weighed: narrowed to the hospitals that joined,
         # whose key threshold tau is the one that counts (never the roster's).
-        self._drop, self._run = drop, run
+        self._expel, self._run = expel, run
         self._unproven: dict[str, int] = {}  # hospital -> its refusals that no evidence bore out
         self._anonymous_failures = 0  # rounds in a row whose sum did not open, naming nobody
         self._disputes: dict[tuple[str, str], int] = {}  # (accuser, dealer) -> rounds it named that dealer
@@ -51,7 +51,7 @@ class Blame:
         for name, refusal in refusals.items():
             convicted = [dealer for dealer, key in refusal.openings.items() if evidence.convicts(name, dealer, key)]
             for dealer in convicted:
-                self._drop(dealer, f"round {round_number}: {name}'s opening shows it dealt a wrong share")
+                self._expel(dealer, f"round {round_number}: {name}'s opening shows it dealt a wrong share")
             disputed = [  # named, with the box's key shown, but not convicted by it
                 dealer for dealer in refusal.named if dealer in refusal.openings and dealer in self._run().hospitals
             ]
@@ -60,20 +60,20 @@ class Blame:
             if not disputed:
                 self._unproven[name] = self._unproven.get(name, 0) + 1
                 if self._unproven[name] >= MAX_UNPROVEN_REFUSALS:
-                    self._drop(name, f"refused {self._unproven[name]} rounds without evidence")
+                    self._expel(name, f"refused {self._unproven[name]} rounds without evidence")
             for dealer in disputed:
                 accusers.setdefault(dealer, set()).add(name)
         for dealer, names in accusers.items():
             if len(names) >= self._run().key_threshold:
-                self._drop(dealer, f"round {round_number}: {len(names)} hospitals name it as a dealer")
+                self._expel(dealer, f"round {round_number}: {len(names)} hospitals name it as a dealer")
                 continue
             for name in names:
                 pair = (name, dealer)
                 self._disputes[pair] = self._disputes.get(pair, 0) + 1
                 if self._disputes[pair] >= MAX_UNPROVEN_REFUSALS:
                     reason = f"in dispute with {{}} over {self._disputes[pair]} rounds; neither side can be proven"
-                    self._drop(name, reason.format(dealer))
-                    self._drop(dealer, reason.format(name))
+                    self._expel(name, reason.format(dealer))
+                    self._expel(dealer, reason.format(name))
 
     def failed_opening(self, refusal: RoundRefused) -> None:
         """Every member released, yet the sum did not open. A member a check names signed what convicts
@@ -81,7 +81,7 @@ class Blame:
         its dealer shared, which nothing yet pins on its maker (review 5, finding 4): after
         ``MAX_ANONYMOUS_FAILURES`` of them in a row the run ends, rather than charge every ledger on."""
         for name in refusal.named:
-            self._drop(name, str(refusal))
+            self._expel(name, str(refusal))
         if refusal.named:
             return
         self._anonymous_failures += 1

@@ -60,11 +60,13 @@ class CheckpointError(ConsiliumError, RuntimeError):
 
 
 class _CheckpointFile:
-    """Saving and loading, shared by both checkpoints: ``_FORMAT`` names the kind and version, and the
-    fields in ``_BYTES`` hold bytes, or dictionaries of them (nested), kept as base64."""
+    """Saving and loading, shared by both checkpoints: ``_FORMAT`` names the kind and version, the fields
+    in ``_BYTES`` hold bytes, or dictionaries of them (nested), kept as base64, and ``_ADDED`` the fields
+    the version before lacked, read from it with their defaults."""
 
     _FORMAT: ClassVar[dict]
     _BYTES: ClassVar[tuple[str, ...]]
+    _ADDED: ClassVar[dict] = {}
 
     def save(self, out_dir: Path) -> None:
         record = {**self._FORMAT, **asdict(self)}
@@ -83,7 +85,12 @@ class _CheckpointFile:
             raise CheckpointError(f"{out_dir} holds no checkpoint to resume from ({CHECKPOINT_FILE})")
         try:
             record = json.loads(path.read_text())
-            if not isinstance(record, dict) or {key: record.pop(key, None) for key in cls._FORMAT} != cls._FORMAT:
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+            found = {key: record.pop(key, None) for key in cls._FORMAT}
+            if found == {**cls._FORMAT, "version": cls._FORMAT["version"] - 1} and cls._ADDED:
+                record = {**cls._ADDED, **record}  # written by the version before, which lacked these
+            elif found != cls._FORMAT:
                 raise ValueError(f"not a {cls._FORMAT['format']} of version {cls._FORMAT['version']}")
             if set(record) != {f.name for f in fields(cls)}:
                 raise ValueError(f"expected the fields {sorted(f.name for f in fields(cls))}")
@@ -103,11 +110,13 @@ class _CheckpointFile:
         except ConfigError as error:
             raise CheckpointError(f"the checkpoint in {out_dir} holds an unusable configuration: {error}") from None
 
-    def membership(self, out_dir: Path) -> tuple[dict[str, str], list[dict]]:
-        """Who left the run and why, and the joins after its start (``protocol.run.participants``)."""
+    def membership(self, out_dir: Path) -> tuple[dict[str, str], list[dict], list[str]]:
+        """Who left the run and why, the joins after its start, and who may not come back
+        (``protocol.run.participants``)."""
         try:
             departures = {str(name): str(reason) for name, reason in dict(self.departures).items()}
-            return departures, [join_record(join) for join in self.joins]
+            expelled = [str(name) for name in self.expelled]
+            return departures, [join_record(join) for join in self.joins], expelled
         except (TypeError, ValueError, KeyError, AttributeError) as error:
             raise CheckpointError(f"the checkpoint in {out_dir} is unusable: {error}") from None
 
@@ -116,8 +125,9 @@ class _CheckpointFile:
 class Checkpoint(_CheckpointFile):
     """A training run's (``protocol.run.server``)."""
 
-    _FORMAT = {"format": "consilium-server-checkpoint", "version": 3}
+    _FORMAT = {"format": "consilium-server-checkpoint", "version": 4}
     _BYTES = ("initial_parameters", "parameters", "optimizer_state")
+    _ADDED = {"expelled": []}
 
     config: dict  # protocol.run.config.RunConfig.to_dict, with the hospitals that joined
     initial_parameters: bytes  # float32: with the config, the run's fingerprint
@@ -131,14 +141,16 @@ class Checkpoint(_CheckpointFile):
     selection: dict = field(
         default_factory=dict
     )  # training.models.evaluation.Selection's fields: how the model is selected
+    expelled: list[str] = field(default_factory=list)  # hospitals never welcomed again (protocol.run.participants)
 
 
 @dataclass(frozen=True)
 class VotingCheckpoint(_CheckpointFile):
     """A voting run's (``protocol.voting.voting_server``)."""
 
-    _FORMAT = {"format": "consilium-voting-checkpoint", "version": 1}
+    _FORMAT = {"format": "consilium-voting-checkpoint", "version": 2}
     _BYTES = ("feature_map", "tallier_keys", "pending_ballots")
+    _ADDED = {"expelled": []}
 
     config: dict  # protocol.voting.voting_config.VotingConfig.to_dict, with the hospitals that joined
     feature_map: bytes  # with the config, the run's fingerprint
@@ -153,6 +165,7 @@ class VotingCheckpoint(_CheckpointFile):
     joins: list[dict]  # hospitals that joined again, and before which round (protocol.run.participants)
     pending_round: int  # the round whose ballots are in but whose labels are not yet (0: none)
     pending_ballots: dict[str, dict[str, bytes]]  # its ballots: voter -> tallier -> sealed box
+    expelled: list[str] = field(default_factory=list)  # hospitals never welcomed again (protocol.run.participants)
 
 
 def join_record(join: dict) -> dict:

@@ -11,6 +11,20 @@ welcomed holds up the welcome. A hospital makes at most ``MAX_JOINS_AGAIN`` such
 the rest cost nothing and are not capped: a Hello read between rounds (``read_between_rounds``),
 and every join after the server itself restarted (review 4, finding 4; review 5, finding 5).
 
+**Two ways to leave.** A hospital that falls silent (it sends nothing in time, withdraws, or is turned
+away for want of a box key) is ``drop``ped: it may come back, and its Hello is a join like any other.
+One the evidence or the protocol convicts (``protocol.run.blame``; a release signed over wrong values;
+another mean applied than the sum's; too many joins that broke something) is ``expel``led: it is in
+``expelled`` for the rest of the run, a checkpoint keeps it so across a server's restart, and its
+Hello is answered with Finish and its reason, so that a liar costs the run no more than itself
+however often it connects again.
+
+**Sites may be away for minutes.** Between rounds, while fewer hospitals than the quorum are in the
+run, ``await_return`` waits up to the rejoin window (``Timeouts.rejoin_s``) for the ones that fell
+silent to say Hello again; each is welcomed as it comes, and the run goes on once the quorum is back.
+The hospitals still in the run wait as long: the window is part of ``Timeouts.server_silence_s``,
+which every Welcome announces.
+
 ``run_to_the_end`` is the one skeleton of a server's ``run``: whatever ends it (the last round, too
 few hospitals, a protocol error, a bug or an interrupt), everyone still in the run is sent
 ``Finish`` with the reason, and the report is written, failing the run only if it had not
@@ -37,18 +51,21 @@ _QUEUED_S = 0.01  # how long ``read_between_rounds`` waits for a message that is
 
 @dataclass(frozen=True)
 class Timeouts:
-    """How long a server waits: for hospitals to join, for box keys once welcomed, for each step of a round."""
+    """How long a server waits: for hospitals to join, for box keys once welcomed, for each step of a round,
+    and between rounds for hospitals that fell silent to come back while fewer than the quorum remain."""
 
     join_s: float = 60.0
     key_s: float = 60.0
     round_s: float = 60.0
+    rejoin_s: float = 300.0
 
     def server_silence_s(self) -> int:
         """The longest a member may wait for this server's next message, in whole seconds: a round's five
         steps (upload to confirmation) each up to ``round_s``, two welcome passes each up to ``key_s``,
-        and a minute for sums, evaluation and checkpoints. A hospital that rejoins mid-round waits that
-        long for its Welcome; the server tells every hospital in its Welcome (review 4, finding 7)."""
-        return math.ceil(5 * self.round_s + 2 * self.key_s + 60)
+        the rejoin window, and a minute for sums, evaluation and checkpoints. A hospital that rejoins
+        mid-round waits that long for its Welcome; the server tells every hospital in its Welcome
+        (review 4, finding 7)."""
+        return math.ceil(5 * self.round_s + 2 * self.key_s + self.rejoin_s + 60)
 
 
 class Participants:
@@ -58,6 +75,8 @@ class Participants:
         self.active: list[str] = []  # hold what a round needs and take part in rounds
         self.joining: list[str] = []  # said Hello: welcomed before the next round
         self.departures: dict[str, str] = {}
+        self.expelled: set[str] = set()  # left for what they did: never welcomed again in this run
+        self._withdrawn: set[str] = set()  # left of their own accord (a budget spent): not waited for
         self.joins: list[
             dict
         ] = []  # hospitals that joined after the start, before which round, and whether it broke one
@@ -76,10 +95,13 @@ class Participants:
         if take_part:
             self.active = list(self.hospitals)
 
-    def restore(self, *, active: Iterable[str], departures: dict[str, str], joins: list[dict]) -> None:
-        """The membership a checkpoint holds: whom a resumed server waits for, who left and why, and each
-        hospital's joins again (which count across restarts)."""
+    def restore(
+        self, *, active: Iterable[str], departures: dict[str, str], joins: list[dict], expelled: Iterable[str]
+    ) -> None:
+        """The membership a checkpoint holds: whom a resumed server waits for, who left and why, each
+        hospital's joins again (which count across restarts), and who may not come back."""
         self.active, self.departures, self.joins = list(active), dict(departures), list(joins)
+        self.expelled = set(expelled)
 
     def take_joining(self) -> list[str]:
         """The hospitals that said Hello, now to be welcomed: ``joining`` is empty after."""
@@ -201,8 +223,48 @@ class Participants:
             if notify:
                 self.parties.send(name, Finish(reason=reason))
 
+    def expel(self, name: str, reason: str, *, connected: bool = False) -> None:
+        """``name`` leaves the run for what it did and is never welcomed again; it is told why if it was
+        in the run or is ``connected`` (it just said Hello)."""
+        told = connected or name in self.active or name in self.joining
+        self.expelled.add(name)
+        self.departures[name] = reason
+        self.active = [other for other in self.active if other != name]
+        self.joining = [other for other in self.joining if other != name]
+        self._log.warning("%s leaves the run for good: %s", name, reason)
+        if told:
+            self.parties.send(name, Finish(reason=reason))
+
+    def await_return(self, quorum: int, window_s: float) -> None:
+        """Between rounds, while fewer than ``quorum`` hospitals are in the run (active or joining), wait up
+        to ``window_s`` for ones that fell silent to say Hello again (see the module's docstring)."""
+
+        def waiting() -> bool:
+            return len(self.active) + len(self.joining) < quorum
+
+        if not waiting():
+            return
+        missing = sorted(set(self.hospitals) - {*self.active, *self.joining, *self.expelled, *self._withdrawn})
+        if not missing or window_s <= 0:  # the others were expelled or withdrew: none will come back
+            return
+        self._log.warning(
+            "%d hospitals in the run, fewer than the quorum of %d: waiting up to %g s for %s to come back",
+            len(self.active) + len(self.joining),
+            quorum,
+            window_s,
+            ", ".join(missing),
+        )
+        deadline = time.monotonic() + window_s
+        while waiting() and (got := self.next_message(deadline, waiting)) is not None:
+            sender, message = got
+            if isinstance(message, Withdraw) and sender in self.active:
+                self.withdrew(sender, message.reason)
+            else:
+                self.parties.reject(sender, message, "expected nothing while the run waits for hospitals")
+
     def withdrew(self, name: str, reason: str) -> None:
         """An active hospital said it leaves (its budget spent, the run refused): it is told nothing more."""
+        self._withdrawn.add(name)
         self.drop(name, f"withdrew: {reason}", notify=False)
 
     def finish(self, reason: str, *, others: Iterable[str] = ()) -> None:
@@ -220,15 +282,16 @@ class Participants:
         if sender in self.joining:
             self.parties.reject(sender, message, "already joining")
             return
+        if sender in self.expelled:
+            self.parties.reject(sender, message, "expelled from this run")
+            self.parties.send(sender, Finish(reason=f"{sender} left this run: {self.departures.get(sender, '')}"))
+            return
         # A member of the round in flight breaks it; one neither active nor joining is being welcomed
         # (the server records that join itself) or was dropped. Either may be refused.
         breaking = sender in self._round_members
         if (breaking or sender not in self.active) and self.broken_joins(sender) >= MAX_JOINS_AGAIN:
             reason = f"joined again {MAX_JOINS_AGAIN} times mid-round or mid-welcome; not welcomed any more"
-            if sender in self.active:
-                self.drop(sender, reason)
-            else:
-                self.parties.send(sender, Finish(reason=reason))
+            self.expel(sender, reason, connected=True)
             return
         if breaking:
             self._breaking.add(sender)

@@ -13,8 +13,8 @@ The sequence (``docs/explanation/secure-round.md``):
 5. Confirmed from each member still in the round: the digest of the mean it applied.
 
 A member that refuses a step or falls silent aborts the round, which every member is told; a refusal's
-evidence is then weighed (``protocol.run.blame``). A member that signed a wrong release leaves the run
-at once, and one that applied another mean than the sum's leaves it after the round.
+evidence is then weighed (``protocol.run.blame``). A member that signed a wrong release is expelled at
+once, and one that applied another mean than the sum's after the round (``Participants.expel``).
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class RoundSteps:
         try:
             return total.release_refusal(name, released, identities[name])
         except RoundRefused as refusal:
-            self._participants.drop(name, str(refusal))
+            self._participants.expel(name, str(refusal))
             return str(refusal)
 
 
@@ -222,16 +222,16 @@ def open_plaintext(
 
 
 def confirm(participants: Participants, record: RoundRecord, mean: np.ndarray, round_s: float) -> None:
-    """Step 5: a member that applied another mean, or refused the opened sum, leaves the run: its model
-    has left the run's (review 4, finding 10). One that said Hello again takes the model as it is when
-    it is welcomed."""
+    """Step 5: a member that applied another mean is expelled, and one that refused the opened sum leaves
+    the run: its model has left the run's (review 4, finding 10). One that said Hello again takes the
+    model as it is when it is welcomed."""
     expected = release_digest(record.round, mean.tobytes())
     confirmations, refusals = collect_from_members(
         participants, record.contributors, Confirmed, record.round, round_s, every_member_needed=False
     )
     for name, confirmation in confirmations.items():
         if confirmation.digest != expected:
-            participants.drop(name, f"round {record.round}: it applied another mean than the sum's")
+            participants.expel(name, f"round {record.round}: it applied another mean than the sum's")
     for name, refusal in refusals.items():
         participants.drop(
             name, f"round {record.round}: it refused the opened sum: {_naming(refusal.reason, refusal.named)}"

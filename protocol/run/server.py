@@ -103,7 +103,7 @@ class Server:
         self._run = ""  # RunConfig.fingerprint of what every hospital is welcomed with, once known
         self._rounds_started = 0
         self._resumed_from = _checkpoint
-        membership = ({}, []) if _checkpoint is None else self._restore(_checkpoint)
+        membership = ({}, [], []) if _checkpoint is None else self._restore(_checkpoint)
         self._open_channels(
             credentials,
             membership,
@@ -113,7 +113,7 @@ class Server:
             transport=transport,
         )
 
-    def _open_channels(self, credentials: Credentials, membership: tuple[dict, list], **settings) -> None:
+    def _open_channels(self, credentials: Credentials, membership: tuple[dict, list, list], **settings) -> None:
         """The server's socket, open to the roster's hospitals only, its transcript, and who takes part."""
         config = self._config
         self._connections = ServerConnections.open(
@@ -126,9 +126,9 @@ class Server:
             **settings,
         )
         self._participants = participants = self._connections.participants
-        departures, joins = membership
-        participants.restore(active=[], departures=departures, joins=joins)
-        self._blame = Blame(participants.drop, lambda: self._config)
+        departures, joins, expelled = membership
+        participants.restore(active=[], departures=departures, joins=joins, expelled=expelled)
+        self._blame = Blame(participants.expel, lambda: self._config)
         self._steps = RoundSteps(
             participants,
             self._blame,
@@ -181,6 +181,7 @@ class Server:
         quorum = self._config.training.quorum
         for round_number in range(self._rounds_started + 1, self._config.rounds + 1):
             participants.read_between_rounds()
+            participants.await_return(quorum, self._timeouts.rejoin_s)
             for _ in range(2):  # and once more for those that said Hello while others were being welcomed
                 if participants.joining:
                     self._admit()
@@ -348,12 +349,13 @@ class Server:
             departures=dict(participants.departures),
             selection=dataclasses.asdict(self._selection),
             joins=list(participants.joins),
+            expelled=sorted(participants.expelled),
         )
         if failure := save_checkpoint(checkpoint, self._out_dir, required=required):
             self._record.write_failures.append(failure)
 
-    def _restore(self, checkpoint: Checkpoint) -> tuple[dict[str, str], list[dict]]:
-        """Go on from ``checkpoint``; returns the departures and joins it recorded."""
+    def _restore(self, checkpoint: Checkpoint) -> tuple[dict[str, str], list[dict], list[str]]:
+        """Go on from ``checkpoint``; returns the departures, joins and expulsions it recorded."""
         try:
             self._model.load(checkpoint, whose="its")
         except ValueError as error:  # a MessageError among them

@@ -168,6 +168,7 @@ class VotingServer:
         finish_reason = "completed all rounds"
         for round_number in range(self._rounds_started + 1, self._config.rounds + 1):
             self._participants.read_between_rounds()
+            self._participants.await_return(quorum, self._timeouts.rejoin_s)
             self._welcome_joining()
             if len(self._participants.active) < quorum:
                 finish_reason = (
@@ -328,17 +329,18 @@ class VotingServer:
             joins=list(self._participants.joins),
             pending_round=round_number,
             pending_ballots=ballots,
+            expelled=sorted(self._participants.expelled),
         )
         save_checkpoint(checkpoint, self._out_dir, required=required)
 
     def _restore(self, checkpoint: VotingCheckpoint) -> None:
         """Go on from ``checkpoint``."""
         vote = restored(checkpoint, self._config, len(self._pool), self._out_dir)
-        departures, joins = checkpoint.membership(self._out_dir)
+        departures, joins, expelled = checkpoint.membership(self._out_dir)
         self._order, self._rounds, self._labelled = vote.order, vote.rounds, vote.labelled
         self._talliers.keys = dict(checkpoint.tallier_keys)
         self._participants.narrow_to(self._config.hospitals)
-        self._participants.restore(active=vote.active, departures=departures, joins=joins)
+        self._participants.restore(active=vote.active, departures=departures, joins=joins, expelled=expelled)
         self._run = self._config.fingerprint(self._feature_map)
         self._rounds_started = max(checkpoint.rounds_started, self._ledgers.begin_run(self._config, self._run))
         pending = vote.pending_round

@@ -151,3 +151,35 @@ def test_every_hospital_killed_at_once_comes_back_and_the_run_reaches_its_last_r
         before = charged_before[hospital.name]
         assert charged[: len(before)] == before and charged == sorted(set(charged))  # no round charged twice
         assert (hospital.state / "privacy_ledger.jsonl").read_text().count('"fingerprint"') == 1
+
+
+def test_a_hospital_away_past_its_round_comes_back_within_the_rejoin_window_and_the_run_completes(tmp_path):
+    """Every hospital is needed for a round (the default quorum). hospital-1 is killed and stays away past
+    its round's deadline: that round is lost, the run waits between rounds for hospital-1 to come back
+    (--rejoin-window), and once it is started again every later round is released with it."""
+    server = ServerProcess(
+        tmp_path, 3, "--rounds", "4", "--quorum", "3", "--round-timeout", "5", "--rejoin-window", "120"
+    )
+    hospitals = [
+        HospitalProcess(
+            server.federation, f"hospital-{i}", i, 3, tmp_path / f"hospital-{i}.log", "--epsilon-budget", "100"
+        )
+        for i in (1, 2, 3)
+    ]
+    first = hospitals[0]
+    try:
+        server.wait_for_log("round    1/4")
+        first.kill()
+        server.wait_for_log("waiting up to 120 s for hospital-1 to come back")
+        first.start_again()
+        report = _finish(server, hospitals)
+    finally:
+        for process in (server, *hospitals):
+            process.kill()
+
+    assert report["finish_reason"] == "completed all rounds"
+    lost = [r for r in report["rounds"] if r["status"] != "released"]
+    assert len(lost) == 1 and lost[0]["round"] >= 2, report["rounds"]
+    later = [r for r in report["rounds"] if r["round"] > lost[0]["round"]]
+    assert later and all(r["status"] == "released" and "hospital-1" in r["contributors"] for r in later)
+    assert [j["hospital"] for j in report["joins"]] == ["hospital-1"]

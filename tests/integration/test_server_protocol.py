@@ -163,7 +163,9 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
     assert "Traceback" not in log
 
 
-@pytest.mark.parametrize("server", [(5, "--rounds", "3", "--quorum", "4", "--round-timeout", "4")], indirect=True)
+@pytest.mark.parametrize(
+    "server", [(5, "--rounds", "3", "--quorum", "4", "--round-timeout", "4", "--rejoin-window", "0")], indirect=True
+)
 def test_a_vanished_hospital_is_dropped_and_a_round_below_quorum_is_never_opened(server):
     hospitals = [ScriptedHospital(server, f"hospital-{i}") for i in range(1, 6)]
     present, vanished = hospitals[:4], hospitals[4]
@@ -294,7 +296,8 @@ def test_a_member_that_applied_another_mean_leaves_the_run(server):
 @pytest.mark.parametrize("server", [(5, "--rounds", "2", "--quorum", "4", "--round-timeout", "30")], indirect=True)
 def test_a_member_that_signs_a_wrong_release_leaves_the_run_and_the_others_go_on(server):
     """hospital-5 signs a release off its dealers' proofs: the server catches it as it arrives, names
-    it and drops it (review 5, finding 3); the round aborts, and the next opens without it."""
+    it and expels it (review 5, finding 3), so that connecting again does not bring it back; the round
+    aborts, and the next opens without it."""
     hospitals = [ScriptedHospital(server, f"hospital-{i}") for i in range(1, 6)]
     present, cheat = hospitals[:4], hospitals[4]
     _join(hospitals)
@@ -304,6 +307,8 @@ def test_a_member_that_signs_a_wrong_release_leaves_the_run_and_the_others_go_on
     proofs = _proofs_relayed(hospitals)
     cheat.send(cheat.wrong_release(proofs[cheat.name]))
     assert "hospital-5 released wrong values, which it signed" in cheat.expect(Finish).reason
+    cheat.send(Hello())  # saying Hello again does not bring it back (Participants.expel)
+    assert "hospital-5 left this run" in cheat.expect(Finish).reason
     for hospital in present:
         hospital.send(hospital.release(proofs[hospital.name]))
     for hospital in present:

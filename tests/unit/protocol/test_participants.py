@@ -85,9 +85,9 @@ def test_a_join_a_checkpoint_wrote_before_joins_were_told_apart_counts_as_breaki
 
 
 def test_a_hospital_waits_as_long_as_the_server_says_it_may_take():
-    """The Welcome's wait covers a round's five steps and two welcome passes; the channel waits that long
-    from then on, and never less than its own timeout."""
-    assert Timeouts(join_s=1, key_s=30, round_s=100).server_silence_s() == 5 * 100 + 2 * 30 + 60
+    """The Welcome's wait covers a round's five steps, two welcome passes and the rejoin window; the
+    channel waits that long from then on, and never less than its own timeout."""
+    assert Timeouts(join_s=1, key_s=30, round_s=100, rejoin_s=7).server_silence_s() == 5 * 100 + 2 * 30 + 7 + 60
 
     class _Silent:
         waited: list[float] = []
@@ -125,3 +125,53 @@ def test_a_withdrawal_read_between_rounds_is_a_departure():
     queue.incoming.append(("hospital-2", Withdraw(round=0, reason="labels only")))
     participants.read_between_rounds()
     assert participants.departures == {"hospital-2": "withdrew: labels only"} and queue.sent == []
+
+
+class _Refusing(_Queue):
+    """A queue that keeps what the server rejects instead of failing on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rejected: list[tuple[str, str]] = []
+
+    def reject(self, name: str, message, reason: str) -> None:
+        self.rejected.append((name, reason))
+
+
+def _running_refusing() -> tuple[Participants, _Refusing]:
+    queue = _Refusing()
+    participants = Participants(queue, HOSPITALS, logging.getLogger("test"))
+    participants.admit(list(HOSPITALS), before_round=1)
+    participants.open_rounds()
+    return participants, queue
+
+
+def test_a_hospital_that_fell_silent_joins_again_and_an_expelled_one_is_told_to_go():
+    participants, queue = _running_refusing()
+    participants.drop("hospital-1", "sent no update for round 1 within 60 s")
+    participants.expel("hospital-2", "round 1: hospital-3's opening shows it dealt a wrong share")
+    queue.incoming += [("hospital-1", Hello()), ("hospital-2", Hello())]
+    participants.read_between_rounds()
+    assert participants.joining == ["hospital-1"] and participants.active == ["hospital-3"]
+    assert ("hospital-2", "expelled from this run") in queue.rejected
+    finish = [message for name, message in queue.sent if name == "hospital-2" and isinstance(message, Finish)]
+    assert len(finish) == 2 and "dealt a wrong share" in finish[-1].reason  # told when expelled, and again
+
+
+def test_the_run_waits_for_a_hospital_that_fell_silent_and_not_for_one_expelled_or_withdrawn():
+    participants, queue = _running_refusing()
+    participants.drop("hospital-3", "sent no update for round 1 within 60 s")
+    queue.incoming.append(("hospital-3", Hello()))
+    participants.await_return(quorum=3, window_s=60)
+    assert participants.joining == ["hospital-3"]
+
+    for leave in (
+        lambda p: p.expel("hospital-3", "applied another mean"),
+        lambda p: p.withdrew("hospital-3", "its budget is spent"),
+    ):
+        participants, queue = _running_refusing()
+        leave(participants)
+        waited_for = []
+        queue.next_message = lambda deadline: waited_for.append(deadline) or None
+        participants.await_return(quorum=3, window_s=60)
+        assert participants.joining == [] and waited_for == []  # nobody to wait for: no wait at all

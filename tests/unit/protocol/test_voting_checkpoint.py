@@ -43,3 +43,19 @@ def test_a_training_checkpoint_or_a_damaged_one_is_refused_in_one_line(tmp_path)
         (tmp_path / CHECKPOINT_FILE).write_text(json.dumps({**record, **damage}))
         with pytest.raises(CheckpointError, match="unreadable"):
             VotingCheckpoint.load(tmp_path)
+
+
+@pytest.mark.parametrize("kind", [Checkpoint, VotingCheckpoint])
+def test_a_checkpoint_of_the_version_before_is_read_with_nobody_expelled_and_an_older_one_is_refused(tmp_path, kind):
+    saved = (
+        _checkpoint(expelled=["hospital-3"]) if kind is VotingCheckpoint else kind({}, b"", b"", b"", 0, [], [], {}, [])
+    )
+    saved.save(tmp_path)
+    record = json.loads((tmp_path / CHECKPOINT_FILE).read_text())
+    version = record["version"]
+    del record["expelled"]
+    (tmp_path / CHECKPOINT_FILE).write_text(json.dumps({**record, "version": version - 1}))
+    assert kind.load(tmp_path).expelled == []
+    (tmp_path / CHECKPOINT_FILE).write_text(json.dumps({**record, "version": version - 2}))
+    with pytest.raises(CheckpointError, match=f"of version {version}"):
+        kind.load(tmp_path)
