@@ -164,10 +164,8 @@ def _server_argv(spec: RunSpec, out: Path) -> list[str]:
     argv += ["--transcript", str(out / SERVER / "transcript.msgpack"), "--round-timeout", str(spec.round_timeout)]
     argv += ["--transcript-payloads"] if spec.transcript_payloads else []
     if not spec.voting:
-        argv += [
-            "--model-seed",
-            str(spec.seed),
-        ]  # the initial model, as the baselines' (training.models.build.build_model)
+        argv += ["--model-seed", str(spec.seed)]  # the initial model, as the baselines' (training.models.build)
+        argv += ["--rejoin-window", "0"]  # its hospitals are this machine's processes: one that dies stays gone
         argv += ["--select-every", str(spec.select_every), "--select-on", spec.select_on]
     if not spec.voting and spec.expected_batch_size is not None:
         argv += ["--expected-batch-size", repr(spec.expected_batch_size)]

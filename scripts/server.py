@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 import secrets
 import sys
 from pathlib import Path
 
-from consilium.protocol.run.config import INSECURE_PLAINTEXT, RunConfig
+from consilium.protocol.run.config import INSECURE_PLAINTEXT, MAX_SERVER_WAIT_S, RunConfig
 
 from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
@@ -139,9 +140,9 @@ def _add_wait_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--rejoin-window",
         type=non_negative_float,
-        default=defaults.rejoin_s,
-        help="seconds the run waits between rounds, while fewer hospitals than the quorum remain, for those that "
-        f"fell silent to come back (default: {defaults.rejoin_s:g}; 0 ends the run at once)",
+        help="seconds a training run waits between rounds, while fewer hospitals than the quorum remain, for those "
+        f"that fell silent to come back (default: {defaults.rejoin_s:g}; 0 ends the run at once; a voting run "
+        "does not wait)",
     )
     group.add_argument(
         "--max-messages-per-second",
@@ -159,9 +160,21 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _timeouts(args: argparse.Namespace) -> Timeouts:
-    return Timeouts(
-        join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout, rejoin_s=args.rejoin_window
+    """The server's waits; ``ConfigError`` where a Welcome would announce more than a hospital accepts."""
+    if args.rejoin_window is not None and args.method in VOTING_METHODS:
+        raise ConfigError("--rejoin-window is for training runs: a voting run does not wait (its talliers would not)")
+    rejoin_s = Timeouts().rejoin_s if args.rejoin_window is None else args.rejoin_window
+    rejoin_s = 0.0 if args.method in VOTING_METHODS else rejoin_s
+    timeouts = Timeouts(
+        join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout, rejoin_s=rejoin_s
     )
+    waits = (timeouts.join_s, timeouts.round_s, timeouts.rejoin_s)
+    if not all(math.isfinite(wait) for wait in waits) or timeouts.server_silence_s() > MAX_SERVER_WAIT_S:
+        raise ConfigError(
+            f"5 x --round-timeout + 2 x --join-timeout + --rejoin-window + 60 must be at most {MAX_SERVER_WAIT_S} s, "
+            "the longest a hospital waits for its server"
+        )
+    return timeouts
 
 
 def serve(args: argparse.Namespace) -> None:

@@ -26,6 +26,7 @@ from consilium.protocol.wire.messages import ProtocolError, Welcome
 
 __all__ = [
     "INSECURE_PLAINTEXT",
+    "MAX_SERVER_WAIT_S",
     "SECURE_AGGREGATION",
     "RunConfig",
     "accept_run",

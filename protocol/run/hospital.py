@@ -30,6 +30,7 @@ each update arrives.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -72,7 +73,7 @@ from consilium.protocol.secure_round.member_messages import (
 )
 from consilium.protocol.secure_round.statement import RoundRefused, RoundSetting
 from consilium.protocol.wire.channel import ServerChannel
-from consilium.protocol.wire.transport import ClientTransport
+from consilium.protocol.wire.transport import ClientTransport, TransportError
 from consilium.protocol.run.hospital_metrics import Contribution, HospitalMetrics
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
@@ -148,7 +149,12 @@ class Hospital:
         return {"finish_reason": finish_reason, "rounds": self._metrics.rounds}
 
     def _take_part(self, welcome: Welcome) -> str:
-        self._join(welcome)
+        try:
+            self._join(welcome)
+        except ProtocolError as refusal:  # said, so that the server does not wait for it to come back
+            with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
+                self._channel.send(Withdraw(round=0, reason=str(refusal)))
+            raise
         return self._rounds_loop()
 
     def _join(self, welcome: Welcome) -> None:

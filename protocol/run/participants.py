@@ -14,16 +14,21 @@ and every join after the server itself restarted (review 4, finding 4; review 5,
 **Two ways to leave.** A hospital that falls silent (it sends nothing in time, withdraws, or is turned
 away for want of a box key) is ``drop``ped: it may come back, and its Hello is a join like any other.
 One the evidence or the protocol convicts (``protocol.run.blame``; a release signed over wrong values;
-another mean applied than the sum's; too many joins that broke something) is ``expel``led: it is in
+another mean applied than the sum's; too many joins that broke something; both sides of a dispute
+that no evidence settles, repeated, so that a liar costs the run itself and one other) is
+``expel``led: it is in
 ``expelled`` for the rest of the run, a checkpoint keeps it so across a server's restart, and its
 Hello is answered with Finish and its reason, so that a liar costs the run no more than itself
 however often it connects again.
 
 **Sites may be away for minutes.** Between rounds, while fewer hospitals than the quorum are in the
-run, ``await_return`` waits up to the rejoin window (``Timeouts.rejoin_s``) for the ones that fell
-silent to say Hello again; each is welcomed as it comes, and the run goes on once the quorum is back.
-The hospitals still in the run wait as long: the window is part of ``Timeouts.server_silence_s``,
-which every Welcome announces.
+run, the training server waits up to the rejoin window (``Timeouts.rejoin_s``) for the ones that fell
+silent to say Hello again (``await_return``), welcoming each as it comes, and the run goes on once
+the quorum is back. The hospitals still in the run wait as long: the window is part of
+``Timeouts.server_silence_s``, which every Welcome announces. A member that falls silent broke its
+round, so coming back counts towards ``MAX_JOINS_AGAIN`` like a Hello mid-round: no hospital can
+make the others wait out the window round after round. (A voting run does not wait: its talliers
+are not told how long a server may take, and would give up first.)
 
 ``run_to_the_end`` is the one skeleton of a server's ``run``: whatever ends it (the last round, too
 few hospitals, a protocol error, a bug or an interrupt), everyone still in the run is sent
@@ -46,6 +51,7 @@ from consilium.protocol.wire.messages import Finish, Hello, Message, ProtocolErr
 __all__ = ["MAX_JOINS_AGAIN", "Participants", "Timeouts", "run_to_the_end"]
 
 MAX_JOINS_AGAIN = 3  # per hospital and run
+_WITHDREW = "withdrew: "  # how a departure of a hospital's own accord begins, in reports and checkpoints
 _QUEUED_S = 0.01  # how long ``read_between_rounds`` waits for a message that is already on its way
 
 
@@ -102,6 +108,7 @@ class Participants:
         hospital's joins again (which count across restarts), and who may not come back."""
         self.active, self.departures, self.joins = list(active), dict(departures), list(joins)
         self.expelled = set(expelled)
+        self._withdrawn = {name for name, reason in self.departures.items() if reason.startswith(_WITHDREW)}
 
     def take_joining(self) -> list[str]:
         """The hospitals that said Hello, now to be welcomed: ``joining`` is empty after."""
@@ -160,6 +167,8 @@ class Participants:
                 self.parties.reject(sender, message, "not a hospital of this run")
             elif sender in self.joining:
                 self.parties.reject(sender, message, "already joined")
+            elif sender in self.expelled:  # a resumed server keeps its expulsions
+                self._refuse_expelled(sender, message)
             else:
                 self.joining.append(sender)  # told how the run ends from now on, also if it ends mid-join
                 self._log.info("%s joined (%d of %d)", sender, len(self.joining), len(expected))
@@ -172,7 +181,9 @@ class Participants:
                 for name in ready
             ]
         self._breaking -= set(ready)
-        self.active = [name for name in self.hospitals if name in self.active or name in ready]
+        self.active = [
+            name for name in self.hospitals if (name in self.active or name in ready) and name not in self.expelled
+        ]
 
     def welcome(
         self,
@@ -191,15 +202,21 @@ class Participants:
         deadline, newcomers = time.monotonic() + timeout_s, self.take_joining()
         self.send_all(newcomers, message)
         ready: list[str] = []
-        while set(ready) != set(newcomers) and (got := self.next_message(deadline)) is not None:
+
+        def waiting() -> bool:  # for an answer from a newcomer that was neither expelled nor withdrew meanwhile
+            return bool(set(newcomers) - set(ready) - self.expelled - self._withdrawn)
+
+        while waiting() and (got := self.next_message(deadline, waiting)) is not None:
             sender, reply = got
-            if sender not in newcomers or sender in ready:
+            if sender not in newcomers or sender in ready or sender in self.expelled:
                 self.parties.reject(sender, reply, "expected nothing while hospitals join")
+            elif isinstance(reply, Withdraw):  # it refused the run it was welcomed to
+                self.withdrew(sender, reply.reason)
             elif reason := answer(sender, reply):
                 self.parties.reject(sender, reply, reason)
             else:
                 ready.append(sender)
-        for name in set(newcomers) - set(ready) - set(self.joining):
+        for name in set(newcomers) - set(ready) - set(self.joining) - self.expelled - self._withdrawn:
             self.turn_away(name, f"sent no {awaited} within {timeout_s:g} s")
         self.joins += [
             {"hospital": name, "before_round": before_round, "broke_round": True}
@@ -215,8 +232,11 @@ class Participants:
         self.parties.send(name, Finish(reason=reason))
 
     def drop(self, name: str, reason: str, *, notify: bool = True) -> None:
-        """An active hospital leaves the run (told why, unless it said so itself)."""
+        """An active hospital leaves the run (told why, unless it said so itself). A member of the round in
+        flight broke it: if it comes back, that join counts towards ``MAX_JOINS_AGAIN``."""
         if name in self.active:
+            if name in self._round_members:
+                self._breaking.add(name)
             self.active.remove(name)
             self.departures[name] = reason
             self._log.warning("%s leaves the run: %s", name, reason)
@@ -226,6 +246,8 @@ class Participants:
     def expel(self, name: str, reason: str, *, connected: bool = False) -> None:
         """``name`` leaves the run for what it did and is never welcomed again; it is told why if it was
         in the run or is ``connected`` (it just said Hello)."""
+        if name in self.expelled:
+            return
         told = connected or name in self.active or name in self.joining
         self.expelled.add(name)
         self.departures[name] = reason
@@ -235,37 +257,37 @@ class Participants:
         if told:
             self.parties.send(name, Finish(reason=reason))
 
-    def await_return(self, quorum: int, window_s: float) -> None:
-        """Between rounds, while fewer than ``quorum`` hospitals are in the run (active or joining), wait up
-        to ``window_s`` for ones that fell silent to say Hello again (see the module's docstring)."""
+    def await_return(self, quorum: int, deadline: float) -> bool:
+        """Between rounds, while fewer than ``quorum`` hospitals are in the run (active or joining), wait until
+        ``deadline`` for one that fell silent to say Hello again (see the module's docstring). True where
+        one did: it is in ``joining``, to be welcomed at once, before the server waits on."""
 
         def waiting() -> bool:
-            return len(self.active) + len(self.joining) < quorum
+            return not self.joining and len(self.active) < quorum
 
-        if not waiting():
-            return
         missing = sorted(set(self.hospitals) - {*self.active, *self.joining, *self.expelled, *self._withdrawn})
-        if not missing or window_s <= 0:  # the others were expelled or withdrew: none will come back
-            return
+        if not waiting() or not missing or deadline <= time.monotonic():
+            return bool(self.joining)
         self._log.warning(
-            "%d hospitals in the run, fewer than the quorum of %d: waiting up to %g s for %s to come back",
-            len(self.active) + len(self.joining),
+            "%d hospitals in the run, fewer than the quorum of %d: waiting up to %.0f s for %s to come back",
+            len(self.active),
             quorum,
-            window_s,
+            deadline - time.monotonic(),
             ", ".join(missing),
         )
-        deadline = time.monotonic() + window_s
         while waiting() and (got := self.next_message(deadline, waiting)) is not None:
             sender, message = got
             if isinstance(message, Withdraw) and sender in self.active:
                 self.withdrew(sender, message.reason)
             else:
                 self.parties.reject(sender, message, "expected nothing while the run waits for hospitals")
+        return bool(self.joining)
 
     def withdrew(self, name: str, reason: str) -> None:
-        """An active hospital said it leaves (its budget spent, the run refused): it is told nothing more."""
+        """A hospital of the run said it leaves (its budget spent, the run refused): it is told nothing more."""
         self._withdrawn.add(name)
-        self.drop(name, f"withdrew: {reason}", notify=False)
+        self.departures[name] = f"{_WITHDREW}{reason}"
+        self.drop(name, f"{_WITHDREW}{reason}", notify=False)
 
     def finish(self, reason: str, *, others: Iterable[str] = ()) -> None:
         """Tell every hospital still in the run, and ``others`` (talliers), that it ends, and why."""
@@ -275,6 +297,10 @@ class Participants:
         for name in names:
             self.parties.send(name, message)
 
+    def _refuse_expelled(self, sender: str, message: Hello) -> None:
+        self.parties.reject(sender, message, "expelled from this run")
+        self.parties.send(sender, Finish(reason=f"{sender} left this run: {self.departures.get(sender, '')}"))
+
     def _hello_again(self, sender: str, message: Hello) -> None:
         if sender not in self.hospitals:
             self.parties.reject(sender, message, "not a hospital of this run")
@@ -283,8 +309,7 @@ class Participants:
             self.parties.reject(sender, message, "already joining")
             return
         if sender in self.expelled:
-            self.parties.reject(sender, message, "expelled from this run")
-            self.parties.send(sender, Finish(reason=f"{sender} left this run: {self.departures.get(sender, '')}"))
+            self._refuse_expelled(sender, message)
             return
         # A member of the round in flight breaks it; one neither active nor joining is being welcomed
         # (the server records that join itself) or was dropped. Either may be refused.

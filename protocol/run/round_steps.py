@@ -113,6 +113,7 @@ class RoundSteps:
         except RoundRefused as refusal:
             self._abort(record, _naming(str(refusal), refusal.named))
             self._blame.failed_opening(refusal)
+            self._save_checkpoint()  # with whom the failure expels, as after a refusal is weighed
             return None
         self._blame.opened()
         self._participants.send_all(record.contributors, Releases.of(record.round, releases))

@@ -181,10 +181,13 @@ class Server:
         quorum = self._config.training.quorum
         for round_number in range(self._rounds_started + 1, self._config.rounds + 1):
             participants.read_between_rounds()
-            participants.await_return(quorum, self._timeouts.rejoin_s)
-            for _ in range(2):  # and once more for those that said Hello while others were being welcomed
-                if participants.joining:
-                    self._admit()
+            rejoin_by = time.monotonic() + self._timeouts.rejoin_s
+            while True:  # welcome who said Hello; below the quorum, wait for those that fell silent
+                for _ in range(2):  # and once more for those that said Hello while others were being welcomed
+                    if participants.joining:
+                        self._admit()
+                if len(participants.active) >= quorum or not participants.await_return(quorum, rejoin_by):
+                    break
             if len(participants.active) < quorum:
                 break
             self._run_round(round_number)

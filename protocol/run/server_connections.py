@@ -59,6 +59,7 @@ class ServerConnections:
             "connection_limits": transport.limits,
             "transcript_records_lost": self.transcript.lost if self.transcript else 0,
             "departures": participants.departures,
+            "expelled": sorted(participants.expelled),
             "joins": participants.joins,
             "bytes_received": dict(transport.bytes_received),
             "bytes_sent": dict(transport.bytes_sent),

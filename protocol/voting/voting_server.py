@@ -168,7 +168,6 @@ class VotingServer:
         finish_reason = "completed all rounds"
         for round_number in range(self._rounds_started + 1, self._config.rounds + 1):
             self._participants.read_between_rounds()
-            self._participants.await_return(quorum, self._timeouts.rejoin_s)
             self._welcome_joining()
             if len(self._participants.active) < quorum:
                 finish_reason = (

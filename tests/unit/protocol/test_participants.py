@@ -5,6 +5,7 @@ The channels' transports are replaced by a queue of messages or a silent one: wh
 is the bookkeeping, and the real transports are exercised by every federation test."""
 
 import logging
+import time
 
 import pytest
 
@@ -160,18 +161,59 @@ def test_a_hospital_that_fell_silent_joins_again_and_an_expelled_one_is_told_to_
 
 def test_the_run_waits_for_a_hospital_that_fell_silent_and_not_for_one_expelled_or_withdrawn():
     participants, queue = _running_refusing()
+    participants.begin_round()
     participants.drop("hospital-3", "sent no update for round 1 within 60 s")
+    participants.end_round()
     queue.incoming.append(("hospital-3", Hello()))
-    participants.await_return(quorum=3, window_s=60)
+    assert participants.await_return(quorum=3, deadline=time.monotonic() + 60)
     assert participants.joining == ["hospital-3"]
+    participants.admit(participants.take_joining(), before_round=2)
+    assert participants.broken_joins("hospital-3") == 1  # its silence broke round 1: it counts towards the cap
 
     for leave in (
         lambda p: p.expel("hospital-3", "applied another mean"),
         lambda p: p.withdrew("hospital-3", "its budget is spent"),
+        lambda p: p.drop("hospital-3", "sent no update"),  # with the window over
     ):
         participants, queue = _running_refusing()
         leave(participants)
         waited_for = []
         queue.next_message = lambda deadline: waited_for.append(deadline) or None
-        participants.await_return(quorum=3, window_s=60)
-        assert participants.joining == [] and waited_for == []  # nobody to wait for: no wait at all
+        deadline = time.monotonic() + (0 if "sent no update" in participants.departures["hospital-3"] else 60)
+        assert not participants.await_return(quorum=3, deadline=deadline)
+        assert participants.joining == [] and waited_for == []  # nobody to wait for, or no time left: no wait
+
+
+def test_an_expelled_hospital_stays_out_of_a_resumed_run_and_of_a_welcome_under_way():
+    queue = _Refusing()  # a resumed server: rounds not yet open
+    participants = Participants(queue, HOSPITALS, logging.getLogger("test"))
+    participants.restore(active=[], departures={"hospital-2": "dealt a wrong share"}, joins=[], expelled=["hospital-2"])
+    queue.incoming += [("hospital-1", Hello()), ("hospital-2", Hello()), ("hospital-3", Hello())]
+    participants.await_hellos({"hospital-1", "hospital-3"}, time.monotonic() + 60)
+    assert participants.joining == ["hospital-1", "hospital-3"]
+    assert ("hospital-2", "expelled from this run") in queue.rejected
+
+    participants, queue = _running_refusing()
+    participants.drop("hospital-1", "sent no update")
+    queue.incoming.append(("hospital-1", Hello()))
+    participants.read_between_rounds()
+
+    def answer(name, message):  # hospital-1 is expelled while it is being welcomed, then answers anyway
+        participants.expel(name, "dealt a wrong share")
+        return ""
+
+    queue.incoming.append(("hospital-1", object()))
+    participants.welcome(Finish(reason="a welcome"), before_round=2, timeout_s=60, awaited="box key", answer=answer)
+    assert "hospital-1" not in participants.active and "hospital-1" in participants.expelled
+    assert participants.departures["hospital-1"] == "dealt a wrong share"  # not turned away over it
+
+
+def test_a_newcomer_that_refuses_its_welcome_withdraws_and_is_not_waited_for():
+    participants, queue = _running_refusing()
+    participants.drop("hospital-1", "sent no update")
+    queue.incoming.append(("hospital-1", Hello()))
+    participants.read_between_rounds()
+    queue.incoming.append(("hospital-1", Withdraw(round=0, reason="another method")))
+    participants.welcome(Finish(reason="a welcome"), before_round=2, timeout_s=60, awaited="box key", answer=None)
+    assert participants.departures["hospital-1"] == "withdrew: another method"
+    assert not participants.await_return(quorum=3, deadline=time.monotonic() + 60)
