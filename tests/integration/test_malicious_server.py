@@ -15,7 +15,18 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from consilium.crypto.one_time_keys import pack_ring, unpack_ring
 from consilium.crypto.sealed_box import certify_key
 from consilium.protocol.run.config import INSECURE_PLAINTEXT
-from consilium.protocol.wire.messages import BoxKey, Endorsement, Endorsements, Finish, Hello, Refused, RoundStart
+from consilium.protocol.wire.codec import decode
+from consilium.protocol.wire.messages import (
+    TO_SERVER,
+    BoxKey,
+    Endorsement,
+    Endorsements,
+    Finish,
+    Hello,
+    Refused,
+    RoundStart,
+    Withdraw,
+)
 from consilium.protocol.secure_round.statement import box_key_context
 from consilium.protocol.identity.party_keys import Credentials
 from scripted import ScriptedServer
@@ -223,7 +234,9 @@ def test_a_server_cannot_switch_hospitals_to_plaintext_uploads_or_another_method
         server.send(name, server.welcome(name, switched))
     for name in EVERYONE:
         assert refusal.format(name=name) in _refusal(server, name)
-    assert _drain(server) == []  # no box key, no update
+    # No box key, no update: only the refusal, so that the server need not wait for them to come back.
+    said = [decode(payload, accept=TO_SERVER, max_bytes=1 << 16) for _, payload in _drain(server)]
+    assert len(said) == len(EVERYONE) and all(isinstance(m, Withdraw) and m.round == 0 for m in said)
 
 
 def test_a_welcome_with_absurd_sizes_is_refused_in_one_line_before_anything_is_allocated(server):
