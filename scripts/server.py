@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import math
 import secrets
 import sys
 from pathlib import Path
 
-from consilium.protocol.run.config import INSECURE_PLAINTEXT, MAX_SERVER_WAIT_S, RunConfig
+from consilium.protocol.run.config import INSECURE_PLAINTEXT, RunConfig
 
 from consilium.protocol.run.rules import ConfigError
-from consilium.protocol.wire.transport import DEFAULT_MAX_MESSAGES_PER_SECOND
 from consilium.protocol.identity.party_keys import SERVER, Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.identity.roster_confirmation import join_federation
@@ -27,8 +25,9 @@ from consilium.orchestration.run_flags import (
     resolve_run_arguments,
 )
 from consilium.scripts._cli import add_roster_fingerprint, configure_logging, run
+from consilium.scripts._server_network import add_network_arguments, listening_on, server_timeouts
 from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments, add_run_arguments
-from consilium.training.methods.flags import non_negative_float, non_negative_int, positive_float, positive_int
+from consilium.training.methods.flags import non_negative_int, positive_float, positive_int
 from consilium.training.models.compute_device import use_device
 from consilium.training.models.evaluation import SELECTION_METRICS, Selection
 from consilium.training.models.build import use_model_code
@@ -77,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_run_arguments(parser)
     _add_audit_arguments(parser)
-    _add_wait_arguments(parser)
+    add_network_arguments(parser)
     parser.add_argument(
         "--insecure-plaintext-benchmark",
         action="store_true",
@@ -120,61 +119,10 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_wait_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("waits and floods")
-    defaults = Timeouts()
-    group.add_argument(
-        "--join-timeout",
-        type=positive_float,
-        default=defaults.join_s,
-        help="seconds to wait for hospitals to join, and for each one welcomed to answer with its key "
-        f"(default: {defaults.join_s:g})",
-    )
-    group.add_argument(
-        "--round-timeout",
-        type=positive_float,
-        default=defaults.round_s,
-        help="seconds each step of a round waits for every member; one that sends nothing in time leaves the "
-        f"round, and may come back (default: {defaults.round_s:g})",
-    )
-    group.add_argument(
-        "--rejoin-window",
-        type=non_negative_float,
-        help="seconds a training run waits between rounds, while fewer hospitals than the quorum remain, for those "
-        f"that fell silent to come back (default: {defaults.rejoin_s:g}; 0 ends the run at once; a voting run "
-        "does not wait)",
-    )
-    group.add_argument(
-        "--max-messages-per-second",
-        type=positive_float,
-        default=DEFAULT_MAX_MESSAGES_PER_SECOND,
-        help="drop, unread, what a party sends once more of its messages than this are rejected a second "
-        f"(default: {DEFAULT_MAX_MESSAGES_PER_SECOND:g}; an honest hospital's are never rejected)",
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
     sys.exit(run(lambda: serve(args)))
-
-
-def _timeouts(args: argparse.Namespace) -> Timeouts:
-    """The server's waits; ``ConfigError`` where a Welcome would announce more than a hospital accepts."""
-    if args.rejoin_window is not None and args.method in VOTING_METHODS:
-        raise ConfigError("--rejoin-window is for training runs: a voting run does not wait (its talliers would not)")
-    rejoin_s = Timeouts().rejoin_s if args.rejoin_window is None else args.rejoin_window
-    rejoin_s = 0.0 if args.method in VOTING_METHODS else rejoin_s
-    timeouts = Timeouts(
-        join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout, rejoin_s=rejoin_s
-    )
-    waits = (timeouts.join_s, timeouts.round_s, timeouts.rejoin_s)
-    if not all(math.isfinite(wait) for wait in waits) or timeouts.server_silence_s() > MAX_SERVER_WAIT_S:
-        raise ConfigError(
-            f"5 x --round-timeout + 2 x --join-timeout + --rejoin-window + 60 must be at most {MAX_SERVER_WAIT_S} s, "
-            "the longest a hospital waits for its server"
-        )
-    return timeouts
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -187,16 +135,8 @@ def serve(args: argparse.Namespace) -> None:
         args.data, split_seed=args.data_seed, image_size=args.image_size, image_channels=args.image_channels
     )
     resolve_data_defaults(args, dataset.input_shape)
-    timeouts = _timeouts(args)
+    timeouts = server_timeouts(args)
     if args.method in VOTING_METHODS:
-        if args.insecure_plaintext_benchmark:
-            raise ConfigError(
-                "--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting"
-            )
-        if args.select_every is not None or args.select_on is not None:
-            raise ConfigError(
-                "--select-every and --select-on are for training runs: a voting server trains its model once, at the end"
-            )
         _serve_vote(args, roster, credentials, dataset, timeouts)
         return
     settings = dict(
@@ -209,6 +149,7 @@ def serve(args: argparse.Namespace) -> None:
         transcript=args.transcript,
         transcript_payloads=args.transcript_payloads,
         max_messages_per_second=args.max_messages_per_second,
+        listen=args.listen,
         on_round=lambda record: _print_round(record, server.config, len(roster.hospitals)),
         model_seed=args.model_seed,
         selection=None
@@ -226,7 +167,9 @@ def serve(args: argparse.Namespace) -> None:
                 "--insecure-plaintext-benchmark setting"
             )
         server = Server.resume(**settings)
-        print(f"server on {roster.server_address}: resuming run {server.config.run_id} from {args.out}", flush=True)
+        print(
+            f"server on {listening_on(args, roster)}: resuming run {server.config.run_id} from {args.out}", flush=True
+        )
     else:
         server = Server(config=_new_run(args, roster, dataset), **settings)
     report = server.run()
@@ -249,7 +192,7 @@ def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunC
         f"{params.values_per_slot} value(s) a slot)"
     )
     print(
-        f"server on {roster.server_address}: run {config.run_id}, {len(hospitals)} hospitals, "
+        f"server on {listening_on(args, roster)}: run {config.run_id}, {len(hospitals)} hospitals, "
         f"{params.vector_length} parameters {encoding}",
         flush=True,
     )
@@ -259,6 +202,14 @@ def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunC
 def _serve_vote(
     args: argparse.Namespace, roster: Roster, credentials: Credentials, dataset: Dataset, timeouts: Timeouts
 ) -> None:
+    if args.insecure_plaintext_benchmark:
+        raise ConfigError(
+            "--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting"
+        )
+    if args.select_every is not None or args.select_on is not None:
+        raise ConfigError(
+            "--select-every and --select-on are for training runs: a voting server trains its model once, at the end"
+        )
     public_pool, test = split_public_pool(dataset.validation, args.public_fraction, seed=args.data_seed)
     settings = dict(
         roster=roster,
@@ -270,19 +221,22 @@ def _serve_vote(
         timeouts=timeouts,
         transcript=args.transcript,
         on_round=lambda record: _print_vote(record, server.config),
+        listen=args.listen,
     )
     if args.resume:
         checkpointed = VotingServer.checkpointed_config(args.out)  # before the server binds or touches a ledger
         if checkpointed.voting.method != args.method:
             raise ConfigError(f"the checkpointed run is a {checkpointed.voting.method} run; pass the same --method")
         server = VotingServer.resume(**settings)
-        print(f"server on {roster.server_address}: resuming run {server.config.run_id} from {args.out}", flush=True)
+        print(
+            f"server on {listening_on(args, roster)}: resuming run {server.config.run_id} from {args.out}", flush=True
+        )
     else:
         config, feature_map = _voting_config(args, roster, dataset, public_pool)
         server = VotingServer(config=config, feature_map=feature_map, **settings)
         field = config.field()
         print(
-            f"server on {roster.server_address}: {args.method} run {config.run_id}, {len(config.hospitals)} hospitals, "
+            f"server on {listening_on(args, roster)}: {args.method} run {config.run_id}, {len(config.hospitals)} hospitals, "
             f"{len(config.talliers)} talliers, {config.rounds} rounds of {config.queries_per_round} queries from a public pool of "
             f"{len(public_pool)} (test: {len(test)}), MPC over {field.bit_length}-bit integers, revealing {config.reveal}",
             flush=True,

@@ -35,7 +35,15 @@ from consilium.protocol.identity.key_files import (
 )
 from consilium.protocol.identity.party_keys import SERVER, Credentials, Party, generate_party_keys, mpc_address
 
-__all__ = ["ROSTER_FILE", "Roster", "RosterError", "assemble_roster", "local_federation", "roster_changes"]
+__all__ = [
+    "ROSTER_FILE",
+    "Roster",
+    "RosterError",
+    "assemble_roster",
+    "check_server_address",
+    "local_federation",
+    "roster_changes",
+]
 
 ROSTER_FILE = "roster.toml"
 _SERVER_ADDRESS = re.compile(r"^tcp://[A-Za-z0-9.\-]+:\d{1,5}$")
@@ -148,12 +156,17 @@ class Roster:
         return cls(version, previous, address, parties, _digest(raw), raw)
 
 
+def check_server_address(address: str, what: str = "the server address") -> None:
+    """``RosterError`` unless ``address`` is ``tcp://HOST:PORT``, HOST a host name or an IP address."""
+    if not _SERVER_ADDRESS.fullmatch(address):
+        raise RosterError(f"{what} must look like tcp://HOST:PORT, got {shown(address)}")
+
+
 def assemble_roster(directory: Path, *, address: str, public_files: list[Path], previous: Path | None = None) -> Roster:
     """Write ``directory/roster.toml`` from the parties' public files (and the roster it replaces), and load it."""
     if (directory / ROSTER_FILE).exists():
         raise RosterError(f"{directory} already holds a roster; choose an empty directory")
-    if not _SERVER_ADDRESS.fullmatch(address):
-        raise RosterError(f"the server address must look like tcp://HOST:PORT, got {shown(address)}")
+    check_server_address(address)
     parties: dict[str, Party] = {}
     for path in public_files:
         party = Party.from_entry(read_toml(path, hint="the party makes it with consilium-keygen"), str(path))
@@ -199,8 +212,7 @@ def local_federation(directory: Path, *, hospitals: int, address: str, mpc_addre
     (``directory/NAME``), then the roster from their public files alone."""
     if hospitals < 1:
         raise RosterError(f"a federation needs at least one hospital, got {hospitals}")
-    if not _SERVER_ADDRESS.fullmatch(address):
-        raise RosterError(f"the server address must look like tcp://HOST:PORT, got {shown(address)}")
+    check_server_address(address)
     if 0 < len(mpc_addresses) < MIN_PARTIES:
         raise RosterError(f"private voting needs at least {MIN_PARTIES} talliers, for an honest majority among them")
     if len({mpc_address(text, "a tallier") for text in mpc_addresses}) != len(mpc_addresses):

@@ -69,16 +69,13 @@ class Server:
         on_round: Callable[[dict], None] | None = None,
         model_seed: int | None = None,
         selection: Selection | None = None,
+        listen: str | None = None,
         transport: ServerTransport | None = None,
         _checkpoint: Checkpoint | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
         self._selection = run_selection(selection, _checkpoint, out_dir)
-        ledger_path = out_dir / LEDGER_FILE
-        if _checkpoint is None and ledger_path.exists():
-            raise ConfigError(
-                f"{out_dir} already holds a run (its ledger would mix two runs); choose another --out, or --resume it"
-            )
+        ledger_path = _ledger_path(out_dir, resumed=_checkpoint is not None)
         self._config = config
         self._roster = roster
         self._validation = validation
@@ -110,6 +107,7 @@ class Server:
             transcript=transcript,
             transcript_payloads=transcript_payloads,
             max_messages_per_second=max_messages_per_second,
+            listen=listen,
             transport=transport,
         )
 
@@ -389,3 +387,13 @@ class Server:
 
     def _close(self) -> None:
         self._connections.close()
+
+
+def _ledger_path(out_dir: Path, *, resumed: bool) -> Path:
+    """Where the run's ledger lives; ``ConfigError`` where a new run would mix its ledger with another's."""
+    path = out_dir / LEDGER_FILE
+    if not resumed and path.exists():
+        raise ConfigError(
+            f"{out_dir} already holds a run (its ledger would mix two runs); choose another --out, or --resume it"
+        )
+    return path

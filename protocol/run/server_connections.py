@@ -37,15 +37,18 @@ class ServerConnections:
         transcript: Path | None = None,
         transcript_payloads: bool = True,
         max_messages_per_second: float = DEFAULT_MAX_MESSAGES_PER_SECOND,
+        listen: str | None = None,
         transport: ServerTransport | None = None,
     ) -> "ServerConnections":
-        """Listen on the roster's server address for ``hospitals`` and ``others`` (talliers), and no one else
-        (or take ``transport``, a test's in-process one, say); with a transcript of every message at
-        ``transcript``, payloads included unless told otherwise."""
+        """Listen for ``hospitals`` and ``others`` (talliers), and no one else, on ``listen``: by default the
+        address the roster names, which is where the parties connect; behind a NAT, in a container or
+        behind a load balancer, the local address that reaches (or take ``transport``, a test's
+        in-process one, say). With a transcript of every message at ``transcript``, payloads included
+        unless told otherwise."""
         if transport is None:
             enrolled = {roster.party(name).curve_public: name for name in (*hospitals, *others)}
-            rate = max_messages_per_second
-            transport = ServerTransport(roster.server_address, credentials.curve, enrolled, limit, rate)
+            rate, address = max_messages_per_second, listen or roster.server_address
+            transport = ServerTransport(address, credentials.curve, enrolled, limit, rate)
         record = Transcript(transcript, payloads=transcript_payloads, max_payload_bytes=limit) if transcript else None
         parties = PartyChannels(transport, accept=accept, limit=limit, log=log, transcript=record)
         return cls(transport, record, Participants(parties, hospitals, log))

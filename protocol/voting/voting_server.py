@@ -68,6 +68,7 @@ class VotingServer:
         timeouts: Timeouts = Timeouts(),
         transcript: Path | None = None,
         on_round: Callable[[dict], None] | None = None,
+        listen: str | None = None,
         _checkpoint: VotingCheckpoint | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
@@ -93,11 +94,11 @@ class VotingServer:
         self._pending: tuple[int, dict[str, dict[str, bytes]]] | None = None  # a round's ballots, awaiting labels
         self._resumed_from = _checkpoint
         self._data_digest = data_digest(public_pool, test)  # in every checkpoint: hashed once, not per write
-        self._open_channels(credentials, transcript)
+        self._open_channels(credentials, transcript, listen)
         if _checkpoint is not None:
             self._restore(_checkpoint)
 
-    def _open_channels(self, credentials: Credentials, transcript: Path | None) -> None:
+    def _open_channels(self, credentials: Credentials, transcript: Path | None, listen: str | None) -> None:
         """The server's socket, open to the roster's hospitals and talliers only, its transcript, and who takes part."""
         config = self._config
         self._connections = ServerConnections.open(
@@ -109,6 +110,7 @@ class VotingServer:
             limit=config.message_limit(),
             log=log,
             transcript=transcript,
+            listen=listen,
         )
         self._participants = self._connections.participants
         self._talliers = TallierKeys(self._participants, config.talliers, self._tallier_welcome, self._timeouts)

@@ -20,10 +20,11 @@ from consilium.training.privacy.ledger import PrivacyLedger
 class ServerProcess:
     """A real server; what it prints and logs goes to one file, which the tests wait on."""
 
-    def __init__(self, tmp_path: Path, hospitals: int, *args: str) -> None:
+    def __init__(self, tmp_path: Path, hospitals: int, *args: str, address: str | None = None) -> None:
         self.federation = tmp_path / "federation"
         self.out = tmp_path / "server"
-        self.roster = local_federation(self.federation, hospitals=hospitals, address=f"tcp://127.0.0.1:{free_port()}")
+        address = address or f"tcp://127.0.0.1:{free_port()}"  # the roster's, where the hospitals connect
+        self.roster = local_federation(self.federation, hospitals=hospitals, address=address)
         self.log = tmp_path / "server.log"
         self._command = launcher(
             "server",

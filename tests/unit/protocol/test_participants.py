@@ -34,8 +34,9 @@ class _Queue:
         raise AssertionError(f"{name}'s message rejected: {reason}")
 
 
-def _running() -> tuple[Participants, _Queue]:
-    queue = _Queue()
+def _running(kind: type = _Queue) -> tuple[Participants, _Queue]:
+    """A run of every hospital with rounds open, over a queue of ``kind``."""
+    queue = kind()
     participants = Participants(queue, HOSPITALS, logging.getLogger("test"))
     participants.admit(list(HOSPITALS), before_round=1)
     participants.open_rounds()
@@ -139,16 +140,8 @@ class _Refusing(_Queue):
         self.rejected.append((name, reason))
 
 
-def _running_refusing() -> tuple[Participants, _Refusing]:
-    queue = _Refusing()
-    participants = Participants(queue, HOSPITALS, logging.getLogger("test"))
-    participants.admit(list(HOSPITALS), before_round=1)
-    participants.open_rounds()
-    return participants, queue
-
-
 def test_a_hospital_that_fell_silent_joins_again_and_an_expelled_one_is_told_to_go():
-    participants, queue = _running_refusing()
+    participants, queue = _running(_Refusing)
     participants.drop("hospital-1", "sent no update for round 1 within 60 s")
     participants.expel("hospital-2", "round 1: hospital-3's opening shows it dealt a wrong share")
     queue.incoming += [("hospital-1", Hello()), ("hospital-2", Hello())]
@@ -160,7 +153,7 @@ def test_a_hospital_that_fell_silent_joins_again_and_an_expelled_one_is_told_to_
 
 
 def test_the_run_waits_for_a_hospital_that_fell_silent_and_not_for_one_expelled_or_withdrawn():
-    participants, queue = _running_refusing()
+    participants, queue = _running(_Refusing)
     participants.begin_round()
     participants.drop("hospital-3", "sent no update for round 1 within 60 s")
     participants.end_round()
@@ -175,7 +168,7 @@ def test_the_run_waits_for_a_hospital_that_fell_silent_and_not_for_one_expelled_
         lambda p: p.withdrew("hospital-3", "its budget is spent"),
         lambda p: p.drop("hospital-3", "sent no update"),  # with the window over
     ):
-        participants, queue = _running_refusing()
+        participants, queue = _running(_Refusing)
         leave(participants)
         waited_for = []
         queue.next_message = lambda deadline: waited_for.append(deadline) or None
@@ -193,7 +186,7 @@ def test_an_expelled_hospital_stays_out_of_a_resumed_run_and_of_a_welcome_under_
     assert participants.joining == ["hospital-1", "hospital-3"]
     assert ("hospital-2", "expelled from this run") in queue.rejected
 
-    participants, queue = _running_refusing()
+    participants, queue = _running(_Refusing)
     participants.drop("hospital-1", "sent no update")
     queue.incoming.append(("hospital-1", Hello()))
     participants.read_between_rounds()
@@ -209,7 +202,7 @@ def test_an_expelled_hospital_stays_out_of_a_resumed_run_and_of_a_welcome_under_
 
 
 def test_a_newcomer_that_refuses_its_welcome_withdraws_and_is_not_waited_for():
-    participants, queue = _running_refusing()
+    participants, queue = _running(_Refusing)
     participants.drop("hospital-1", "sent no update")
     queue.incoming.append(("hospital-1", Hello()))
     participants.read_between_rounds()

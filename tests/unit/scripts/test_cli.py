@@ -153,6 +153,8 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
         (("server", *server, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (("server", *server, "--model", "cnn"), "the CNN needs"),
         (("server", *server, "--quorum", "4"), "exceeds the 3 hospitals"),
+        (("server", *server, "--rejoin-window", "100000"), "must be at most 86400 s"),
+        (("server", *server, "--method", "knn-dpfl", "--rejoin-window", "60"), "--rejoin-window is for training runs"),
         (("server", *server, "--quorum", "2"), "the quorum must be at least the threshold plus one (3)"),
         (
             ("provision", "--out", federation, "--address", "tcp://h:1", federation / "server" / "server.public.toml"),
@@ -276,10 +278,14 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "argv, reason",
-    [(("--sample-rate", "1.5"), "must be in (0, 1]"), (("--seed", "-1"), "argument --seed: must be non-negative")],
+    [
+        (("federation", "--sample-rate", "1.5"), "must be in (0, 1]"),
+        (("federation", "--seed", "-1"), "argument --seed: must be non-negative"),
+        (("server", "--federation", "f", "--out", "o", "--listen", "0.0.0.0:5555"), "must look like tcp://HOST:PORT"),
+    ],
 )
 def test_bad_numbers_are_refused_by_the_parser(argv, reason):
-    result = run_launcher("federation", *argv)
+    result = run_launcher(*argv)
     assert result.returncode == 2 and reason in result.stderr and "Traceback" not in result.stderr
 
 
