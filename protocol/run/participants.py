@@ -25,9 +25,10 @@ however often it connects again.
 run, the training server waits up to the rejoin window (``Timeouts.rejoin_s``) for the ones that fell
 silent to say Hello again (``await_return``), welcoming each as it comes, and the run goes on once
 the quorum is back. The hospitals still in the run wait as long: the window is part of
-``Timeouts.server_silence_s``, which every Welcome announces. A member that falls silent broke its
-round, so coming back counts towards ``MAX_JOINS_AGAIN`` like a Hello mid-round: no hospital can
-make the others wait out the window round after round. (A voting run does not wait: its talliers
+``Timeouts.server_silence_s``, which every Welcome announces. Every join that cost the others counts
+towards ``MAX_JOINS_AGAIN``, like a Hello mid-round: coming back after falling silent mid-round,
+after the run waited for it, or after answering nothing at its welcome. No hospital can make the
+others wait out the window round after round. (A voting run does not wait: its talliers
 are not told how long a server may take, and would give up first.)
 
 ``run_to_the_end`` is the one skeleton of a server's ``run``: whatever ends it (the last round, too
@@ -108,7 +109,8 @@ class Participants:
         hospital's joins again (which count across restarts), and who may not come back."""
         self.active, self.departures, self.joins = list(active), dict(departures), list(joins)
         self.expelled = set(expelled)
-        self._withdrawn = {name for name, reason in self.departures.items() if reason.startswith(_WITHDREW)}
+        withdrew = {name for name, reason in self.departures.items() if reason.startswith(_WITHDREW)}
+        self._withdrawn = withdrew - set(self.active)  # (one that came back since is in the run)
 
     def take_joining(self) -> list[str]:
         """The hospitals that said Hello, now to be welcomed: ``joining`` is empty after."""
@@ -170,7 +172,7 @@ class Participants:
             elif sender in self.expelled:  # a resumed server keeps its expulsions
                 self._refuse_expelled(sender, message)
             else:
-                self.joining.append(sender)  # told how the run ends from now on, also if it ends mid-join
+                self._joins_again(sender)  # told how the run ends from now on, also if it ends mid-join
                 self._log.info("%s joined (%d of %d)", sender, len(self.joining), len(expected))
 
     def admit(self, ready: list[str], *, before_round: int) -> None:
@@ -181,6 +183,7 @@ class Participants:
                 for name in ready
             ]
         self._breaking -= set(ready)
+        self._withdrawn -= set(ready)
         self.active = [
             name for name in self.hospitals if (name in self.active or name in ready) and name not in self.expelled
         ]
@@ -203,8 +206,8 @@ class Participants:
         self.send_all(newcomers, message)
         ready: list[str] = []
 
-        def waiting() -> bool:  # for an answer from a newcomer that was neither expelled nor withdrew meanwhile
-            return bool(set(newcomers) - set(ready) - self.expelled - self._withdrawn)
+        def waiting() -> bool:  # for a newcomer that neither answered, nor was expelled, withdrew or said Hello again
+            return bool(set(newcomers) - set(ready) - self.expelled - self._withdrawn - set(self.joining))
 
         while waiting() and (got := self.next_message(deadline, waiting)) is not None:
             sender, reply = got
@@ -216,12 +219,14 @@ class Participants:
                 self.parties.reject(sender, reply, reason)
             else:
                 ready.append(sender)
-        for name in set(newcomers) - set(ready) - set(self.joining) - self.expelled - self._withdrawn:
+        silent = set(newcomers) - set(ready) - set(self.joining) - self.expelled - self._withdrawn
+        for name in silent:
             self.turn_away(name, f"sent no {awaited} within {timeout_s:g} s")
+        # Saying Hello again instead of answering, or answering nothing, held up the others' welcome.
         self.joins += [
             {"hospital": name, "before_round": before_round, "broke_round": True}
             for name in newcomers
-            if name in self.joining
+            if name in self.joining or (name in silent and before_round > 1)
         ]
         self.admit(ready, before_round=before_round)
 
@@ -281,6 +286,7 @@ class Participants:
                 self.withdrew(sender, message.reason)
             else:
                 self.parties.reject(sender, message, "expected nothing while the run waits for hospitals")
+        self._breaking |= set(self.joining)  # the others waited for it: its return counts towards the cap
         return bool(self.joining)
 
     def withdrew(self, name: str, reason: str) -> None:
@@ -323,6 +329,10 @@ class Participants:
         if sender in self.active:
             self.active.remove(sender)  # whatever it had in flight is gone: a round waits for it no longer
             self._log.warning("%s connected again; it joins again before the next round", sender)
+        self._joins_again(sender)
+
+    def _joins_again(self, sender: str) -> None:
+        self._withdrawn.discard(sender)  # one that withdrew and came back is waited for like any other
         self.joining.append(sender)
 
 

@@ -184,7 +184,8 @@ class Server:
                 for _ in range(2):  # and once more for those that said Hello while others were being welcomed
                     if participants.joining:
                         self._admit()
-                if len(participants.active) >= quorum or not participants.await_return(quorum, rejoin_by):
+                done = len(participants.active) >= quorum or time.monotonic() >= rejoin_by
+                if done or not participants.await_return(quorum, rejoin_by):
                     break
             if len(participants.active) < quorum:
                 break

@@ -234,9 +234,10 @@ def test_a_server_cannot_switch_hospitals_to_plaintext_uploads_or_another_method
         server.send(name, server.welcome(name, switched))
     for name in EVERYONE:
         assert refusal.format(name=name) in _refusal(server, name)
-    # No box key, no update: only the refusal, so that the server need not wait for them to come back.
+    # No box key, no update: only the refusal, so that the server need not wait for them to come back,
+    # and not why (a misfit's reason names facts of the hospital's data).
     said = [decode(payload, accept=TO_SERVER, max_bytes=1 << 16) for _, payload in _drain(server)]
-    assert len(said) == len(EVERYONE) and all(isinstance(m, Withdraw) and m.round == 0 for m in said)
+    assert said == [Withdraw(round=0, reason="refuses the run it was welcomed to")] * len(EVERYONE)
 
 
 def test_a_welcome_with_absurd_sizes_is_refused_in_one_line_before_anything_is_allocated(server):

@@ -210,3 +210,38 @@ def test_a_newcomer_that_refuses_its_welcome_withdraws_and_is_not_waited_for():
     participants.welcome(Finish(reason="a welcome"), before_round=2, timeout_s=60, awaited="box key", answer=None)
     assert participants.departures["hospital-1"] == "withdrew: another method"
     assert not participants.await_return(quorum=3, deadline=time.monotonic() + 60)
+
+
+def test_a_hospital_that_withdrew_and_came_back_is_welcomed_and_waited_for_again():
+    participants, queue = _running(_Refusing)
+    participants.withdrew("hospital-3", "its budget is spent")
+    queue.incoming.append(("hospital-3", Hello()))
+    participants.read_between_rounds()
+    queue.incoming.append(("hospital-3", "its box key"))
+    participants.welcome(
+        Finish(reason="a welcome"), before_round=2, timeout_s=60, awaited="box key", answer=lambda n, m: ""
+    )
+    assert participants.active == list(HOSPITALS)
+    participants.drop("hospital-3", "sent no update")
+    queue.incoming.append(("hospital-3", Hello()))
+    assert participants.await_return(quorum=3, deadline=time.monotonic() + 60)
+
+
+def test_every_way_of_making_the_others_wait_counts_towards_the_cap_until_the_hospital_is_expelled():
+    """Silent at its welcome, or waited for in the rejoin window: each costs the others, and the
+    ``MAX_JOINS_AGAIN``-th such join is the last."""
+    participants, queue = _running(_Refusing)
+    for attempt in range(MAX_JOINS_AGAIN):
+        participants.drop("hospital-3", "sent no box key")  # (the first time: silent mid-round is counted too)
+        queue.incoming.append(("hospital-3", Hello()))
+        assert participants.await_return(quorum=3, deadline=time.monotonic() + 60)
+        silent = attempt % 2 == 0
+        queue.incoming.extend([] if silent else [("hospital-3", "its box key")])
+        participants.welcome(
+            Finish(reason="w"), before_round=2 + attempt, timeout_s=0.01, awaited="box key", answer=lambda n, m: ""
+        )
+        assert participants.broken_joins("hospital-3") == attempt + 1
+    participants.drop("hospital-3", "sent no update")
+    queue.incoming.append(("hospital-3", Hello()))
+    participants.read_between_rounds()
+    assert "hospital-3" in participants.expelled and participants.joining == []
