@@ -224,7 +224,7 @@ class Consilium:
         releases = {name: each(lambda r=r: r.release(proofs, signers), name) for name, r in rounds.items()}
         slots = each(lambda: rounds[members[0]].open(releases, signers), members[0])
         self.untimed = others
-        return self.params.digits.from_slots(slots[: self.params.digits.slots_for(self.length)], self.length)
+        return self.params.values_of(slots)
 
 
 BACKENDS = {

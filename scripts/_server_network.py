@@ -61,8 +61,10 @@ def server_timeouts(args: argparse.Namespace) -> Timeouts:
     """The server's waits; ``ConfigError`` where a Welcome would announce more than a hospital accepts."""
     if args.rejoin_window is not None and args.method in VOTING_METHODS:
         raise ConfigError("--rejoin-window is for training runs: a voting run does not wait (its talliers would not)")
-    rejoin_s = Timeouts().rejoin_s if args.rejoin_window is None else args.rejoin_window
-    rejoin_s = 0.0 if args.method in VOTING_METHODS else rejoin_s
+    if args.method in VOTING_METHODS:
+        rejoin_s = 0.0
+    else:
+        rejoin_s = Timeouts().rejoin_s if args.rejoin_window is None else args.rejoin_window
     timeouts = Timeouts(
         join_s=args.join_timeout, key_s=args.join_timeout, round_s=args.round_timeout, rejoin_s=rejoin_s
     )
