@@ -79,7 +79,7 @@ def server_timeouts(args: argparse.Namespace) -> Timeouts:
 
 def _listen_address(text: str) -> str:
     try:
-        check_server_address(text, "--listen")
+        check_server_address(text, "the address")
     except RosterError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text

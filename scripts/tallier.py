@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from consilium.protocol.identity.party_keys import KeyFileError, mpc_address
 from consilium.protocol.identity.roster_confirmation import join_federation
 from consilium.scripts._cli import add_roster_fingerprint, configure_logging, run
 from consilium.training.methods.flags import positive_float
@@ -29,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state", type=Path, help="where this tallier's sealed run state lives (default: FEDERATION/NAME)"
     )
+    parser.add_argument(
+        "--listen",
+        type=_listen_address,
+        help="HOST:PORT where this tallier's MPC listens, where that is not the address the roster names, which the "
+        "other talliers dial (behind a NAT, in a container; default: the roster's address)",
+    )
     parser.add_argument("--timeout", type=positive_float, default=180.0, help="seconds to wait for the server")
     parser.add_argument("--mpc-timeout", type=positive_float, default=120.0, help="seconds one round's MPC may take")
     parser.add_argument(
@@ -41,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
     return parser
+
+
+def _listen_address(text: str) -> tuple[str, int]:
+    try:
+        return mpc_address(text, "--listen")
+    except KeyFileError:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT with a port from 1 to 65535, got {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,6 +73,7 @@ def tally(args: argparse.Namespace) -> None:
         mpc_timeout_s=args.mpc_timeout,
         transcript=args.transcript,
         allow_histogram=args.allow_histogram,
+        mpc_listen=args.listen,
     )
     result = tallier.run()
     print(f"{args.name}: {len(result['rounds'])} rounds tallied, finished: {result['finish_reason']}", flush=True)

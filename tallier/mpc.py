@@ -101,8 +101,9 @@ class TamperError(RuntimeError):
         )
 
 
-def mpc_party(roster: Roster, credentials: Credentials) -> MpcParty:
-    """This tallier's place in the MPC, as the roster lists the talliers and pins their certificates."""
+def mpc_party(roster: Roster, credentials: Credentials, listen: tuple[str, int] | None = None) -> MpcParty:
+    """This tallier's place in the MPC, as the roster lists the talliers and pins their certificates; it listens
+    on ``listen`` where that is not the address the roster gives its peers."""
     names = tuple(roster.talliers)
     return MpcParty(
         index=names.index(credentials.name),
@@ -111,6 +112,7 @@ def mpc_party(roster: Roster, credentials: Credentials) -> MpcParty:
         certificates=tuple(roster.party(name).mpc_certificate for name in names),
         certificate_file=credentials.mpc_certificate_file,
         key_file=credentials.mpc_key_file,
+        listen=listen,
     )
 
 

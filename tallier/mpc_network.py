@@ -13,7 +13,7 @@ This module and ``tallier.mpc_values`` replace those parts, and nothing else of 
 ``MpcNetwork``:
 
 1. **Connects** (``connect``, instead of ``Runtime.start``): it listens on this tallier's own
-   address only, TLS 1.3 with the certificates the roster pins. The listener trusts the pins of
+   address only (the roster's, or ``MpcParty.listen`` behind a NAT or in a container), TLS 1.3 with the certificates the roster pins. The listener trusts the pins of
    lower-numbered parties only; a client trusts only the pin of the party it dials and checks that
    the listener presented exactly it. A client's claimed number must be lower than the listener's,
    not connected yet, and its certificate exactly that party's pin, or the connection is dropped
@@ -84,6 +84,7 @@ class MpcParty:
     certificates: tuple[bytes, ...]  # DER, pinned by the roster
     certificate_file: Path  # this tallier's own certificate (PEM) and key
     key_file: Path
+    listen: tuple[str, int] | None = None  # where this tallier listens, where that is not its roster address
 
     def __post_init__(self) -> None:
         if len(self.addresses) < MIN_PARTIES:
@@ -122,7 +123,7 @@ class MpcNetwork:
             peer.protocol = asyncio.Future(loop=loop) if peer.pid == me else None
         listener = None
         if me:
-            host, port = party.addresses[me]
+            host, port = party.listen or party.addresses[me]
             context = _context(ssl.PROTOCOL_TLS_SERVER, party, trusted=party.certificates[:me])
             listener = await loop.create_server(
                 lambda: _PinnedExchanger(self, None),

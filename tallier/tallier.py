@@ -70,6 +70,7 @@ class Tallier:
         mpc_timeout_s: float = 120.0,
         transcript: Path | None = None,
         allow_histogram: bool = False,
+        mpc_listen: tuple[str, int] | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
         if credentials.name not in roster.talliers:
@@ -77,7 +78,7 @@ class Tallier:
         self._name = credentials.name
         self._roster = roster
         self._credentials = credentials
-        self._party = mpc_party(roster, credentials)
+        self._party = mpc_party(roster, credentials, mpc_listen)
         self._mpc_timeout_s = mpc_timeout_s
         self._allow_histogram = allow_histogram
         self._state_file = RunStateFile(state_dir, name=credentials.name, identity=credentials.identity)

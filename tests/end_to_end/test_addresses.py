@@ -3,58 +3,19 @@ listens where that arrives, as behind a NAT, in a container or behind a load bal
 on the roster's port forwards to the server's own: the relay stands in for the network's forwarding,
 and everything else is real processes over real sockets."""
 
-import socket
-import threading
-
 import pytest
 
 from conftest import free_port
+from relay import Relay
 from scripted import HospitalProcess, ServerProcess
 
 pytestmark = pytest.mark.slow
 
 
-class _Relay:
-    """Forwards every TCP connection to ``127.0.0.1:listen_port`` to ``127.0.0.1:to_port``, byte for byte."""
-
-    def __init__(self, listen_port: int, to_port: int) -> None:
-        self._to = ("127.0.0.1", to_port)
-        self._server = socket.create_server(("127.0.0.1", listen_port))
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return  # the relay was closed
-            try:
-                upstream = socket.create_connection(self._to)
-            except OSError:  # the server is not listening yet: the client connects again, as it would through a NAT
-                client.close()
-                continue
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
-
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, sink):
-                end.close()
-
-    def close(self) -> None:
-        self._server.close()
-
-
 def test_a_server_listening_apart_from_the_roster_s_address_completes_a_run(tmp_path):
     public_port, own_port = free_port(), free_port()
     public, listen = f"tcp://localhost:{public_port}", f"tcp://127.0.0.1:{own_port}"  # the roster names a host name
-    relay = _Relay(public_port, own_port)
+    relay = Relay(public_port, own_port)
     server = ServerProcess(tmp_path, 3, "--rounds", "2", "--listen", listen, address=public)
     hospitals = [
         HospitalProcess(

@@ -31,6 +31,7 @@ from consilium.protocol.identity.roster import local_federation
 from consilium.protocol.wire.transcript import read_transcript
 from consilium.protocol.wire.transport import ClientTransport
 from consilium.protocol.voting.voting_config import VotingConfig
+from relay import Relay
 from scripted import wait_for_text
 from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.voting.vote_privacy import VotingSettings
@@ -295,6 +296,32 @@ def test_a_tallier_killed_that_does_not_come_back_stops_the_run_with_no_labels(f
         assert "did not finish within 4 s" in federation.log(name) and "Traceback" not in federation.log(name)
     for name in federation.roster.hospitals:
         assert federation.exit_code(name) == 0
+
+
+def test_a_server_and_talliers_listening_apart_from_the_roster_s_addresses_complete_a_run(federation):
+    """Relays on the roster's ports stand in for a NAT's forwarding (``tests/support/relay.py``): the server and
+    the talliers that the MPC dials (every one but the first) listen on ports of their own."""
+    server_port = int(federation.roster.server_address.rsplit(":", 1)[1])
+    relays, server_own = [], free_port()
+    relays.append(Relay(server_port, server_own))
+    try:
+        federation.server("--listen", f"tcp://127.0.0.1:{server_own}")
+        federation.tallier("tallier-1")
+        for name in ("tallier-2", "tallier-3"):
+            own = free_port()
+            relays.append(Relay(federation.roster.party(name).mpc_address[1], own))
+            federation.tallier(name, "--listen", f"127.0.0.1:{own}")
+        for index, name in enumerate(federation.roster.hospitals, start=1):
+            federation.hospital(name, index)
+        assert federation.exit_code("server") == 0, federation.log("server")
+        for name in (*federation.roster.talliers, *federation.roster.hospitals):
+            assert federation.exit_code(name) == 0, federation.log(name)
+    finally:
+        for relay in relays:
+            relay.close()
+    report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
+    assert report["finish_reason"] == "completed all rounds" and report["final"]["queries_labelled"] > 0
+    assert f"server on tcp://127.0.0.1:{server_own} (the roster's" in federation.log("server")
 
 
 def _charged_rounds(ledger_path):
