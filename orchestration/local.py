@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from consilium.orchestration.planning import check_first_round
+from consilium.orchestration.planning import check_first_round, planned_run
 from consilium.orchestration.report import (
     baseline_summary,
     build_report,
@@ -83,7 +83,9 @@ def run_local_federation(spec: RunSpec, *, echo: Callable[[str], None] = _echo) 
     )
     if spec.method in BASELINES:
         return _run_baseline(spec, data, parts, out, echo)
+    plan = ""
     if not spec.voting:
+        spec, plan = planned_run(spec, data)
         check_first_round(spec, data, [len(part) for part in parts])
     (out / "logs").mkdir(parents=True, exist_ok=True)
     address = f"tcp://127.0.0.1:{free_port()}"
@@ -102,6 +104,8 @@ def run_local_federation(spec: RunSpec, *, echo: Callable[[str], None] = _echo) 
             f"B = {spec.expected_batch_size:g}, proposed as q x {len(data.train)} (the data set's public training size) / "
             f"{spec.hospitals} hospitals; a consortium states its own with --expected-batch-size"
         )
+    if plan:
+        echo(plan)
     started = time.monotonic()
     server, hospitals, talliers = _start_parties(spec, roster, out)
     _await_parties(

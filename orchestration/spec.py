@@ -60,7 +60,8 @@ class RunSpec:
     hidden: tuple[int, ...] = _COMMON["hidden"]
     fix_model: bool = _COMMON["fix_model"]  # an own model with Opacus's fixes
     quorum: int | None = None  # default: every hospital
-    epsilon_budget: float | None = None  # default: the method's
+    epsilon_budget: float | None = None  # default: the method's (the target, where one is given)
+    target_epsilon: float | None = None  # the noise calibrated to spend this on budget_view (orchestration.planning)
     budget_view: str = (
         DEFAULT_BUDGET_VIEW  # the view each hospital's budget binds on (training.privacy.accounting.VIEWS)
     )
@@ -164,6 +165,7 @@ def resolve(spec: RunSpec) -> tuple[RunSpec, Dataset]:
     own count (``resolve(spec)[0].expected_batch_size``; a consortium states its own).
     """
     values = spec.values()
+    _check_target(spec, values)
     resolve_run_arguments(values, FEDERATION_METHODS)
     if spec.hospitals_per_process > 1 and not spec.voting:
         raise ConfigError(
@@ -182,3 +184,20 @@ def resolve(spec: RunSpec) -> tuple[RunSpec, Dataset]:
     if spec.method == "dopamine" and values.expected_batch_size is None:
         values.expected_batch_size = round(values.sample_rate * len(data.train) / spec.hospitals, 1)
     return RunSpec.from_values(vars(values)), data
+
+
+def _check_target(spec: RunSpec, values: SimpleNamespace) -> None:
+    """A target epsilon is for a training method's noise, and is the budget where none is given."""
+    if spec.target_epsilon is None:
+        return
+    if spec.method not in TRAINING_METHODS:
+        raise ConfigError(f"--target-epsilon calibrates the noise of a training run, not of {spec.method}")
+    if spec.flags.get("noise_multiplier") is not None:
+        raise ConfigError("give --target-epsilon or --noise-multiplier, not both: the target sets the noise")
+    if spec.epsilon_budget is None:
+        values.epsilon_budget = spec.target_epsilon
+    elif spec.epsilon_budget < spec.target_epsilon:
+        raise ConfigError(
+            f"--target-epsilon {spec.target_epsilon:g} is over --epsilon-budget {spec.epsilon_budget:g}: "
+            "every hospital would refuse the run's last rounds"
+        )

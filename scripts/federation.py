@@ -87,6 +87,13 @@ def _add_budget_arguments(parser: argparse.ArgumentParser) -> None:
         "the epsilon per record they spend (default: 3)",
     )
     group.add_argument(
+        "--target-epsilon",
+        type=positive_float,
+        help="dopamine, dp-fedavg: calibrate the noise multiplier so that the run, every round released, spends at "
+        "most this epsilon against --budget-view and each view before it, as Opacus's make_private_with_epsilon "
+        "does (the plan is printed before round 1; --epsilon-budget defaults to it)",
+    )
+    group.add_argument(
         "--budget-view",
         choices=VIEWS,
         help="whose view each hospital's budget binds on, and every view before it "

@@ -24,9 +24,11 @@ from consilium.orchestration.run_flags import (
     resolve_data_defaults,
     resolve_run_arguments,
 )
+from consilium.orchestration.planning import calibrated, planned_spend, spend_line
 from consilium.scripts._cli import add_roster_fingerprint, configure_logging, run
 from consilium.scripts._server_network import add_network_arguments, listening_on, server_timeouts
 from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments, add_run_arguments
+from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS
 from consilium.training.methods.flags import non_negative_int, positive_float, positive_int
 from consilium.training.models.compute_device import use_device
 from consilium.training.models.evaluation import SELECTION_METRICS, Selection
@@ -75,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(q times a typical hospital's record count, coarsely)",
     )
     add_run_arguments(parser)
+    _add_target_arguments(parser)
     _add_audit_arguments(parser)
     add_network_arguments(parser)
     parser.add_argument(
@@ -109,6 +112,23 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("privacy plan")
+    group.add_argument(
+        "--target-epsilon",
+        type=positive_float,
+        help="dopamine, dp-fedavg: calibrate the noise multiplier so that the run, every round released at the "
+        "quorum, spends at most this epsilon against --target-view and each view before it (as Opacus's "
+        "make_private_with_epsilon does); the plan is printed before round 1 in any case",
+    )
+    group.add_argument(
+        "--target-view",
+        choices=VIEWS,
+        default=DEFAULT_BUDGET_VIEW,
+        help=f"the view --target-epsilon binds on (default: {DEFAULT_BUDGET_VIEW}, as a hospital's budget)",
+    )
+
+
 def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("audit")
     group.add_argument("--transcript", type=Path, help="append the digest of every received message to this audit file")
@@ -126,6 +146,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    if args.target_epsilon is not None and args.noise_multiplier is not None:
+        raise ConfigError("give --target-epsilon or --noise-multiplier, not both: the target sets the noise")
+    if args.target_epsilon is not None and (args.method in VOTING_METHODS or args.resume):
+        raise ConfigError("--target-epsilon calibrates the noise of a new training run")
     resolve_run_arguments(args)
     use_device(args.device)
     if is_reference(args.model):  # a resumed run's own model, too
@@ -183,6 +207,8 @@ def serve(args: argparse.Namespace) -> None:
 def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunConfig:
     hospitals = tuple(roster.hospitals)
     config = build_run_config(args, hospitals, dataset)
+    if args.target_epsilon is not None:
+        config = calibrated(config, args.target_epsilon, view=args.target_view)
     params = config.bfv_parameters()
     encoding = (
         "in the clear modulo 2^32 (--insecure-plaintext-benchmark: NO secure aggregation)"
@@ -196,6 +222,8 @@ def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunC
         f"{params.vector_length} parameters {encoding}",
         flush=True,
     )
+    if not args.insecure_plaintext_benchmark:
+        print(f"{spend_line(config, planned_spend(config))}, if every hospital of the roster joins", flush=True)
     return config
 
 

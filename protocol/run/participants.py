@@ -45,9 +45,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from consilium.protocol.wire.channel import PartyChannels
 from consilium.protocol.run.checkpoint import write_at_the_end
+from consilium.protocol.wire.channel import PartyChannels
 from consilium.protocol.wire.messages import Finish, Hello, Message, ProtocolError, Withdraw
+from consilium.training.privacy.ledger import BUDGET_REFUSAL
 
 __all__ = ["MAX_JOINS_AGAIN", "Participants", "Timeouts", "run_to_the_end"]
 
@@ -288,6 +289,16 @@ class Participants:
                 self.parties.reject(sender, message, "expected nothing while the run waits for hospitals")
         self._breaking |= set(self.joining)  # the others waited for it: its return counts towards the cap
         return bool(self.joining)
+
+    def shortfall(self, quorum: int) -> str:
+        """Why the run cannot go on with fewer than ``quorum`` hospitals: those that withdrew with their privacy
+        budget spent (in their own words, ``training.privacy.ledger.BUDGET_REFUSAL``) are named as such."""
+        remaining = len(self.active) + len(self.joining)  # (one joining again is still in the run)
+        shortfall = f"only {remaining} hospitals remain, fewer than the quorum of {quorum}"
+        spent = sorted(name for name in self._withdrawn if self.departures[name].startswith(_WITHDREW + BUDGET_REFUSAL))
+        if spent:
+            return f"the privacy budget of {', '.join(spent)} is spent: {shortfall}"
+        return shortfall
 
     def withdrew(self, name: str, reason: str) -> None:
         """A hospital of the run said it leaves (its budget spent, the run refused): it is told nothing more."""

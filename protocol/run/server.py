@@ -190,9 +190,8 @@ class Server:
             if len(participants.active) < quorum:
                 break
             self._run_round(round_number)
-        remaining = len(participants.active) + len(participants.joining)  # (one joining again is still in the run)
-        if remaining < quorum:
-            return f"only {remaining} hospitals remain, fewer than the quorum of {quorum}"
+        if len(participants.active) + len(participants.joining) < quorum:
+            return participants.shortfall(quorum)
         return "completed all rounds"
 
     def _join(self) -> None:

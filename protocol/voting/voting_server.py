@@ -172,9 +172,7 @@ class VotingServer:
             self._participants.read_between_rounds()
             self._welcome_joining()
             if len(self._participants.active) < quorum:
-                finish_reason = (
-                    f"only {len(self._participants.active)} hospitals remain, fewer than the quorum of {quorum}"
-                )
+                finish_reason = self._participants.shortfall(quorum)
                 break
             self._run_round(round_number)
         started = time.perf_counter()

@@ -329,6 +329,9 @@ class PrivacyLedger:
             self._last_round[run] = max(self._last_round.get(run, 0), round_number)
 
 
+BUDGET_REFUSAL = "privacy budget: "  # how a refusal for a spent budget begins, which a server reports as one
+
+
 @dataclass(frozen=True)
 class PrivacyBudget:
     """At most ``epsilon`` at ``delta`` in ``view`` (``training.privacy.accounting``) and every view before it."""
@@ -346,7 +349,7 @@ class PrivacyBudget:
         if projected <= self.epsilon:
             return ""
         return (
-            f"privacy budget: round {round_number} would bring epsilon against the {view.replace('_', ' ')} "
+            f"{BUDGET_REFUSAL}round {round_number} would bring epsilon against the {view.replace('_', ' ')} "
             f"to {projected:.3f} > {self.epsilon:g} at delta {self.delta:g}"
         )
 

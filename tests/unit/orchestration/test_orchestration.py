@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from consilium.orchestration import spec as run_spec
-from consilium.orchestration.planning import check_first_round, least_noise_multiplier, planned_epsilons
+from consilium.orchestration.planning import check_first_round, least_noise_multiplier, planned_epsilons, planned_run
 from consilium.orchestration.spec import RunSpec, resolve
 from consilium.protocol.run.rules import ConfigError
 from consilium.scripts import federation, hospital
@@ -76,3 +76,21 @@ def test_the_budget_binds_on_the_coalition_by_default_and_on_the_view_an_operato
         check_first_round(resolved, data, [100] * 5)
     check_first_round(replace(resolved, budget_view="peer_hospital"), data, [100] * 5)
     assert hospital.build_parser().get_default("budget_view") == RunSpec().budget_view == "coalition"
+
+
+def test_a_target_epsilon_sets_the_noise_and_the_budget_and_is_refused_where_it_cannot_hold():
+    spec, data = resolve(RunSpec(rounds=5, target_epsilon=2.0))
+    assert spec.epsilon_budget == 2.0  # the budget, where none is given, is the target
+    calibrated_spec, plan = planned_run(spec, data)
+    sigma = calibrated_spec.flags["noise_multiplier"]
+    spent = planned_epsilons(calibrated_spec)
+    assert 0.98 * 2.0 <= spent["coalition"] <= 2.0 and "calibrated to epsilon 2 against the server" in plan
+    assert planned_epsilons(calibrated_spec.with_flags(noise_multiplier=sigma / 1.002))["coalition"] > 2.0
+    for wrong, error in (
+        (RunSpec(method="knn-dpfl", target_epsilon=2.0), "not of knn-dpfl"),
+        (RunSpec(method="central-dp", target_epsilon=2.0), "not of central-dp"),
+        (RunSpec(target_epsilon=2.0).with_flags(noise_multiplier=1.0), "not both"),
+        (RunSpec(target_epsilon=2.0, epsilon_budget=1.0), "is over --epsilon-budget 1"),
+    ):
+        with pytest.raises(ConfigError, match=error):
+            resolve(wrong)

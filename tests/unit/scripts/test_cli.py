@@ -270,6 +270,9 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
             "--clip-quantile is for dp-fedavg runs, not dopamine",
         ),
         (("server", *server, "--method", "dp-fedavg"), "--expected-batch-size is for dopamine runs"),
+        (("server", *server, "--target-epsilon", "4", "--noise-multiplier", "2"), "not both: the target sets"),
+        (("server", *server, "--target-epsilon", "4", "--method", "knn-dpfl"), "the noise of a new training run"),
+        (("federation", "--out", tmp_path / "t", "--target-epsilon", "4", "--epsilon-budget", "2"), "over --epsilon"),
     ]
     for args, fragment in cases:
         _assert_one_line_error(*_run_in_this_process(monkeypatch, *args), fragment)
