@@ -113,10 +113,7 @@ def rounds_within(config: RunConfig, budget: PrivacyBudget) -> int:
 def _fresh_ledger(config: RunConfig) -> tuple[PrivacyLedger, Release]:
     ledger = PrivacyLedger()
     ledger.begin_run(config.run_id, "planned")
-    release = ledger_release(
-        config.training, config.mechanism(), config.training.quorum, config.coalition(len(config.hospitals))
-    )
-    return ledger, release
+    return ledger, config.quorum_release(len(config.hospitals))
 
 
 def calibrated(config: RunConfig, target_epsilon: float, *, view: str, precision: float = 1e-3) -> RunConfig:

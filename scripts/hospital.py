@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from consilium.protocol.run.rules import ConfigError
+from consilium.protocol.run.site_policy import SitePolicy
 from consilium.protocol.run.hospital import DEFAULT_SEND_OFFSET_S, Hospital
 from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS
 from consilium.training.privacy.ledger import PrivacyBudget
@@ -16,6 +18,7 @@ from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.identity.roster_confirmation import join_federation
 from consilium.protocol.voting.voting_hospital import VotingHospital
+from consilium.orchestration.hospital_service import HospitalService, site_status
 from consilium.orchestration.run_flags import METHODS, chosen_aggregation
 from consilium.scripts._cli import USER_ERRORS, add_roster_fingerprint, configure_logging, run
 from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments
@@ -31,6 +34,9 @@ from consilium.training.models.compute_device import use_device
 from consilium.training.models.build import use_model_code
 from consilium.training.data.partition import PARTITION_SCHEMES, PartitionError, partition
 from consilium.training.voting.vote_privacy import VOTING_METHODS
+
+
+_BUDGET = PrivacyBudget(epsilon=3.0, delta=1e-5, view=DEFAULT_BUDGET_VIEW)  # a hospital's, unless it says otherwise
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,9 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--method",
-        default="dopamine",
         choices=METHODS,
-        help="the kind of run this hospital takes part in (default: dopamine)",
+        help="the kind of run this hospital takes part in (default: dopamine; a service's policy lists its own)",
     )
     parser.add_argument(
         "--data",
@@ -85,8 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-histogram", action="store_true", help="join runs that open the noisy vote totals (--reveal histogram)"
     )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
+    _add_service_arguments(parser)
     _add_simulation_arguments(parser)
     return parser
+
+
+def _add_service_arguments(parser: argparse.ArgumentParser) -> None:
+    service = parser.add_argument_group("a long-lived service (docs/explanation/site-services.md)")
+    service.add_argument(
+        "--policy",
+        type=Path,
+        help="run as a service: take run after run, each within this policy file (its methods, rounds and epsilon "
+        "caps, which replace --method, --epsilon-budget, --budget-view and --delta); stop it with SIGTERM",
+    )
+    service.add_argument(
+        "--status",
+        action="store_true",
+        help="print this hospital's state (its service's, its lifetime epsilon, what its --policy leaves) and exit",
+    )
 
 
 def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,15 +124,18 @@ def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_budget_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("the privacy budget (this hospital decides it, not the server)")
-    group.add_argument("--epsilon-budget", type=positive_float, default=3.0, help="refuse rounds beyond this epsilon")
+    group.add_argument(
+        "--epsilon-budget",
+        type=positive_float,
+        help=f"refuse rounds beyond this epsilon, over every run of its ledger (default: {_BUDGET.epsilon:g})",
+    )
     group.add_argument(
         "--budget-view",
         choices=VIEWS,
-        default=DEFAULT_BUDGET_VIEW,
         help="whose view the budget binds on, and every view before it: server, peer_hospital, coalition (the server "
-        f"with tau - 1 hospitals) or collusion (every other party) (default: {DEFAULT_BUDGET_VIEW})",
+        f"with tau - 1 hospitals) or collusion (every other party) (default: {_BUDGET.view})",
     )
-    group.add_argument("--delta", type=probability, default=1e-5, help="delta of the budget (default: 1e-5)")
+    group.add_argument("--delta", type=probability, help=f"delta of the budget (default: {_BUDGET.delta:g})")
 
 
 def _add_round_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,10 +176,14 @@ def _add_round_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
-    sys.exit(run(lambda: take_part(args)))
+    sys.exit(run(lambda: _status(args) if args.status else _serve(args) if args.policy else take_part(args)))
 
 
 def take_part(args: argparse.Namespace) -> None:
+    args.method = args.method or "dopamine"
+    args.epsilon_budget = args.epsilon_budget or _BUDGET.epsilon
+    args.budget_view = args.budget_view or _BUDGET.view
+    args.delta = args.delta or _BUDGET.delta
     if len(args.name) > 1 and (args.method not in VOTING_METHODS or args.state):
         raise ConfigError("several --name in one process are for simulating voting runs, without --state")
     if len(set(args.name)) != len(args.name) or len(set(args.part or ())) != len(args.part or ()):
@@ -167,6 +195,30 @@ def take_part(args: argparse.Namespace) -> None:
     use_device(args.device)
     own_model = use_model_code(args.model) if args.model is not None else None
     parties = {name: join_federation(args.federation, name, args.roster_fingerprint) for name in args.name}
+    shares = _own_data(args)
+    hospitals = {name: _hospital(args, *parties[name], share, own_model) for name, share in zip(args.name, shares)}
+    if len(hospitals) == 1:
+        ((name, hospital),) = hospitals.items()
+        _report(name, hospital)
+        return
+    # Each hospital blocks on its own connection; the heavy parts (teachers, noise) release the GIL.
+    with ThreadPoolExecutor(max_workers=len(hospitals)) as pool:
+        done = {name: pool.submit(_report, name, hospital) for name, hospital in hospitals.items()}
+    failed = []
+    for name, future in done.items():
+        if (error := future.exception()) is not None:
+            if not isinstance(error, USER_ERRORS):
+                raise error
+            print(f"error: {name}: {error}", file=sys.stderr, flush=True)
+            failed.append(name)
+    if failed:
+        raise ProtocolError(
+            f"{len(failed)} of the {len(hospitals)} hospitals of this process failed: {', '.join(failed)}"
+        )
+
+
+def _own_data(args: argparse.Namespace) -> list[Split]:
+    """Each --name's training records: the whole --data, or its --part of --parts in a simulation."""
     data = load_dataset(
         args.data,
         split_seed=args.data_seed,
@@ -187,25 +239,7 @@ def take_part(args: argparse.Namespace) -> None:
             alpha=args.alpha,
         )
         shares = [data.subset(parts[part - 1]) for part in args.part]
-    hospitals = {name: _hospital(args, *parties[name], share, own_model) for name, share in zip(args.name, shares)}
-    if len(hospitals) == 1:
-        ((name, hospital),) = hospitals.items()
-        _report(name, hospital)
-        return
-    # Each hospital blocks on its own connection; the heavy parts (teachers, noise) release the GIL.
-    with ThreadPoolExecutor(max_workers=len(hospitals)) as pool:
-        done = {name: pool.submit(_report, name, hospital) for name, hospital in hospitals.items()}
-    failed = []
-    for name, future in done.items():
-        if (error := future.exception()) is not None:
-            if not isinstance(error, USER_ERRORS):
-                raise error
-            print(f"error: {name}: {error}", file=sys.stderr, flush=True)
-            failed.append(name)
-    if failed:
-        raise ProtocolError(
-            f"{len(failed)} of the {len(hospitals)} hospitals of this process failed: {', '.join(failed)}"
-        )
+    return shares
 
 
 def _hospital(
@@ -230,6 +264,46 @@ def _hospital(
             aggregation=chosen_aggregation(args),
         )
     return VotingHospital(**common, min_quorum=args.min_quorum, allow_histogram=args.allow_histogram)
+
+
+def _serve(args: argparse.Namespace) -> None:
+    """One hospital as a service (``orchestration.hospital_service``) until SIGTERM or SIGINT."""
+    given = [flag for flag in ("method", "epsilon_budget", "budget_view", "delta") if getattr(args, flag) is not None]
+    if given:
+        raise ConfigError(f"--{given[0].replace('_', '-')} is the policy's to say in a service (--policy)")
+    if len(args.name) > 1:
+        raise ConfigError("a service is one hospital: give one --name")
+    if args.insecure_plaintext_benchmark:
+        raise ConfigError("--insecure-plaintext-benchmark is not for a service")
+    policy = SitePolicy.load(args.policy, METHODS)
+    use_device(args.device)
+    own_model = use_model_code(args.model) if args.model is not None else None
+    (name,) = args.name
+    roster, credentials = join_federation(args.federation, name, args.roster_fingerprint)
+    service = HospitalService(
+        roster=roster,
+        credentials=credentials,
+        data=_own_data(args)[0],
+        policy=policy,
+        state_dir=args.state or args.federation / name,
+        idle_s=args.timeout,
+        send_offset_s=args.send_offset,
+        own_model=own_model,
+        min_quorum=args.min_quorum,
+        allow_histogram=args.allow_histogram,
+    )
+    for signal_number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signal_number, lambda *_: service.stop.set())
+    service.serve()
+
+
+def _status(args: argparse.Namespace) -> None:
+    if len(args.name) > 1:
+        raise ConfigError("--status is for one hospital: give one --name")
+    (name,) = args.name
+    credentials = Credentials.load(args.federation / name)
+    policy = SitePolicy.load(args.policy, METHODS) if args.policy else None
+    print(site_status(args.state or args.federation / name, credentials, policy), flush=True)
 
 
 def _report(name: str, hospital: Hospital | VotingHospital) -> None:

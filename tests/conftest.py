@@ -13,6 +13,9 @@ import pytest
 
 from consilium.crypto.bfv_parameters import select_bfv_parameters
 from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import local_federation
+from consilium.training.data.datasets import load_dataset
+from consilium.training.data.partition import partition
 from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
 from consilium.orchestration.local import free_port  # noqa: F401  (the tests' ports, as the launchers pick them)
 
@@ -63,3 +66,14 @@ def child_environment() -> dict:
 def small_params():
     """Parameters for 10 contributors of 300 integers whose sum stays within [-40000, 40000]."""
     return select_bfv_parameters(max_contributors=10, vector_length=300, sum_bound=40_000)
+
+
+@pytest.fixture
+def threaded_federation(tmp_path):
+    """Three hospitals' keys and the roster, as a real federation makes them, and each hospital's share of the
+    built-in breast cancer data: for roles run as threads over ``tests/support/memory_transport.py``."""
+    roster = local_federation(tmp_path / "federation", hospitals=3, address="tcp://127.0.0.1:1")
+    data = load_dataset("breast_cancer")
+    parts = partition(data.train.y, 3, seed=0)
+    shares = {name: data.train.subset(part) for name, part in zip(roster.hospitals, parts)}
+    return roster, data, shares, tmp_path

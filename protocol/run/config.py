@@ -18,8 +18,8 @@ from consilium.crypto.one_time_keys import key_share_bytes
 from consilium.crypto.sealed_box import OVERHEAD_BYTES
 from consilium.protocol.run.rules import MAX_HOSPITALS, MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
 from consilium.protocol.secure_round.statement import RoundSetting, check_threshold
-from consilium.training.privacy.accounting import tolerated_coalition
-from consilium.training.methods.registry import METHODS, TrainingMethod, settings_from_dict
+from consilium.training.privacy.accounting import Release, tolerated_coalition
+from consilium.training.methods.registry import METHODS, TrainingMethod, ledger_release, settings_from_dict
 from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.skellam import SkellamMechanism
 from consilium.protocol.wire.messages import ProtocolError, Welcome
@@ -30,6 +30,7 @@ __all__ = [
     "SECURE_AGGREGATION",
     "RunConfig",
     "accept_run",
+    "announced_method",
     "check_aggregation",
     "check_choices",
 ]
@@ -98,6 +99,11 @@ class RunConfig:
         """The hospitals beside the server in the ``coalition`` view, for a consortium of ``consortium``
         hospitals (``training.privacy.accounting.tolerated_coalition``)."""
         return tolerated_coalition(self.key_threshold, consortium)
+
+    def quorum_release(self, consortium: int) -> Release:
+        """What a hospital's ledger charges each round of this run before its update leaves: the least noise
+        a released sum carries, a quorum's, in a consortium of ``consortium`` hospitals."""
+        return ledger_release(self.training, self.mechanism(), self.training.quorum, self.coalition(consortium))
 
     @property
     def parameter_count(self) -> int:
@@ -201,6 +207,14 @@ class RunConfig:
         return config
 
 
+def announced_method(welcome: Welcome) -> str | None:
+    """The training method a Welcome names, read before any method's code reads its settings (None where it
+    names none that can be shown in one line)."""
+    training = welcome.config.get("training")
+    method = training.get("method") if isinstance(training, dict) else None
+    return method if isinstance(method, str) and len(method) <= 64 else None
+
+
 def accept_run(welcome: Welcome, *, name: str, method: str, aggregation: str, roster_hospitals: list[str]) -> RunConfig:
     """The run a server's Welcome announces, as hospital ``name`` accepts it: of the method and aggregation
     mode its own operator chose (a server cannot switch it to plaintext uploads, or to another method,
@@ -208,10 +222,7 @@ def accept_run(welcome: Welcome, *, name: str, method: str, aggregation: str, ro
     (not, say, the server as a hospital, to hold a key), with a wait for the server of at most
     ``MAX_SERVER_WAIT_S``. ``ProtocolError`` otherwise."""
     announced = welcome.config
-    training = announced.get("training")
-    method_announced = training.get("method") if isinstance(training, dict) else None
-    if not (isinstance(method_announced, str) and len(method_announced) <= 64):  # shown in one line
-        method_announced = None
+    method_announced = announced_method(welcome)
     if method_announced != method:  # before any method's code reads the server's settings
         raise ProtocolError(f"the server's run trains with {method_announced!r}; {name} was started for {method!r}")
     try:

@@ -39,6 +39,7 @@ import numpy as np
 
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.sealed_box import SealedBoxError
+from consilium.protocol.run.site_policy import DECLINED, Declined, Offer
 from consilium.protocol.run.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, RunConfig, accept_run, check_choices
 from consilium.protocol.run.run_model import RunModel
 from consilium.protocol.wire.messages import (
@@ -109,6 +110,7 @@ class Hospital:
         aggregation: str = SECURE_AGGREGATION,
         own_model: str | None = None,
         transport: ClientTransport | None = None,
+        offer: Offer | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
         self._name = credentials.name
@@ -133,15 +135,18 @@ class Hospital:
         self._box_keys = BoxKeyring(self._name, credentials.identity.signing)  # memory only
         self._last_round = 0  # the last round this hospital was charged for: it takes part only in later ones
         self._metrics = HospitalMetrics(state_dir, self._name)
+        self._offer = offer  # a service's: the Welcome it took, its policy and its stop flag
+        stop = offer.stop if offer else None
         self._channel = ServerChannel.connect(
-            roster, credentials, accept=TO_HOSPITAL, timeout_s=timeout_s, log=log, transport=transport
+            roster, credentials, accept=TO_HOSPITAL, timeout_s=timeout_s, log=log, transport=transport, stop=stop
         )
 
     def run(self) -> dict:
         """Take part until the server finishes the run or the budget is spent; returns the metrics."""
         finish_reason = ""
         try:
-            finish_reason = self._channel.take_part(Welcome, self._take_part, self._name)
+            welcomed = self._offer.welcome if self._offer else None
+            finish_reason = self._channel.take_part(Welcome, self._take_part, self._name, welcomed)
         finally:
             if self._config is not None:
                 self._metrics.write(self._config, finish_reason, rejected=self._channel.rejections.total)
@@ -151,10 +156,11 @@ class Hospital:
     def _take_part(self, welcome: Welcome) -> str:
         try:
             self._join(welcome)
-        except ProtocolError:  # said, so that the server does not wait for it to come back
+        except ProtocolError as refusal:  # said, so that the server does not wait for it to come back
+            # Why stays in this hospital's log: a misfit names facts of its data (its labels, shapes), a decline its policy.
+            reason = DECLINED if isinstance(refusal, Declined) else "refuses the run it was welcomed to"
             with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
-                # Why stays in this hospital's log: a misfit names facts of its data (its labels, shapes).
-                self._channel.send(Withdraw(round=0, reason="refuses the run it was welcomed to"))
+                self._channel.send(Withdraw(round=0, reason=reason))
             raise
         return self._rounds_loop()
 
@@ -187,23 +193,21 @@ class Hospital:
         return b"" if self._aggregation == INSECURE_PLAINTEXT else self._box_keys.new(self._run, round_number)
 
     def _begin(self, config: RunConfig, run: str, welcome: Welcome) -> None:
+        self._ledger = PrivacyLedger(  # read here; written from begin_run on
+            self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key, accept_unchained=self._upgrade_ledger
+        )
+        if self._offer is not None:  # on the configuration alone, before the data is read or the ledger written
+            charge = config.quorum_release(len(self._roster.hospitals))
+            self._offer.check(self._ledger, charge, rounds=config.rounds, run_id=config.run_id, fingerprint=run)
         try:
             check_model_for(config.model, self._data, self._own_model)
             model = RunModel(config)
         except ModelError as error:
             raise ProtocolError(f"{self._name} refuses the run: {error}") from None
         _load(model, welcome)  # before the ledger hears of the run: a malformed Welcome leaves no trace
-        self._ledger = PrivacyLedger(
-            self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key, accept_unchained=self._upgrade_ledger
-        )
         self._last_round = self._ledger.begin_run(config.run_id, run)
         if self._last_round:
-            log.warning(
-                "%s resumes run %s after round %d (its ledger's last charge)",
-                self._name,
-                config.run_id,
-                self._last_round,
-            )
+            log.warning("%s resumes run %s after round %d", self._name, config.run_id, self._last_round)
             self._metrics.continue_run(config.run_id)
         self._channel.limit = config.message_limit()
         self._config, self._run = config, run

@@ -135,10 +135,7 @@ class Participants:
         withdrew (a voting hospital refusing the run, say) leaves. Anything else is rejected."""
         while (got := self.next_message(time.monotonic() + _QUEUED_S)) is not None:
             sender, message = got
-            if isinstance(message, Withdraw) and sender in self.active:
-                self.withdrew(sender, message.reason)
-            else:
-                self.parties.reject(sender, message, "expected nothing between rounds")
+            self.parties.reject(sender, message, "expected nothing between rounds")
 
     def broken_joins(self, name: str) -> int:
         """How often ``name`` joined again in a way that cost the others (see the module's docstring)."""
@@ -149,6 +146,9 @@ class Participants:
         (a hospital that says Hello again leaves the round: what a round waits for may change)."""
         while waiting() and (got := self.parties.next_message(deadline)) is not None:
             sender, message = got
+            if isinstance(message, Withdraw) and sender in self.active:  # at any step: it is not waited for
+                self.withdrew(sender, message.reason)
+                continue
             if self._rounds_open and self.intercept(sender, message):
                 continue
             if isinstance(message, Hello) and self._rounds_open:
@@ -283,10 +283,7 @@ class Participants:
         )
         while waiting() and (got := self.next_message(deadline, waiting)) is not None:
             sender, message = got
-            if isinstance(message, Withdraw) and sender in self.active:
-                self.withdrew(sender, message.reason)
-            else:
-                self.parties.reject(sender, message, "expected nothing while the run waits for hospitals")
+            self.parties.reject(sender, message, "expected nothing while the run waits for hospitals")
         self._breaking |= set(self.joining)  # the others waited for it: its return counts towards the cap
         return bool(self.joining)
 

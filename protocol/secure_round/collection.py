@@ -22,7 +22,7 @@ from typing import Callable
 
 from consilium.crypto.bfv import BfvError
 from consilium.crypto.insecure_plaintext import InsecurePlaintextSum
-from consilium.protocol.wire.messages import Message, Refused, Update, Withdraw
+from consilium.protocol.wire.messages import Message, Refused, Update
 from consilium.protocol.secure_round.sum_round import SumRound
 from consilium.protocol.run.participants import Participants
 
@@ -55,9 +55,7 @@ def collect_updates(
         if got is None:
             break
         sender, message = got
-        if isinstance(message, Withdraw) and sender in participants.active:
-            participants.withdrew(sender, message.reason)
-        elif (
+        if (
             isinstance(message, Refused)
             and message.round == round_number
             and sender in participants.active
@@ -128,10 +126,11 @@ def collect_from_members(
     every_member_needed: bool = True,
 ) -> tuple[dict[str, Message], dict[str, Refused]]:
     """One ``kind`` message of round ``round_number`` from each member, each passing ``check`` (which
-    returns why not, or ""); and the refusals of the step. Where every member is needed, the wait
-    ends as soon as one leaves (says Hello again), and nobody is dropped then; otherwise (the
-    confirmation, after the sum is open) it goes on for those still active. A member that sends
-    neither in time is dropped; one that refuses is not (its refusal names whom it caught)."""
+    returns why not, or ""); and the refusals of the step. The wait goes on for the members still
+    active until each answered or refused, even after one left (withdrew, or said Hello again):
+    the others' refusals may name it, and are weighed. A member that sends neither in time is
+    dropped, unless every member was needed and one left (the round fails anyway); one that refuses
+    is not (its refusal names whom it caught)."""
     parties = participants.parties
     answers: dict[str, Message] = {}
     refusals: dict[str, Refused] = {}
@@ -139,8 +138,6 @@ def collect_from_members(
     expected = set(members)
 
     def waiting() -> bool:
-        if every_member_needed and not expected <= set(participants.active):
-            return False
         return not (expected & set(participants.active)) <= set(answers) | set(refusals)
 
     while waiting():

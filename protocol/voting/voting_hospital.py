@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
 from consilium.protocol.voting.ballots import seal_ballot, tallier_key_context
+from consilium.protocol.run.site_policy import DECLINED, Declined, Offer
 from consilium.protocol.wire.channel import ServerChannel
 from consilium.protocol.wire.messages import (
     TO_VOTING_HOSPITAL,
@@ -45,8 +46,9 @@ from consilium.protocol.wire.messages import (
 )
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
-from consilium.protocol.wire.transport import TransportError
+from consilium.protocol.wire.transport import ClientTransport, TransportError
 from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
+from consilium.training.privacy.accounting import Release
 from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
 from consilium.training.data.datasets import Split
 from consilium.training.models.build import ModelError, check_model_for
@@ -72,6 +74,8 @@ class VotingHospital:
         min_quorum: int = 2,
         allow_histogram: bool = False,
         own_model: str | None = None,
+        transport: ClientTransport | None = None,
+        offer: Offer | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
         self._name = credentials.name
@@ -82,8 +86,15 @@ class VotingHospital:
         self._state_dir = state_dir
         self._upgrade_ledger = upgrade_ledger  # read an unchained (older) ledger once: its operator's say
         self._own_model = own_model  # the name of the model its operator named (--model), if any
+        self._offer = offer  # a service's: the Welcome it took, its policy and its stop flag
         self._channel = ServerChannel.connect(
-            roster, credentials, accept=TO_VOTING_HOSPITAL, timeout_s=timeout_s, log=log
+            roster,
+            credentials,
+            accept=TO_VOTING_HOSPITAL,
+            timeout_s=timeout_s,
+            log=log,
+            transport=transport,
+            stop=offer.stop if offer else None,
         )
         self._generator = secure_generator()
         self._min_quorum = min_quorum
@@ -95,7 +106,8 @@ class VotingHospital:
     def run(self) -> dict:
         """Vote until the server finishes the run or the budget is spent; returns what it did."""
         try:
-            finish_reason = self._channel.take_part(VotingWelcome, self._take_part, self._name)
+            welcomed = self._offer.welcome if self._offer else None
+            finish_reason = self._channel.take_part(VotingWelcome, self._take_part, self._name, welcomed)
         finally:
             self._channel.close()
         return {"finish_reason": finish_reason, "rounds": self._rounds}
@@ -114,8 +126,9 @@ class VotingHospital:
         try:
             self._join(welcome)
         except ProtocolError as refusal:  # said, so that the server drops it now, not at the round's deadline
+            reason = DECLINED if isinstance(refusal, Declined) else str(refusal)  # the policy's caps stay the site's
             with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
-                self._channel.send(Withdraw(round=0, reason=str(refusal)))
+                self._channel.send(Withdraw(round=0, reason=reason))
             raise
         self._last_round = self._ledger.begin_run(self._config.run_id, self._run)
         if self._last_round:
@@ -156,6 +169,12 @@ class VotingHospital:
             raise ProtocolError(
                 f"the run would reveal the noisy {config.reveal}; this hospital allows labels only (--allow-histogram)"
             )
+        self._ledger = PrivacyLedger(  # read here; written from begin_run on
+            self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key, accept_unchained=self._upgrade_ledger
+        )
+        if self._offer is not None:  # on the configuration alone, before the data is read or the ledger written
+            charge = _charge(config, len(self._roster.hospitals))
+            self._offer.check(self._ledger, charge, rounds=config.rounds, run_id=config.run_id, fingerprint=run)
         if config.voting.method == "knn-dpfl" and config.voting.neighbours >= len(self._data):
             raise ProtocolError(f"{config.voting.neighbours} neighbours need more records than this hospital has")
         try:
@@ -187,9 +206,6 @@ class VotingHospital:
         self._channel.limit = config.message_limit()
         self._field = config.field()
         self._config = config
-        self._ledger = PrivacyLedger(
-            self._state_dir / LEDGER_FILE, key=self._credentials.ledger_key, accept_unchained=self._upgrade_ledger
-        )
 
     def _certified_tallier_keys(
         self, config: VotingConfig, tallier_keys: dict[str, bytes]
@@ -221,13 +237,7 @@ class VotingHospital:
             raise ProtocolError(
                 f"round {request.round}: the queries are not {config.queries_per_round} finite records of {config.features} values"
             )
-        least_noise = config.voting.release(
-            queries=config.queries_per_round,
-            classes=config.classes,
-            contributors=config.voting.quorum,
-            coalition=config.coalition(len(self._roster.hospitals)),
-            level="record",
-        )
+        least_noise = _charge(config, len(self._roster.hospitals))
         refusal = self._budget.refusal(self._ledger, least_noise, request.round)
         if refusal:
             log.warning("%s withdraws: %s", self._name, refusal)
@@ -254,3 +264,14 @@ class VotingHospital:
         self._channel.send(Ballot(round=request.round, boxes=boxes))
         self._rounds.append({"round": request.round, "epsilon": self._ledger.epsilons(self._budget.delta)})
         return ""
+
+
+def _charge(config: VotingConfig, consortium: int) -> Release:
+    """What each round charges a hospital's ledger before its ballot leaves: the least noise, a quorum's."""
+    return config.voting.release(
+        queries=config.queries_per_round,
+        classes=config.classes,
+        contributors=config.voting.quorum,
+        coalition=config.coalition(consortium),
+        level="record",
+    )

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from consilium.protocol.voting.ballots import box_bytes
-from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, Shares, TallyFailed, Withdraw
+from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, Shares, TallyFailed
 from consilium.protocol.run.participants import Participants
 from consilium.protocol.voting.tallier_keys import TallierKeys
 from consilium.protocol.voting.voting_config import VotingConfig
@@ -70,9 +70,7 @@ def collect_ballots(
     length = box_bytes(values)
     while not set(participants.active) <= set(ballots) and (got := participants.next_message(deadline)) is not None:
         sender, message = got
-        if isinstance(message, Withdraw) and sender in participants.active:
-            participants.withdrew(sender, message.reason)
-        elif not (isinstance(message, Ballot) and sender in participants.active and message.round == round_number):
+        if not (isinstance(message, Ballot) and sender in participants.active and message.round == round_number):
             parties.reject(sender, message, f"expected a ballot for round {round_number}")
         elif sender in ballots:
             parties.reject(sender, message, f"second ballot for round {round_number}")

@@ -107,19 +107,23 @@ class PrivacyLedger:
 
         A run id seen before under another fingerprint is refused (a server may not reuse a run id),
         and so is a run this party finished (``finish_run``)."""
-        if run_id in self._finished:
-            raise LedgerError(
-                f"run {run_id} is over for this party (its ledger says so); a party takes part in a run once"
-            )
+        if refusal := self.begin_refusal(run_id, fingerprint):
+            raise LedgerError(refusal)
         if run_id in self._runs:
-            if self._runs[run_id] != fingerprint:
-                raise LedgerError(
-                    f"run {run_id} is already in this privacy ledger with other settings: a server may not reuse a run id"
-                )
             return self._last_round.get(run_id, 0)
         self._write({"run": run_id, "fingerprint": fingerprint})
         self._runs[run_id] = fingerprint
         return 0
+
+    def begin_refusal(self, run_id: str, fingerprint: str) -> str:
+        """Why ``begin_run`` would refuse the run, or "" where it would begin or resume it; writes nothing."""
+        if run_id in self._finished:
+            return f"run {run_id} is over for this party (its ledger says so); a party takes part in a run once"
+        if self._runs.get(run_id, fingerprint) != fingerprint:
+            return (
+                f"run {run_id} is already in this privacy ledger with other settings: a server may not reuse a run id"
+            )
+        return ""
 
     def finish_run(self, run_id: str) -> None:
         """Mark ``run_id`` over, durably: it is never begun again."""
@@ -146,12 +150,12 @@ class PrivacyLedger:
         self._write({"run": run_id, "round": round_number, "step": step})
         self._steps.add((run_id, round_number, step))
 
-    def epsilon(self, delta: float, *, view: str = "server", extra: Release | None = None) -> float:
-        """Epsilon at ``delta`` for ``view`` spent so far, plus one more release if given."""
+    def epsilon(self, delta: float, *, view: str = "server", extra: Release | None = None, times: int = 1) -> float:
+        """Epsilon at ``delta`` for ``view`` spent so far, plus ``times`` more releases of ``extra`` if given."""
         _view_index(view)
         counts = Counter(self._entries.values())
-        if extra is not None:
-            counts[extra] += 1
+        if extra is not None and times > 0:
+            counts[extra] += times
         if not counts:
             return 0.0
         total = sum(count * _rdp(release, view) for release, count in counts.items())
@@ -161,10 +165,20 @@ class PrivacyLedger:
         """Epsilon at ``delta`` spent so far, for each view."""
         return {view: self.epsilon(delta, view=view) for view in VIEWS}
 
-    def worst_epsilon(self, delta: float, *, up_to: str, extra: Release | None = None) -> tuple[float, str]:
-        """The largest epsilon over ``VIEWS`` from the server's up to ``up_to``, and the first view that reaches it."""
+    def worst_epsilon(
+        self, delta: float, *, up_to: str, extra: Release | None = None, times: int = 1
+    ) -> tuple[float, str]:
+        """The largest epsilon over ``VIEWS`` from the server's up to ``up_to`` (with ``times`` releases of
+        ``extra``, as ``epsilon``), and the first view that reaches it."""
         views = VIEWS[: _view_index(up_to) + 1]
-        return max(((self.epsilon(delta, view=view, extra=extra), view) for view in views), key=lambda pair: pair[0])
+        return max(
+            ((self.epsilon(delta, view=view, extra=extra, times=times), view) for view in views),
+            key=lambda pair: pair[0],
+        )
+
+    def last_round(self, run_id: str) -> int:
+        """The last round of ``run_id`` this ledger charged (0 for a run it does not name); writes nothing."""
+        return self._last_round.get(run_id, 0)
 
     # -- the file -------------------------------------------------------------------------------
 

@@ -75,7 +75,7 @@ def test_the_budget_binds_on_the_coalition_by_default_and_on_the_view_an_operato
     with pytest.raises(ConfigError, match="epsilon against the coalition"):
         check_first_round(resolved, data, [100] * 5)
     check_first_round(replace(resolved, budget_view="peer_hospital"), data, [100] * 5)
-    assert hospital.build_parser().get_default("budget_view") == RunSpec().budget_view == "coalition"
+    assert hospital._BUDGET.view == RunSpec().budget_view == "coalition"
 
 
 def test_a_target_epsilon_sets_the_noise_and_the_budget_and_is_refused_where_it_cannot_hold():

@@ -8,28 +8,16 @@ import numpy as np
 import pytest
 
 from consilium.protocol.identity.party_keys import SERVER, Credentials
-from consilium.protocol.identity.roster import local_federation
 from consilium.protocol.run.hospital import Hospital
 from consilium.protocol.run.participants import Timeouts
 from consilium.protocol.run.server import Server
 from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.wire.messages import Hello, ProtocolError, Welcome
-from consilium.training.data.datasets import load_dataset
-from consilium.training.data.partition import partition
 from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyBudget
 from memory_transport import MemoryNetwork
 from scripted_peers import small_run_config
 
 HOSPITALS = 3
-
-
-@pytest.fixture
-def federation(tmp_path):
-    roster = local_federation(tmp_path / "federation", hospitals=HOSPITALS, address="tcp://127.0.0.1:1")
-    data = load_dataset("breast_cancer")
-    parts = partition(data.train.y, HOSPITALS, seed=0)
-    shares = {name: data.train.subset(part) for name, part in zip(roster.hospitals, parts)}
-    return roster, data, shares, tmp_path
 
 
 def _hospital(roster, tmp_path, name, data, network, **settings) -> Hospital:
@@ -47,8 +35,8 @@ def _hospital(roster, tmp_path, name, data, network, **settings) -> Hospital:
     )
 
 
-def test_a_federation_of_threads_releases_every_round_and_every_party_applies_the_same_model(federation):
-    roster, data, shares, tmp_path = federation
+def test_a_federation_of_threads_releases_every_round_and_every_party_applies_the_same_model(threaded_federation):
+    roster, data, shares, tmp_path = threaded_federation
     network = MemoryNetwork()
     config = small_run_config(roster, quorum=HOSPITALS, rounds=2)
     server = Server(
@@ -81,8 +69,8 @@ def test_a_federation_of_threads_releases_every_round_and_every_party_applies_th
         assert np.array_equal(held, server_model), f"{name} applied another model than the server's"
 
 
-def test_a_hospital_refuses_a_welcome_to_another_method_before_its_ledger_hears_of_the_run(federation):
-    roster, data, shares, tmp_path = federation
+def test_a_hospital_refuses_a_welcome_to_another_method_before_its_ledger_hears_of_the_run(threaded_federation):
+    roster, data, shares, tmp_path = threaded_federation
     network = MemoryNetwork()
     name = roster.hospitals[0]
     hospital = _hospital(roster, tmp_path, name, shares[name], network)

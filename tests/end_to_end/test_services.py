@@ -1,0 +1,89 @@
+"""Hospital services as an IT department runs them: each started once, as a real process, then run after
+run from the coordinator with no command typed at any site, the site's status read locally, and a stop
+(SIGTERM) that withdraws from the run in flight and loses nothing."""
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import child_environment, free_port, launcher, run_launcher
+from consilium.protocol.identity.roster import local_federation
+from scripted import HospitalProcess, confirmed, wait_for_text
+
+pytestmark = pytest.mark.slow
+POLICY = """methods = ["dopamine"]
+max_rounds = 100
+view = "coalition"
+delta = 1e-5
+max_epsilon_per_run = 40.0
+max_epsilon_lifetime = 100.0
+"""
+
+
+def _server(federation, out, *args):
+    """A server of one run, as the coordinator's operator starts it: its output in ``out.log``."""
+    log = out.parent / f"{out.name}.log"
+    command = launcher(
+        "server", *confirmed(federation), "--out", out, "--expected-batch-size", "5", "--hidden", "4", *args
+    )
+    with log.open("w") as handle:
+        return subprocess.Popen(command, stdout=handle, stderr=handle, text=True, env=child_environment())
+
+
+def _status(federation, name, policy):
+    result = run_launcher("hospital", "--federation", federation, "--name", name, "--policy", policy, "--status")
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _wait_for_state(state_dir, state, process, timeout=60):
+    path, deadline = state_dir / "service_status.json", time.monotonic() + timeout
+    while not (path.exists() and json.loads(path.read_text())["state"] == state):
+        assert process.poll() is None and time.monotonic() < deadline, f"{state_dir.name} never said {state}"
+        time.sleep(0.05)
+
+
+def test_services_take_runs_one_after_another_and_a_stop_withdraws_from_the_run_in_flight(tmp_path):
+    federation = tmp_path / "federation"
+    local_federation(federation, hospitals=3, address=f"tcp://127.0.0.1:{free_port()}")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    services = [
+        HospitalProcess(federation, f"hospital-{i}", i, 3, tmp_path / f"hospital-{i}.log", "--policy", policy)
+        for i in (1, 2, 3)
+    ]
+    try:
+        for number, rounds in ((1, "2"), (2, "3")):  # nothing typed at any site between the runs
+            server = _server(federation, tmp_path / f"run-{number}", "--rounds", rounds)
+            assert server.wait(timeout=120) == 0, (tmp_path / f"run-{number}.log").read_text()
+            assert "finished (completed all rounds)" in (tmp_path / f"run-{number}.log").read_text()
+        assert all(service.ledger().steps == 5 for service in services)
+        _wait_for_state(services[0].state, "waiting", services[0].process)
+        status = _status(federation, "hospital-1", policy)
+        assert status.startswith("hospital-1: waiting since") and "last run: training, 3 rounds" in status
+        spent = services[0].ledger().epsilon(1e-5, view="coalition")
+        assert f"under its policy: {spent:.3f} of 100 spent against the" in status
+
+        # A long run; hospital-1's operator stops its service once the run is under way.
+        long_run = _server(federation, tmp_path / "run-3", "--rounds", "50", "--rejoin-window", "0")
+        wait_for_text(tmp_path / "run-3.log", "round    1/50", long_run, timeout=120)
+        services[0].process.send_signal(signal.SIGTERM)
+        assert services[0].process.wait(timeout=15) == 0, services[0].log.read_text()
+        assert long_run.wait(timeout=120) == 0
+        report = json.loads((tmp_path / "run-3" / "server_report.json").read_text())
+        assert report["departures"]["hospital-1"] == "withdrew: its operator stopped its service"
+        assert report["finish_reason"].startswith("only 2 hospitals remain")
+        assert services[0].ledger().steps > 5  # whole, and read back (a torn ledger would not be)
+        assert _status(federation, "hospital-1", policy).startswith("hospital-1: stopped since")
+
+        for service in services[1:]:  # the others, stopped while they wait for a run
+            _wait_for_state(service.state, "waiting", service.process)
+            service.process.send_signal(signal.SIGTERM)
+            assert service.process.wait(timeout=15) == 0
+            assert "its operator stopped its service" in service.log.read_text()
+    finally:
+        for service in services:
+            service.kill()
