@@ -9,9 +9,8 @@ docs/explanation/site-services.md. In short, ``HospitalService.serve`` loops:
    ``protocol.voting.voting_hospital.VotingHospital`` for a vote. A method outside the policy is
    declined at once; the role checks the rest of the policy before its ledger hears of the run
    (``protocol.run.site_policy``), and withdraws with the policy's reason where it declines;
-3. after a run it took part in, connect again at once; after a failure (a decline, a Finish before
-   any Welcome, a run that ended in error) after a pause that doubles from ``FIRST_PAUSE_S`` up to
-   ``MOST_PAUSE_S``, half a default join window, so that a server started meanwhile still hears it.
+3. after a run it took part in, connect again at once; after anything else, after a pause
+   (``orchestration.site_service.serve_runs``).
 
 ``stop`` (set by the launcher's SIGTERM or SIGINT handler) ends every wait within a second; a run in
 flight is withdrawn from (``protocol.wire.channel.ServerChannel.take_part``). The service's state is
@@ -49,18 +48,17 @@ from consilium.protocol.wire.messages import (
     Welcome,
     Withdraw,
 )
+from consilium.orchestration.site_service import serve_runs
 from consilium.protocol.wire.transport import ClientTransport, Reconnected, TransportError
 from consilium.training.data.datasets import Split
 from consilium.training.privacy.accounting import VIEWS
 from consilium.training.privacy.durable import replace_file
 from consilium.training.privacy.ledger import LEDGER_FILE, LedgerError, PrivacyLedger
 
-__all__ = ["FIRST_PAUSE_S", "MOST_PAUSE_S", "STATUS_FILE", "HospitalService", "site_status"]
+__all__ = ["STATUS_FILE", "HospitalService", "site_status"]
 
 log = logging.getLogger("consilium.service")
 
-FIRST_PAUSE_S = 1.0
-MOST_PAUSE_S = 30.0
 STATUS_FILE = "service_status.json"
 _SHOWN_CHARACTERS = 300  # of a status value, in --status
 _DECLINED_KEPT = 10_000  # run ids remembered as declined: a bound on what a server can make the service keep
@@ -87,16 +85,8 @@ class HospitalService:
     def serve(self) -> None:
         """Take run after run until ``stop`` is set."""
         name = self.credentials.name
-        pause = FIRST_PAUSE_S
         log.warning("%s serves: %s", name, self._policy_line())
-        while not self.stop.is_set():
-            took_part = self._one_run()
-            if took_part or self.stop.is_set():
-                pause = FIRST_PAUSE_S
-                continue
-            self._status("paused", pause_s=pause)
-            self.stop.wait(pause)
-            pause = min(2 * pause, MOST_PAUSE_S)
+        serve_runs(self._one_run, self.stop, lambda pause: self._status("paused", pause_s=pause))
         self._status("stopped")
         log.warning("%s: %s", name, STOPPED)
 
@@ -133,7 +123,7 @@ class HospitalService:
             except Reconnected:  # a server started again (the next run's, say): it has not heard this Hello
                 channel.send(Hello())
                 continue
-            except (Stopped, ProtocolError) as error:
+            except (Stopped, ProtocolError, TransportError) as error:
                 log.info("%s: no run now: %s", self.credentials.name, error)
                 channel.close()
                 return None

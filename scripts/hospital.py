@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +18,7 @@ from consilium.protocol.identity.roster import Roster
 from consilium.protocol.identity.roster_confirmation import join_federation
 from consilium.protocol.voting.voting_hospital import VotingHospital
 from consilium.orchestration.hospital_service import HospitalService, site_status
+from consilium.orchestration.site_service import stop_on_signals
 from consilium.orchestration.run_flags import METHODS, chosen_aggregation
 from consilium.scripts._cli import USER_ERRORS, add_roster_fingerprint, configure_logging, run
 from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments
@@ -292,8 +292,7 @@ def _serve(args: argparse.Namespace) -> None:
         min_quorum=args.min_quorum,
         allow_histogram=args.allow_histogram,
     )
-    for signal_number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signal_number, lambda *_: service.stop.set())
+    stop_on_signals(service.stop)
     service.serve()
 
 

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from consilium.protocol.identity.party_keys import KeyFileError, mpc_address
+from consilium.orchestration.site_service import TallierService, stop_on_signals
 from consilium.protocol.identity.roster_confirmation import join_federation
+from consilium.protocol.run.rules import ConfigError
 from consilium.scripts._cli import add_roster_fingerprint, configure_logging, run
 from consilium.training.methods.flags import positive_float
 from consilium.tallier.tallier import Tallier
@@ -46,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="take part in runs that open the noisy vote totals (--reveal histogram)",
     )
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="run as a service: tally run after run, each waited for up to --timeout before connecting again, "
+        "until SIGTERM",
+    )
     parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
     return parser
 
@@ -60,7 +68,7 @@ def _listen_address(text: str) -> tuple[str, int]:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
-    sys.exit(run(lambda: tally(args)))
+    sys.exit(run(lambda: serve(args) if args.serve else tally(args)))
 
 
 def tally(args: argparse.Namespace) -> None:
@@ -77,6 +85,24 @@ def tally(args: argparse.Namespace) -> None:
     )
     result = tallier.run()
     print(f"{args.name}: {len(result['rounds'])} rounds tallied, finished: {result['finish_reason']}", flush=True)
+
+
+def serve(args: argparse.Namespace) -> None:
+    """This tallier as a service (``orchestration.site_service``) until SIGTERM or SIGINT."""
+    if args.transcript:
+        raise ConfigError("--transcript records one run: it is not for a service")
+    roster, credentials = join_federation(args.federation, args.name, args.roster_fingerprint)
+    service = TallierService(
+        roster=roster,
+        credentials=credentials,
+        state_dir=args.state or args.federation / args.name,
+        idle_s=args.timeout,
+        mpc_timeout_s=args.mpc_timeout,
+        allow_histogram=args.allow_histogram,
+        mpc_listen=args.listen,
+    )
+    stop_on_signals(service.stop)
+    service.serve()
 
 
 if __name__ == "__main__":

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
 from consilium.protocol.voting.ballots import BallotError, open_share, tallier_key_context
-from consilium.protocol.wire.channel import ServerChannel
+from consilium.protocol.wire.channel import STOPPED, ServerChannel
 from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import (
     TO_TALLIER,
@@ -71,6 +72,7 @@ class Tallier:
         transcript: Path | None = None,
         allow_histogram: bool = False,
         mpc_listen: tuple[str, int] | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
         if credentials.name not in roster.talliers:
@@ -90,6 +92,7 @@ class Tallier:
             timeout_s=timeout_s,
             log=log,
             transcript=Transcript(transcript, payloads=True) if transcript else None,
+            stop=stop,  # a service's: every wait for the server ends within a second of it
         )
         self._rounds: list[dict] = []
 
@@ -97,7 +100,8 @@ class Tallier:
         """Tally until the server finishes the run; returns what it did."""
         try:
             finish_reason = self._channel.take_part(VotingWelcome, self._take_part, self._name)
-            self._state_file.delete()  # the run is over: no later leak of long-term keys opens its boxes
+            if finish_reason != STOPPED:  # a stopped service's run may go on: it rejoins with the same key
+                self._state_file.delete()  # the run is over: no later leak of long-term keys opens its boxes
         finally:
             self._channel.close()
         return {"finish_reason": finish_reason, "rounds": self._rounds}

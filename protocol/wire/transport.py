@@ -28,7 +28,9 @@ peak reported (``ServerTransport.limits``).
 
 ZeroMQ reconnects a hospital by itself, silently; a restarted server would then not know it. The
 hospital's transport watches its socket's monitor and raises ``Reconnected`` from ``receive`` when a
-CURVE handshake completes after the first, so that the hospital can say Hello again.
+CURVE handshake completes after the first, so that the hospital can say Hello again. A server that
+refuses the handshake (one whose run leaves this party out, as a service meets between runs) ends
+the wait with ``TransportError``: ZeroMQ would not try that connection again.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ log = logging.getLogger("consilium.transport")
 
 _HARD_LIMIT_SLACK_BYTES = 4096
 _SEND_TIMEOUT_MS = 10_000
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 _CLIENT_LINGER_MS = 2_000  # let a hospital's last message leave before it exits
 _RECEIVE_QUEUE_MESSAGES = 16
 _BURST_MESSAGES = 10
@@ -245,8 +250,8 @@ class ClientTransport:
         self._socket.setsockopt(zmq.RCVHWM, _RECEIVE_QUEUE_MESSAGES)
         self._socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
         self._socket.setsockopt(zmq.LINGER, _CLIENT_LINGER_MS)
-        # ZeroMQ reconnects by itself and says nothing; its monitor reports each completed CURVE handshake.
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        # ZeroMQ reconnects by itself and says nothing; its monitor reports each CURVE handshake, completed or not.
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | _HANDSHAKE_FAILED)
         self._poller = zmq.Poller()
         self._poller.register(self._socket, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
@@ -269,12 +274,15 @@ class ClientTransport:
     def receive(self, timeout_s: float) -> bytes | None:
         """The next message, or None once ``timeout_s`` passes without one.
 
-        Raises ``Reconnected`` when a connection to the server completes after the first one."""
+        Raises ``Reconnected`` when a connection to the server completes after the first one, and
+        ``TransportError`` when the server refuses this party's handshake (it did not enrol this party:
+        a server of a run without it, or of another roster), after which ZeroMQ does not try again."""
         deadline = time.monotonic() + timeout_s
         while (remaining := deadline - time.monotonic()) > 0:
             ready = dict(self._poller.poll(max(1, int(remaining * 1000))))
             if self._monitor in ready:
-                recv_monitor_message(self._monitor)
+                if recv_monitor_message(self._monitor)["event"] & _HANDSHAKE_FAILED:
+                    raise TransportError("the server refused this party's key: it runs without this party")
                 reconnected, self._connected_before = self._connected_before, True
                 if reconnected:
                     raise Reconnected("the connection to the server was made again")

@@ -21,16 +21,28 @@ delta = 1e-5
 max_epsilon_per_run = 40.0
 max_epsilon_lifetime = 100.0
 """
+TRAINING = ("--expected-batch-size", "5", "--hidden", "4")
 
 
 def _server(federation, out, *args):
     """A server of one run, as the coordinator's operator starts it: its output in ``out.log``."""
-    log = out.parent / f"{out.name}.log"
-    command = launcher(
-        "server", *confirmed(federation), "--out", out, "--expected-batch-size", "5", "--hidden", "4", *args
-    )
+    return _start(launcher("server", *confirmed(federation), "--out", out, *args), out.parent / f"{out.name}.log")
+
+
+def _start(command, log):
     with log.open("w") as handle:
         return subprocess.Popen(command, stdout=handle, stderr=handle, text=True, env=child_environment())
+
+
+class _Site:
+    def __init__(self, process, log):
+        self.process, self.log = process, log
+
+
+def _tallier_service(federation, name, tmp_path):
+    log = tmp_path / f"{name}.log"
+    command = launcher("tallier", *confirmed(federation), "--name", name, "--serve", "--timeout", "60")
+    return _Site(_start(command, log), log)
 
 
 def _status(federation, name, policy):
@@ -57,7 +69,7 @@ def test_services_take_runs_one_after_another_and_a_stop_withdraws_from_the_run_
     ]
     try:
         for number, rounds in ((1, "2"), (2, "3")):  # nothing typed at any site between the runs
-            server = _server(federation, tmp_path / f"run-{number}", "--rounds", rounds)
+            server = _server(federation, tmp_path / f"run-{number}", *TRAINING, "--rounds", rounds)
             assert server.wait(timeout=120) == 0, (tmp_path / f"run-{number}.log").read_text()
             assert "finished (completed all rounds)" in (tmp_path / f"run-{number}.log").read_text()
         assert all(service.ledger().steps == 5 for service in services)
@@ -68,7 +80,7 @@ def test_services_take_runs_one_after_another_and_a_stop_withdraws_from_the_run_
         assert f"under its policy: {spent:.3f} of 100 spent against the" in status
 
         # A long run; hospital-1's operator stops its service once the run is under way.
-        long_run = _server(federation, tmp_path / "run-3", "--rounds", "50", "--rejoin-window", "0")
+        long_run = _server(federation, tmp_path / "run-3", *TRAINING, "--rounds", "50", "--rejoin-window", "0")
         wait_for_text(tmp_path / "run-3.log", "round    1/50", long_run, timeout=120)
         services[0].process.send_signal(signal.SIGTERM)
         assert services[0].process.wait(timeout=15) == 0, services[0].log.read_text()
@@ -87,3 +99,36 @@ def test_services_take_runs_one_after_another_and_a_stop_withdraws_from_the_run_
     finally:
         for service in services:
             service.kill()
+
+
+def test_a_training_run_then_a_voting_run_complete_with_every_site_a_service_started_once(tmp_path):
+    federation = tmp_path / "federation"
+    mpc = tuple(f"127.0.0.1:{free_port()}" for _ in range(3))
+    local_federation(federation, hospitals=3, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=mpc)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY.replace('["dopamine"]', '["dopamine", "knn-dpfl"]'))
+    data = ("--data", "digits")
+    hospitals = [
+        HospitalProcess(federation, f"hospital-{i}", i, 3, tmp_path / f"hospital-{i}.log", "--policy", policy, *data)
+        for i in (1, 2, 3)
+    ]
+    talliers = [_tallier_service(federation, f"tallier-{i}", tmp_path) for i in (1, 2, 3)]
+    try:
+        runs = (
+            ("dopamine", "--rounds", "2", "--expected-batch-size", "5", "--hidden", "4"),
+            ("knn-dpfl", "--rounds", "1", "--queries-per-round", "20", "--feature-dimensions", "10"),
+        )
+        for number, (method, *args) in enumerate(runs, start=1):
+            server = _server(federation, tmp_path / f"run-{number}", "--method", method, *data, *args)
+            assert server.wait(timeout=180) == 0, (tmp_path / f"run-{number}.log").read_text()
+            report = json.loads((tmp_path / f"run-{number}" / "server_report.json").read_text())
+            assert report["finish_reason"] == "completed all rounds"
+        assert report["final"]["queries_labelled"] > 0
+        for site in (*hospitals, *talliers):
+            assert site.process.poll() is None  # every site still serving, nothing typed there since it started
+        assert all(hospital.ledger().steps == 3 for hospital in hospitals)  # two training rounds, one vote
+    finally:
+        for site in (*hospitals, *talliers):
+            site.process.send_signal(signal.SIGTERM)
+        for site in (*hospitals, *talliers):
+            assert site.process.wait(timeout=150) == 0, site.log.read_text()

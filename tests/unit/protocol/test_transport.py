@@ -1,11 +1,13 @@
 import time
 
+import pytest
+
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from conftest import free_port
 from consilium.protocol.identity.party_keys import CurveKeyPair
-from consilium.protocol.wire.transport import ClientTransport, ServerTransport
+from consilium.protocol.wire.transport import ClientTransport, ServerTransport, TransportError
 
 
 def _keys():
@@ -58,4 +60,20 @@ def test_an_unenrolled_key_is_refused_at_the_handshake():
         monitor.close(linger=0)
         socket.close(linger=0)
         context.term()
+        server.close()
+
+
+def test_a_party_the_server_did_not_enrol_is_told_at_once_not_left_waiting():
+    """ZeroMQ does not try a connection again after the server refused its handshake: a service that
+    reached a server of a run without it would wait for nothing until its own timeout."""
+    server_keys, enrolled, other = _keys(), _keys(), _keys()
+    address = f"tcp://127.0.0.1:{free_port()}"
+    server = ServerTransport(address, server_keys, {enrolled.public: "hospital-1"}, 1 << 16)
+    client = ClientTransport(address, server_keys.public, other, 1 << 16)
+    try:
+        client.send(b"hello")
+        with pytest.raises(TransportError, match="the server refused this party's key"):
+            client.receive(10)
+    finally:
+        client.close()
         server.close()
