@@ -51,7 +51,6 @@ from consilium.protocol.wire.messages import (
 from consilium.orchestration.site_service import serve_runs
 from consilium.protocol.wire.transport import ClientTransport, Reconnected, TransportError
 from consilium.training.data.datasets import Split
-from consilium.training.privacy.accounting import VIEWS
 from consilium.training.privacy.durable import replace_file
 from consilium.training.privacy.ledger import LEDGER_FILE, LedgerError, PrivacyLedger
 
@@ -224,12 +223,7 @@ def site_status(state_dir: Path, credentials: Credentials, policy: SitePolicy | 
             f"{_shown(last.get('finish_reason'))}"
         )
     ledger = PrivacyLedger(state_dir / LEDGER_FILE, key=credentials.ledger_key)
-    delta = policy.delta if policy else 1e-5
-    spent = ledger.epsilons(delta)
-    lines.append(
-        f"lifetime epsilon at delta {delta:g}: "
-        + ", ".join(f"{spent[view]:.3f} against the {view.replace('_', ' ')}" for view in VIEWS)
-    )
+    lines.append(f"lifetime {ledger.spent(policy.delta if policy else 1e-5)}")
     if policy is not None:
         worst, view = ledger.worst_epsilon(policy.delta, up_to=policy.view)
         lines.append(

@@ -20,7 +20,7 @@ from consilium.protocol.voting.voting_hospital import VotingHospital
 from consilium.orchestration.hospital_service import HospitalService, site_status
 from consilium.orchestration.site_service import stop_on_signals
 from consilium.orchestration.run_flags import METHODS, chosen_aggregation
-from consilium.scripts._cli import USER_ERRORS, add_roster_fingerprint, configure_logging, run
+from consilium.scripts._cli import USER_ERRORS, add_logging_arguments, add_roster_fingerprint, configure_logging, run
 from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments
 from consilium.training.methods.flags import (
     non_negative_float,
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     voting.add_argument(
         "--allow-histogram", action="store_true", help="join runs that open the noisy vote totals (--reveal histogram)"
     )
-    parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
+    add_logging_arguments(parser)
     _add_service_arguments(parser)
     _add_simulation_arguments(parser)
     return parser
@@ -175,7 +175,7 @@ def _add_round_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level)
+    configure_logging(args)
     sys.exit(run(lambda: _status(args) if args.status else _serve(args) if args.policy else take_part(args)))
 
 

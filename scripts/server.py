@@ -25,7 +25,7 @@ from consilium.orchestration.run_flags import (
     resolve_run_arguments,
 )
 from consilium.orchestration.planning import calibrated, planned_spend, spend_line
-from consilium.scripts._cli import add_roster_fingerprint, configure_logging, run
+from consilium.scripts._cli import add_logging_arguments, add_roster_fingerprint, configure_logging, run
 from consilium.scripts._server_network import add_network_arguments, listening_on, server_timeouts
 from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments, add_run_arguments
 from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Dopamine and dp-fedavg: sum UNENCRYPTED updates; no privacy claim holds. Only for consilium-bench-round's comparison "
         "with secure aggregation (the hospitals must say the same)",
     )
-    parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
+    add_logging_arguments(parser)
     return parser
 
 
@@ -141,7 +141,7 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level)
+    configure_logging(args)
     sys.exit(run(lambda: serve(args)))
 
 

@@ -10,7 +10,7 @@ from consilium.protocol.identity.party_keys import KeyFileError, mpc_address
 from consilium.orchestration.site_service import TallierService, stop_on_signals
 from consilium.protocol.identity.roster_confirmation import join_federation
 from consilium.protocol.run.rules import ConfigError
-from consilium.scripts._cli import add_roster_fingerprint, configure_logging, run
+from consilium.scripts._cli import add_logging_arguments, add_roster_fingerprint, configure_logging, run
 from consilium.training.methods.flags import positive_float
 from consilium.tallier.tallier import Tallier
 
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run as a service: tally run after run, each waited for up to --timeout before connecting again, "
         "until SIGTERM",
     )
-    parser.add_argument("--log-level", default="warning", help="debug, info, warning or error (default: warning)")
+    add_logging_arguments(parser)
     return parser
 
 
@@ -67,7 +67,7 @@ def _listen_address(text: str) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level)
+    configure_logging(args)
     sys.exit(run(lambda: serve(args) if args.serve else tally(args)))
 
 

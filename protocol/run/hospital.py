@@ -7,14 +7,14 @@ key only once every contributor endorsed that same sum and every dealing to it c
 sum, applies its mean like every other party, and tells the server what it applied
 (``protocol.secure_round``; ``docs/explanation/secure-round.md``). Where a check fails it refuses the
 round, naming whom the check caught. It takes part only in a run of the method and aggregation mode
-its own operator chose, training a model its own code builds (``protocol.run.config.accept_run``).
+its own operator chose, training a model its own code builds (``protocol.run.config.accept_run``),
+and, started by a service, within its site's policy (``protocol.run.site_policy``).
 
 It does not trust the server's count of the privacy spent: before each update leaves (when nobody
 knows how many hospitals will contribute), it charges its own durable ledger for the least noise a
-decrypted sum can carry, a quorum's, refusing to take part once that would take the worse of the
-server's and a fellow hospital's epsilon over its budget (Dopamine, Algorithm 1, line 17). Ledger
-records are keyed by identifiers the ledger draws, so a server cannot make releases count less by
-repeating a run id or a round.
+decrypted sum can carry, a quorum's, refusing to take part once that would take its budget's view
+over its budget (Dopamine, Algorithm 1, line 17). Ledger records are keyed by identifiers the
+ledger draws, so a server cannot make releases count less by repeating a run id or a round.
 
 **Joining again.** A hospital takes part in one run. If its connection to the server is made again
 (the server restarted, say), or its process restarted, it says Hello again, accepts a Welcome only to
@@ -23,9 +23,8 @@ its ledger charged: a restart on either side never releases an update twice or r
 ledger records its endorsement and its release of a round before each leaves, and refuses to record
 either twice. No key outlives its round.
 
-Its update leaves a fixed ``send_offset_s`` after RoundStart, whatever the computation took: local
-compute time grows with the Poisson batch size, which DP does not protect, and the server sees when
-each update arrives.
+Its update leaves a fixed ``send_offset_s`` after RoundStart, whatever the computation took: compute
+time grows with the Poisson batch size, which DP does not protect, and the server sees arrivals.
 """
 
 from __future__ import annotations
@@ -304,6 +303,7 @@ class Hospital:
                 return None
         # Durable before the update leaves: a crash can only over-count.
         self._ledger.record(charge, run_id=self._config.run_id, round_number=round_number)
+        log.info("%s contributes to round %d; %s", self._name, round_number, self._ledger.spent(self._budget.delta))
         if self._step.settings != training:  # adaptive v moved on
             self._step = self._local_step(training)
         contribution = Contribution.starting(round_number, training, self._channel.transport)

@@ -245,6 +245,7 @@ class VotingHospital:
             return refusal
         # Durable before the ballot leaves: a crash can only over-count.
         self._ledger.record(least_noise, run_id=config.run_id, round_number=request.round)
+        log.info("%s votes in round %d; %s", self._name, request.round, self._ledger.spent(self._budget.delta))
         votes = self._votes(queries.reshape(config.queries_per_round, *config.model.input_shape).copy())
         mechanism = config.voting.mechanism(queries=config.queries_per_round, classes=config.classes, level="record")
         noisy, layout = noisy_votes(votes, mechanism, self._generator), config.ballot_layout()

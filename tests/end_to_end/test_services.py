@@ -63,8 +63,18 @@ def test_services_take_runs_one_after_another_and_a_stop_withdraws_from_the_run_
     local_federation(federation, hospitals=3, address=f"tcp://127.0.0.1:{free_port()}")
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY)
+    log_file = tmp_path / "service-1.log"  # hospital-1 logs as a service does, to a file of its own
     services = [
-        HospitalProcess(federation, f"hospital-{i}", i, 3, tmp_path / f"hospital-{i}.log", "--policy", policy)
+        HospitalProcess(
+            federation,
+            f"hospital-{i}",
+            i,
+            3,
+            tmp_path / f"hospital-{i}.log",
+            "--policy",
+            policy,
+            *(("--log-file", log_file) if i == 1 else ()),
+        )
         for i in (1, 2, 3)
     ]
     try:
@@ -90,6 +100,8 @@ def test_services_take_runs_one_after_another_and_a_stop_withdraws_from_the_run_
         assert report["finish_reason"].startswith("only 2 hospitals remain")
         assert services[0].ledger().steps > 5  # whole, and read back (a torn ledger would not be)
         assert _status(federation, "hospital-1", policy).startswith("hospital-1: stopped since")
+        logged = log_file.read_text()
+        assert "hospital-1 serves: dopamine" in logged and "its operator stopped its service" in logged
 
         for service in services[1:]:  # the others, stopped while they wait for a run
             _wait_for_state(service.state, "waiting", service.process)

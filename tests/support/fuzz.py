@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    configure_logging("error")
+    configure_logging(argparse.Namespace(log_level="error", log_file=None))
     sys.exit(run(lambda: fuzz(args.messages, args.seed, args.out, args.targets)))
 
 

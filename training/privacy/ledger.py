@@ -165,6 +165,12 @@ class PrivacyLedger:
         """Epsilon at ``delta`` spent so far, for each view."""
         return {view: self.epsilon(delta, view=view) for view in VIEWS}
 
+    def spent(self, delta: float) -> str:
+        """Epsilon at ``delta`` spent so far, each view in words: a progress line, or a site's status."""
+        return f"epsilon at delta {delta:g}: " + ", ".join(
+            f"{epsilon:.3f} against the {view.replace('_', ' ')}" for view, epsilon in self.epsilons(delta).items()
+        )
+
     def worst_epsilon(
         self, delta: float, *, up_to: str, extra: Release | None = None, times: int = 1
     ) -> tuple[float, str]:
