@@ -81,9 +81,16 @@ def training_summary(report: dict) -> str:
         )
     else:
         privacy = "NO privacy guarantee (--insecure-plaintext-benchmark); plaintext update"
+    overruns = report["send_offset_overruns"]
     return (
         f"done in {report['wall_seconds']:.0f} s: {_scores(final)}; {privacy} "
         f"{wire['update_bytes_per_round']:.0f} bytes = {wire['update_ratio_to_float32']:.2f}x float32"
+        + (
+            f"; WARNING: {overruns} uploads left after their send offset, so their send times may tell batch sizes "
+            "(raise --send-offset)"
+            if overruns
+            else ""
+        )
     )
 
 

@@ -26,8 +26,8 @@ def table(result: dict) -> str:
         "curator sees every record. Wall time on a shared 2-core machine: a federation's parties are separate processes "
         "of one thread each, a baseline is one process.",
         "",
-        f"| method | level | target ε | ε against the server | ε against a fellow hospital | ε per record (dp-fedavg) | accountant | candidates | validation {result['select_on']} | test accuracy | test AUC | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| method | level | target ε | ε against the server | ε against a fellow hospital | ε per record (dp-fedavg) | accountant | candidates | validation {result['select_on']} | test accuracy | test AUC | wall s | send-offset overruns |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (method, level, target), entries in rows.items():
         epsilons = [e["epsilon"] for e in entries if e["epsilon"] is not None]
@@ -39,9 +39,16 @@ def table(result: dict) -> str:
             f"{entries[0]['accountant'] or '—'} | {_spread([e['candidates'] for e in entries], 0)} | "
             f"{_spread([e['validation_' + result['select_on']] for e in entries], 3)} | "
             f"{_spread([e['test_accuracy'] for e in entries], 3)} | "
-            f"{_spread([e['test_auc'] for e in entries], 3)} | {_spread([e['wall_seconds'] for e in entries], 0)} |"
+            f"{_spread([e['test_auc'] for e in entries], 3)} | {_spread([e['wall_seconds'] for e in entries], 0)} | "
+            f"{_overruns(entries)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _overruns(entries: list[dict]) -> str:
+    """Uploads that left after their send offset, over the row's runs (their send times may tell batch sizes)."""
+    counts = [e.get("send_offset_overruns") for e in entries]
+    return "—" if all(count is None for count in counts) else str(sum(count or 0 for count in counts))
 
 
 def plot(result: dict, path: Path) -> None:

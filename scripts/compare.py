@@ -298,6 +298,7 @@ def _summary(report: dict) -> dict:
         "record_epsilon": record_level,
         "accountant": _accountant(final.get("accountant")),
         "wall_seconds": report["wall_seconds"],
+        "send_offset_overruns": report.get("send_offset_overruns"),  # a federation's; a baseline sends nothing
     }
 
 

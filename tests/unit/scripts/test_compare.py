@@ -85,6 +85,10 @@ def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spen
     markdown = (tmp_path / "cmp" / "comparison.md").read_text()
     assert f"| 2 | {dopamine['validation_auc']:.3f} | {dopamine['test_accuracy']:.3f} |" in markdown
     assert "| dopamine | record | 4 |" in markdown and "| central-dp | record | 4 | curator: none |" in markdown
+    overruns = report["send_offset_overruns"]  # counted for the federation, none for the baseline that sends nothing
+    assert dopamine["send_offset_overruns"] == overruns and central_dp["send_offset_overruns"] is None
+    rows = {row.split(" | ")[0]: row for row in markdown.splitlines() if row.startswith("| d") or row.startswith("| c")}
+    assert rows["| dopamine"].endswith(f" | {overruns} |") and rows["| central-dp"].endswith(" | — |")
     # one panel: no hospital-level method was run
     assert plt.imread(tmp_path / "cmp" / "comparison.png").shape[1] < 1000
     # run again into the same folder: the runs done with the same arguments are reused, not redone
