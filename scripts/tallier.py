@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from consilium.protocol.identity.party_keys import KeyFileError, mpc_address
-from consilium.orchestration.site_service import TallierService, stop_on_signals
+from consilium.orchestration.site_service import stop_on_signals
+from consilium.orchestration.tallier_service import TallierService
 from consilium.protocol.identity.roster_confirmation import join_federation
 from consilium.protocol.run.rules import ConfigError
 from consilium.scripts._cli import add_logging_arguments, add_roster_fingerprint, configure_logging, run

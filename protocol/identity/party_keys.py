@@ -169,7 +169,12 @@ class Credentials:
     @classmethod
     def load(cls, folder: Path) -> "Credentials":
         path = folder / SECRET_FILE
-        document = read_toml(path, hint="make this party's keys with consilium-keygen")
+        document = read_toml(
+            path,
+            hint=f"this party's keys stay in the folder consilium-keygen made; a new roster.toml goes into the "
+            f"federation folder that holds {folder.name}/, and only a party new to the federation makes keys, "
+            "with consilium-keygen",
+        )
         try:
             name, role = document["name"], document["role"]
             if not isinstance(name, str) or not _NAME.fullmatch(name) or role not in ROLES:

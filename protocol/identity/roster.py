@@ -169,7 +169,7 @@ def assemble_roster(directory: Path, *, address: str, public_files: list[Path], 
     check_server_address(address)
     parties: dict[str, Party] = {}
     for path in public_files:
-        party = Party.from_entry(read_toml(path, hint="the party makes it with consilium-keygen"), str(path))
+        party = Party.from_entry(read_toml(path, hint=_public_file_hint(directory, path)), str(path))
         if party.name in parties:
             raise RosterError(f"two public files name {party.name}")
         parties[party.name] = party
@@ -191,6 +191,14 @@ def assemble_roster(directory: Path, *, address: str, public_files: list[Path], 
     # Public, but whoever can rewrite it can swap a party's keys: only its owner may write it.
     write_private(directory / ROSTER_FILE, text)
     return Roster.load(directory)
+
+
+def _public_file_hint(directory: Path, path: Path) -> str:
+    """What to do about a public file that is not where it was named: where keygen put it, if it is there."""
+    kept = directory / path.name.removesuffix(".public.toml") / path.name  # keygen's --out folder, NAME/
+    if path != kept and kept.is_file():
+        return f"consilium-keygen wrote it to {kept}: give that path"
+    return "the party makes it with consilium-keygen and sends it to the provisioner"
 
 
 def roster_changes(before: Roster, after: Roster) -> list[str]:

@@ -2,6 +2,7 @@
 
 import base64
 import os
+import pathlib
 import re
 import shutil
 import stat
@@ -214,7 +215,7 @@ def test_a_party_refuses_a_roster_without_its_keys_or_with_shared_keys(tmp_path)
 def test_missing_or_malformed_files_are_named(tmp_path):
     with pytest.raises(RosterError, match="assemble it with consilium-provision"):
         Roster.load(tmp_path)
-    with pytest.raises(KeyFileError, match="make this party's keys with consilium-keygen"):
+    with pytest.raises(KeyFileError, match="only a party new to the federation makes keys"):
         Credentials.load(tmp_path / "hospital-9")
     roster = local_federation(tmp_path / "fed", hospitals=1, address=ADDRESS)
     with pytest.raises(RosterError, match="not in the roster"):
@@ -235,6 +236,15 @@ def test_missing_or_malformed_files_are_named(tmp_path):
         roster_file.write_text(broken)
         with pytest.raises(RosterError, match=message):
             Roster.load(tmp_path / "fed")
+
+
+def test_a_public_file_named_where_it_is_not_gets_the_path_keygen_wrote_it_to(tmp_path):
+    """As the deployment guide is typed on one machine: keygen wrote fed/NAME/NAME.public.toml."""
+    generate_party_keys(tmp_path / "fed" / "server", name="server", role="server")
+    with pytest.raises(KeyFileError, match=r"consilium-keygen wrote it to .*fed/server/server.public.toml"):
+        assemble_roster(tmp_path / "fed", address=ADDRESS, public_files=[pathlib.Path("server.public.toml")])
+    with pytest.raises(KeyFileError, match="the party makes it with consilium-keygen and sends it"):
+        assemble_roster(tmp_path / "fed", address=ADDRESS, public_files=[pathlib.Path("hospital-1.public.toml")])
 
 
 def test_local_federation_refuses_bad_input_before_making_any_key(tmp_path):

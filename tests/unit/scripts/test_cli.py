@@ -84,7 +84,7 @@ def _run_in_this_process(monkeypatch, module, *args):
 
 def test_a_launched_process_reports_a_mistake_in_one_line(tmp_path):
     result = run_launcher("hospital", "--federation", tmp_path / "nowhere", "--name", "hospital-1")
-    _assert_one_line_error(result.returncode, result.stderr, "make this party's keys with consilium-keygen")
+    _assert_one_line_error(result.returncode, result.stderr, "only a party new to the federation makes keys")
 
 
 def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
@@ -125,7 +125,7 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
         (("hospital", *hospital, "--data", tmp_path / "missing.npz"), "no dataset file"),
         (
             ("hospital", "--federation", tmp_path / "nowhere", "--name", "hospital-1"),
-            "make this party's keys with consilium-keygen",
+            "only a party new to the federation makes keys",
         ),
         (
             ("hospital", *hospital, "--parts", "2", "--part", "3"),
@@ -144,7 +144,10 @@ def test_user_mistakes_get_one_line(tmp_path, monkeypatch):
             "not for knn-dpfl",
         ),
         (("hospital", *hospital, "--method", "knn-dpfl", "--insecure-plaintext-benchmark"), "not for voting"),
-        (("hospital", *confirmed, "--name", "hospital-7"), "hospital-7/secret_keys.toml (make this party's keys"),
+        (
+            ("hospital", *confirmed, "--name", "hospital-7"),
+            "hospital-7/secret_keys.toml (this party's keys stay in the folder",
+        ),
         (("hospital", "--federation", federation, "--name", "hospital-2"), "the roster is not confirmed"),
         (
             ("hospital", *confirmed[:2], "--roster-fingerprint", "12345", "--name", "hospital-2"),
