@@ -34,7 +34,8 @@ from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.run.config import SECURE_AGGREGATION, announced_method
 from consilium.protocol.run.hospital import DEFAULT_SEND_OFFSET_S, Hospital
-from consilium.protocol.run.site_policy import DECLINED, POLICY_REFUSAL, Declined, Offer, SitePolicy
+from consilium.protocol.run.rules import is_run_id
+from consilium.protocol.run.site_policy import DECLINED, POLICY_REFUSAL, Declined, Misfit, Offer, SitePolicy
 from consilium.protocol.voting.voting_config import welcomed_run
 from consilium.protocol.voting.voting_hospital import VotingHospital
 from consilium.protocol.wire.channel import STOPPED, ServerChannel, Stopped
@@ -54,12 +55,14 @@ from consilium.training.data.datasets import Split
 from consilium.training.privacy.durable import replace_file
 from consilium.training.privacy.ledger import LEDGER_FILE, LedgerError, PrivacyLedger
 
-__all__ = ["STATUS_FILE", "HospitalService", "site_status"]
+__all__ = ["MAX_MISFITS", "STATUS_FILE", "HospitalService", "site_status"]
 
 log = logging.getLogger("consilium.service")
 
 STATUS_FILE = "service_status.json"
 _SHOWN_CHARACTERS = 300  # of a status value, in --status
+_LEDGER_READS = 5  # tries at reading a ledger the service may be writing
+MAX_MISFITS = 3  # runs the data cannot take before the service stops and its operator must look
 _DECLINED_KEPT = 10_000  # run ids remembered as declined: a bound on what a server can make the service keep
 
 
@@ -80,6 +83,7 @@ class HospitalService:
     allow_histogram: bool = False
     connect: Callable[[], ClientTransport] | None = None  # a test's transport; the roster's server otherwise
     _declined: set[str] = field(default_factory=set, init=False)  # run ids this service declined
+    _misfits: int = field(default=0, init=False)  # runs this hospital's data could not take
 
     def serve(self) -> None:
         """Take run after run until ``stop`` is set."""
@@ -135,7 +139,7 @@ class HospitalService:
     def _role(self, channel: ServerChannel, welcome: Welcome | VotingWelcome) -> Hospital | VotingHospital | None:
         """The role that takes the run ``welcome`` offers, or None where it declines at once: a method outside the
         policy, or a run it declined before (so that offering it again costs the site nothing)."""
-        run_id = welcome.config.get("run_id")
+        run_id = welcome.config.get("run_id") if is_run_id(welcome.config.get("run_id")) else None
         try:
             method = (
                 announced_method(welcome) if isinstance(welcome, Welcome) else welcomed_run(welcome)[0].voting.method
@@ -144,7 +148,9 @@ class HospitalService:
             method, refusal = None, str(error)
         else:
             refusal = self.policy.method_refusal(str(method))
-        if not refusal and isinstance(run_id, str) and run_id in self._declined:
+        if not refusal and run_id is None:
+            refusal = "the Welcome names no run id"
+        if not refusal and run_id in self._declined:
             refusal = f"{POLICY_REFUSAL}run {run_id} was declined before"
         if refusal:
             self._decline(channel, run_id, refusal)
@@ -170,10 +176,10 @@ class HospitalService:
             channel.send(Withdraw(round=0, reason=DECLINED))
         channel.close()
 
-    def _declined_run(self, run_id: object, refusal: str) -> None:
+    def _declined_run(self, run_id: str | None, refusal: str) -> None:
         """Say why in the site's log (the server hears only ``DECLINED``), and decline that run at once from now on."""
         log.warning("%s declines the run it was welcomed to: %s", self.credentials.name, refusal)
-        if isinstance(run_id, str) and len(self._declined) < _DECLINED_KEPT:
+        if run_id is not None and len(self._declined) < _DECLINED_KEPT:
             self._declined.add(run_id)
 
     def _take_part(self, role: Hospital | VotingHospital, welcome: Welcome | VotingWelcome) -> bool:
@@ -184,7 +190,16 @@ class HospitalService:
         except LedgerError:  # its only record of what it spent: the operator must look, not the service go on
             raise
         except Declined as error:  # the role withdrew
-            self._declined_run(welcome.config.get("run_id"), str(error))
+            self._declined_run(str(welcome.config["run_id"]), str(error))  # (checked in _role)
+            return False
+        except Misfit as error:  # its data cannot take the run: a server offering such runs over and over probes it
+            self._misfits += 1
+            log.warning("%s cannot take the run: %s", name, error)
+            if self._misfits >= MAX_MISFITS:
+                raise ProtocolError(
+                    f"{name} was offered {self._misfits} runs its data cannot take; the service stops, since a server "
+                    "can learn of the data from which runs it takes: its operator should look"
+                ) from None
             return False
         except ConsiliumError as error:  # the run, not the service, ends: one line, then the next run
             log.warning("%s: the run ended: %s", name, error)
@@ -222,7 +237,7 @@ def site_status(state_dir: Path, credentials: Credentials, policy: SitePolicy | 
             f"last run: {_shown(last.get('kind'))}, {_shown(last.get('rounds'))} rounds, ended: "
             f"{_shown(last.get('finish_reason'))}"
         )
-    ledger = PrivacyLedger(state_dir / LEDGER_FILE, key=credentials.ledger_key)
+    ledger = _read_ledger(state_dir / LEDGER_FILE, credentials)
     lines.append(f"lifetime {ledger.spent(policy.delta if policy else 1e-5)}")
     if policy is not None:
         worst, view = ledger.worst_epsilon(policy.delta, up_to=policy.view)
@@ -232,6 +247,17 @@ def site_status(state_dir: Path, credentials: Credentials, policy: SitePolicy | 
             f"{policy.max_epsilon_per_run:g} a run"
         )
     return "\n".join(lines)
+
+
+def _read_ledger(path: Path, credentials: Credentials) -> PrivacyLedger:
+    """The ledger as the service last wrote it whole: a read between its line and its head file (a service
+    writing as it is read) is tried again, a few times, before it counts as damage."""
+    for _ in range(_LEDGER_READS - 1):
+        try:
+            return PrivacyLedger(path, key=credentials.ledger_key)
+        except LedgerError:
+            time.sleep(0.1)
+    return PrivacyLedger(path, key=credentials.ledger_key)
 
 
 def _state_line(status: dict) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from typing import Callable
 
 
@@ -19,6 +20,7 @@ __all__ = ["FIRST_PAUSE_S", "MOST_PAUSE_S", "serve_runs", "stop_on_signals"]
 
 FIRST_PAUSE_S = 1.0
 MOST_PAUSE_S = 30.0
+_POLL_S = 0.2
 
 
 def stop_on_signals(stop: threading.Event) -> None:
@@ -36,5 +38,13 @@ def serve_runs(one_run: Callable[[], bool], stop: threading.Event, paused: Calla
             pause = FIRST_PAUSE_S
             continue
         paused(pause)
-        stop.wait(pause)
+        _sleep_unless(stop, pause)
         pause = min(2 * pause, MOST_PAUSE_S)
+
+
+def _sleep_unless(stop: threading.Event, seconds: float) -> None:
+    """Sleep ``seconds``, or until ``stop`` is set. Polled: ``Event.wait`` holds the lock that ``Event.set``, called
+    from a signal handler in this very thread, would wait for."""
+    ends = time.monotonic() + seconds
+    while not stop.is_set() and (left := ends - time.monotonic()) > 0:
+        time.sleep(min(left, _POLL_S))

@@ -38,7 +38,7 @@ import numpy as np
 
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.sealed_box import SealedBoxError
-from consilium.protocol.run.site_policy import DECLINED, Declined, Offer
+from consilium.protocol.run.site_policy import DECLINED, MISFIT, Declined, Misfit, Offer
 from consilium.protocol.run.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, RunConfig, accept_run, check_choices
 from consilium.protocol.run.run_model import RunModel
 from consilium.protocol.wire.messages import (
@@ -157,7 +157,7 @@ class Hospital:
             self._join(welcome)
         except ProtocolError as refusal:  # said, so that the server does not wait for it to come back
             # Why stays in this hospital's log: a misfit names facts of its data (its labels, shapes), a decline its policy.
-            reason = DECLINED if isinstance(refusal, Declined) else "refuses the run it was welcomed to"
+            reason = DECLINED if isinstance(refusal, Declined) else MISFIT
             with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
                 self._channel.send(Withdraw(round=0, reason=reason))
             raise
@@ -202,8 +202,10 @@ class Hospital:
             check_model_for(config.model, self._data, self._own_model)
             model = RunModel(config)
         except ModelError as error:
-            raise ProtocolError(f"{self._name} refuses the run: {error}") from None
+            raise Misfit(f"{self._name} refuses the run: {error}") from None
         _load(model, welcome)  # before the ledger hears of the run: a malformed Welcome leaves no trace
+        self._model = model
+        self._step = self._local_step(config.training)  # a misfit too leaves no trace
         self._last_round = self._ledger.begin_run(config.run_id, run)
         if self._last_round:
             log.warning("%s resumes run %s after round %d", self._name, config.run_id, self._last_round)
@@ -212,14 +214,12 @@ class Hospital:
         self._config, self._run = config, run
         self._identities = self._roster.identities(config.hospitals)  # the members' signing keys
         self._public = PublicContext(config.bfv_parameters()) if self._aggregation == SECURE_AGGREGATION else None
-        self._model = model
-        self._step = self._local_step(config.training)
 
     def _local_step(self, training: TrainingMethod) -> LocalStep:
         try:
             return training.local_step(self._model.network, self._data)
         except ValueError as error:  # e.g. more sub-clients than this hospital has records
-            raise ProtocolError(f"{self._name} cannot train in this run: {error}") from None
+            raise Misfit(f"{self._name} cannot train in this run: {error}") from None
 
     def _rounds_loop(self) -> str:
         pending: Contribution | None = None

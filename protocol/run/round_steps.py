@@ -227,9 +227,7 @@ def confirm(participants: Participants, record: RoundRecord, mean: np.ndarray, r
     the run: its model has left the run's (review 4, finding 10). One that said Hello again takes the
     model as it is when it is welcomed."""
     expected = release_digest(record.round, mean.tobytes())
-    confirmations, refusals = collect_from_members(
-        participants, record.contributors, Confirmed, record.round, round_s, every_member_needed=False
-    )
+    confirmations, refusals = collect_from_members(participants, record.contributors, Confirmed, record.round, round_s)
     for name, confirmation in confirmations.items():
         if confirmation.digest != expected:
             participants.expel(name, f"round {record.round}: it applied another mean than the sum's")

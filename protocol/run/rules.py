@@ -24,9 +24,14 @@ class ConfigError(ConsiliumError, ValueError):
     """A run configuration that is malformed or cannot be run."""
 
 
+def is_run_id(value: object) -> bool:
+    """Whether ``value`` can be a run's id (8-64 lowercase hex characters), before anything else is read."""
+    return isinstance(value, str) and _RUN_ID.fullmatch(value) is not None
+
+
 def check_run(run_id: str, hospitals: tuple[str, ...], *, quorum: int, rounds: int, delta: float) -> None:
     """What every run's configuration must satisfy, whatever the method; ``ConfigError`` if not."""
-    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+    if not is_run_id(run_id):
         raise ConfigError(f"run_id must be 8-64 lowercase hex characters, got {run_id!r}")
     if not 0 < len(hospitals) <= MAX_HOSPITALS or len(set(hospitals)) != len(hospitals):
         raise ConfigError(f"a run needs 1 to {MAX_HOSPITALS} distinct hospitals")

@@ -30,7 +30,7 @@ from consilium.protocol.wire.messages import Message, ProtocolError
 from consilium.training.privacy.accounting import VIEWS, Release
 from consilium.training.privacy.ledger import PrivacyBudget, PrivacyLedger
 
-__all__ = ["DECLINED", "POLICY_REFUSAL", "Declined", "Offer", "PolicyError", "SitePolicy"]
+__all__ = ["DECLINED", "MISFIT", "POLICY_REFUSAL", "Declined", "Misfit", "Offer", "PolicyError", "SitePolicy"]
 
 POLICY_REFUSAL = "policy: "  # how a declined run's reason begins, in the site's log
 DECLINED = "declined by its site's policy"  # all the server hears of why: the caps and the ledger stay the site's
@@ -154,3 +154,12 @@ class Offer:
 
 class Declined(ProtocolError):
     """A run outside the site's policy: the site's log says why; the server hears only ``DECLINED``."""
+
+
+class Misfit(ProtocolError):
+    """A run this hospital's data cannot take (a model its records do not fit, more neighbours or sub-clients
+    than it has records): the reason names facts of the data, so it stays in the site's log, and the server
+    hears only ``MISFIT``."""
+
+
+MISFIT = "refuses the run it was welcomed to"  # all the server hears of a misfit

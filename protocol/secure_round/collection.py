@@ -122,15 +122,13 @@ def collect_from_members(
     round_number: int,
     timeout_s: float,
     check: Callable[[str, Message], str] = lambda sender, message: "",
-    *,
-    every_member_needed: bool = True,
 ) -> tuple[dict[str, Message], dict[str, Refused]]:
     """One ``kind`` message of round ``round_number`` from each member, each passing ``check`` (which
     returns why not, or ""); and the refusals of the step. The wait goes on for the members still
     active until each answered or refused, even after one left (withdrew, or said Hello again):
     the others' refusals may name it, and are weighed. A member that sends neither in time is
-    dropped, unless every member was needed and one left (the round fails anyway); one that refuses
-    is not (its refusal names whom it caught)."""
+    dropped, also where another left (or two could take turns, one leaving, one silent); one that
+    refuses is not (its refusal names whom it caught)."""
     parties = participants.parties
     answers: dict[str, Message] = {}
     refusals: dict[str, Refused] = {}
@@ -157,7 +155,6 @@ def collect_from_members(
             parties.reject(sender, message, reason)
         else:
             answers[sender] = message
-    if not every_member_needed or expected <= set(participants.active):
-        for name in (expected & set(participants.active)) - set(answers) - set(refusals):
-            participants.drop(name, f"sent no {kind.TYPE} for round {round_number} within {timeout_s:g} s")
+    for name in (expected & set(participants.active)) - set(answers) - set(refusals):
+        participants.drop(name, f"sent no {kind.TYPE} for round {round_number} within {timeout_s:g} s")
     return answers, refusals

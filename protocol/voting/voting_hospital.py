@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
 from consilium.protocol.voting.ballots import seal_ballot, tallier_key_context
-from consilium.protocol.run.site_policy import DECLINED, Declined, Offer
+from consilium.protocol.run.site_policy import DECLINED, MISFIT, Declined, Misfit, Offer
 from consilium.protocol.wire.channel import ServerChannel
 from consilium.protocol.wire.messages import (
     TO_VOTING_HOSPITAL,
@@ -126,7 +126,10 @@ class VotingHospital:
         try:
             self._join(welcome)
         except ProtocolError as refusal:  # said, so that the server drops it now, not at the round's deadline
-            reason = DECLINED if isinstance(refusal, Declined) else str(refusal)  # the policy's caps stay the site's
+            # A decline's caps and a misfit's facts of the data stay in the site's log.
+            reason = (
+                DECLINED if isinstance(refusal, Declined) else MISFIT if isinstance(refusal, Misfit) else str(refusal)
+            )
             with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
                 self._channel.send(Withdraw(round=0, reason=reason))
             raise
@@ -176,11 +179,11 @@ class VotingHospital:
             charge = _charge(config, len(self._roster.hospitals))
             self._offer.check(self._ledger, charge, rounds=config.rounds, run_id=config.run_id, fingerprint=run)
         if config.voting.method == "knn-dpfl" and config.voting.neighbours >= len(self._data):
-            raise ProtocolError(f"{config.voting.neighbours} neighbours need more records than this hospital has")
+            raise Misfit(f"{config.voting.neighbours} neighbours need more records than this hospital has")
         try:
             check_model_for(config.model, self._data, self._own_model)
         except ModelError as error:
-            raise ProtocolError(f"this hospital refuses the run: {error}") from None
+            raise Misfit(f"this hospital refuses the run: {error}") from None
         self._run = run
         self._tallier_keys = self._certified_tallier_keys(config, welcome.tallier_keys)
         if config.voting.method == "knn-dpfl":
@@ -199,7 +202,7 @@ class VotingHospital:
             try:
                 teacher = train_classifier(config.model, self._data, epochs=config.teacher_epochs)
             except ModelError as error:
-                raise ProtocolError(f"this hospital refuses the run: {error}") from None
+                raise Misfit(f"this hospital refuses the run: {error}") from None
             self._votes = lambda queries: teacher_votes(
                 teacher, queries, config.classes, min_confidence=config.teacher_confidence
             )

@@ -62,9 +62,9 @@ log = logging.getLogger("consilium.transport")
 
 _HARD_LIMIT_SLACK_BYTES = 4096
 _SEND_TIMEOUT_MS = 10_000
-_HANDSHAKE_FAILED = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
+# The server's answer to this party's key, after which ZeroMQ does not try again; a connection merely cut
+# mid-handshake (EVENT_HANDSHAKE_FAILED_NO_DETAIL: a relay with no server behind it yet) is tried again.
+_HANDSHAKE_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 _CLIENT_LINGER_MS = 2_000  # let a hospital's last message leave before it exits
 _RECEIVE_QUEUE_MESSAGES = 16
 _BURST_MESSAGES = 10
@@ -251,7 +251,7 @@ class ClientTransport:
         self._socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
         self._socket.setsockopt(zmq.LINGER, _CLIENT_LINGER_MS)
         # ZeroMQ reconnects by itself and says nothing; its monitor reports each CURVE handshake, completed or not.
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | _HANDSHAKE_FAILED)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | _HANDSHAKE_REFUSED)
         self._poller = zmq.Poller()
         self._poller.register(self._socket, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
@@ -281,7 +281,7 @@ class ClientTransport:
         while (remaining := deadline - time.monotonic()) > 0:
             ready = dict(self._poller.poll(max(1, int(remaining * 1000))))
             if self._monitor in ready:
-                if recv_monitor_message(self._monitor)["event"] & _HANDSHAKE_FAILED:
+                if recv_monitor_message(self._monitor)["event"] & _HANDSHAKE_REFUSED:
                     raise TransportError("the server refused this party's key: it runs without this party")
                 reconnected, self._connected_before = self._connected_before, True
                 if reconnected:

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from consilium.orchestration.hospital_service import STATUS_FILE, HospitalService, site_status
+from consilium.orchestration.hospital_service import MAX_MISFITS, STATUS_FILE, HospitalService, site_status
 from consilium.protocol.identity.party_keys import SERVER, Credentials
 from consilium.protocol.run.participants import Timeouts
 from consilium.protocol.run.server import Server
-from consilium.protocol.run.site_policy import DECLINED, SitePolicy
+from consilium.protocol.run.site_policy import DECLINED, MISFIT, SitePolicy
 from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
 from memory_transport import MemoryNetwork
 from scripted_peers import small_run_config
@@ -42,7 +42,7 @@ def _server(roster, data, tmp_path, network, config, out):
     )
 
 
-def _services(roster, shares, tmp_path, network, policies):
+def _services(roster, shares, tmp_path, network, policies, **settings):
     services = {
         name: HospitalService(
             roster=roster,
@@ -53,13 +53,21 @@ def _services(roster, shares, tmp_path, network, policies):
             idle_s=120.0,
             send_offset_s=0.0,
             connect=lambda n=name: network.client(n),
+            **settings,
         )
         for name in roster.hospitals
     }
-    threads = [threading.Thread(target=service.serve, daemon=True) for service in services.values()]
+    threads = [threading.Thread(target=_serve, args=(service,), daemon=True) for service in services.values()]
     for thread in threads:
         thread.start()
     return services, threads
+
+
+def _serve(service):
+    try:
+        service.serve()
+    except Exception as error:  # kept for the test to read, as the launcher would print it
+        service.ended_with = error
 
 
 def _wait_for_state(path, state, timeout_s=30.0):
@@ -112,6 +120,30 @@ def test_services_take_run_after_run_and_a_run_outside_a_site_s_policy_is_declin
         and f"{_ledger(tmp_path, 'hospital-3').epsilon(1e-5, view='coalition'):.3f}" in status
     )
     assert (tmp_path / "federation" / "hospital-3" / STATUS_FILE).exists()
+
+
+def test_a_service_offered_runs_its_data_cannot_take_stops_after_a_few_and_the_server_hears_no_why(
+    threaded_federation,
+):
+    """Which runs a hospital's data can take says something of the data (its records, labels, shapes): a server
+    offering one misfit after another could search it out, so the service stops and its operator looks."""
+    roster, data, shares, tmp_path = threaded_federation
+    network = MemoryNetwork()
+    services, threads = _services(roster, shares, tmp_path, network, {}, own_model="ours.py:build")  # runs train mlp
+    try:
+        for number in range(1, MAX_MISFITS + 1):
+            config = small_run_config(roster, quorum=3, rounds=1)
+            report = _server(roster, data, tmp_path, network, config, f"run-{number}").run()
+            assert report["departures"] == dict.fromkeys(roster.hospitals, f"withdrew: {MISFIT}")
+        for thread in threads:
+            thread.join(timeout=30)
+        assert not any(thread.is_alive() for thread in threads)
+        for service in services.values():
+            assert f"was offered {MAX_MISFITS} runs its data cannot take" in str(service.ended_with)
+        assert not (tmp_path / "federation" / "hospital-1" / LEDGER_FILE).exists()  # no run left a trace
+    finally:
+        for service in services.values():
+            service.stop.set()
 
 
 def test_a_policy_file_is_read_whole_or_refused_in_one_line(tmp_path):

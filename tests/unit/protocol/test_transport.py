@@ -6,6 +6,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from conftest import free_port
+from relay import Relay
 from consilium.protocol.identity.party_keys import CurveKeyPair
 from consilium.protocol.wire.transport import ClientTransport, ServerTransport, TransportError
 
@@ -77,3 +78,27 @@ def test_a_party_the_server_did_not_enrol_is_told_at_once_not_left_waiting():
     finally:
         client.close()
         server.close()
+
+
+def test_a_connection_cut_mid_handshake_is_tried_again_not_taken_for_a_refusal():
+    """A relay with no server behind it yet (a NAT, a container's proxy) accepts and closes: the party goes on
+    waiting, and reaches the server once it listens."""
+    server_keys, enrolled = _keys(), _keys()
+    public_port, own_port = free_port(), free_port()
+    relay = Relay(public_port, own_port)
+    client = ClientTransport(f"tcp://127.0.0.1:{public_port}", server_keys.public, enrolled, 1 << 16)
+    try:
+        client.send(b"hello")
+        assert client.receive(1.5) is None  # cut, and tried again: no TransportError
+        server = ServerTransport(f"tcp://127.0.0.1:{own_port}", server_keys, {enrolled.public: "hospital-1"}, 1 << 16)
+        try:
+            deadline, got = time.monotonic() + 20, None
+            while got is None and time.monotonic() < deadline:
+                client.send(b"hello again")
+                got = server.receive(1.0)
+            assert got is not None and got[0] == "hospital-1"
+        finally:
+            server.close()
+    finally:
+        client.close()
+        relay.close()
