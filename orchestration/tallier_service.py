@@ -7,12 +7,10 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Callable
 
 from consilium.errors import ConsiliumError
 from consilium.orchestration.site_service import serve_runs
-from consilium.protocol.identity.party_keys import Credentials
-from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.channel import STOPPED
 from consilium.tallier.tallier import Tallier
 
@@ -23,42 +21,24 @@ log = logging.getLogger("consilium.service")
 
 @dataclass
 class TallierService:
-    """One tallier's service: its identity and settings, kept across runs; a run's MPC is not interrupted by a
-    stop, which then takes effect within the MPC's own timeout."""
+    """One tallier's service: a ``Tallier`` for each run, as ``tallier`` makes it, reading ``stop`` at every wait for
+    the server; a run's MPC is not interrupted by a stop, which then takes effect within the MPC's own timeout."""
 
-    roster: Roster
-    credentials: Credentials
-    state_dir: Path
+    name: str
+    tallier: Callable[[threading.Event], Tallier]
     stop: threading.Event = field(default_factory=threading.Event)
-    idle_s: float = 180.0  # how long one connection waits for a Welcome before it is made again
-    mpc_timeout_s: float = 120.0
-    allow_histogram: bool = False
-    mpc_listen: tuple[str, int] | None = None
 
     def serve(self) -> None:
         """Tally run after run until ``stop`` is set."""
-        name = self.credentials.name
-        log.warning("%s serves: runs that open %s", name, "labels or histograms" if self.allow_histogram else "labels")
-        serve_runs(self._one_run, self.stop, lambda pause: log.info("%s connects again in %g s", name, pause))
-        log.warning("%s: %s", name, STOPPED)
+        log.warning("%s serves", self.name)
+        serve_runs(self._one_run, self.stop, lambda pause: log.info("%s connects again in %g s", self.name, pause))
+        log.warning("%s: %s", self.name, STOPPED)
 
     def _one_run(self) -> bool:
-        tallier = Tallier(
-            roster=self.roster,
-            credentials=self.credentials,
-            state_dir=self.state_dir,
-            timeout_s=self.idle_s,
-            mpc_timeout_s=self.mpc_timeout_s,
-            allow_histogram=self.allow_histogram,
-            mpc_listen=self.mpc_listen,
-            stop=self.stop,
-        )
         try:
-            result = tallier.run()
+            result = self.tallier(self.stop).run()
         except ConsiliumError as error:  # the run, not the service, ends: one line, then the next run
-            log.info("%s: no run, or the run ended: %s", self.credentials.name, error)
+            log.info("%s: no run, or the run ended: %s", self.name, error)
             return False
-        log.warning(
-            "%s: a run ended after %d rounds: %s", self.credentials.name, len(result["rounds"]), result["finish_reason"]
-        )
+        log.warning("%s: a run ended after %d rounds: %s", self.name, len(result["rounds"]), result["finish_reason"])
         return result["finish_reason"] != STOPPED

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Callable
 
 from consilium.protocol.identity.party_keys import KeyFileError, mpc_address
 from consilium.orchestration.site_service import stop_on_signals
@@ -73,8 +74,23 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def tally(args: argparse.Namespace) -> None:
+    result = _tallier(args)().run()
+    print(f"{args.name}: {len(result['rounds'])} rounds tallied, finished: {result['finish_reason']}", flush=True)
+
+
+def serve(args: argparse.Namespace) -> None:
+    """This tallier as a service (``orchestration.tallier_service``) until SIGTERM or SIGINT."""
+    if args.transcript:
+        raise ConfigError("--transcript records one run: it is not for a service")
+    service = TallierService(name=args.name, tallier=_tallier(args))
+    stop_on_signals(service.stop)
+    service.serve()
+
+
+def _tallier(args: argparse.Namespace) -> Callable[..., Tallier]:
+    """This tallier's role for one run, its roster confirmed once; a service's reads its ``stop`` flag."""
     roster, credentials = join_federation(args.federation, args.name, args.roster_fingerprint)
-    tallier = Tallier(
+    return lambda stop=None: Tallier(
         roster=roster,
         credentials=credentials,
         state_dir=args.state or args.federation / args.name,
@@ -83,27 +99,8 @@ def tally(args: argparse.Namespace) -> None:
         transcript=args.transcript,
         allow_histogram=args.allow_histogram,
         mpc_listen=args.listen,
+        stop=stop,
     )
-    result = tallier.run()
-    print(f"{args.name}: {len(result['rounds'])} rounds tallied, finished: {result['finish_reason']}", flush=True)
-
-
-def serve(args: argparse.Namespace) -> None:
-    """This tallier as a service (``orchestration.site_service``) until SIGTERM or SIGINT."""
-    if args.transcript:
-        raise ConfigError("--transcript records one run: it is not for a service")
-    roster, credentials = join_federation(args.federation, args.name, args.roster_fingerprint)
-    service = TallierService(
-        roster=roster,
-        credentials=credentials,
-        state_dir=args.state or args.federation / args.name,
-        idle_s=args.timeout,
-        mpc_timeout_s=args.mpc_timeout,
-        allow_histogram=args.allow_histogram,
-        mpc_listen=args.listen,
-    )
-    stop_on_signals(service.stop)
-    service.serve()
 
 
 if __name__ == "__main__":
