@@ -23,7 +23,7 @@ from consilium.training.data.datasets import Dataset, Split
 from consilium.training.methods.flags import Flag, positive_int, probability, widths
 from consilium.training.methods.registry import METHODS as TRAINING_METHODS
 from consilium.training.models.build import describe_model, input_statistics
-from consilium.training.models.spec import ModelSpec, takes_images
+from consilium.training.models.spec import BUILT_IN_MODELS, ModelSpec, takes_images
 from consilium.training.voting.vote_privacy import REVEAL_MODES, VOTING_DEFAULTS, VOTING_FLAGS, VOTING_METHODS
 
 __all__ = [
@@ -75,8 +75,9 @@ COMMON_FLAGS = (
         "--model",
         str,
         None,
-        "the model: mlp, cnn (default: cnn for images, mlp for other data), or a function of your own code, "
-        "package.module:function or path/to/file.py:function, given the input shape and the number of classes",
+        f"the model: one built in, {', '.join(BUILT_IN_MODELS)} (default: cnn for images, mlp for other data), or a "
+        "function of your own code, package.module:function or path/to/file.py:function, given the input shape and "
+        "the number of classes",
     ),
     Flag("--fix-model", bool, False, "apply Opacus's fixes to a model of your own (GroupNorm for BatchNorm)"),
     Flag("--hidden", widths, (48,), "MLP hidden widths, comma-separated (empty for a linear model)"),

@@ -55,7 +55,12 @@ _FEDERATION_LR = next(flag.default for flag in DopamineSettings.FLAGS if flag.na
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="consilium-compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="a dataset with a test split: a MedMNIST-format .npz")
+    parser.add_argument(
+        "--data",
+        required=True,
+        help="a dataset with a test split: a MedMNIST-format .npz, or an image folder (train/<class>/*.png, test/, "
+        "optional val/)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--hospitals", type=positive_int, default=6, help="K (default: 6)")
     parser.add_argument("--seeds", type=positive_int, default=3, help="repetitions, seeds 0 .. n-1 (default: 3)")

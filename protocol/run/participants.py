@@ -168,8 +168,8 @@ class Participants:
                 self.parties.reject(sender, message, "expected hello")
             elif sender not in self.hospitals:
                 self.parties.reject(sender, message, "not a hospital of this run")
-            elif sender in self.joining:
-                self.parties.reject(sender, message, "already joined")
+            elif sender in self.joining:  # said again on a reconnection: harmless, and no warning
+                self._log.info("%s said Hello again while the run gathers its hospitals", sender)
             elif sender in self.expelled:  # a resumed server keeps its expulsions
                 self._refuse_expelled(sender, message)
             else:

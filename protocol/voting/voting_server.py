@@ -214,7 +214,9 @@ class VotingServer:
         joined: list[str] = []
         while set(joined) != expected and (got := self._participants.parties.next_message(deadline)) is not None:
             sender, message = got
-            if not isinstance(message, Hello) or sender in joined or sender not in expected:
+            if isinstance(message, Hello) and sender in joined:  # said again on a reconnection: harmless
+                log.info("%s said Hello again while the run gathers its parties", sender)
+            elif not isinstance(message, Hello) or sender not in expected:
                 self._participants.parties.reject(sender, message, "expected one hello")
             else:
                 joined.append(sender)
