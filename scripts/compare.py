@@ -34,8 +34,10 @@ import json
 import math
 import shutil
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable, TextIO
 
 from consilium.protocol.run.rules import ConfigError
 from consilium.orchestration.local import run_local_federation
@@ -50,6 +52,7 @@ from consilium.training.models.evaluation import SELECTION_METRICS
 
 _NO_BUDGET = 1e9  # the comparison fixes each run's noise and rounds; a hospital's budget must not stop it early
 _COMPLETED = "completed all rounds"
+_PROGRESS_S = 30.0  # the most seconds a run goes without a line on the console
 _FEDERATION_LR = next(flag.default for flag in DopamineSettings.FLAGS if flag.name == "--lr")
 
 
@@ -157,9 +160,23 @@ def _report(spec: RunSpec) -> dict:
         shutil.rmtree(spec.out)
     spec.out.mkdir(parents=True)
     with (spec.out / "output.log").open("w") as log:
-        report = run_local_federation(spec, echo=lambda line: print(line, file=log, flush=True))
+        report = run_local_federation(spec, echo=_progress(spec.out.name, log))
     made_with.write_text(json.dumps(spec.to_dict()))
     return report
+
+
+def _progress(name: str, log: TextIO) -> Callable[[str], None]:
+    """Each line of a run to its log; to the console, one at most every ``_PROGRESS_S``, so that a long run
+    shows how far it is."""
+    shown = [time.monotonic()]
+
+    def echo(line: str) -> None:
+        print(line, file=log, flush=True)
+        if time.monotonic() - shown[0] >= _PROGRESS_S:
+            shown[0] = time.monotonic()
+            print(f"    {name}: {line}", flush=True)
+
+    return echo
 
 
 def _methods(args: argparse.Namespace) -> tuple[str, ...]:

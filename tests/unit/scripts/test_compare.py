@@ -30,7 +30,9 @@ def medmnist_format(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spent(medmnist_format, tmp_path):
+def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spent(
+    medmnist_format, tmp_path, monkeypatch, capsys
+):
     argv = [
         "--data",
         str(medmnist_format),
@@ -51,8 +53,12 @@ def test_dopamine_spends_its_target_and_central_dp_is_given_exactly_what_it_spen
         "--methods",
         "dopamine,central-dp",
     ]
+    monkeypatch.setattr(compare, "_PROGRESS_S", 0.0)  # every line of a run on the console, as a long run's would be
     result = compare.compare(compare.build_parser().parse_args(argv))
     dopamine, central_dp = result["runs"]
+    progress = capsys.readouterr().out
+    assert f"    {dopamine['name']}: round   20/20" in progress  # within the run, before its result line
+    assert progress.index(f"    {dopamine['name']}: round") < progress.index(f"[1/2] {dopamine['name']}:")
     assert (dopamine["method"], central_dp["method"]) == ("dopamine", "central-dp")
     # the least noise within the target, as the run's own ledger counted it; the baseline under the same accountant family
     assert 3.9 < dopamine["epsilon"]["server"] <= 4.0 and dopamine["complete"]
