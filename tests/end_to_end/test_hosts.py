@@ -5,8 +5,9 @@ provisioner, gets back the roster, checks its own entry and reads the fingerprin
 (``consilium-roster fingerprint``), and starts with it: the commands of docs/how-to/deploy-across-hosts.md
 section, in its order. The server, three hospitals and (for private voting) three talliers then
 run Dopamine and kNN-DPFL to the end across a virtual switch, and every epsilon equals that of the
-same commands run on localhost. Where this machine cannot make network namespaces (not root, or
-no ``ip``), the test says so and skips.
+same commands run on localhost. The sites also run as the guide's services: started once each, they
+take a Dopamine run and a kNN-DPFL run, and one site's policy declines the second. Where this machine
+cannot make network namespaces (not root, or no ``ip``), the tests say so and skip.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,3 +297,54 @@ def test_knn_dpfl_runs_across_hosts_with_the_epsilons_of_localhost(tmp_path, hos
     assert [r["status"] for r in across["rounds"]] == ["labelled"]
     assert across["rounds"][0]["voters"] == list(HOSPITALS) and across["final"]["queries_labelled"] == 20
     assert across["final"]["epsilon"] == local["final"]["epsilon"]
+
+
+def test_sites_run_as_services_across_hosts_take_two_runs_untouched_and_one_site_s_policy_refuses_one(tmp_path, hosts):
+    """The guide's "Sites that run unattended": each site starts its service once, in its own namespace and
+    folder; the coordinator then runs Dopamine and kNN-DPFL one after the other, and hospital-3, whose policy
+    allows Dopamine only, declines the second, as its own log and the server's report say."""
+    root = tmp_path / "services"
+    fingerprint, folders = _federate(root, hosts, TALLIERS)
+    sites = {}
+    for index, name in enumerate(HOSPITALS, start=1):
+        policy = folders[name].parent / "policy.toml"  # written by that site's operator, in that site's folder
+        methods = '["dopamine"]' if name == "hospital-3" else '["dopamine", "knn-dpfl"]'
+        policy.write_text(
+            f'methods = {methods}\nmax_rounds = 10\nview = "coalition"\ndelta = 1e-5\n'
+            "max_epsilon_per_run = 100.0\nmax_epsilon_lifetime = 200.0\n"
+        )
+        site_args = ("--name", name, "--data", "digits", "--parts", "3", "--part", index, "--policy", policy)
+        sites[name] = _launch(hosts, name, "hospital", folders[name], fingerprint, *site_args, log=root / f"{name}.log")
+    for name in TALLIERS:
+        sites[name] = _launch(
+            hosts, name, "tallier", folders[name], fingerprint, "--name", name, "--serve", log=root / f"{name}.log"
+        )
+    try:
+        runs = (
+            ("--data", "digits", "--expected-batch-size", "5", "--rounds", "2", "--hidden", "8"),
+            ("--data", "digits", "--quorum", "2", *KNN),
+        )
+        reports = []
+        for number, args in enumerate(runs, start=1):
+            out = root / f"run-{number}"
+            log = root / f"server-{number}.log"
+            server = _launch(hosts, "server", "server", folders["server"], fingerprint, "--out", out, *args, log=log)
+            assert server.wait(timeout=300) == 0, log.read_text()[-2000:]
+            reports.append(json.loads((out / "server_report.json").read_text()))
+        assert reports[0]["finish_reason"] == reports[1]["finish_reason"] == "completed all rounds"
+        assert reports[1]["departures"] == {"hospital-3": "withdrew: declined by its site's policy"}
+        assert reports[1]["rounds"][0]["voters"] == ["hospital-1", "hospital-2"]
+        assert "this site takes part in dopamine runs, not 'knn-dpfl'" in (root / "hospital-3.log").read_text()
+        status = _run(
+            [
+                *hosts.prefix("hospital-1"),
+                *launcher("hospital", "--federation", folders["hospital-1"], "--name", "hospital-1", "--status"),
+            ]
+        )
+        assert status.stdout.startswith("hospital-1: ") and "lifetime epsilon at delta" in status.stdout
+        assert all(process.poll() is None for process in sites.values())  # nothing typed at a site since it started
+    finally:
+        for process in sites.values():
+            process.send_signal(signal.SIGTERM)
+        for name, process in sites.items():
+            assert process.wait(timeout=150) == 0, (root / f"{name}.log").read_text()[-2000:]
