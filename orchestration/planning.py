@@ -22,9 +22,9 @@ from consilium.protocol.run.config import RunConfig
 from consilium.protocol.run.rules import ConfigError
 from consilium.training.data.datasets import Dataset
 from consilium.training.methods.dp_fedavg import DpFedAvgSettings
-from consilium.training.privacy.accounting import VIEWS, Release
+from consilium.training.privacy.accounting import VIEWS
 from consilium.training.privacy.ledger import PrivacyBudget, PrivacyLedger
-from consilium.training.methods.registry import METHODS as TRAINING_METHODS, ledger_release
+from consilium.training.methods.registry import METHODS as TRAINING_METHODS
 
 __all__ = [
     "calibrated",
@@ -93,27 +93,23 @@ def spend_line(config: RunConfig, epsilons: dict[str, float]) -> str:
 def planned_spend(config: RunConfig) -> dict[str, float]:
     """Epsilon by view, at the method's first level, that a hospital's ledger holds once every round of
     ``config`` is released at the quorum, at the run's delta."""
-    ledger, release = _fresh_ledger(config)
-    for number in range(1, config.rounds + 1):
-        ledger.record(release, run_id=config.run_id, round_number=number)
-    return ledger.epsilons(config.delta)
+    release = config.quorum_release(len(config.hospitals))
+    return {
+        view: PrivacyLedger().epsilon(config.delta, view=view, extra=release, times=config.rounds) for view in VIEWS
+    }
 
 
 def rounds_within(config: RunConfig, budget: PrivacyBudget) -> int:
     """How many of ``config``'s rounds a hospital that begins with an empty ledger takes part in under
     ``budget``, each round released at the quorum."""
-    ledger, release = _fresh_ledger(config)
+    ledger = PrivacyLedger()
+    ledger.begin_run(config.run_id, "planned")
+    release = config.quorum_release(len(config.hospitals))
     for number in range(1, config.rounds + 1):
         if budget.refusal(ledger, release, number):
             return number - 1
         ledger.record(release, run_id=config.run_id, round_number=number)
     return config.rounds
-
-
-def _fresh_ledger(config: RunConfig) -> tuple[PrivacyLedger, Release]:
-    ledger = PrivacyLedger()
-    ledger.begin_run(config.run_id, "planned")
-    return ledger, config.quorum_release(len(config.hospitals))
 
 
 def calibrated(config: RunConfig, target_epsilon: float, *, view: str, precision: float = 1e-3) -> RunConfig:
@@ -154,11 +150,7 @@ def check_first_round(spec: RunSpec, data: Dataset, part_sizes: list[int]) -> No
             f"{min(part_sizes)} records: more sub-clients than records"
         )
     budget = PrivacyBudget(epsilon=spec.epsilon_budget, delta=spec.delta, view=spec.budget_view)
-    refusal = budget.refusal(
-        PrivacyLedger(),
-        ledger_release(config.training, config.mechanism(), config.training.quorum, config.coalition(spec.hospitals)),
-        1,
-    )
+    refusal = budget.refusal(PrivacyLedger(), config.quorum_release(spec.hospitals), 1)
     if refusal:
         raise ConfigError(f"{refusal}: the first round alone exceeds --epsilon-budget (raise the noise or the budget)")
 
