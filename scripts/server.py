@@ -3,40 +3,31 @@
 from __future__ import annotations
 
 import argparse
-import secrets
 import sys
+import threading
 from pathlib import Path
+from typing import Callable
 
-from consilium.protocol.run.config import INSECURE_PLAINTEXT, RunConfig
 
 from consilium.protocol.run.rules import ConfigError
-from consilium.protocol.identity.party_keys import SERVER, Credentials
-from consilium.protocol.identity.roster import Roster
+from consilium.protocol.identity.party_keys import SERVER
 from consilium.protocol.identity.roster_confirmation import join_federation
-from consilium.protocol.run.participants import Timeouts
-from consilium.protocol.run.server import Server
-from consilium.protocol.voting.voting_config import VotingConfig
-from consilium.protocol.voting.voting_server import VotingServer
-from consilium.orchestration.run_flags import (
-    build_run_config,
-    chosen_aggregation,
-    model_spec,
-    resolve_data_defaults,
-    resolve_run_arguments,
-)
-from consilium.orchestration.planning import calibrated, planned_spend, spend_line
+from consilium.orchestration.coordinator import Coordinator
+from consilium.orchestration.site_service import stop_on_signals
+from consilium.protocol.wire.transport import ServerTransport
 from consilium.scripts._cli import add_logging_arguments, add_roster_fingerprint, configure_logging, run
-from consilium.scripts._server_network import add_network_arguments, listening_on, server_timeouts
+from consilium.scripts._server_run import ServerRun, check_run_flags, prepared_run
+from consilium.scripts._server_network import add_network_arguments, listening_on
 from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments, add_run_arguments
 from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS
 from consilium.training.methods.flags import non_negative_int, positive_float, positive_int
 from consilium.training.models.compute_device import use_device
-from consilium.training.models.evaluation import SELECTION_METRICS, Selection
-from consilium.training.models.build import use_model_code
+from consilium.training.models.evaluation import SELECTION_METRICS
 from consilium.training.models.own_code import is_reference
-from consilium.training.data.datasets import Dataset, Split, load_dataset
-from consilium.training.voting.vote_privacy import VOTING_METHODS, VotingSettings
-from consilium.training.voting.votes import PcaFeatures, split_public_pool
+from consilium.training.data.datasets import BUILTIN_DATASETS
+
+
+DEFAULT_MAX_MESSAGE_MIB = 256
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,8 +77,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="Dopamine and dp-fedavg: sum UNENCRYPTED updates; no privacy claim holds. Only for consilium-bench-round's comparison "
         "with secure aggregation (the hospitals must say the same)",
     )
+    _add_coordinator_arguments(parser)
     add_logging_arguments(parser)
     return parser
+
+
+def _add_coordinator_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("a long-lived coordinator (docs/how-to/deploy-across-hosts.md)")
+    group.add_argument(
+        "--coordinate",
+        action="store_true",
+        help="stay up and run, one after another, the runs the roster's admins submit (consilium-admin), each "
+        "in --out/run-N; this command's run flags are then ignored, a Submit's count",
+    )
+    group.add_argument(
+        "--data-root",
+        type=Path,
+        help="with --coordinate: the folder a submitted run's --data may name files in (default: built-in data only)",
+    )
+    group.add_argument(
+        "--max-message-mib",
+        type=positive_int,
+        default=DEFAULT_MAX_MESSAGE_MIB,
+        help="with --coordinate: the largest message its socket takes, which bounds the models a run may train "
+        f"(default: {DEFAULT_MAX_MESSAGE_MIB})",
+    )
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -146,216 +160,112 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
-    if args.target_epsilon is not None and args.noise_multiplier is not None:
-        raise ConfigError("give --target-epsilon or --noise-multiplier, not both: the target sets the noise")
-    if args.target_epsilon is not None and (args.method in VOTING_METHODS or args.resume):
-        raise ConfigError("--target-epsilon calibrates the noise of a new training run")
-    resolve_run_arguments(args)
     use_device(args.device)
-    if is_reference(args.model):  # a resumed run's own model, too
-        use_model_code(args.model)
-    roster, credentials = join_federation(args.federation, SERVER, args.roster_fingerprint)
-    dataset = load_dataset(
-        args.data, split_seed=args.data_seed, image_size=args.image_size, image_channels=args.image_channels
-    )
-    resolve_data_defaults(args, dataset.input_shape)
-    timeouts = server_timeouts(args)
-    if args.method in VOTING_METHODS:
-        _serve_vote(args, roster, credentials, dataset, timeouts)
+    if args.coordinate:
+        _coordinate(args)
         return
-    settings = dict(
-        roster=roster,
-        credentials=credentials,
-        validation=dataset.validation,
-        test=dataset.test,
-        out_dir=args.out,
-        timeouts=timeouts,
-        transcript=args.transcript,
-        transcript_payloads=args.transcript_payloads,
-        max_messages_per_second=args.max_messages_per_second,
-        listen=args.listen,
-        on_round=lambda record: _print_round(record, server.config, len(roster.hospitals)),
-        model_seed=args.model_seed,
-        selection=None
-        if args.select_every is None and args.select_on is None
-        else Selection(every=args.select_every or 1, on=args.select_on or "accuracy"),
-    )
+    prepared = prepared_run(args, _print)
+    roster, credentials = join_federation(args.federation, SERVER, args.roster_fingerprint)
+    prepared(roster, credentials, None).run()
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+# Flags of the coordinator's own, which a submitted run may not set: where it listens and writes, whom it trusts,
+# what it logs and computes on, and runs with no privacy.
+_COORDINATOR_FLAGS = frozenset(
+    {
+        "--federation",
+        "--roster-fingerprint",
+        "--out",
+        "--listen",
+        "--max-messages-per-second",
+        "--transcript",
+        "--transcript-payloads",
+        "--log-level",
+        "--log-file",
+        "--device",
+        "--coordinate",
+        "--data-root",
+        "--max-message-mib",
+        "--resume",
+        "--insecure-plaintext-benchmark",
+        "--help",
+        "-h",
+    }
+)
+
+
+def _coordinate(args: argparse.Namespace) -> None:
     if args.resume:
-        # Checked before the server binds its socket or begins its ledger.
-        checkpointed = Server.checkpointed_config(args.out)
-        if checkpointed.dataset != dataset.name:
-            raise ConfigError(f"the checkpointed run is on {checkpointed.dataset}; pass the same --data")
-        if checkpointed.aggregation != chosen_aggregation(args):
-            raise ConfigError(
-                f"the checkpointed run uses {checkpointed.aggregation!r} aggregation; resume it with the same "
-                "--insecure-plaintext-benchmark setting"
-            )
-        server = Server.resume(**settings)
-        print(
-            f"server on {listening_on(args, roster)}: resuming run {server.config.run_id} from {args.out}", flush=True
-        )
-    else:
-        server = Server(config=_new_run(args, roster, dataset), **settings)
-    report = server.run()
-    final = report["final"]
-    print(
-        f"finished ({report['finish_reason']}): {final['rounds_released']} rounds released, report in {args.out}",
-        flush=True,
-    )
-
-
-def _new_run(args: argparse.Namespace, roster: Roster, dataset: Dataset) -> RunConfig:
-    hospitals = tuple(roster.hospitals)
-    config = build_run_config(args, hospitals, dataset)
-    if args.target_epsilon is not None:
-        config = calibrated(config, args.target_epsilon, view=args.target_view)
-    params = config.bfv_parameters()
-    encoding = (
-        "in the clear modulo 2^32 (--insecure-plaintext-benchmark: NO secure aggregation)"
-        if args.insecure_plaintext_benchmark
-        else f"in {params.chunk_count} BFV ciphertext(s) "
-        f"(N={params.poly_modulus_degree}, t={params.plain_modulus}, q={params.coeff_mod_bit_sizes[0]} bits, "
-        f"{params.values_per_slot} value(s) a slot)"
-    )
-    print(
-        f"server on {listening_on(args, roster)}: run {config.run_id}, {len(hospitals)} hospitals, "
-        f"{params.vector_length} parameters {encoding}",
-        flush=True,
-    )
-    if not args.insecure_plaintext_benchmark:
-        print(f"{spend_line(config, planned_spend(config))}, if every hospital of the roster joins", flush=True)
-    return config
-
-
-def _serve_vote(
-    args: argparse.Namespace, roster: Roster, credentials: Credentials, dataset: Dataset, timeouts: Timeouts
-) -> None:
-    if args.insecure_plaintext_benchmark:
         raise ConfigError(
-            "--insecure-plaintext-benchmark is for the secure round (dopamine, dp-fedavg), not for voting"
+            "--coordinate runs the runs submitted to it; a stopped run is resumed by consilium-server --resume"
         )
-    if args.select_every is not None or args.select_on is not None:
+    roster, credentials = join_federation(args.federation, SERVER, args.roster_fingerprint)
+    if not roster.admins:
         raise ConfigError(
-            "--select-every and --select-on are for training runs: a voting server trains its model once, at the end"
+            "the roster names no admin, so no run could be submitted: make one with consilium-keygen --role admin "
+            "and add its public file to the roster"
         )
-    public_pool, test = split_public_pool(dataset.validation, args.public_fraction, seed=args.data_seed)
-    settings = dict(
-        roster=roster,
-        credentials=credentials,
-        public_pool=public_pool,
-        test=test,
-        out_dir=args.out,
-        student_epochs=args.student_epochs,
-        timeouts=timeouts,
-        transcript=args.transcript,
-        on_round=lambda record: _print_vote(record, server.config),
-        listen=args.listen,
+    parties = (*roster.hospitals, *roster.talliers, *roster.admins)
+    transport = ServerTransport(
+        args.listen or roster.server_address,
+        credentials.curve,
+        {roster.party(name).curve_public: name for name in parties},
+        args.max_message_mib << 20,
+        args.max_messages_per_second,
     )
-    if args.resume:
-        checkpointed = VotingServer.checkpointed_config(args.out)  # before the server binds or touches a ledger
-        if checkpointed.voting.method != args.method:
-            raise ConfigError(f"the checkpointed run is a {checkpointed.voting.method} run; pass the same --method")
-        server = VotingServer.resume(**settings)
-        print(
-            f"server on {listening_on(args, roster)}: resuming run {server.config.run_id} from {args.out}", flush=True
-        )
-    else:
-        config, feature_map = _voting_config(args, roster, dataset, public_pool)
-        server = VotingServer(config=config, feature_map=feature_map, **settings)
-        field = config.field()
-        print(
-            f"server on {listening_on(args, roster)}: {args.method} run {config.run_id}, {len(config.hospitals)} hospitals, "
-            f"{len(config.talliers)} talliers, {config.rounds} rounds of {config.queries_per_round} queries from a public pool of "
-            f"{len(public_pool)} (test: {len(test)}), MPC over {field.bit_length}-bit integers, revealing {config.reveal}",
-            flush=True,
-        )
-    report = server.run()
-    final = report["final"]
+    stop = threading.Event()
+    stop_on_signals(stop)
+
+    def make_run(flags: tuple[str, ...], folder: Path, socket, say: Callable[[str], None]) -> ServerRun:
+        return prepared_run(_submitted(args, flags, folder), say)(roster, credentials, socket)
+
+    def check(flags: tuple[str, ...]) -> None:
+        check_run_flags(_submitted(args, flags, args.out / "run-N"))
+
     print(
-        f"finished ({report['finish_reason']}): {final['queries_labelled']} queries labelled, {final['queries_withheld']} withheld, "
-        f"label accuracy {_shown(final['label_accuracy'])}, student test accuracy {_shown(final['student_test_accuracy'])}; "
-        f"report in {args.out}",
+        f"coordinator on {listening_on(args, roster)}: runs in {args.out}/run-N, submitted by "
+        f"{', '.join(roster.admins)} (consilium-admin)",
         flush=True,
     )
-
-
-def _voting_config(
-    args: argparse.Namespace, roster: Roster, dataset: Dataset, public_pool: Split
-) -> tuple[VotingConfig, bytes]:
-    """A new voting run's configuration, and kNN-DPFL's public feature map (``ConfigError``)."""
     try:
-        config = VotingConfig(
-            run_id=secrets.token_hex(8),
-            dataset=dataset.name,
-            hospitals=tuple(roster.hospitals),
-            talliers=tuple(roster.talliers),
-            rounds=args.rounds,
-            queries_per_round=args.queries_per_round,
-            delta=args.delta,
-            voting=VotingSettings(
-                method=args.method,
-                noise_std=args.vote_noise,
-                quorum=args.quorum or len(roster.hospitals),
-                neighbours=args.neighbours,
-            ),
-            reveal=args.reveal,
-            label_threshold=args.label_threshold,
-            model=model_spec(args, dataset, public_pool),
-            teacher_epochs=args.teacher_epochs,
-            teacher_confidence=args.teacher_confidence,
-            feature_dimensions=args.feature_dimensions,
-        )
-        feature_map = (
-            PcaFeatures.fit(public_pool.x, args.feature_dimensions).to_bytes() if args.method == "knn-dpfl" else b""
-        )
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    return config, feature_map
+        Coordinator(transport, roster, args.out, make_run, check, stop).serve()
+    finally:
+        transport.close()
 
 
-def _print_vote(record: dict, config: VotingConfig) -> None:
-    prefix = f"round {record['round']:>4}/{config.rounds}"
-    if record["status"] == "labelled":
-        epsilon = record["epsilon"]
-        print(
-            f"{prefix}  label_acc {_shown(record['label_accuracy'])}  withheld {record['labels_withheld']}  "
-            f"voters {len(record['voters'])}/{len(config.hospitals)}  "
-            f"epsilon {epsilon['record']['server']:.3f} per record, {epsilon['hospital']['server']:.3f} per hospital "
-            f"(delta {config.delta:g})  MPC {record['mpc_seconds'] / config.queries_per_round * 1000:.1f} ms/query"
-            + (
-                f"  REFUSED (ballot outside the run's range): {', '.join(record['refused'])}"
-                if record["refused"]
-                else ""
-            ),
-            flush=True,
-        )
-    else:
-        print(f"{prefix}  aborted: {record['reason']}", flush=True)
+def _submitted(args: argparse.Namespace, flags: tuple[str, ...], folder: Path) -> argparse.Namespace:
+    """A submitted run's flags as ``consilium-server`` parses its own, in the coordinator's federation, folder,
+    socket and device (``ConfigError``)."""
+    for flag in flags:
+        name = flag.split("=", 1)[0]
+        if name in _COORDINATOR_FLAGS:
+            raise ConfigError(f"{name} is the coordinator's to set, not a submitted run's")
+    parser = build_parser()
+    parser.allow_abbrev = False  # "--fed" would otherwise be --federation
 
+    def refuse(message: str) -> None:
+        raise ConfigError(message)
 
-def _shown(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
-
-
-def _print_round(record: dict, config: RunConfig, consortium: int) -> None:
-    coalition = config.coalition(consortium)
-    prefix = f"round {record['round']:>4}/{config.rounds}"
-    if record["status"] == "released":
-        privacy = (
-            "epsilon n/a (insecure plaintext benchmark)"
-            if config.aggregation == INSECURE_PLAINTEXT
-            else f"epsilon {record['epsilon']['server']:.3f} against the server, "
-            f"{record['epsilon']['peer_hospital']:.3f} against a peer, {record['epsilon']['coalition']:.3f} against "
-            f"the server with {coalition} hospital{'' if coalition == 1 else 's'} (delta {config.delta:g})"
-        )
-        state = "".join(f"  {name} {value:.4g}" for name, value in record["round_state"].items())  # adaptive v and C
-        print(
-            f"{prefix}  val_acc {record['validation_accuracy']:.3f}  {privacy}  "
-            f"contributors {len(record['contributors'])}/{len(config.hospitals)}{state}",
-            flush=True,
-        )
-    else:
-        print(f"{prefix}  aborted: {record['reason']}", flush=True)
+    parser.error = refuse  # argparse would print and exit
+    submitted = parser.parse_args([*flags, "--federation", str(args.federation), "--out", str(folder)])
+    if is_reference(submitted.model):
+        raise ConfigError("a submitted run names built-in models only: the coordinator runs no code an admin names")
+    if submitted.data not in BUILTIN_DATASETS:
+        root = args.data_root
+        inside = None if root is None else (root / submitted.data).resolve()
+        if inside is None or not inside.is_relative_to(root.resolve()):
+            raise ConfigError(
+                "a submitted run's --data is built-in data ("
+                + ", ".join(BUILTIN_DATASETS)
+                + ") or a path inside the coordinator's --data-root"
+                + ("" if root is None else f" ({root})")
+            )
+        submitted.data = str(inside)
+    return submitted
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ SECRET_FILE = "secret_keys.toml"
 MPC_KEY_FILE = "mpc.key"
 MPC_CERTIFICATE_FILE = "mpc.crt"
 SERVER = "server"
-ROLES = ("server", "hospital", "tallier")
+ROLES = ("server", "hospital", "tallier", "admin")  # an admin submits and watches runs at a coordinator
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _Z85_KEY = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 _MPC_ADDRESS = re.compile(r"^([A-Za-z0-9.\-]+):(\d{1,5})$")
@@ -99,7 +99,7 @@ class Party:
             )
         if role not in ROLES or (name == SERVER) != (role == "server"):
             raise KeyFileError(
-                f"{where}: {name} has role {shown(role)}; the server is named {SERVER!r}, the others are hospitals or talliers"
+                f"{where}: {name} has role {shown(role)}; the server is named {SERVER!r}, the others are hospitals, talliers or admins"
             )
         expected = {"name", "role", "curve_public", "sign_public", "box_public"} | (
             {"mpc_address", "mpc_certificate"} if role == "tallier" else set()

@@ -83,6 +83,11 @@ class Roster:
         return [name for name, party in self.parties.items() if party.role == "tallier"]
 
     @property
+    def admins(self) -> list[str]:
+        """Who may submit, watch and stop runs at a coordinator (``consilium-admin``): they hold no run's keys."""
+        return [name for name, party in self.parties.items() if party.role == "admin"]
+
+    @property
     def server(self) -> Party:
         return self.parties[SERVER]
 
@@ -179,7 +184,8 @@ def assemble_roster(directory: Path, *, address: str, public_files: list[Path], 
         before = Roster.parse(previous)
         version, previous_digest = before.version + 1, before.digest
     ordered = sorted(
-        parties.values(), key=lambda p: ({"server": 0, "hospital": 1, "tallier": 2}[p.role], _natural(p.name))
+        parties.values(),
+        key=lambda p: ({"server": 0, "hospital": 1, "tallier": 2, "admin": 3}[p.role], _natural(p.name)),
     )
     text = (
         "[roster]\n"
@@ -215,7 +221,9 @@ def roster_changes(before: Roster, after: Roster) -> list[str]:
     return changes
 
 
-def local_federation(directory: Path, *, hospitals: int, address: str, mpc_addresses: tuple[str, ...] = ()) -> Roster:
+def local_federation(
+    directory: Path, *, hospitals: int, address: str, mpc_addresses: tuple[str, ...] = (), admins: tuple[str, ...] = ()
+) -> Roster:
     """A federation on one machine, made as a real one is: each party's keys in its own folder
     (``directory/NAME``), then the roster from their public files alone."""
     if hospitals < 1:
@@ -227,6 +235,7 @@ def local_federation(directory: Path, *, hospitals: int, address: str, mpc_addre
         raise RosterError("every tallier needs its own MPC address")
     parties = [(SERVER, "server", None)] + [(f"hospital-{i}", "hospital", None) for i in range(1, hospitals + 1)]
     parties += [(f"tallier-{i}", "tallier", a) for i, a in enumerate(mpc_addresses, start=1)]
+    parties += [(name, "admin", None) for name in admins]
     public_files = [
         generate_party_keys(directory / name, name=name, role=role, mpc_address_text=a) for name, role, a in parties
     ]

@@ -115,9 +115,7 @@ class Hospital:
         self._name = credentials.name
         self._roster = roster
         self._credentials = credentials
-        self._data = data
-        self._budget = budget
-        self._state_dir = state_dir
+        self._data, self._budget, self._state_dir = data, budget, state_dir
         self._upgrade_ledger = upgrade_ledger  # read an unchained (older) ledger once: its operator's say
         self._send_offset_s = send_offset_s
         check_choices(method, aggregation)
@@ -150,6 +148,8 @@ class Hospital:
             if self._config is not None:
                 self._metrics.write(self._config, finish_reason, rejected=self._channel.rejections.total)
             self._channel.close()
+            if self._ledger is not None:
+                self._ledger.close()
         return {"finish_reason": finish_reason, "rounds": self._metrics.rounds}
 
     def _take_part(self, welcome: Welcome) -> str:

@@ -102,6 +102,7 @@ class VotingHospital:
         self._rounds: list[dict] = []
         self._config: VotingConfig | None = None
         self._last_round = 0  # the last round this hospital was charged for: it votes only in later ones
+        self._ledger: PrivacyLedger | None = None
 
     def run(self) -> dict:
         """Vote until the server finishes the run or the budget is spent; returns what it did."""
@@ -110,6 +111,8 @@ class VotingHospital:
             finish_reason = self._channel.take_part(VotingWelcome, self._take_part, self._name, welcomed)
         finally:
             self._channel.close()
+            if self._ledger is not None:
+                self._ledger.close()
         return {"finish_reason": finish_reason, "rounds": self._rounds}
 
     def _take_part(self, welcome: VotingWelcome) -> str:

@@ -39,6 +39,7 @@ from consilium.protocol.identity.roster import Roster
 from consilium.protocol.run.checkpoint import VotingCheckpoint, save_checkpoint, write_report, write_retrying
 from consilium.protocol.run.participants import Timeouts, run_to_the_end
 from consilium.protocol.run.server_connections import ServerConnections
+from consilium.protocol.wire.transport import ServerTransport
 from consilium.protocol.voting.voting_resume import check_startable, data_digest, restored
 from consilium.protocol.voting.tallier_keys import TallierKeys
 from consilium.protocol.voting.voting_config import VotingConfig
@@ -69,6 +70,7 @@ class VotingServer:
         transcript: Path | None = None,
         on_round: Callable[[dict], None] | None = None,
         listen: str | None = None,
+        transport: ServerTransport | None = None,
         _checkpoint: VotingCheckpoint | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
@@ -94,11 +96,13 @@ class VotingServer:
         self._pending: tuple[int, dict[str, dict[str, bytes]]] | None = None  # a round's ballots, awaiting labels
         self._resumed_from = _checkpoint
         self._data_digest = data_digest(public_pool, test)  # in every checkpoint: hashed once, not per write
-        self._open_channels(credentials, transcript, listen)
+        self._open_channels(credentials, transcript, listen, transport)
         if _checkpoint is not None:
             self._restore(_checkpoint)
 
-    def _open_channels(self, credentials: Credentials, transcript: Path | None, listen: str | None) -> None:
+    def _open_channels(
+        self, credentials: Credentials, transcript: Path | None, listen: str | None, transport: ServerTransport | None
+    ) -> None:
         """The server's socket, open to the roster's hospitals and talliers only, its transcript, and who takes part."""
         config = self._config
         self._connections = ServerConnections.open(
@@ -111,6 +115,7 @@ class VotingServer:
             log=log,
             transcript=transcript,
             listen=listen,
+            transport=transport,
         )
         self._participants = self._connections.participants
         self._talliers = TallierKeys(self._participants, config.talliers, self._tallier_welcome, self._timeouts)

@@ -31,7 +31,11 @@ def encode(message: Message) -> bytes:
     body = {"v": PROTOCOL_VERSION, "type": message.TYPE}
     for field in fields(message):
         value = getattr(message, field.name)
-        body[field.name] = _printable(value) if type(value) is str else value
+        if type(value) is str:
+            value = _printable(value)
+        elif type(value) is tuple and value and type(value[0]) is str:  # names, or an answer's lines
+            value = tuple(map(_printable, value))
+        body[field.name] = value
     return msgpack.packb(body, use_bin_type=True)
 
 

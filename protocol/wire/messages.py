@@ -33,6 +33,10 @@ A voting run (AE-DPFL, kNN-DPFL; T = each tallier)::
              (interrupted: once every tallier is back, S relays the same Shares(r) again)
     S  -> H, T  Finish(reason)
 
+A coordinator's admin (A; docs/explanation/site-services.md), one question, one answer::
+
+    A  -> S  Submit(run flags) | Status | StopRun(run) | RunLog(run)    S  -> A  AdminAnswer(ok, lines)
+
 A tallier or voting hospital that restarted, or whose connection to a restarted server was made
 again, says Hello again: a tallier gets VotingWelcome and answers RunKey with the key it had, a
 hospital gets VotingWelcome with every tallier's key before the next round.
@@ -54,6 +58,9 @@ from consilium.errors import ConsiliumError
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "TO_ADMIN",
+    "TO_COORDINATOR",
+    "AdminAnswer",
     "TO_HOSPITAL",
     "TO_SERVER",
     "Aggregate",
@@ -76,7 +83,11 @@ __all__ = [
     "RoundAbort",
     "RoundStart",
     "RunKey",
+    "RunLog",
     "Shares",
+    "Status",
+    "StopRun",
+    "Submit",
     "TO_TALLIER",
     "TO_VOTING_HOSPITAL",
     "TO_VOTING_SERVER",
@@ -330,13 +341,48 @@ class TallyFailed(Message):
     interrupted: bool  # the MPC did not finish (a tallier left or went silent): the round may be relayed again
 
 
+@dataclass(frozen=True)
+class Submit(Message):  # from a coordinator's admin, as are Status, StopRun and RunLog
+    TYPE = "submit"
+    flags: tuple[str, ...]  # consilium-server's run flags, as its operator would type them
+
+
+@dataclass(frozen=True)
+class Status(Message):
+    TYPE = "status"
+
+
+@dataclass(frozen=True)
+class StopRun(Message):
+    TYPE = "stop_run"
+    run: str  # the coordinator's name for it ("run-3"), as its Submit's answer said
+
+
+@dataclass(frozen=True)
+class RunLog(Message):
+    TYPE = "run_log"
+    run: str
+
+
+@dataclass(frozen=True)
+class AdminAnswer(Message):
+    TYPE = "admin_answer"
+    ok: bool  # False: refused, and the lines say why
+    lines: tuple[str, ...]
+
+
 # What each role accepts: a message of another type is refused by ``decode``.
 TO_SERVER = frozenset({Hello, BoxKey, Update, Withdraw, Endorsement, Proof, Release, Confirmed, Refused})
 TO_HOSPITAL = frozenset({Welcome, RoundStart, Aggregate, Endorsements, Proofs, Releases, RoundAbort, Finish})
 TO_VOTING_SERVER = frozenset({Hello, RunKey, Ballot, Withdraw, Labels, TallyFailed})
 TO_VOTING_HOSPITAL = frozenset({VotingWelcome, VoteRequest, Finish})
 TO_TALLIER = frozenset({VotingWelcome, Shares, Finish})
-MESSAGE_TYPES = {cls.TYPE: cls for cls in TO_SERVER | TO_HOSPITAL | TO_VOTING_SERVER | TO_VOTING_HOSPITAL | TO_TALLIER}
+TO_COORDINATOR = frozenset({Submit, Status, StopRun, RunLog})  # from an admin, between runs or during one
+TO_ADMIN = frozenset({AdminAnswer})
+MESSAGE_TYPES = {
+    cls.TYPE: cls
+    for cls in TO_SERVER | TO_HOSPITAL | TO_VOTING_SERVER | TO_VOTING_HOSPITAL | TO_TALLIER | TO_COORDINATOR | TO_ADMIN
+}
 
 
 def float32_values(payload: bytes, count: int, what: str) -> np.ndarray:

@@ -94,6 +94,7 @@ class ServerTransport:
         max_message_bytes: int,
         max_messages_per_second: float = DEFAULT_MAX_MESSAGES_PER_SECOND,
     ) -> None:
+        self.max_message_bytes = max_message_bytes
         self._context = _context()
         self._authenticator = _RosterAuthenticator(self._context, enrolled)
         self._authenticator.start()

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import child_environment, free_port, launcher
+from scripted import wait_for_text
 
 pytestmark = pytest.mark.slow
 HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
@@ -64,7 +65,7 @@ def hosts():
     """A switch (a bridge in a namespace of its own) and a namespace per party, wired to it by veth."""
     tag = secrets.token_hex(3)
     switch = f"cs{tag}-switch"
-    parties = ("server", *HOSPITALS, *TALLIERS)
+    parties = ("server", *HOSPITALS, *TALLIERS, "admin")
     made = []
     try:
         _ip("netns", "add", switch)
@@ -111,14 +112,16 @@ def _run(command: list, *, check: bool = True, timeout: float = 120) -> subproce
     return done
 
 
-def _federate(root: Path, hosts: Hosts, talliers: tuple[str, ...]) -> tuple[str, dict[str, Path]]:
+def _federate(
+    root: Path, hosts: Hosts, talliers: tuple[str, ...], admins: tuple[str, ...] = ()
+) -> tuple[str, dict[str, Path]]:
     """The deployment how-to's set-up, machine by machine: keys, public files to the provisioner, the roster back,
     each party's own check. Returns the fingerprint every party read and each party's federation folder."""
     port = free_port()
     folders = {}
     public_files = root / "provisioner" / "public"
     public_files.mkdir(parents=True)
-    for party in ("server", *HOSPITALS, *talliers):
+    for party in ("server", *HOSPITALS, *talliers, *admins):
         role = "server" if party == "server" else party.rsplit("-", 1)[0]
         folders[party] = root / party / "fed"
         mpc = ["--mpc-address", f"{hosts.addresses[party]}:{free_port()}"] if role == "tallier" else []
@@ -299,12 +302,15 @@ def test_knn_dpfl_runs_across_hosts_with_the_epsilons_of_localhost(tmp_path, hos
     assert across["final"]["epsilon"] == local["final"]["epsilon"]
 
 
-def test_sites_run_as_services_across_hosts_take_two_runs_untouched_and_one_site_s_policy_refuses_one(tmp_path, hosts):
-    """The guide's "Sites that run unattended": each site starts its service once, in its own namespace and
-    folder; the coordinator then runs Dopamine and kNN-DPFL one after the other, and hospital-3, whose policy
-    allows Dopamine only, declines the second, as its own log and the server's report say."""
+def test_sites_run_as_services_across_hosts_take_two_runs_an_admin_submits_and_one_site_s_policy_refuses_one(
+    tmp_path, hosts
+):
+    """The guide's "Sites that run unattended" and "Runs submitted centrally": each site starts its service
+    once, in its own namespace and folder, and the coordinator once; the admin, in a namespace of its own,
+    submits Dopamine and kNN-DPFL, which run one after the other, and hospital-3, whose policy allows Dopamine
+    only, declines the second, as its own log and the admin's status say."""
     root = tmp_path / "services"
-    fingerprint, folders = _federate(root, hosts, TALLIERS)
+    fingerprint, folders = _federate(root, hosts, TALLIERS, admins=("admin",))
     sites = {}
     for index, name in enumerate(HOSPITALS, start=1):
         policy = folders[name].parent / "policy.toml"  # written by that site's operator, in that site's folder
@@ -319,22 +325,31 @@ def test_sites_run_as_services_across_hosts_take_two_runs_untouched_and_one_site
         sites[name] = _launch(
             hosts, name, "tallier", folders[name], fingerprint, "--name", name, "--serve", log=root / f"{name}.log"
         )
+    log = root / "coordinator.log"
+    coordinator = _launch(
+        hosts, "server", "server", folders["server"], fingerprint, "--out", root / "runs", "--coordinate", log=log
+    )
+    sites["coordinator"] = coordinator
+
+    def admin(*args) -> subprocess.CompletedProcess:  # typed at the admin's desk
+        identity = ("--federation", folders["admin"], "--roster-fingerprint", fingerprint, "--name", "admin")
+        return _run([*hosts.prefix("admin"), *launcher("admin", *identity, *args)])
+
     try:
+        wait_for_text(log, "coordinator on", coordinator, timeout=60)
         runs = (
             ("--data", "digits", "--expected-batch-size", "5", "--rounds", "2", "--hidden", "8"),
             ("--data", "digits", "--quorum", "2", *KNN),
         )
-        reports = []
         for number, args in enumerate(runs, start=1):
-            out = root / f"run-{number}"
-            log = root / f"server-{number}.log"
-            server = _launch(hosts, "server", "server", folders["server"], fingerprint, "--out", out, *args, log=log)
-            assert server.wait(timeout=300) == 0, log.read_text()[-2000:]
-            reports.append(json.loads((out / "server_report.json").read_text()))
+            assert admin("submit", "--", *args).stdout.startswith(f"run-{number} queued")
+        wait_for_text(log, "run-2: finished", coordinator, timeout=300)
+        reports = [json.loads((root / "runs" / f"run-{n}" / "server_report.json").read_text()) for n in (1, 2)]
         assert reports[0]["finish_reason"] == reports[1]["finish_reason"] == "completed all rounds"
         assert reports[1]["departures"] == {"hospital-3": "withdrew: declined by its site's policy"}
         assert reports[1]["rounds"][0]["voters"] == ["hospital-1", "hospital-2"]
         assert "this site takes part in dopamine runs, not 'knn-dpfl'" in (root / "hospital-3.log").read_text()
+        assert "hospital-3 withdrew: declined by its site's policy" in admin("status").stdout
         status = _run(
             [
                 *hosts.prefix("hospital-1"),

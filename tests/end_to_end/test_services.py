@@ -113,34 +113,77 @@ def test_services_take_runs_one_after_another_and_a_stop_withdraws_from_the_run_
             service.kill()
 
 
-def test_a_training_run_then_a_voting_run_complete_with_every_site_a_service_started_once(tmp_path):
+def _admin(federation, name, *args):
+    return run_launcher("admin", *confirmed(federation), "--name", name, *args)
+
+
+def test_runs_an_admin_submits_complete_with_every_site_a_service_started_once_and_a_stop_ends_one(tmp_path):
     federation = tmp_path / "federation"
     mpc = tuple(f"127.0.0.1:{free_port()}" for _ in range(3))
-    local_federation(federation, hospitals=3, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=mpc)
-    policy = tmp_path / "policy.toml"
-    policy.write_text(POLICY.replace('["dopamine"]', '["dopamine", "knn-dpfl"]'))
+    local_federation(
+        federation, hospitals=3, address=f"tcp://127.0.0.1:{free_port()}", mpc_addresses=mpc, admins=("admin",)
+    )
+    policies = {"both": tmp_path / "both.toml", "dopamine": tmp_path / "dopamine.toml"}
+    policies["both"].write_text(POLICY.replace('["dopamine"]', '["dopamine", "knn-dpfl"]'))
+    policies["dopamine"].write_text(POLICY)
     data = ("--data", "digits")
-    hospitals = [
-        HospitalProcess(federation, f"hospital-{i}", i, 3, tmp_path / f"hospital-{i}.log", "--policy", policy, *data)
-        for i in (1, 2, 3)
-    ]
-    talliers = [_tallier_service(federation, f"tallier-{i}", tmp_path) for i in (1, 2, 3)]
+    log = tmp_path / "coordinator.log"
+    coordinator = _start(launcher("server", *confirmed(federation), "--out", tmp_path / "runs", "--coordinate"), log)
+    sites = []
     try:
+        wait_for_text(log, "coordinator on", coordinator, timeout=60)
+        refused = _admin(federation, "hospital-1", "status")  # before hospital-1's service connects with that key
+        assert refused.returncode == 2 and "hospital-1 is not an admin" in refused.stderr
+        own_flag = _admin(federation, "admin", "submit", "--", "--method", "dopamine", "--out", tmp_path)
+        assert own_flag.returncode == 2 and "--out is the coordinator's to set" in own_flag.stderr
+
+        sites += [  # hospital-3's operator allows Dopamine only
+            HospitalProcess(
+                federation,
+                f"hospital-{i}",
+                i,
+                3,
+                tmp_path / f"hospital-{i}.log",
+                "--policy",
+                policies["dopamine" if i == 3 else "both"],
+                *data,
+            )
+            for i in (1, 2, 3)
+        ]
+        sites += [_tallier_service(federation, f"tallier-{i}", tmp_path) for i in (1, 2, 3)]
         runs = (
-            ("dopamine", "--rounds", "2", "--expected-batch-size", "5", "--hidden", "4"),
-            ("knn-dpfl", "--rounds", "1", "--queries-per-round", "20", "--feature-dimensions", "10"),
+            ("dopamine", "--rounds", "2", *TRAINING),
+            ("knn-dpfl", "--rounds", "1", "--queries-per-round", "20", "--feature-dimensions", "10", "--quorum", "2"),
+            ("dopamine", "--rounds", "50", "--rejoin-window", "0", *TRAINING),
         )
         for number, (method, *args) in enumerate(runs, start=1):
-            server = _server(federation, tmp_path / f"run-{number}", "--method", method, *data, *args)
-            assert server.wait(timeout=180) == 0, (tmp_path / f"run-{number}.log").read_text()
-            report = json.loads((tmp_path / f"run-{number}" / "server_report.json").read_text())
-            assert report["finish_reason"] == "completed all rounds"
-        assert report["final"]["queries_labelled"] > 0
-        for site in (*hospitals, *talliers):
+            submitted = _admin(federation, "admin", "submit", "--", "--method", method, *data, *args)
+            assert submitted.returncode == 0 and submitted.stdout.startswith(f"run-{number} queued"), submitted.stderr
+        wait_for_text(log, "run-1: finished (completed all rounds)", coordinator, timeout=180)
+        wait_for_text(log, "run-2: finished (completed all rounds)", coordinator, timeout=180)
+        wait_for_text(log, "run-3: round    1/50", coordinator, timeout=180)
+        stopped = _admin(federation, "admin", "stop", "run-3")
+        assert stopped.returncode == 0 and "run-3 stops at its next wait" in stopped.stdout
+        wait_for_text(log, "run-3: finished (stopped: the admin stopped the run)", coordinator, timeout=60)
+
+        status = _admin(federation, "admin", "status").stdout
+        assert "run-1 (--method dopamine" in status and "run-3 (--method dopamine" in status
+        assert "hospital-3 withdrew: declined by its site's policy" in status  # run-2's departures
+        assert "hospital-3 declines the run it was welcomed to: " in sites[2].log.read_text()  # and says why
+        assert "round    2/2" in _admin(federation, "admin", "logs", "run-1").stdout
+        report = json.loads((tmp_path / "runs" / "run-3" / "server_report.json").read_text())
+        assert report["finish_reason"] == "stopped: the admin stopped the run"
+        released = report["final"]["rounds_released"]
+        for hospital in sites[:3]:  # two rounds of run-1, a vote of run-2 but for hospital-3, then run-3's
+            _wait_for_state(hospital.state, "waiting", hospital.process)
+            charged = hospital.ledger().steps - (2 if hospital.name == "hospital-3" else 3)
+            assert released <= charged <= released + 1  # no round after the stop (one in flight at most)
+        for site in sites:
             assert site.process.poll() is None  # every site still serving, nothing typed there since it started
-        assert all(hospital.ledger().steps == 3 for hospital in hospitals)  # two training rounds, one vote
     finally:
-        for site in (*hospitals, *talliers):
+        coordinator.send_signal(signal.SIGTERM)
+        for site in sites:
             site.process.send_signal(signal.SIGTERM)
-        for site in (*hospitals, *talliers):
+        assert coordinator.wait(timeout=60) == 0, log.read_text()
+        for site in sites:
             assert site.process.wait(timeout=150) == 0, site.log.read_text()

@@ -35,6 +35,7 @@ class MemoryServerTransport:
         self.bytes_sent: dict[str, int] = defaultdict(int)
         self.dropped: dict[str, int] = defaultdict(int)
         self.limits: dict = {}
+        self.max_message_bytes = 1 << 40  # no socket between: the run's own limit, the codec's, is what holds
 
     def receive(self, timeout_s: float) -> tuple[str, bytes] | None:
         try:

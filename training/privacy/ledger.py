@@ -216,8 +216,15 @@ class PrivacyLedger:
         self._chain = mac
         self._chained_lines += 1
 
+    def close(self) -> None:
+        """Let another writer have the file now, not when this ledger is collected (a service's next run may
+        open it at once); a later write takes the lock again."""
+        if self._locked:
+            self._unlock()
+            self._locked = False
+
     def _lock(self) -> None:
-        """Hold the file exclusively from the first write until this ledger is gone.
+        """Hold the file exclusively from the first write until this ledger is gone, or closed.
 
         Readers take no lock. A writer that finds the file grown since it read it refuses to go on:
         its count would miss the other writer's releases."""
@@ -231,7 +238,7 @@ class PrivacyLedger:
         except OSError:
             os.close(descriptor)
             raise LedgerError(f"privacy ledger {self._path} is in use by another writer") from None
-        weakref.finalize(self, os.close, descriptor)
+        self._unlock = weakref.finalize(self, os.close, descriptor)
         self._locked = True
         if os.fstat(descriptor).st_size != self._size:
             raise LedgerError(f"privacy ledger {self._path} changed since it was read; open it again")

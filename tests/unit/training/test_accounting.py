@@ -576,3 +576,17 @@ def test_a_run_the_server_narrowed_to_a_few_hospitals_is_charged_for_half_the_co
     mechanism = _mechanism(quorum=3)
     release = dict(release_of(mechanism, sample_rate=0.1, contributors=3, coalition=tolerated_coalition(2, 10)).mu)
     assert release["coalition"] == release["collusion"] == pytest.approx(mechanism.share_mu)
+
+
+def test_a_closed_ledger_lets_the_next_writer_in_at_once_and_takes_the_lock_again_to_write(tmp_path):
+    """A service's next run opens its ledger while the last run's role may still be uncollected."""
+    path = tmp_path / "ledger.jsonl"
+    release = release_of(_mechanism(), sample_rate=0.1, contributors=3, coalition=1)
+    last_run = _ledger(path)
+    last_run.close()
+    next_run = PrivacyLedger(path, key=KEY)
+    next_run.record(release, run_id="0123abcd", round_number=1)  # would be "in use by another writer"
+    with pytest.raises(LedgerError, match="in use by another writer"):
+        last_run.record(release, run_id="0123abcd", round_number=2)
+    next_run.close()
+    assert PrivacyLedger(path, key=KEY).steps == 1
