@@ -13,10 +13,12 @@ docs/explanation/site-services.md ("The coordinator and the admin"). In short:
   the socket (``_RunSocket``). The view hands the run its own parties' messages only, and the
   Hellos that its parties said while no run of theirs was on, first: a site's service says Hello
   once and waits for a Welcome (``orchestration.hospital_service``). It answers the admins itself.
-- StopRun ends the run at its next wait for a message (at most ``_SLICE_S`` later): the run sees a
+- StopRun ends the run at its next wait for a message (at most ``_SLICE_S`` into it): the run sees a
   ``ProtocolError``, sends every party Finish with the reason, and writes its report, as any
   stopped run does. No round completes after it: a round is released only after messages the
-  run waits for.
+  run waits for. Questions are read only while the coordinator waits for a message: a run busy
+  computing (loading its data, adding ciphertexts, training a voting run's student) answers them,
+  and a SIGTERM takes effect, when it next waits.
 
 The queue lives in memory: a coordinator that stops loses the runs not yet started, and says how
 many. Each run writes to its own folder, ``out_dir/run-N``.
@@ -50,14 +52,16 @@ from consilium.protocol.wire.messages import (
 )
 from consilium.protocol.wire.transport import ServerTransport
 
-__all__ = ["ADMIN_MESSAGE_BYTES", "MAX_QUEUED", "Coordinator", "RunStopped"]
+__all__ = ["ADMIN_MESSAGE_BYTES", "MAX_FLAGS", "MAX_QUEUED", "Coordinator", "RunStopped"]
 
 log = logging.getLogger("consilium.coordinator")
 
 ADMIN_MESSAGE_BYTES = 64 << 10  # a Submit's flags, or a question: far less
 MAX_QUEUED = 20  # runs waiting; a Submit beyond is refused
+MAX_FLAGS = 200  # a Submit's flags and values
 _LINES_KEPT = 200  # of each run's log, for RunLog
 _RUNS_SHOWN = 20  # the latest runs a Status lists
+_RUNS_KEPT = 100  # runs that ended, answered for by RunLog; the oldest are forgotten
 _SLICE_S = 1.0  # the longest a wait goes without reading the admin's stop and the coordinator's own
 _STOPPED_BY_ADMIN = "the admin stopped the run"
 _COUNTS = ("dropped", "bytes_received", "bytes_sent")  # per party, on ServerTransport
@@ -150,12 +154,19 @@ class Coordinator:
             self._transport.reject(party)
             self._answer(party, False, f"{party} is not an admin of this federation")
             return
-        self._admin_asks(party, message)
+        try:
+            self._admin_asks(party, message)
+        except Exception as error:  # a bug, or a check that failed unforeseen: the admin hears it, the rest goes on
+            log.exception("%s from %s failed", message.TYPE, party)
+            self._answer(party, False, f"{message.TYPE} failed: {type(error).__name__}: {error}")
 
     def _admin_asks(self, admin: str, message: Message) -> None:
         if isinstance(message, Submit):
             if len(self._queue) >= MAX_QUEUED:
                 self._answer(admin, False, f"{MAX_QUEUED} runs are queued already: submit it once one has started")
+                return
+            if len(message.flags) > MAX_FLAGS:
+                self._answer(admin, False, f"a run takes at most {MAX_FLAGS} flags and values")
                 return
             try:
                 self._check(message.flags)
@@ -165,6 +176,7 @@ class Coordinator:
             self._numbered += 1
             run = _Run(f"run-{self._numbered}", message.flags, admin)
             self._runs[run.name] = run
+            self._forget_old_runs()
             self._queue.append(run)
             log.warning("%s submitted %s: %s", admin, run.name, " ".join(run.flags))
             self._answer(admin, True, f"{run.name} queued ({len(self._queue)} in the queue)")
@@ -185,6 +197,12 @@ class Coordinator:
             self._answer(admin, True, f"{run.name} stops at its next wait")
         else:
             self._answer(admin, False, f"{run.name} has ended already")
+
+    def _forget_old_runs(self) -> None:
+        """Keep the latest ``_RUNS_KEPT`` runs that ended (their folders keep the rest), and every other."""
+        ended = [name for name, run in self._runs.items() if run.state in ("finished", "failed")]
+        for name in ended[: max(0, len(ended) - _RUNS_KEPT)]:
+            del self._runs[name]
 
     def _answer(self, party: str, ok: bool, *lines: str) -> None:
         self._transport.send(party, encode(AdminAnswer(ok=ok, lines=lines)))
@@ -302,9 +320,13 @@ class _RunSocket:
         return self._since_admitted("bytes_sent")
 
     def _since_admitted(self, count: str) -> dict[str, int]:
-        before = self._before[count]
-        now = getattr(self._transport, count)
-        return {party: value - before.get(party, 0) for party, value in now.items() if value != before.get(party, 0)}
+        """The run's parties' count since the run began: an admin's questions and others' Hellos are not the run's."""
+        before, now = self._before[count], getattr(self._transport, count)
+        return {
+            party: now[party] - before.get(party, 0)
+            for party in self._parties
+            if now.get(party, 0) != before.get(party, 0)
+        }
 
     def close(self) -> None:
         """The socket outlives the run: the coordinator closes it."""

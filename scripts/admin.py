@@ -94,8 +94,9 @@ def _answer(transport: ClientTransport, timeout_s: float) -> AdminAnswer:
         raise NoAnswer(f"no answer from the coordinator: {error}") from None
     if payload is None:
         raise NoAnswer(
-            f"no answer from the coordinator within {timeout_s:g} s (is consilium-server --coordinate running at the "
-            "roster's address?)"
+            f"no answer from the coordinator within {timeout_s:g} s: is consilium-server --coordinate running at the "
+            "roster's address? A coordinator busy with a run answers when it next waits, so ask status before "
+            "submitting again"
         )
     try:
         return decode(payload, accept=TO_ADMIN, max_bytes=_ANSWER_BYTES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import threading
 from pathlib import Path
@@ -206,8 +207,9 @@ def _coordinate(args: argparse.Namespace) -> None:
     roster, credentials = join_federation(args.federation, SERVER, args.roster_fingerprint)
     if not roster.admins:
         raise ConfigError(
-            "the roster names no admin, so no run could be submitted: make one with consilium-keygen --role admin "
-            "and add its public file to the roster"
+            "the roster names no admin, so no run could be submitted: make one with consilium-keygen --role admin, "
+            "add its public file to a new roster version (consilium-provision --previous), and have every party "
+            "compare the new fingerprint"
         )
     parties = (*roster.hospitals, *roster.talliers, *roster.admins)
     transport = ServerTransport(
@@ -242,30 +244,38 @@ def _submitted(args: argparse.Namespace, flags: tuple[str, ...], folder: Path) -
     socket and device (``ConfigError``)."""
     for flag in flags:
         name = flag.split("=", 1)[0]
-        if name in _COORDINATOR_FLAGS:
+        if name in _COORDINATOR_FLAGS or re.match(r"-[^-\d]", flag):  # -hx would be -h: help, then exit
             raise ConfigError(f"{name} is the coordinator's to set, not a submitted run's")
     parser = build_parser()
     parser.allow_abbrev = False  # "--fed" would otherwise be --federation
 
-    def refuse(message: str) -> None:
-        raise ConfigError(message)
+    def refuse(message: str = "", status: int = 2) -> None:
+        raise ConfigError(message.strip() or "the run's flags cannot be parsed")
 
-    parser.error = refuse  # argparse would print and exit
+    parser.error = parser.exit = refuse  # argparse would print and exit
     submitted = parser.parse_args([*flags, "--federation", str(args.federation), "--out", str(folder)])
     if is_reference(submitted.model):
         raise ConfigError("a submitted run names built-in models only: the coordinator runs no code an admin names")
     if submitted.data not in BUILTIN_DATASETS:
-        root = args.data_root
-        inside = None if root is None else (root / submitted.data).resolve()
-        if inside is None or not inside.is_relative_to(root.resolve()):
-            raise ConfigError(
-                "a submitted run's --data is built-in data ("
-                + ", ".join(BUILTIN_DATASETS)
-                + ") or a path inside the coordinator's --data-root"
-                + ("" if root is None else f" ({root})")
-            )
-        submitted.data = str(inside)
+        submitted.data = str(_inside_data_root(args.data_root, submitted.data))
     return submitted
+
+
+def _inside_data_root(root: Path | None, data: str) -> Path:
+    """Where a submitted run's ``--data`` is: an ``.npz`` file or an image folder inside ``root``, links followed."""
+    refusal = (
+        f"a submitted run's --data is built-in data ({', '.join(BUILTIN_DATASETS)}) or an .npz file or image "
+        "folder inside the coordinator's --data-root"
+    )
+    if root is None or ":" in data:  # module:function would be code
+        raise ConfigError(refusal + ("" if root is None else f" ({root}); no code"))
+    try:
+        inside, base = (root / data).resolve(strict=True), root.resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, or a loop of links
+        raise ConfigError(f"{refusal}: {data} is not there") from None
+    if not inside.is_relative_to(base) or not (inside.is_dir() or inside.suffix == ".npz"):
+        raise ConfigError(f"{refusal} ({root}): {data} is not")
+    return inside
 
 
 if __name__ == "__main__":

@@ -164,6 +164,7 @@ def test_runs_an_admin_submits_complete_with_every_site_a_service_started_once_a
         wait_for_text(log, "run-3: round    1/50", coordinator, timeout=180)
         stopped = _admin(federation, "admin", "stop", "run-3")
         assert stopped.returncode == 0 and "run-3 stops at its next wait" in stopped.stdout
+        printed = log.read_text().count("run-3: round ")  # every round released before the answer is printed
         wait_for_text(log, "run-3: finished (stopped: the admin stopped the run)", coordinator, timeout=60)
 
         status = _admin(federation, "admin", "status").stdout
@@ -174,6 +175,7 @@ def test_runs_an_admin_submits_complete_with_every_site_a_service_started_once_a
         report = json.loads((tmp_path / "runs" / "run-3" / "server_report.json").read_text())
         assert report["finish_reason"] == "stopped: the admin stopped the run"
         released = report["final"]["rounds_released"]
+        assert released == printed  # none after the stop was answered
         for hospital in sites[:3]:  # two rounds of run-1, a vote of run-2 but for hospital-3, then run-3's
             _wait_for_state(hospital.state, "waiting", hospital.process)
             charged = hospital.ledger().steps - (2 if hospital.name == "hospital-3" else 3)
