@@ -51,6 +51,7 @@ from consilium.protocol.wire.messages import (
     Submit,
 )
 from consilium.protocol.wire.transport import ServerTransport
+from consilium.training.privacy.durable import replace_file
 
 __all__ = ["ADMIN_MESSAGE_BYTES", "MAX_FLAGS", "MAX_QUEUED", "Coordinator", "RunStopped"]
 
@@ -64,6 +65,7 @@ _RUNS_SHOWN = 20  # the latest runs a Status lists
 _RUNS_KEPT = 100  # runs that ended, answered for by RunLog; the oldest are forgotten
 _SLICE_S = 1.0  # the longest a wait goes without reading the admin's stop and the coordinator's own
 _STOPPED_BY_ADMIN = "the admin stopped the run"
+_LAST_RUN_FILE = "last_run_number"  # in out_dir: the N of the last run-N named
 _COUNTS = ("dropped", "bytes_received", "bytes_sent")  # per party, on ServerTransport
 
 
@@ -174,6 +176,8 @@ class Coordinator:
                 self._answer(admin, False, f"refused: {error}")
                 return
             self._numbered += 1
+            self._out_dir.mkdir(parents=True, exist_ok=True)
+            replace_file(self._out_dir / _LAST_RUN_FILE, str(self._numbered).encode())
             run = _Run(f"run-{self._numbered}", message.flags, admin)
             self._runs[run.name] = run
             self._forget_old_runs()
@@ -333,8 +337,12 @@ class _RunSocket:
 
 
 def _last_run_number(out_dir: Path) -> int:
-    """The highest N of the ``run-N`` folders a coordinator made here before: run names are never reused."""
+    """The highest N a coordinator named a run here before, folder or not: run names are never reused."""
     numbers = [int(path.name[4:]) for path in out_dir.glob("run-*") if path.name[4:].isdigit()]
+    try:
+        numbers.append(int((out_dir / _LAST_RUN_FILE).read_text()))
+    except (OSError, ValueError):
+        pass  # a coordinator's first start here
     return max(numbers, default=0)
 
 

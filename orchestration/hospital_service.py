@@ -33,7 +33,8 @@ from consilium.errors import ConsiliumError
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.run.config import SECURE_AGGREGATION, announced_method
-from consilium.protocol.run.hospital import DEFAULT_SEND_OFFSET_S, Hospital
+from consilium.protocol.run.hospital import Hospital
+from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S
 from consilium.protocol.run.rules import is_run_id
 from consilium.protocol.run.site_policy import DECLINED, POLICY_REFUSAL, Declined, Misfit, Offer, SitePolicy
 from consilium.protocol.voting.voting_config import welcomed_run

@@ -20,7 +20,7 @@ from types import MappingProxyType, SimpleNamespace
 from typing import Any, Mapping
 
 from consilium.protocol.run.rules import ConfigError
-from consilium.protocol.run.hospital import DEFAULT_SEND_OFFSET_S
+from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S
 from consilium.orchestration.run_flags import (
     COMMON_FLAGS,
     FEDERATION_METHODS,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.run.site_policy import SitePolicy
-from consilium.protocol.run.hospital import DEFAULT_SEND_OFFSET_S, Hospital
+from consilium.protocol.run.hospital import Hospital
+from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S
 from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS
 from consilium.training.privacy.ledger import PrivacyBudget
 from consilium.protocol.wire.messages import ProtocolError
@@ -162,8 +163,10 @@ def _add_round_arguments(parser: argparse.ArgumentParser) -> None:
         "--send-offset",
         type=non_negative_float,
         default=DEFAULT_SEND_OFFSET_S,
-        help="send each update this many seconds after the round starts, so its timing does not reveal the batch "
-        f"size (default: {DEFAULT_SEND_OFFSET_S:g}; a warning says when a step overruns it; 0 sends at once)",
+        help="send each update at least this many seconds after the round starts, and at least 1.5 x the step's time "
+        "at the largest batch this hospital will plausibly draw (timed once before round 1), so that its timing "
+        f"does not reveal the batch size (default: {DEFAULT_SEND_OFFSET_S:g}; a warning says when a step overruns "
+        "it; 0 sends at once)",
     )
     group.add_argument(
         "--insecure-plaintext-benchmark",

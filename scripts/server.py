@@ -200,9 +200,10 @@ _COORDINATOR_FLAGS = frozenset(
 
 
 def _coordinate(args: argparse.Namespace) -> None:
-    if args.resume:
+    if args.resume or args.transcript or args.transcript_payloads:
         raise ConfigError(
-            "--coordinate runs the runs submitted to it; a stopped run is resumed by consilium-server --resume"
+            "--coordinate runs the runs submitted to it, without --resume or --transcript: resume a stopped run, or "
+            "keep a transcript, with consilium-server for that run alone"
         )
     roster, credentials = join_federation(args.federation, SERVER, args.roster_fingerprint)
     if not roster.admins:
@@ -273,7 +274,7 @@ def _inside_data_root(root: Path | None, data: str) -> Path:
         inside, base = (root / data).resolve(strict=True), root.resolve(strict=True)
     except (OSError, RuntimeError):  # missing, or a loop of links
         raise ConfigError(f"{refusal}: {data} is not there") from None
-    if not inside.is_relative_to(base) or not (inside.is_dir() or inside.suffix == ".npz"):
+    if ":" in str(inside) or not inside.is_relative_to(base) or not (inside.is_dir() or inside.suffix == ".npz"):
         raise ConfigError(f"{refusal} ({root}): {data} is not")
     return inside
 

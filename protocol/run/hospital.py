@@ -23,8 +23,9 @@ its ledger charged: a restart on either side never releases an update twice or r
 ledger records its endorsement and its release of a round before each leaves, and refuses to record
 either twice. No key outlives its round.
 
-Its update leaves a fixed ``send_offset_s`` after RoundStart, whatever the computation took: compute
-time grows with the Poisson batch size, which DP does not protect, and the server sees arrivals.
+Its update leaves an offset after RoundStart that covers the step at the largest batch it will draw,
+whatever the computation took: compute time grows with the Poisson batch size, which DP does not
+protect, and the server sees arrivals (``training.methods.step_timing``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.sealed_box import SealedBoxError
+from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S, SendOffset, rehearse_step
 from consilium.protocol.run.site_policy import DECLINED, MISFIT, Declined, Misfit, Offer
 from consilium.protocol.run.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, RunConfig, accept_run, check_choices
 from consilium.protocol.run.run_model import RunModel
@@ -83,14 +85,9 @@ from consilium.training.data.datasets import Split
 from consilium.training.methods.registry import LocalStep, TrainingMethod
 from consilium.training.models.build import ModelError, check_model_for
 
-__all__ = ["DEFAULT_SEND_OFFSET_S", "Hospital"]
+__all__ = ["Hospital"]
 
 log = logging.getLogger("consilium.hospital")
-
-
-# Measured: the default run's slowest train + encrypt step on a 2-core machine took 0.04 s (its
-# first); the offset is six times that, so that a large batch does not overrun it. See docs/tutorials/first-federation.md.
-DEFAULT_SEND_OFFSET_S = 0.25
 
 
 class Hospital:
@@ -112,12 +109,10 @@ class Hospital:
         offer: Offer | None = None,
     ) -> None:
         roster.check_own_entry(credentials)
-        self._name = credentials.name
-        self._roster = roster
-        self._credentials = credentials
+        self._name, self._roster, self._credentials = credentials.name, roster, credentials
         self._data, self._budget, self._state_dir = data, budget, state_dir
         self._upgrade_ledger = upgrade_ledger  # read an unchained (older) ledger once: its operator's say
-        self._send_offset_s = send_offset_s
+        self._send_offset = SendOffset(send_offset_s)
         check_choices(method, aggregation)
         # This hospital's operator's choices; a server cannot change them.
         self._method, self._aggregation, self._own_model = method, aggregation, own_model
@@ -205,6 +200,8 @@ class Hospital:
             raise Misfit(f"{self._name} refuses the run: {error}") from None
         _load(model, welcome)  # before the ledger hears of the run: a malformed Welcome leaves no trace
         self._model = model
+        # Timed before the step is made: a step hooks the model it trains, and the rehearsal's copy must not be.
+        rehearsed = self._send_offset.floor_s and rehearse_step(config.training, model.network, self._data)
         self._step = self._local_step(config.training)  # a misfit too leaves no trace
         self._last_round = self._ledger.begin_run(config.run_id, run)
         if self._last_round:
@@ -214,6 +211,9 @@ class Hospital:
         self._config, self._run = config, run
         self._identities = self._roster.identities(config.hospitals)  # the members' signing keys
         self._public = PublicContext(config.bfv_parameters()) if self._aggregation == SECURE_AGGREGATION else None
+        if rehearsed:  # before its box key is sent: no round waits for it
+            self._send_offset.step_s, records = rehearsed
+            log.info("%s: a step of %d records took %.3f s", self._name, records, self._send_offset.step_s)
 
     def _local_step(self, training: TrainingMethod) -> LocalStep:
         try:
@@ -281,7 +281,7 @@ class Hospital:
             self._channel.send(Withdraw(round=message.round, reason=refusal))
             self._ledger.finish_run(self._config.run_id)
             return None, refusal
-        pending = self._contribute(training, least_noise, message, send_at=received + self._send_offset_s)
+        pending = self._contribute(training, least_noise, message, send_at=received + self._send_offset.seconds())
         if pending is None:
             return None, ""
         if message.round == self._config.rounds:  # no later round exists: a replayed Welcome begins nothing
@@ -316,16 +316,16 @@ class Hospital:
         started = time.perf_counter()
         update = encode(self._update(contribution, setting, share, message))
         contribution.seconds["encrypt"] = time.perf_counter() - started
+        self._send_offset.encrypted_in(contribution.seconds["encrypt"])
         contribution.update_bytes = len(update)
         late = self._channel.send_at(update, send_at)  # its send time then tells nothing of the step's
-        if late and self._send_offset_s > 0:  # an offset of 0 sends at once, by the operator's choice
+        if late and self._send_offset.floor_s > 0:  # an offset of 0 sends at once, by the operator's choice
             contribution.overran_send_offset = True
             log.warning(
-                "round %d: the update took %.3f s longer than the send offset of %g s; its send time may "
-                "reveal the batch size (raise --send-offset)",
+                "round %d: the update took %.3f s longer than its send offset; its send time may reveal the batch "
+                "size (raise --send-offset)",
                 round_number,
                 late,
-                self._send_offset_s,
             )
         return contribution
 

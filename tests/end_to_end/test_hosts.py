@@ -307,11 +307,12 @@ def test_sites_run_as_services_across_hosts_take_two_runs_an_admin_submits_and_o
 ):
     """The guide's "Sites that run unattended" and "Runs submitted centrally": each site starts its service
     once, in its own namespace and folder, and the coordinator once; the admin, in a namespace of its own,
-    submits Dopamine and kNN-DPFL, which run one after the other, and hospital-3, whose policy allows Dopamine
+    submits Dopamine and kNN-DPFL, which run one after the other. hospital-2's host goes down during the first
+    and its service is started again, and the run goes on with it; hospital-3, whose policy allows Dopamine
     only, declines the second, as its own log and the admin's status say."""
     root = tmp_path / "services"
     fingerprint, folders = _federate(root, hosts, TALLIERS, admins=("admin",))
-    sites = {}
+    sites, site_args = {}, {}
     for index, name in enumerate(HOSPITALS, start=1):
         policy = folders[name].parent / "policy.toml"  # written by that site's operator, in that site's folder
         methods = '["dopamine"]' if name == "hospital-3" else '["dopamine", "knn-dpfl"]'
@@ -319,8 +320,10 @@ def test_sites_run_as_services_across_hosts_take_two_runs_an_admin_submits_and_o
             f'methods = {methods}\nmax_rounds = 10\nview = "coalition"\ndelta = 1e-5\n'
             "max_epsilon_per_run = 100.0\nmax_epsilon_lifetime = 200.0\n"
         )
-        site_args = ("--name", name, "--data", "digits", "--parts", "3", "--part", index, "--policy", policy)
-        sites[name] = _launch(hosts, name, "hospital", folders[name], fingerprint, *site_args, log=root / f"{name}.log")
+        site_args[name] = ("--name", name, "--data", "digits", "--parts", "3", "--part", index, "--policy", policy)
+        sites[name] = _launch(
+            hosts, name, "hospital", folders[name], fingerprint, *site_args[name], log=root / f"{name}.log"
+        )
     for name in TALLIERS:
         sites[name] = _launch(
             hosts, name, "tallier", folders[name], fingerprint, "--name", name, "--serve", log=root / f"{name}.log"
@@ -338,14 +341,40 @@ def test_sites_run_as_services_across_hosts_take_two_runs_an_admin_submits_and_o
     try:
         wait_for_text(log, "coordinator on", coordinator, timeout=60)
         runs = (
-            ("--data", "digits", "--expected-batch-size", "5", "--rounds", "2", "--hidden", "8"),
+            (
+                "--data",
+                "digits",
+                "--expected-batch-size",
+                "5",
+                "--rounds",
+                "4",
+                "--hidden",
+                "8",
+                "--round-timeout",
+                "10",
+            ),
             ("--data", "digits", "--quorum", "2", *KNN),
         )
         for number, args in enumerate(runs, start=1):
             assert admin("submit", "--", *args).stdout.startswith(f"run-{number} queued")
+        wait_for_text(log, "run-1: round    1/4", coordinator, timeout=300)
+        sites["hospital-2"].kill()  # its host goes down mid-run
+        sites["hospital-2"].wait()
+        wait_for_text(log, "hospital-2 leaves the run", coordinator, timeout=60)
+        sites["hospital-2"] = _launch(  # and comes back: its operator starts the service again, as before
+            hosts,
+            "hospital-2",
+            "hospital",
+            folders["hospital-2"],
+            fingerprint,
+            *site_args["hospital-2"],
+            log=root / "hospital-2-again.log",
+        )
         wait_for_text(log, "run-2: finished", coordinator, timeout=300)
         reports = [json.loads((root / "runs" / f"run-{n}" / "server_report.json").read_text()) for n in (1, 2)]
         assert reports[0]["finish_reason"] == reports[1]["finish_reason"] == "completed all rounds"
+        assert [join["hospital"] for join in reports[0]["joins"]] == ["hospital-2"]
+        assert reports[0]["rounds"][-1]["contributors"] == list(HOSPITALS)  # back for the last round
         assert reports[1]["departures"] == {"hospital-3": "withdrew: declined by its site's policy"}
         assert reports[1]["rounds"][0]["voters"] == ["hospital-1", "hospital-2"]
         assert "this site takes part in dopamine runs, not 'knn-dpfl'" in (root / "hospital-3.log").read_text()

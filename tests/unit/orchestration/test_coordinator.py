@@ -28,7 +28,11 @@ class _Socket:
         self.dropped, self.bytes_received, self.bytes_sent = {}, {}, {}
 
     def receive(self, timeout_s: float):
-        return self.inbox.popleft() if self.inbox else None
+        if not self.inbox:
+            return None
+        party, payload = self.inbox.popleft()
+        self.bytes_received[party] = self.bytes_received.get(party, 0) + len(payload)
+        return party, payload
 
     def send(self, party: str, payload: bytes) -> bool:
         self.sent.append((party, payload))
@@ -147,3 +151,53 @@ def test_a_question_that_fails_unforeseen_is_answered_with_its_error_and_the_coo
     failed, status = socket.answers("admin")
     assert not failed.ok and failed.lines == ("submit failed: RuntimeError: Symlink loop from '/data/loop'",)
     assert status.ok and status.lines[-1] == "no runs submitted"
+
+
+def test_a_run_s_report_counts_its_own_parties_since_it_began(tmp_path, federation):
+    socket, views = _Socket(), []
+
+    def make_run(flags, folder, view, say):
+        views.append(view)
+        return _Run(view, ("hospital-1", "hospital-2"), 1, [])
+
+    coordinator = Coordinator(socket, federation, tmp_path / "runs", make_run, lambda flags: None, threading.Event())
+    socket.bytes_received["hospital-1"] = 1000  # a run before this one
+    coordinator.aside("admin", encode(Submit(flags=())))
+    socket.inbox.extend([("admin", encode(Status())), ("hospital-1", b"12345")])
+    coordinator._run(coordinator._queue.popleft())
+    assert views[0].bytes_received == {"hospital-1": 5}  # not the admin's question, nor the run before
+
+
+def test_a_run_that_cannot_be_made_fails_alone_and_the_next_one_runs(tmp_path, federation):
+    socket, seen = _Socket(), []
+
+    def make_run(flags, folder, view, say):
+        if "--bad" in flags:
+            raise ConsiliumError("its data will not load")
+        return _Run(view, ("hospital-1",), 1, seen)
+
+    coordinator = Coordinator(socket, federation, tmp_path / "runs", make_run, lambda flags: None, threading.Event())
+    for flags in (("--bad",), ("--good",)):
+        coordinator.aside("admin", encode(Submit(flags=flags)))
+    socket.inbox.append(("hospital-1", encode(Hello())))
+    while coordinator._queue:  # as serve does: the first run's error does not leave _run
+        coordinator._run(coordinator._queue.popleft())
+    coordinator.aside("admin", encode(Status()))
+    lines = socket.answers("admin")[-1].lines
+    assert lines[1] == "run-1 (--bad; submitted by admin): failed; finished (refused: its data will not load)"
+    assert lines[2].startswith("run-2 (--good; submitted by admin): finished")
+    assert seen == ["hospital-1"]
+
+
+def test_ended_runs_are_forgotten_beyond_a_bound_and_run_names_are_never_reused(tmp_path, federation, monkeypatch):
+    monkeypatch.setattr("consilium.orchestration.coordinator._RUNS_KEPT", 2)
+    socket = _Socket()
+    coordinator = _coordinator(tmp_path, federation, socket)
+    for _ in range(4):
+        coordinator.aside("admin", encode(Submit(flags=())))
+        coordinator.aside("admin", encode(StopRun(run=coordinator._queue[-1].name)))  # ends before it starts
+    coordinator.aside("admin", encode(Submit(flags=())))
+    assert list(coordinator._runs) == ["run-3", "run-4", "run-5"]  # two ended, and the one queued
+    again = _coordinator(tmp_path, federation, _Socket())  # the coordinator started again: no run-N folder exists
+    again.aside("admin", encode(Submit(flags=())))
+    assert [run.name for run in again._queue] == ["run-6"]

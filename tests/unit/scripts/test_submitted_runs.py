@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from consilium.protocol.run.rules import ConfigError
-from consilium.scripts.server import _submitted
+from consilium.scripts.server import _submitted, build_parser, serve
 
 
 @pytest.fixture
@@ -63,3 +63,10 @@ def test_without_a_data_root_a_submitted_run_takes_built_in_data_only(coordinato
     assert _submitted(args, ("--data", "digits"), folder).data == "digits"
     with pytest.raises(ConfigError, match="built-in data"):
         _submitted(args, ("--data", str(folder)), folder)
+
+
+@pytest.mark.parametrize("flag", [("--transcript", "audit.log"), ("--resume",)])
+def test_a_coordinator_refuses_what_it_would_not_do_rather_than_ignore_it(tmp_path, flag):
+    args = build_parser().parse_args(["--federation", str(tmp_path), "--out", str(tmp_path), "--coordinate", *flag])
+    with pytest.raises(ConfigError, match="without --resume or --transcript"):
+        serve(args)
