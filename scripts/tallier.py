@@ -15,6 +15,7 @@ from consilium.protocol.run.rules import ConfigError
 from consilium.scripts._cli import add_logging_arguments, add_roster_fingerprint, configure_logging, run
 from consilium.training.methods.flags import positive_float
 from consilium.tallier.tallier import Tallier
+from consilium.tallier.tallier_policy import TallierPolicy
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--allow-histogram",
         action="store_true",
-        help="take part in runs that open the noisy vote totals (--reveal histogram)",
+        help="take part in runs that open the noisy vote totals (--reveal histogram); without --policy",
+    )
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        help="this tallier's policy file (TOML: methods, reveal, max_rounds, min_quorum): the runs it tallies "
+        "(docs/how-to/deploy-across-hosts.md); default: every run that opens labels only",
     )
     parser.add_argument(
         "--serve",
@@ -89,6 +96,9 @@ def serve(args: argparse.Namespace) -> None:
 
 def _tallier(args: argparse.Namespace) -> Callable[..., Tallier]:
     """This tallier's role for one run, its roster confirmed once; a service's reads its ``stop`` flag."""
+    if args.policy is not None and args.allow_histogram:
+        raise ConfigError('--allow-histogram is the policy\'s to say (reveal = ["labels", "histogram"])')
+    policy = TallierPolicy.load(args.policy) if args.policy else TallierPolicy(reveal=_reveal(args.allow_histogram))
     roster, credentials = join_federation(args.federation, args.name, args.roster_fingerprint)
     return lambda stop=None: Tallier(
         roster=roster,
@@ -97,10 +107,14 @@ def _tallier(args: argparse.Namespace) -> Callable[..., Tallier]:
         timeout_s=args.timeout,
         mpc_timeout_s=args.mpc_timeout,
         transcript=args.transcript,
-        allow_histogram=args.allow_histogram,
+        policy=policy,
         mpc_listen=args.listen,
         stop=stop,
     )
+
+
+def _reveal(allow_histogram: bool) -> tuple[str, ...]:
+    return ("labels", "histogram") if allow_histogram else ("labels",)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ from consilium.protocol.wire.transport import TransportError
 from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
 from consilium.tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
 from consilium.tallier.run_state import RunState, RunStateFile, boxes_digest
+from consilium.tallier.tallier_policy import TallierPolicy
 
 __all__ = ["Tallier"]
 
@@ -70,7 +71,7 @@ class Tallier:
         timeout_s: float = 180.0,
         mpc_timeout_s: float = 120.0,
         transcript: Path | None = None,
-        allow_histogram: bool = False,
+        policy: TallierPolicy = TallierPolicy(),
         mpc_listen: tuple[str, int] | None = None,
         stop: threading.Event | None = None,
     ) -> None:
@@ -82,7 +83,7 @@ class Tallier:
         self._credentials = credentials
         self._party = mpc_party(roster, credentials, mpc_listen)
         self._mpc_timeout_s = mpc_timeout_s
-        self._allow_histogram = allow_histogram
+        self._policy = policy
         self._state_file = RunStateFile(state_dir, name=credentials.name, identity=credentials.identity)
         self._state: RunState | None = None
         self._channel = ServerChannel.connect(
@@ -161,10 +162,8 @@ class Tallier:
             raise ProtocolError(
                 f"the run's talliers {list(config.talliers)} are not the roster's {self._roster.talliers}"
             )
-        if config.reveal != "labels" and not self._allow_histogram:
-            raise ProtocolError(
-                f"the run would reveal the noisy {config.reveal}; this tallier opens labels only (--allow-histogram)"
-            )
+        if refusal := self._policy.refusal(config):
+            raise ProtocolError(refusal)
         if not set(config.hospitals) <= set(self._roster.hospitals):
             raise ProtocolError(
                 f"the run names {sorted(set(config.hospitals) - set(self._roster.hospitals))} as hospitals; the roster does not"

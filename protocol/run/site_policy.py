@@ -13,19 +13,17 @@ this file before its ledger hears of the run (docs/explanation/site-services.md,
 - ``view`` and ``delta``: the view every cap binds on (and each view before it,
   ``training.privacy.accounting.VIEWS``), at this delta.
 
-A file that cannot be read as such is refused with one line (``PolicyError``); so is an unknown
-key, so that a misspelt cap is never silently absent.
+The file is read whole or refused in one line (``protocol.run.policy_file``).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from consilium.errors import ConsiliumError
+from consilium.protocol.run.policy_file import PolicyError, listed, read_policy
 from consilium.protocol.wire.messages import Message, ProtocolError
 from consilium.training.privacy.accounting import VIEWS, Release
 from consilium.training.privacy.ledger import PrivacyBudget, PrivacyLedger
@@ -35,11 +33,7 @@ __all__ = ["DECLINED", "MISFIT", "POLICY_REFUSAL", "Declined", "Misfit", "Offer"
 POLICY_REFUSAL = "policy: "  # how a declined run's reason begins, in the site's log
 DECLINED = "declined by its site's policy"  # all the server hears of why: the caps and the ledger stay the site's
 
-_KEYS = {"methods", "max_rounds", "view", "delta", "max_epsilon_per_run", "max_epsilon_lifetime"}
-
-
-class PolicyError(ConsiliumError, ValueError):
-    """A policy file that cannot be used: unreadable, a key unknown or missing, a value out of range."""
+_KEYS = frozenset({"methods", "max_rounds", "view", "delta", "max_epsilon_per_run", "max_epsilon_lifetime"})
 
 
 @dataclass(frozen=True)
@@ -70,25 +64,10 @@ class SitePolicy:
     @classmethod
     def load(cls, path: Path, known_methods: tuple[str, ...]) -> SitePolicy:
         """The policy in the TOML file ``path``, whose methods must be among ``known_methods``."""
+        values = read_policy(path, _KEYS)
+        methods = listed(path, values, "methods", known_methods)
         try:
-            values = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-            raise PolicyError(f"policy file {path}: {error}") from None
-        if unknown := sorted(set(values) - _KEYS):
-            raise PolicyError(
-                f"policy file {path}: unknown key {', '.join(unknown)} (known: {', '.join(sorted(_KEYS))})"
-            )
-        if missing := sorted(_KEYS - set(values)):
-            raise PolicyError(f"policy file {path}: missing {', '.join(missing)}")
-        methods = values["methods"]
-        if not isinstance(methods, list):
-            raise PolicyError(f"policy file {path}: methods must be a list, got {methods!r}")
-        if strangers := sorted(str(method) for method in methods if method not in known_methods):
-            raise PolicyError(
-                f"policy file {path}: unknown method {', '.join(strangers)}; known: {', '.join(known_methods)}"
-            )
-        try:
-            return cls(**{**values, "methods": tuple(methods)})
+            return cls(**{**values, "methods": methods})
         except PolicyError as error:
             raise PolicyError(f"policy file {path}: {error}") from None
 

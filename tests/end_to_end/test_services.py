@@ -39,9 +39,9 @@ class _Site:
         self.process, self.log = process, log
 
 
-def _tallier_service(federation, name, tmp_path):
+def _tallier_service(federation, name, tmp_path, *args):
     log = tmp_path / f"{name}.log"
-    command = launcher("tallier", *confirmed(federation), "--name", name, "--serve", "--timeout", "60")
+    command = launcher("tallier", *confirmed(federation), "--name", name, "--serve", "--timeout", "60", *args)
     return _Site(_start(command, log), log)
 
 
@@ -150,7 +150,10 @@ def test_runs_an_admin_submits_complete_with_every_site_a_service_started_once_a
             )
             for i in (1, 2, 3)
         ]
-        sites += [_tallier_service(federation, f"tallier-{i}", tmp_path) for i in (1, 2, 3)]
+        tallier_policy = tmp_path / "tallier-3.toml"  # tallier-3's operator: kNN-DPFL, labels, at least 2 voters
+        tallier_policy.write_text('methods = ["knn-dpfl"]\nreveal = ["labels"]\nmax_rounds = 5\nmin_quorum = 2\n')
+        sites += [_tallier_service(federation, f"tallier-{i}", tmp_path) for i in (1, 2)]
+        sites.append(_tallier_service(federation, "tallier-3", tmp_path, "--policy", tallier_policy))
         runs = (
             ("dopamine", "--rounds", "2", *TRAINING),
             ("knn-dpfl", "--rounds", "1", "--queries-per-round", "20", "--feature-dimensions", "10", "--quorum", "2"),
