@@ -163,10 +163,10 @@ def _add_round_arguments(parser: argparse.ArgumentParser) -> None:
         "--send-offset",
         type=non_negative_float,
         default=DEFAULT_SEND_OFFSET_S,
-        help="send each update at least this many seconds after the round starts, and at least 1.5 x the step's time "
-        "at the largest batch this hospital will plausibly draw (timed once before round 1), so that its timing "
-        f"does not reveal the batch size (default: {DEFAULT_SEND_OFFSET_S:g}; a warning says when a step overruns "
-        "it; 0 sends at once)",
+        help="encrypt and send each update at least this many seconds after the round starts, and at least 1.5 x "
+        "the step's time at the largest batch this hospital will plausibly draw (timed once before round 1), so "
+        f"that its timing does not reveal the batch size (default: {DEFAULT_SEND_OFFSET_S:g}; a warning says when "
+        "a step overruns it; 0 sends at once)",
     )
     group.add_argument(
         "--insecure-plaintext-benchmark",

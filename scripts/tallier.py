@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--policy",
         type=Path,
-        help="this tallier's policy file (TOML: methods, reveal, max_rounds, min_quorum): the runs it tallies "
+        help="this tallier's policy file (TOML: methods, reveal, max_queries_per_run, min_quorum, min_noise_std): the runs it tallies "
         "(docs/how-to/deploy-across-hosts.md); default: every run that opens labels only",
     )
     parser.add_argument(
@@ -97,7 +97,7 @@ def serve(args: argparse.Namespace) -> None:
 def _tallier(args: argparse.Namespace) -> Callable[..., Tallier]:
     """This tallier's role for one run, its roster confirmed once; a service's reads its ``stop`` flag."""
     if args.policy is not None and args.allow_histogram:
-        raise ConfigError('--allow-histogram is the policy\'s to say (reveal = ["labels", "histogram"])')
+        raise ConfigError('--allow-histogram is the policy\'s to say (reveal = "histogram")')
     policy = TallierPolicy.load(args.policy) if args.policy else TallierPolicy(reveal=_reveal(args.allow_histogram))
     roster, credentials = join_federation(args.federation, args.name, args.roster_fingerprint)
     return lambda stop=None: Tallier(
@@ -113,8 +113,8 @@ def _tallier(args: argparse.Namespace) -> Callable[..., Tallier]:
     )
 
 
-def _reveal(allow_histogram: bool) -> tuple[str, ...]:
-    return ("labels", "histogram") if allow_histogram else ("labels",)
+def _reveal(allow_histogram: bool) -> str:
+    return "histogram" if allow_histogram else "labels"
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ its ledger charged: a restart on either side never releases an update twice or r
 ledger records its endorsement and its release of a round before each leaves, and refuses to record
 either twice. No key outlives its round.
 
-Its update leaves an offset after RoundStart that covers the step at the largest batch it will draw,
-whatever the computation took: compute time grows with the Poisson batch size, which DP does not
+Its encryption starts an offset after RoundStart that covers the step at the largest batch it will
+draw, whatever the step took: compute time grows with the Poisson batch size, which DP does not
 protect, and the server sees arrivals (``training.methods.step_timing``).
 """
 
@@ -39,7 +39,7 @@ import numpy as np
 
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.sealed_box import SealedBoxError
-from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S, SendOffset, rehearse_step
+from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S, SendOffset
 from consilium.protocol.run.site_policy import DECLINED, MISFIT, Declined, Misfit, Offer
 from consilium.protocol.run.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, RunConfig, accept_run, check_choices
 from consilium.protocol.run.run_model import RunModel
@@ -200,8 +200,8 @@ class Hospital:
             raise Misfit(f"{self._name} refuses the run: {error}") from None
         _load(model, welcome)  # before the ledger hears of the run: a malformed Welcome leaves no trace
         self._model = model
-        # Timed before the step is made: a step hooks the model it trains, and the rehearsal's copy must not be.
-        rehearsed = self._send_offset.floor_s and rehearse_step(config.training, model.network, self._data)
+        # Before its box key is sent, and before the step is made: a step hooks the model it trains.
+        self._send_offset.rehearse(config.training, model.network, self._data, self._name)
         self._step = self._local_step(config.training)  # a misfit too leaves no trace
         self._last_round = self._ledger.begin_run(config.run_id, run)
         if self._last_round:
@@ -211,9 +211,6 @@ class Hospital:
         self._config, self._run = config, run
         self._identities = self._roster.identities(config.hospitals)  # the members' signing keys
         self._public = PublicContext(config.bfv_parameters()) if self._aggregation == SECURE_AGGREGATION else None
-        if rehearsed:  # before its box key is sent: no round waits for it
-            self._send_offset.step_s, records = rehearsed
-            log.info("%s: a step of %d records took %.3f s", self._name, records, self._send_offset.step_s)
 
     def _local_step(self, training: TrainingMethod) -> LocalStep:
         try:
@@ -281,7 +278,7 @@ class Hospital:
             self._channel.send(Withdraw(round=message.round, reason=refusal))
             self._ledger.finish_run(self._config.run_id)
             return None, refusal
-        pending = self._contribute(training, least_noise, message, send_at=received + self._send_offset.seconds())
+        pending = self._contribute(training, least_noise, message, encrypt_at=received + self._send_offset.seconds())
         if pending is None:
             return None, ""
         if message.round == self._config.rounds:  # no later round exists: a replayed Welcome begins nothing
@@ -289,7 +286,7 @@ class Hospital:
         return pending, ""
 
     def _contribute(
-        self, training: TrainingMethod, charge: Charge, message: RoundStart, *, send_at: float
+        self, training: TrainingMethod, charge: Charge, message: RoundStart, *, encrypt_at: float
     ) -> "Contribution | None":
         """This hospital's update for the round, sent; None where it refuses the round before it is charged."""
         round_number = message.round
@@ -313,20 +310,20 @@ class Hospital:
         except ValueError as error:
             raise ProtocolError(f"round {round_number}: {error}") from None
         contribution.seconds["train"] = time.perf_counter() - started
-        started = time.perf_counter()
-        update = encode(self._update(contribution, setting, share, message))
-        contribution.seconds["encrypt"] = time.perf_counter() - started
-        self._send_offset.encrypted_in(contribution.seconds["encrypt"])
-        contribution.update_bytes = len(update)
-        late = self._channel.send_at(update, send_at)  # its send time then tells nothing of the step's
-        if late and self._send_offset.floor_s > 0:  # an offset of 0 sends at once, by the operator's choice
+        late = self._channel.wait_until(encrypt_at)  # what follows takes as long whatever the batch: its send time
+        if late and self._send_offset.floor_s > 0:  # tells nothing of the step's (an offset of 0 sends at once)
             contribution.overran_send_offset = True
             log.warning(
-                "round %d: the update took %.3f s longer than its send offset; its send time may reveal the batch "
+                "round %d: the step took %.3f s longer than the send offset; its send time may reveal the batch "
                 "size (raise --send-offset)",
                 round_number,
                 late,
             )
+        started = time.perf_counter()
+        update = encode(self._update(contribution, setting, share, message))
+        contribution.seconds["encrypt"] = time.perf_counter() - started
+        contribution.update_bytes = len(update)
+        self._channel.transport.send(update)
         return contribution
 
     def _update(

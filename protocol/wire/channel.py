@@ -92,13 +92,11 @@ class ServerChannel:
     def send(self, message: Message) -> None:
         self.transport.send(encode(message))
 
-    def send_at(self, encoded: bytes, when: float) -> float:
-        """Send an encoded message at ``when`` (``time.monotonic``), not before; returns how many seconds late
-        it left (0 where it was ready in time)."""
+    def wait_until(self, when: float) -> float:
+        """Wait until ``when`` (``time.monotonic``); returns how many seconds past it it was already (0 if not)."""
         wait = when - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-        self.transport.send(encoded)
         return max(0.0, -wait)
 
     def wait_at_least(self, seconds: float) -> None:

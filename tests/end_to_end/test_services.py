@@ -151,7 +151,9 @@ def test_runs_an_admin_submits_complete_with_every_site_a_service_started_once_a
             for i in (1, 2, 3)
         ]
         tallier_policy = tmp_path / "tallier-3.toml"  # tallier-3's operator: kNN-DPFL, labels, at least 2 voters
-        tallier_policy.write_text('methods = ["knn-dpfl"]\nreveal = ["labels"]\nmax_rounds = 5\nmin_quorum = 2\n')
+        tallier_policy.write_text(
+            'methods = ["knn-dpfl"]\nreveal = "labels"\nmax_queries_per_run = 100\nmin_quorum = 2\nmin_noise_std = 1\n'
+        )
         sites += [_tallier_service(federation, f"tallier-{i}", tmp_path) for i in (1, 2)]
         sites.append(_tallier_service(federation, "tallier-3", tmp_path, "--policy", tallier_policy))
         runs = (

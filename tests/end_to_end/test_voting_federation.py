@@ -270,7 +270,7 @@ def test_a_tallier_that_opens_labels_only_stops_a_histogram_run(federation):
         "tallier-2"
     )
     assert federation.exit_code("server") == 2
-    assert "tallier-2 refuses the run: the run would reveal the noisy histogram" in federation.log("server")
+    assert "tallier-2 refuses the run: policy: the run would reveal the noisy histogram" in federation.log("server")
     for name in federation.roster.hospitals:  # told, not left waiting for a welcome
         assert federation.exit_code(
             name

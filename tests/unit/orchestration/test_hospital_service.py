@@ -51,7 +51,7 @@ def _services(roster, shares, tmp_path, network, policies, **settings):
             policy=policies.get(name, POLICY),
             state_dir=tmp_path / "federation" / name,
             idle_s=120.0,
-            send_offset_s=0.0,
+            send_offset_s=0.01,  # small, and not 0: each hospital times its step
             connect=lambda n=name: network.client(n),
             **settings,
         )
@@ -93,8 +93,10 @@ def test_services_take_run_after_run_and_a_run_outside_a_site_s_policy_is_declin
     services, threads = _services(roster, shares, tmp_path, network, {"hospital-3": strict})
     try:
         first = small_run_config(roster, quorum=3, rounds=1)
-        report = _server(roster, data, tmp_path, network, first, "run-1").run()
+        with caplog.at_level(logging.INFO, logger="consilium.hospital"):
+            report = _server(roster, data, tmp_path, network, first, "run-1").run()
         assert report["finish_reason"] == "completed all rounds"
+        assert "hospital-1: a step of " in caplog.text  # each hospital timed its step before round 1
         second = small_run_config(roster, quorum=3, rounds=2)
         with caplog.at_level(logging.WARNING, logger="consilium.service"):
             report = _server(roster, data, tmp_path, network, second, "run-2").run()

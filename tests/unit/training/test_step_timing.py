@@ -44,10 +44,7 @@ def test_the_rehearsal_runs_the_method_s_own_step_on_the_largest_batch_and_the_o
     model = _Slow(0.3)
     seconds, records = rehearse_step(settings, model, _data(200))
     assert records == largest_batch(200, 0.05) and seconds >= 0.3  # the batch fixed in advance, whatever q draws
-    offset = SendOffset(floor_s=0.25, step_s=seconds)
-    offset.encrypted_in(0.1)
-    offset.encrypted_in(0.05)  # the slowest encryption so far counts
-    assert offset.seconds() == MARGIN * (seconds + 0.1) > 0.25  # a fixed 0.25 s would be overrun
+    assert SendOffset(floor_s=0.25, step_s=seconds).seconds() == MARGIN * seconds > 0.25  # 0.25 s would be overrun
     assert SendOffset(floor_s=0.25, step_s=0.01).seconds() == 0.25  # never below the operator's floor
     assert SendOffset(floor_s=0.0, step_s=seconds).seconds() == 0.0  # 0: the operator's choice to send at once
 
@@ -59,3 +56,19 @@ def test_a_rehearsal_leaves_the_model_for_the_hospital_s_own_step_and_a_misfit_t
     share, _ = settings.local_step(model, data)()  # the model is not hooked by the rehearsal
     assert share.size > 0
     assert rehearse_step(settings, model, Split(data.x[:0], data.y[:0])) is None  # no records: the step says why
+
+
+def test_a_hospital_s_offset_is_rehearsed_and_said_and_a_model_that_diverges_leaves_the_floor(caplog):
+    settings = DopamineSettings(sample_rate=0.05, noise_multiplier=1.0, **SETTINGS)
+    offset = SendOffset(floor_s=0.25)
+    with caplog.at_level("INFO", logger="consilium.hospital"):
+        offset.rehearse(settings, _Slow(0.3), _data(200), "hospital-1")
+    assert offset.seconds() >= MARGIN * 0.3
+    assert f"hospital-1: a step of {largest_batch(200, 0.05)} records took" in caplog.text
+    diverging = build_model(ModelSpec("mlp", (4,), 2, (8,)))
+    with torch.no_grad():
+        for parameter in diverging.parameters():
+            parameter.fill_(3e38)  # finite, as a Welcome's values must be, and its gradients are not
+    stays = SendOffset(floor_s=0.25)
+    stays.rehearse(settings, diverging, _data(200), "hospital-1")  # no traceback: round 1's step says why
+    assert stays.seconds() == 0.25
