@@ -86,7 +86,7 @@ def training_summary(report: dict) -> str:
         f"done in {report['wall_seconds']:.0f} s: {_scores(final)}; {privacy} "
         f"{wire['update_bytes_per_round']:.0f} bytes = {wire['update_ratio_to_float32']:.2f}x float32"
         + (
-            f"; WARNING: {overruns} uploads left after their send offset, so their send times may tell batch sizes "
+            f"; WARNING: {overruns} steps overran their send offset, so their uploads' send times may tell batch sizes "
             "(raise --send-offset)"
             if overruns
             else ""

@@ -46,7 +46,7 @@ def table(result: dict) -> str:
 
 
 def _overruns(entries: list[dict]) -> str:
-    """Uploads that left after their send offset, over the row's runs (their send times may tell batch sizes)."""
+    """Steps that overran their send offset, over the row's runs (their uploads' send times may tell batch sizes)."""
     counts = [e.get("send_offset_overruns") for e in entries]
     return "—" if all(count is None for count in counts) else str(sum(count or 0 for count in counts))
 

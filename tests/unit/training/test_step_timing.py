@@ -70,5 +70,7 @@ def test_a_hospital_s_offset_is_rehearsed_and_said_and_a_model_that_diverges_lea
         for parameter in diverging.parameters():
             parameter.fill_(3e38)  # finite, as a Welcome's values must be, and its gradients are not
     stays = SendOffset(floor_s=0.25)
-    stays.rehearse(settings, diverging, _data(200), "hospital-1")  # no traceback: round 1's step says why
+    with caplog.at_level("WARNING", logger="consilium.hospital"):
+        stays.rehearse(settings, diverging, _data(200), "hospital-1")  # no traceback: round 1's step says why
     assert stays.seconds() == 0.25
+    assert "hospital-1: the step could not be timed; each update is encrypted 0.25 s after" in caplog.text
