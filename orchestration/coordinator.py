@@ -213,7 +213,7 @@ class Coordinator:
 
     def _status(self) -> list[str]:
         now = time.monotonic()
-        seen = sorted(self._last_seen.items(), key=lambda item: item[0])
+        seen = sorted(self._last_seen.items())
         lines = [
             "connected (last heard): "
             + (", ".join(f"{party} {now - when:.0f} s ago" for party, when in seen) or "no one yet")
@@ -242,15 +242,15 @@ class Coordinator:
             say(f"finished (stopped: {error})")
         except (ConsiliumError, OSError) as error:  # a flag the server refuses, or a run that could not go on
             run.state = "failed"
-            say(f"finished ({_ended(folder) or f'refused: {error}'})")
+            say(f"finished ({_report(folder).get('finish_reason') or f'refused: {error}'})")
         except Exception as error:  # a bug: logged whole, and the next run still runs
             log.exception("%s stopped by an unexpected %s", run.name, type(error).__name__)
             run.state = "failed"
             say(f"finished (stopped by an unexpected {type(error).__name__}: {error})")
         else:
             run.state = "finished"
-        departures = _departures(folder)
-        if departures:
+        departures = _report(folder).get("departures")
+        if isinstance(departures, dict) and departures:
             say("departures: " + "; ".join(f"{party} {why}" for party, why in sorted(departures.items())))
 
 
@@ -352,12 +352,3 @@ def _report(folder: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return report if isinstance(report, dict) else {}
-
-
-def _ended(folder: Path) -> str:
-    return str(_report(folder).get("finish_reason", ""))
-
-
-def _departures(folder: Path) -> dict:
-    departures = _report(folder).get("departures", {})
-    return departures if isinstance(departures, dict) else {}

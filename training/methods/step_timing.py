@@ -59,12 +59,10 @@ def largest_batch(records: int, sample_rate: float) -> int:
 def rehearse_step(training: TrainingMethod, model: nn.Module, data: Split) -> tuple[float, int] | None:
     """The method's step on ``largest_batch`` records: its seconds and the records it took (None for a method
     that draws no batch)."""
-    if not dataclasses.is_dataclass(training) or not hasattr(training, "sample_rate"):
-        return None
-    if not len(data):  # the hospital's own step says why
-        return None
+    if not (dataclasses.is_dataclass(training) and hasattr(training, "sample_rate")) or not len(data):
+        return None  # no batch is drawn, or no record: the hospital's own step says why
     size = largest_batch(len(data), training.sample_rate)
-    picks = np.random.default_rng().integers(0, len(data), size)  # which records is of no matter: only the count is
+    picks = np.arange(size) % len(data)  # which records is of no matter, only how many: no draw needed
     try:  # on a copy: a step hooks the model it trains, so ``model`` must be one no step has hooked yet
         step = dataclasses.replace(training, sample_rate=1.0).local_step(copy.deepcopy(model), data.subset(picks))
     except ValueError:  # the data cannot take the method: the hospital's own step says why
