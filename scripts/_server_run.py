@@ -252,7 +252,8 @@ def _vote_line(record: dict, config: VotingConfig) -> str:
             f"epsilon {epsilon['record']['server']:.3f} per record, {epsilon['hospital']['server']:.3f} per hospital "
             f"(delta {config.delta:g})  MPC {record['mpc_seconds'] / config.queries_per_round * 1000:.1f} ms/query"
             + (
-                f"  REFUSED (ballot outside the run's range): {', '.join(record['refused'])}"
+                "  REFUSED: "
+                + "; ".join(f"{name} ({why})" for name, why in zip(record["refused"], record["refused_because"]))
                 if record["refused"]
                 else ""
             )

@@ -2,11 +2,12 @@
 
 Each cell runs one round of ``tallier.mpc.run_round`` in J real tallier processes
 (``--party``, ``play_party``), talking MPyC over mutual TLS on this machine, each with its own
-certificate, pinned by the roster of a fresh local federation. H hospitals' noisy votes on Q
-queries of C classes are shared to the talliers as checked shares (``crypto.checked_shares``: each
-count's bits under a tag) in the range and field a run would use: with three hospitals a kNN-DPFL
-run's (k = 30, sigma = 15), with 100 an AE-DPFL run's (the voting paper's MNIST setting, sigma =
-20). Every round checks every ballot (its bits and its tag) before the totals are compared. Two
+certificate, pinned by the roster of a fresh local federation. H hospitals' ballots on Q
+queries of C classes (``protocol.voting.ballots``: votes and noise apart, each value's bits under a
+tag) are shared to the talliers with the ranges and field a run would use: with three hospitals a
+kNN-DPFL run's (k = 30, sigma = 15), with 100 an AE-DPFL run's (the voting paper's MNIST setting,
+sigma = 20). Every round checks every ballot (its tags, bits, votes and noise's energy) and signs
+and places its noise before the totals are compared. Two
 ways to finish a round, side by side:
 
 - ``labels``: the secure argmax; only each query's winning class is opened;
@@ -36,16 +37,18 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from consilium.crypto.checked_shares import CheckedLayout, share_checked
 from consilium.crypto.mpc_field import MpcField
 from consilium.protocol.identity.roster import local_federation
 from consilium.orchestration.local import free_port
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
+from consilium.protocol.voting.ballots import BallotLayout, share_ballot
 from consilium.scripts._cli import run
 from consilium.tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
 from consilium.training.methods.flags import positive_int
+from consilium.training.privacy.secure_random import secure_generator
 from consilium.training.voting.vote_privacy import REVEAL_MODES, VotingSettings
+from consilium.training.voting.votes import noise_share
 
 # The votes each number of hospitals casts, as a run of that size would: kNN-DPFL's defaults with 3,
 # and AE-DPFL's MNIST setting with 100 (scripts/reproduce_voting.py). Every hospital votes: the quorum.
@@ -56,6 +59,7 @@ VOTINGS = {
 _BASE = {"queries": 500, "classes": 10, "talliers": 3, "hospitals": 3}
 _TARGET_MS = 10.0
 _TIMEOUT_S = 600.0
+_LAYOUT_FIELDS = ("queries", "classes", "votes_per_query", "abstains", "noise_range", "energy_cap")
 
 
 @dataclass(frozen=True)
@@ -174,18 +178,27 @@ def _measure(work: Path, queries: int, classes: int, talliers: int, hospitals: i
 
 
 def _write_cell_input(path: Path, queries: int, classes: int, talliers: int, hospitals: int, reveal: str) -> MpcField:
-    """Draw the hospitals' votes for one cell, share them to the talliers and write the talliers' input; its field."""
-    low, high = VOTINGS[hospitals].entry_range(queries=queries, classes=classes)
+    """Draw the hospitals' ballots for one cell, share them to the talliers and write the talliers' input; its field."""
+    voting = VOTINGS[hospitals]
+    layout = BallotLayout.for_round(voting, queries=queries, classes=classes, abstains=False)
+    mechanism = voting.mechanism(queries=queries, classes=classes, level="record")
     names = tuple(f"hospital-{h}" for h in range(1, hospitals + 1))
-    rng = np.random.default_rng()  # the votes' values do not change the work; the shares' randomness is the OS's
-    votes = {name: rng.integers(low, high + 1, size=queries * classes) for name in names}
-    shares, layout, field = share_votes(votes, talliers, CheckedLayout(queries * classes, low, high))
+    rng = np.random.default_rng()  # the votes' values do not change the work; the noise and shares are the OS's
+    ballots = {
+        name: (
+            rng.multinomial(layout.votes_per_query, np.full(classes, 1 / classes), size=queries),
+            noise_share(
+                mechanism, radius=layout.noise_range, energy_cap=layout.energy_cap, generator=secure_generator()
+            ),
+        )
+        for name in names
+    }
+    shares, field = share_ballots(ballots, talliers, layout)
     write_input(
         path,
         shares,
         hospitals=names,
         layout=layout,
-        classes=classes,
         quorum=hospitals,
         field=field,
         reveal=reveal,
@@ -228,21 +241,18 @@ def _wait_for_talliers(processes: list[subprocess.Popen]) -> list[str]:
     return failures
 
 
-def share_votes(
-    votes: dict[str, np.ndarray], talliers: int, layout: CheckedLayout | None = None
-) -> tuple[dict[tuple[int, str], np.ndarray], CheckedLayout, MpcField]:
-    """Each hospital's vote vector in checked shares among ``talliers``, as ``shares[(tallier, hospital)]``; the
-    layout (``layout``, or the smallest that holds every vote) and the field its totals need."""
-    if layout is None:
-        low, high = min(int(v.min()) for v in votes.values()), max(int(v.max()) for v in votes.values())
-        layout = CheckedLayout(len(next(iter(votes.values()))), low, high)
-    field = MpcField.for_bound(layout.totals_bound(len(votes)))
+def share_ballots(
+    ballots: dict[str, tuple[np.ndarray, np.ndarray]], talliers: int, layout: BallotLayout
+) -> tuple[dict[tuple[int, str], np.ndarray], MpcField]:
+    """Each hospital's ballot (its votes and its noise) in shares among ``talliers``, as
+    ``shares[(tallier, hospital)]``, and the field its totals need."""
+    field = MpcField.for_bound(layout.totals_bound(len(ballots)))
     shares = {
         (tallier, hospital): vector
-        for hospital, vector in votes.items()
-        for tallier, vector in enumerate(share_checked(vector, layout, talliers, field.modulus))
+        for hospital, (votes, noise) in ballots.items()
+        for tallier, vector in enumerate(share_ballot(votes, noise, layout, talliers, field.modulus))
     }
-    return shares, layout, field
+    return shares, field
 
 
 def write_input(
@@ -250,8 +260,7 @@ def write_input(
     shares: dict[tuple[int, str], np.ndarray],
     *,
     hospitals: tuple[str, ...],
-    layout: CheckedLayout,
-    classes: int,
+    layout: BallotLayout,
     quorum: int,
     field: MpcField,
     reveal: str,
@@ -263,11 +272,8 @@ def write_input(
     np.savez(
         path,
         **{f"share-{tallier}-{hospital}": vector for (tallier, hospital), vector in shares.items()},
+        **{f"layout-{name}": int(getattr(layout, name)) for name in _LAYOUT_FIELDS},
         hospitals=np.array(hospitals),
-        entries=layout.entries,
-        low=layout.low,
-        high=layout.high,
-        classes=classes,
         quorum=quorum,
         bit_length=field.bit_length,
         modulus=str(field.modulus),
@@ -276,6 +282,12 @@ def write_input(
         rounds=rounds,
         label_threshold=label_threshold,
     )
+
+
+def read_layout(data) -> BallotLayout:
+    """The ballot layout ``write_input`` wrote to ``data``."""
+    values = {name: int(data[f"layout-{name}"]) for name in _LAYOUT_FIELDS}
+    return BallotLayout(**{**values, "abstains": bool(values["abstains"])})
 
 
 def party_command(source: str, target: str, federation: Path, name: str) -> list[str]:
@@ -293,8 +305,8 @@ def play_party(source: str, target: str, federation: str, name: str) -> None:
     with np.load(source, allow_pickle=False) as data:
         hospitals = tuple(str(hospital) for hospital in data["hospitals"])
         shares = {h: data[f"share-{party.index}-{h}"] for h in hospitals if f"share-{party.index}-{h}" in data}
-        settings = {key: int(data[key]) for key in ("classes", "quorum", "label_threshold")}
-        layout = CheckedLayout(int(data["entries"]), int(data["low"]), int(data["high"]))
+        settings = {key: int(data[key]) for key in ("quorum", "label_threshold")}
+        layout = read_layout(data)
         field = MpcField(int(data["bit_length"]), int(str(data["modulus"])))
         reveal, timeout, rounds = str(data["reveal"]), float(data["timeout"]), int(data["rounds"])
     for round_number in range(1, rounds + 1):
@@ -318,8 +330,10 @@ def play_party(source: str, target: str, federation: str, name: str) -> None:
             f"{target}-{round_number}.npz",
             labels=result.labels,
             voters=np.array(result.voters),
-            refused=np.array(result.refused, dtype=str),
+            refused=np.array(list(result.refused), dtype=str),
+            reasons=np.array(list(result.refused.values()), dtype=str),
             bytes_sent=result.bytes_sent,
+            seed=str(result.seed),
             seconds=time.perf_counter() - started,
             **extra,
         )
@@ -330,9 +344,9 @@ def results_table(measurements: list[Measurement]) -> str:
         "# The talliers' checked secure argmax against opening the noisy histogram",
         "",
         f"Command: `{' '.join(['consilium-bench-tallier', *sys.argv[1:]])}`. Each cell is two rounds in J real tallier "
-        "processes (MPyC over mutual TLS with pinned certificates, on one machine), H hospitals' votes in checked shares "
-        "(each count's bits under a tag) in the range and field of a kNN-DPFL run with 3 hospitals (k = 30, sigma = 15) or "
-        "an AE-DPFL run with 100 (sigma = 20); every round checks every ballot before any comparison. Time: the slowest "
+        "processes (MPyC over mutual TLS with pinned certificates, on one machine), H hospitals' ballots (votes and noise "
+        "apart, each value's bits under a tag) with the ranges and field of a kNN-DPFL run with 3 hospitals (k = 30, sigma = 15) "
+        "or an AE-DPFL run with 100 (sigma = 20); every round checks every ballot and places its noise before any comparison. Time: the slowest "
         "tallier's whole second round (connecting, agreeing on the voters, the checks, the MPC, shutting down). Bytes: "
         "what one tallier sends to its peers, mean over the talliers.",
         "",

@@ -1,31 +1,31 @@
-"""The talliers' MPC: agree on the voters, check every ballot, then a secure argmax over the checked totals.
+"""The talliers' MPC: agree on the voters, check every ballot, then a secure argmax over the totals.
 
-Tallier ``j`` holds one checked share of each voting hospital's noisy vote vector
-(``crypto.checked_shares``: the bits of each of the ``n = Q C`` counts, a key and tags, modulo the
-prime ``p`` of MPyC's ``SecInt(l)``, ``crypto.mpc_field``). A round, on one screen:
+Tallier ``j`` holds one share of each voting hospital's ballot (``protocol.voting.ballots``: its
+votes, its noise and a slack, each as checked shares, modulo the prime ``p`` of MPyC's
+``SecInt(l)``, ``crypto.mpc_field``). A round, on one screen:
 
 1. **Voters.** Each tallier inputs the round number and a 0/1 mark for each hospital of the run:
    whether it holds a valid share from it. All inputs are opened (who sent what is no secret: the
    server relayed it), every tallier checks that all name the same round, and the voters are the
    hospitals every tallier holds a share from. Fewer than the quorum: no label (``VoterError``).
-2. **Inputs.** Each tallier inputs its shares of every voter's bits and key (MPyC Shamir-shares
+2. **Inputs.** Each tallier inputs its shares of every voter's bits and keys (MPyC Shamir-shares
    them among all talliers: nobody learns them), and waits until every tallier's inputs are in.
-3. **Challenge.** Each tallier inputs a random field element; their sum, opened, seeds the public
-   coefficients of the checks. No bit or key could be chosen knowing them.
-4. **Checks.** Each tallier inputs its share of each voter's tag combination (after the challenge:
-   it needs the coefficients, and cannot gain by it), and the talliers compute two numbers per
-   voter: its tag check (zero unless a tallier changed its input, or the hospital sent wrong tags)
-   and its bit check (zero unless the hospital's "bits" are not bits). Each is opened times a
-   fresh secret random factor, never bare (a bare check could carry a hospital's bits to a
-   tallier that provoked it), the tag checks first. A failed tag check ends the round, and the
-   run with it: no label is released (``TamperError``, naming the ballots), and no bit check is
-   opened. A failed bit check leaves that hospital out of every tallier's count, named in
-   ``MpcResult.refused``; fewer counted voters than the quorum: no label.
-5. **Totals.** Each counted voter's counts are rebuilt from its bits,
-   ``low + sum_k w[k] b[i, k]``, inside ``[low, high]`` whatever it sent
-   (``crypto.checked_shares``), and summed: every total lies within the range the field's
-   comparisons are sized for (``VotingConfig.totals_bound``), by construction. All of it is free
-   of communication.
+3. **Challenge.** Each tallier inputs a random field element; their sum, opened, is the round's
+   seed: the checks' coefficients and the noise's signs and places follow from it
+   (``tallier.ballot_checks``). No ballot could be chosen knowing them.
+4. **Checks** (``tallier.ballot_checks``). Each tallier inputs its share of each voter's tag
+   combinations, and the talliers compute four numbers per voter: its tag check (zero unless a
+   tallier changed its input, or the hospital sent wrong tags), its bit check (its "bits" are
+   bits), its sum check (``s`` votes to a query) and its energy check (its noise's ``sum n^2`` at
+   most ``E_max``). Each is opened times a fresh secret random factor, never bare (a bare check
+   could carry a hospital's bits to a tallier that provoked it), the tag checks first. A failed
+   tag check ends the round, and the run with it: no label is released (``TamperError``, naming
+   the ballots), and no other check is opened. A ballot that fails another check is left out of
+   every tallier's count, named with the check in ``MpcResult.refused``; fewer counted voters
+   than the quorum: no label.
+5. **Totals.** Each counted voter's votes plus its noise, signed and placed by the seed, summed:
+   every total lies within ``VotingConfig.totals_bound``, which the field's comparisons are sized
+   for, by construction. All of it is free of communication.
 6. **Labels.** ``np_argmax`` along the classes finds each query's label and top total with
    ``C - 1`` secure comparisons; ties go to the lowest class index, as in NumPy (``_np_argmax``
    keeps the first maximum). With a label threshold ``T > 0``, one more comparison per query
@@ -44,8 +44,8 @@ tallier must stay online; a silent peer ends the round at its deadline (``MpcErr
 ``J = 2``, ``t = 0`` and MPyC's shares are the inputs themselves: each tallier would see the other's
 sum, and so the histogram. Three talliers at least, then. What the checks do not cover: a tallier
 that deviates inside MPyC's own steps (its part of a multiplication or comparison), against which
-MPyC, secure for honest-but-curious parties only, has no defence: there it can change a label, or
-make an honest hospital's bit check fail (and so have it refused), though it learns nothing.
+MPyC, secure for honest-but-curious parties only, has no defence: there it can change a label, fail
+an honest hospital's check (and so have it refused), or pass a colluding hospital's failing one.
 
 The talliers connect to each other with ``tallier.mpc_network``, not MPyC's own start-up: each
 listens on its own address, presents its own certificate and lets in only the pinned certificate
@@ -68,16 +68,25 @@ from typing import Callable, Iterator
 import numpy as np
 
 from consilium.errors import ConsiliumError
-from consilium.crypto.checked_shares import CheckedLayout, challenge, tag_combination
 from consilium.crypto.mpc_field import MpcField, mpyc_runtime
 from consilium.crypto.secret_sharing import random_elements
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
+from consilium.protocol.voting.ballots import BallotLayout
+from consilium.tallier.ballot_checks import REFUSALS, BallotChecks, CheckedBallot
 from consilium.tallier.mpc_network import MpcNetwork, MpcParty
 from consilium.tallier.mpc_values import MpcPeerError, harden_mpyc, open_checked
 from consilium.training.voting.vote_privacy import REVEAL_MODES
 
-__all__ = ["MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "mpc_party", "run_round"]
+__all__ = [
+    "MpcError",
+    "MpcParty",
+    "MpcResult",
+    "TamperError",
+    "VoterError",
+    "mpc_party",
+    "run_round",
+]
 
 _MESSAGE_SLACK_BYTES = 1 << 16
 
@@ -119,10 +128,11 @@ def mpc_party(roster: Roster, credentials: Credentials, listen: tuple[str, int] 
 @dataclass(frozen=True)
 class MpcResult:
     voters: tuple[str, ...]  # whose votes the labels count, in the run's order
-    refused: tuple[str, ...]  # voters whose ballots failed the bit check, left out of the count
+    refused: dict[str, str]  # voters whose ballots failed a check, left out of the count: why
     labels: np.ndarray  # (Q,) int64: a class, or C where the label is withheld
     totals: np.ndarray | None  # (Q, C) int64, only when revealed
     bytes_sent: int  # by this tallier, to all others
+    seed: int  # the round's challenge: the noise's signs and places (``noise_placement``) follow from it
 
 
 def run_round(
@@ -132,8 +142,7 @@ def run_round(
     *,
     hospitals: tuple[str, ...],
     quorum: int,
-    layout: CheckedLayout,
-    classes: int,
+    layout: BallotLayout,
     field: MpcField,
     reveal: str,
     label_threshold: int,
@@ -147,7 +156,7 @@ def run_round(
     does not finish in time or a peer deviates where it can be seen; ``VoterError`` if the talliers
     disagree on the round or count fewer voters than ``quorum`` (or ``on_voters`` refuses them);
     ``TamperError`` if a voter's tag check fails."""
-    _check_inputs(shares, hospitals=hospitals, layout=layout, classes=classes, reveal=reveal)
+    _check_inputs(shares, hospitals=hospitals, layout=layout, reveal=reveal)
     harden_mpyc(field.modulus)
     with _round_loop() as loop:
         runtime, secint = _runtime(party, field, loop)
@@ -161,7 +170,6 @@ def run_round(
             shares,
             hospitals=hospitals,
             quorum=quorum,
-            classes=classes,
             reveal=reveal,
             label_threshold=label_threshold,
             timeout_s=timeout_s,
@@ -179,14 +187,14 @@ def run_round(
 
 
 def _check_inputs(
-    shares: dict[str, np.ndarray], *, hospitals: tuple[str, ...], layout: CheckedLayout, classes: int, reveal: str
+    shares: dict[str, np.ndarray], *, hospitals: tuple[str, ...], layout: BallotLayout, reveal: str
 ) -> None:
     if reveal not in REVEAL_MODES:
         raise ValueError(f"unknown reveal mode {reveal!r}; choose from {', '.join(REVEAL_MODES)}")
     if not set(shares) <= set(hospitals):
         raise ValueError(f"shares from {sorted(set(shares) - set(hospitals))}, not hospitals of the run")
-    if layout.entries % classes or any(len(vector) != layout.values for vector in shares.values()):
-        raise ValueError(f"every share must hold {layout.values} values, counts of {classes} classes")
+    if any(len(vector) != layout.values for vector in shares.values()):
+        raise ValueError(f"every share must hold {layout.values} values, a ballot's")
 
 
 def _runtime(party: MpcParty, field: MpcField, loop: asyncio.AbstractEventLoop):
@@ -210,7 +218,6 @@ async def _protocol(
     *,
     hospitals: tuple[str, ...],
     quorum: int,
-    classes: int,
     reveal: str,
     label_threshold: int,
     timeout_s: float,
@@ -230,22 +237,27 @@ async def _protocol(
         if len(counted) < quorum:
             raise VoterError(
                 f"{len(counted)} of the {len(voters)} voters' ballots pass their checks, fewer than the quorum of "
-                f"{quorum}; refused: {', '.join(refused)}"
+                f"{quorum}; refused: " + "; ".join(f"{name} ({why})" for name, why in refused.items())
             )
-        totals = tally.totals(counted, classes)
+        totals = tally.totals(counted, voters)
         if reveal == "histogram":
             revealed = np.array(await open_checked(runtime, runtime.np_reshape(totals, (-1,))), dtype=np.int64)
-            revealed = revealed.reshape(-1, classes)
+            revealed = revealed.reshape(-1, tally.layout.classes)
             labels = _released_labels(revealed, label_threshold)
         else:
-            labels, revealed = await tally.labels(totals, classes, label_threshold), None
+            labels, revealed = await tally.labels(totals, label_threshold), None
     except (VoterError, TamperError):
         await runtime.shutdown()
         raise
     sent = sum(peer.protocol.nbytes_sent for peer in runtime.parties if peer.pid != runtime.pid)
     await runtime.shutdown()
     return MpcResult(
-        voters=tuple(voters[i] for i in counted), refused=refused, labels=labels, totals=revealed, bytes_sent=sent
+        voters=tuple(voters[i] for i in counted),
+        refused=refused,
+        labels=labels,
+        totals=revealed,
+        bytes_sent=sent,
+        seed=tally.seed,
     )
 
 
@@ -264,10 +276,12 @@ def _round_loop() -> Iterator[asyncio.AbstractEventLoop]:
 class _Tally:
     """Steps 1 to 6 of the module docstring, for one round of one tallier."""
 
-    def __init__(self, runtime, secint, layout: CheckedLayout, round_number: int) -> None:
+    def __init__(self, runtime, secint, layout: BallotLayout, round_number: int) -> None:
         self.runtime, self.secint, self.layout, self.round = runtime, secint, layout, round_number
         self.modulus = secint.field.modulus
-        self.rows: list = []  # each voter's secret bits, (n, m)
+        self.ballots: list[CheckedBallot] = []  # each voter's, in the order of the voters
+        self.seed = 0  # the round's public challenge, opened once every input is in
+        self.checks: BallotChecks | None = None
 
     def inputs(self, values: list[int]) -> list:
         """Every tallier's input of ``len(values)`` field elements (this one's ``values``), as secret arrays."""
@@ -290,33 +304,32 @@ class _Tally:
             )
         return voters
 
-    async def check(self, shares: list[np.ndarray], voters: tuple[str, ...]) -> tuple[list[int], tuple[str, ...]]:
-        """Steps 2 to 4: the indices of the voters whose ballots count, and the names of those refused."""
+    async def check(self, shares: list[np.ndarray], voters: tuple[str, ...]) -> tuple[list[int], dict[str, str]]:
+        """Steps 2 to 4: the indices of the voters whose ballots count, and why each refused one is."""
         runtime, layout, p = self.runtime, self.layout, self.modulus
-        parts = [layout.split(vector) for vector in shares]
-        bits_and_keys = [int(v) for bits, _, key in parts for v in (*bits.reshape(-1), *key)]
-        committed = self.summed(bits_and_keys)
+        ballots = [layout.split(vector) for vector in shares]
+        committed = self.summed(
+            [int(v) for ballot in ballots for bits, _, key in ballot for v in (*bits.reshape(-1), *key)]
+        )
         await runtime.gather([committed])  # every tallier's inputs are in before anyone learns the challenge
-        seed = (await open_checked(runtime, self.summed(random_elements(1, p))))[0]
-        field = self.secint.field
-        spread = field.array(np.array(challenge(seed, layout.entries * layout.bits, p, "bits"), dtype=object))
-        coefficients = challenge(seed, layout.entries, p, "tags")
-        weights = field.array(np.array(coefficients, dtype=object))
-        tags = self.summed([tag_combination(t, coefficients, p) for _, t, _ in parts])
-        width, n_bits = layout.entries * layout.bits + layout.bits, layout.entries * layout.bits
-        bit_checks, tag_checks = [], []
-        for v in range(len(voters)):
-            bits = committed[v * width : v * width + n_bits]
-            key = committed[v * width + n_bits : (v + 1) * width]
-            bit_checks.append((bits * spread) @ (bits - 1))
-            rows = runtime.np_reshape(bits, (layout.entries, layout.bits))
-            tag_checks.append(tags[v] - key @ (weights @ rows))
-            self.rows.append(rows)
-        failed = await self.failed(tag_checks)
+        self.seed = (await open_checked(runtime, self.summed(random_elements(1, p))))[0]
+        self.checks = BallotChecks(runtime, self.secint, layout, self.seed)
+        tags = self.summed([c for ballot in ballots for c in self.checks.tag_combinations(ballot)])
+        width, parts = layout.committed_values, len(layout.parts)
+        self.ballots = [
+            self.checks.check(committed[v * width : (v + 1) * width], tags[v * parts : (v + 1) * parts])
+            for v in range(len(voters))
+        ]
+        failed = await self.failed([ballot.tag for ballot in self.ballots])
         if failed:
             raise TamperError(tuple(voters[v] for v in failed), self.round)
-        refused = await self.failed(bit_checks)
-        return [v for v in range(len(voters)) if v not in refused], tuple(voters[v] for v in refused)
+        kinds = ("bit", "sum", "energy")  # as REFUSALS lists them
+        failed = await self.failed([getattr(ballot, kind) for kind in kinds for ballot in self.ballots])
+        refused: dict[str, str] = {}
+        for index in failed:
+            kind, v = divmod(index, len(voters))
+            refused.setdefault(voters[v], REFUSALS[kind].format(s=layout.votes_per_query))
+        return [v for v in range(len(voters)) if voters[v] not in refused], refused
 
     async def failed(self, checks: list) -> list[int]:
         """The indices of the nonzero ``checks``, opened each times a fresh secret random factor: zero for a
@@ -325,19 +338,17 @@ class _Tally:
         opened = await open_checked(self.runtime, factors * self.runtime.np_fromlist(checks))
         return [i for i, value in enumerate(opened) if value]
 
-    def totals(self, counted: list[int], classes: int):
-        """Step 5: the ``(Q, C)`` totals of the counted voters' rebuilt counts."""
-        weights = np.array(self.layout.weights, dtype=object)
-        entries = [self.rows[v] @ weights for v in counted]
-        summed = sum(entries[1:], entries[0]) + len(counted) * self.layout.low
-        return self.runtime.np_reshape(summed, (self.layout.entries // classes, classes))
+    def totals(self, counted: list[int], voters: tuple[str, ...]):
+        """Step 5: the ``(Q, C)`` totals of the counted voters' votes and their noise, signed and placed."""
+        placed = [self.checks.placed(self.ballots[v], voters[v]) for v in counted]
+        return self.runtime.np_reshape(sum(placed[1:], placed[0]), (self.layout.queries, self.layout.classes))
 
-    async def labels(self, totals, classes: int, label_threshold: int) -> np.ndarray:
+    async def labels(self, totals, label_threshold: int) -> np.ndarray:
         """Step 6: each query's label, or ``C`` where its top total falls short of ``label_threshold``."""
-        runtime = self.runtime
+        runtime, classes = self.runtime, self.layout.classes
         winners, tops = runtime.np_argmax(totals, axis=1, arg_only=False)
         if label_threshold:  # MPyC 0.11 returns the tops as a (Q, 1) array
-            queries = self.layout.entries // classes
+            queries = self.layout.queries
             winners = classes + (runtime.np_reshape(tops, (queries,)) >= label_threshold) * (winners - classes)
         return np.array(await open_checked(runtime, winners), dtype=np.int64)
 
@@ -368,14 +379,14 @@ def _failure(error: BaseException, aborts: list[str], timeout_s: float) -> BaseE
     return error
 
 
-def _message_limit(layout: CheckedLayout, hospitals: int, field: MpcField, element_bytes: int) -> int:
+def _message_limit(layout: BallotLayout, hospitals: int, field: MpcField, element_bytes: int) -> int:
     """The most bytes a peer may send in one MPC message of this round, about twice an honest one's.
 
     The largest honest messages are a tallier's inputs (every voter's bits and key) and the
     comparisons' random bits, ``(l + 1) / 2`` field elements per query and class: measured at
     l = 10, 23 and 31 bits (``Q C`` = 200 to 25,000, J = 3 and 5)."""
-    inputs = hospitals * (layout.entries * layout.bits + layout.bits)
-    comparisons = layout.entries * (field.bit_length + 2)
+    inputs = hospitals * layout.committed_values
+    comparisons = layout.queries * layout.classes * (field.bit_length + 2)
     return max(2 * inputs, comparisons, hospitals + 1) * element_bytes + _MESSAGE_SLACK_BYTES
 
 

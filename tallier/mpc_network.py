@@ -62,6 +62,15 @@ __all__ = ["MpcNetwork", "MpcParty"]
 
 log = logging.getLogger("consilium.mpc")
 
+
+def _not_a_write_after_a_peer_left(record: logging.LogRecord) -> bool:
+    """asyncio warns of every write to a connection already lost. MPyC may have several sends under way when a
+    peer aborts the round; the round ends with the ``MpcError`` that says why, and the warnings add nothing."""
+    return record.getMessage() != "socket.send() raised exception."
+
+
+logging.getLogger("asyncio").addFilter(_not_a_write_after_a_peer_left)
+
 _HEADER = struct.Struct("<qI")  # MPyC's framing: program counter, payload size
 _ABORT = -(2**63)  # a program counter MPyC never uses (its counters are hashes): "I abort the round, because..."
 _ABORT_TEXT = 300

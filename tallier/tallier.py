@@ -209,7 +209,6 @@ class Tallier:
                 hospitals=config.hospitals,
                 quorum=config.voting.quorum,
                 layout=layout,
-                classes=config.classes,
                 field=self._field,
                 reveal=config.reveal,
                 label_threshold=config.label_threshold,
@@ -229,7 +228,8 @@ class Tallier:
             Labels(
                 round=message.round,
                 voters=result.voters,
-                refused=result.refused,
+                refused=tuple(result.refused),
+                refused_because=tuple(result.refused.values()),
                 labels=tuple(int(label) for label in result.labels),
                 totals=b"" if result.totals is None else result.totals.astype("<i8").tobytes(),
                 mpc_microseconds=round(seconds * 1e6),
@@ -238,7 +238,9 @@ class Tallier:
         )
         if result.refused:
             log.warning(
-                "round %d: ballots refused (outside the run's range): %s", message.round, ", ".join(result.refused)
+                "round %d: ballots refused: %s",
+                message.round,
+                "; ".join(f"{name} ({why})" for name, why in result.refused.items()),
             )
         self._rounds.append(
             {

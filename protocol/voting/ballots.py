@@ -1,18 +1,30 @@
-"""A hospital's noisy votes as sealed shares, one per tallier, relayed by a server that cannot read them.
+"""A hospital's ballot: its votes and its noise as sealed checked shares, one per tallier, relayed by a server
+that cannot read them.
 
-A hospital splits its noisy vote vector into ``J`` checked shares (``crypto.checked_shares``: the
-bits of each count, additively shared, under a tag the talliers check inside the MPC) and seals
-share ``j`` to tallier ``j`` (``crypto.sealed_box``): to a box key the tallier made for this
-run alone and certified with its identity (``tallier_key_context``), signed by the hospital, and
-bound to the run, the round, the hospital and the tallier (``_share_context``). The server relays
-the boxes; it can check their length and nothing else. A tallier opens only its own, and a box
-replayed into another round, from another hospital or to another tallier does not open.
+A ballot is three checked vectors (``crypto.checked_shares``: each value's bits, additively
+shared, under a tag the talliers check inside the MPC), one after the other (``BallotLayout``):
 
-Any ``J - 1`` shares are uniform and independent of the votes, so a tallier (or the server, were
-it to open a box) learns nothing from what it holds; only all ``J`` together give the votes.
+- the **votes**, ``Q`` rows of counts in ``[0, s]``: a one-hot row per query for AE-DPFL (with a
+  last column for "no class" where its teachers may abstain), the ``k`` neighbours' label counts
+  for kNN-DPFL. The talliers check that each row sums to ``s``, so the votes are votes;
+- the **noise**, ``Q C`` values in ``[-R, R]``, the hospital's ``Sk(mu)`` share, which the talliers
+  sign and place at random after the fact (``tallier.mpc``);
+- the **slack**, ``E_max - sum n^2`` in ``[0, E_max]``: the talliers check that it and the noise's
+  energy add up to ``E_max``, which bounds the energy without a secure comparison.
+
+The hospital seals share ``j`` to tallier ``j`` (``crypto.sealed_box``): to a box key the tallier
+made for this run alone and certified with its identity (``tallier_key_context``), signed by the
+hospital, and bound to the run, the round, the hospital and the tallier (``_share_context``). The
+server relays the boxes; it can check their length and nothing else. A tallier opens only its own,
+and a box replayed into another round, from another hospital or to another tallier does not open.
+
+Any ``J - 1`` shares are uniform and independent of the votes and the noise, so a tallier (or the
+server, were it to open a box) learns nothing from what it holds; only all ``J`` together give them.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -22,12 +34,113 @@ from consilium.crypto.checked_shares import CheckedLayout, share_checked
 from consilium.crypto.mpc_field import MpcField
 from consilium.crypto.sealed_box import OVERHEAD_BYTES, SealedBoxError, open_box, seal
 from consilium.crypto.secret_sharing import ShareError, from_bytes, to_bytes
+from consilium.training.voting.vote_privacy import VotingSettings
 
-__all__ = ["BallotError", "box_bytes", "open_share", "seal_ballot", "tallier_key_context"]
+__all__ = [
+    "BallotError",
+    "BallotLayout",
+    "box_bytes",
+    "open_share",
+    "seal_ballot",
+    "share_ballot",
+    "tallier_key_context",
+]
 
 
 class BallotError(ValueError):
     """A sealed share that does not open, or holds no valid share of this round."""
+
+
+@dataclass(frozen=True)
+class BallotLayout:
+    """Where a ballot's three checked vectors lie, and the ranges each is checked against."""
+
+    queries: int  # Q
+    classes: int  # C
+    votes_per_query: int  # s: AE-DPFL 1, kNN-DPFL k
+    abstains: bool  # a last vote column per query, "no class" (AE-DPFL with a teacher confidence)
+    noise_range: int  # R
+    energy_cap: int  # E_max
+
+    PARTS = ("votes", "noise", "slack")
+
+    @classmethod
+    def for_round(cls, voting: VotingSettings, *, queries: int, classes: int, abstains: bool) -> "BallotLayout":
+        """The ballot of a round of ``queries`` over ``classes`` under ``voting``: its noise within
+        ``VotingSettings.noise_range`` and under ``VotingSettings.energy_cap``."""
+        shape = {"queries": queries, "classes": classes}
+        return cls(
+            **shape,
+            votes_per_query=voting.votes_per_query,
+            abstains=abstains,
+            noise_range=voting.noise_range(**shape),
+            energy_cap=voting.energy_cap(**shape),
+        )
+
+    @property
+    def vote_columns(self) -> int:
+        return self.classes + self.abstains
+
+    @property
+    def parts(self) -> tuple[CheckedLayout, CheckedLayout, CheckedLayout]:
+        """The votes, the noise and the slack, in that order."""
+        return (
+            CheckedLayout(self.queries * self.vote_columns, 0, self.votes_per_query),
+            CheckedLayout(self.queries * self.classes, -self.noise_range, self.noise_range),
+            CheckedLayout(1, 0, self.energy_cap),
+        )
+
+    @property
+    def values(self) -> int:
+        """Field elements in one tallier's share of a ballot."""
+        return sum(part.values for part in self.parts)
+
+    @property
+    def committed_values(self) -> int:
+        """Field elements of a ballot that the talliers input before the challenge: each part's bits, then its key."""
+        return sum(part.entries * part.bits + part.bits for part in self.parts)
+
+    def split(self, vector: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Each part's bits, tags and key (``CheckedLayout.split``)."""
+        if len(vector) != self.values:
+            raise ShareError(f"a ballot's share holds {self.values} values, got {len(vector)}")
+        ends = np.cumsum([part.values for part in self.parts])[:-1]
+        return [part.split(piece) for part, piece in zip(self.parts, np.split(vector, ends), strict=True)]
+
+    def with_abstentions(self, counts: np.ndarray) -> np.ndarray:
+        """A hospital's ``(Q, C)`` counts as its ballot carries them: with the "no class" column where it abstains."""
+        counts = np.asarray(counts, dtype=np.int64)
+        if not self.abstains:
+            return counts
+        return np.concatenate([counts, self.votes_per_query - counts.sum(axis=1, keepdims=True)], axis=1)
+
+    def totals_bound(self, senders: int) -> int:
+        """``|every total|`` of ``senders`` ballots whatever each sent: votes and noise rebuilt from their bits."""
+        return senders * (self.votes_per_query + self.noise_range)
+
+    @property
+    def energy_bound(self) -> int:
+        """The largest ``sum n^2 + slack`` bits can rebuild: the field must exceed it for the energy check to be exact."""
+        return self.queries * self.classes * self.noise_range**2 + self.energy_cap
+
+
+def share_ballot(
+    votes: np.ndarray, noise: np.ndarray, layout: BallotLayout, parties: int, modulus: int
+) -> list[np.ndarray]:
+    """``parties`` shares of a ballot: ``votes`` (``Q`` rows of ``layout.vote_columns``) and ``noise`` (``Q C``).
+
+    ``ShareError`` unless the votes are in ``[0, s]``, ``s`` to a row, and the noise is in its range and under its cap."""
+    votes = np.asarray(votes, dtype=np.int64)
+    noise = np.asarray(noise, dtype=np.int64).reshape(-1)
+    if votes.shape != (layout.queries, layout.vote_columns) or np.any(votes.sum(axis=1) != layout.votes_per_query):
+        raise ShareError(
+            f"votes are {layout.queries} rows of {layout.vote_columns} counts, {layout.votes_per_query} to a row"
+        )
+    slack = layout.energy_cap - int(noise @ noise)
+    if slack < 0:
+        raise ShareError(f"the noise's energy exceeds its cap of {layout.energy_cap}")
+    parts = zip(layout.parts, (votes.reshape(-1), noise, np.array([slack])), strict=True)
+    return [np.concatenate(shares) for shares in zip(*(share_checked(v, part, parties, modulus) for part, v in parts))]
 
 
 def tallier_key_context(run: str, tallier: str) -> bytes:
@@ -41,19 +154,20 @@ def box_bytes(values: int) -> int:
 
 
 def seal_ballot(
-    noisy_votes: np.ndarray,
+    votes: np.ndarray,
+    noise: np.ndarray,
     *,
     tallier_keys: dict[str, X25519PublicKey],
     field: MpcField,
-    layout: CheckedLayout,
+    layout: BallotLayout,
     sender: Ed25519PrivateKey,
     run: str,
     round_number: int,
     hospital: str,
 ) -> dict[str, bytes]:
-    """``noisy_votes`` (within ``layout``'s range) in checked shares among the talliers (in the order of
-    ``tallier_keys``), each share sealed to its tallier."""
-    shares = share_checked(noisy_votes, layout, len(tallier_keys), field.modulus)
+    """``votes`` and ``noise`` (``share_ballot``) in shares among the talliers (in the order of ``tallier_keys``),
+    each share sealed to its tallier."""
+    shares = share_ballot(votes, noise, layout, len(tallier_keys), field.modulus)
     return {
         tallier: seal(
             to_bytes(vector), recipient=key, sender=sender, context=_share_context(run, round_number, hospital, tallier)
@@ -86,4 +200,4 @@ def open_share(
 
 
 def _share_context(run: str, round_number: int, hospital: str, tallier: str) -> bytes:
-    return f"consilium/vote-share/v1|{run}|{round_number}|{hospital}|{tallier}".encode()
+    return f"consilium/vote-share/v2|{run}|{round_number}|{hospital}|{tallier}".encode()

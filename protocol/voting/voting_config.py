@@ -2,8 +2,8 @@
 
 The server announces it in ``VotingWelcome``; hospitals and talliers validate it and derive the
 same things from it: the noise each hospital adds and what a round costs
-(``training.voting.vote_privacy``), the range every ballot's entries are checked against
-(``crypto.checked_shares``), the bound on every total of checked ballots, and from that bound the
+(``training.voting.vote_privacy``), the ranges every ballot is checked against
+(``protocol.voting.ballots``), the bound on every total of checked ballots, and from that bound the
 MPC's field, which the hospitals share over and the talliers compute in (``crypto.mpc_field``).
 The privacy budget is not part of it: each hospital holds its own.
 """
@@ -14,8 +14,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-from consilium.crypto.checked_shares import CheckedLayout
 from consilium.crypto.mpc_field import MIN_PARTIES, MpcField
+from consilium.protocol.voting.ballots import BallotLayout
 from consilium.protocol.run.rules import MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
 from consilium.protocol.wire.messages import ProtocolError, VotingWelcome
 from consilium.training.privacy.accounting import tolerated_coalition
@@ -115,20 +115,28 @@ class VotingConfig:
         hospitals: as many as a secure round's default threshold tolerates (``training.privacy.accounting.tolerated_coalition``)."""
         return tolerated_coalition(len(self.hospitals) // 2 + 1, consortium)
 
-    def ballot_layout(self) -> CheckedLayout:
-        """A hospital's checked share: its round's counts, each within ``VotingSettings.entry_range``."""
-        low, high = self.voting.entry_range(queries=self.queries_per_round, classes=self.classes)
-        return CheckedLayout(self.votes_per_round, low, high)
+    def ballot_layout(self) -> BallotLayout:
+        """A hospital's ballot: its votes, its noise within ``VotingSettings.noise_range`` and under
+        ``VotingSettings.energy_cap``, and the slack (``protocol.voting.ballots``)."""
+        return BallotLayout.for_round(
+            self.voting,
+            queries=self.queries_per_round,
+            classes=self.classes,
+            abstains=self.voting.method == "ae-dpfl" and self.teacher_confidence > 0,
+        )
 
     def totals_bound(self) -> int:
-        """|every total| of a round: every hospital's checked entries, each at most ``max(-low, high)`` from 0."""
+        """|every total| of a round: every hospital's votes and noise, each at most ``s + R`` from 0."""
         return self.ballot_layout().totals_bound(len(self.hospitals))
 
     def field(self) -> MpcField:
         try:
-            return _field_for(self.totals_bound())
+            field = _field_for(self.totals_bound())
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        if self.ballot_layout().energy_bound >= field.modulus:  # the energy check would wrap: not exact
+            raise ConfigError("the noise's energy check does not fit the MPC's field: ask fewer queries per round")
+        return field
 
     def message_limit(self) -> int:
         """The largest message of the run: the queries, a ballot, the shares a tallier gets, or the welcome."""

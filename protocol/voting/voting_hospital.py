@@ -53,7 +53,7 @@ from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyBudget, Privac
 from consilium.training.data.datasets import Split
 from consilium.training.models.build import ModelError, check_model_for
 from consilium.training.privacy.secure_random import secure_generator
-from consilium.training.voting.votes import PcaFeatures, knn_votes, noisy_votes, teacher_votes, train_classifier
+from consilium.training.voting.votes import PcaFeatures, knn_votes, noise_share, teacher_votes, train_classifier
 
 __all__ = ["VotingHospital"]
 
@@ -254,12 +254,13 @@ class VotingHospital:
         log.info("%s votes in round %d; %s", self._name, request.round, self._ledger.spent(self._budget.delta))
         votes = self._votes(queries.reshape(config.queries_per_round, *config.model.input_shape).copy())
         mechanism = config.voting.mechanism(queries=config.queries_per_round, classes=config.classes, level="record")
-        noisy, layout = noisy_votes(votes, mechanism, self._generator), config.ballot_layout()
-        clamped = int(np.sum((noisy < layout.low) | (noisy > layout.high)))
-        if clamped:  # probability below 2^-40 a round (training.voting.vote_privacy); the bits cannot hold them
-            log.warning("round %d: %d noisy counts beyond the checked range, clamped", request.round, clamped)
+        layout = config.ballot_layout()
+        noise = noise_share(
+            mechanism, radius=layout.noise_range, energy_cap=layout.energy_cap, generator=self._generator
+        )
         boxes = seal_ballot(
-            np.clip(noisy, layout.low, layout.high),
+            layout.with_abstentions(votes),
+            noise,
             tallier_keys=self._tallier_keys,
             field=self._field,
             layout=layout,

@@ -24,7 +24,12 @@ def run_report(config: VotingConfig, finish_reason: str, fingerprint: str, round
         "method": config.voting.method,
         "config": config.to_dict(),
         "field": dataclasses.asdict(config.field()),
-        "ballot_range": [layout.low, layout.high],
+        "ballot": {
+            "votes_per_query": layout.votes_per_query,
+            "abstains": layout.abstains,
+            "noise_range": [-layout.noise_range, layout.noise_range],
+            "energy_cap": layout.energy_cap,
+        },
         "totals_bound": config.totals_bound(),
         "finish_reason": finish_reason,
         "run_fingerprint": fingerprint,

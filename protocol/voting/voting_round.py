@@ -49,7 +49,8 @@ class RoundRecord:
     status: str  # "labelled" or "aborted"
     tally_attempts: int = 0  # how often the talliers were given the round's boxes (more after an interrupted MPC)
     voters: list[str] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)  # ballots outside the run's range, left out by the talliers
+    refused: list[str] = field(default_factory=list)  # ballots that failed the talliers' checks, left out
+    refused_because: list[str] = field(default_factory=list)  # the check each failed
     label_accuracy: float | None = None  # of the released labels
     labels_withheld: int = 0  # queries whose noisy top total was below the label threshold
     epsilon: dict[str, dict[str, float]] = field(default_factory=dict)  # level -> view -> epsilon
@@ -114,7 +115,11 @@ def tally(
         raise ProtocolError(
             f"round {record.round}: the talliers counted voters {record.voters}, not a quorum of those relayed"
         )
-    if set(record.refused) - set(ballots) or set(record.refused) & set(record.voters):
+    if (
+        set(record.refused) - set(ballots)
+        or set(record.refused) & set(record.voters)
+        or len(record.refused_because) != len(record.refused)
+    ):
         raise ProtocolError(f"round {record.round}: the talliers refused {record.refused}, not ballots they left out")
     return labels
 
@@ -157,11 +162,12 @@ def collect_labels(
             f"{', '.join(missing)} sent no labels for round {round_number} within {timeout_s:g} s" if missing else ""
         )
         raise ProtocolError("; ".join(part for part in (said, silent) if part))
-    if len({(a.voters, a.refused, a.labels, a.totals) for a in answers.values()}) != 1:
+    if len({(a.voters, a.refused, a.refused_because, a.labels, a.totals) for a in answers.values()}) != 1:
         raise ProtocolError(f"the talliers disagree on the labels of round {round_number}")
     first = next(iter(answers.values()))
     record.voters = list(first.voters)
     record.refused = list(first.refused)
+    record.refused_because = list(first.refused_because)
     record.mpc_seconds = max(a.mpc_microseconds for a in answers.values()) / 1e6
     record.mpc_bytes = {name: a.mpc_bytes for name, a in answers.items()}
     return np.array(first.labels, dtype=np.int64)

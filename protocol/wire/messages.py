@@ -29,7 +29,7 @@ A voting run (AE-DPFL, kNN-DPFL; T = each tallier)::
     per round r:
     S  -> H  VoteRequest(r, queries)        H  -> S  Ballot(r, a sealed share for each tallier) | Withdraw(r, reason)
     S  -> T  Shares(r, its sealed share from each voter)
-    T  -> S  Labels(r, voters, refused, labels)  | TallyFailed(r, reason, tampered, interrupted)
+    T  -> S  Labels(r, voters, refused and why, labels)  | TallyFailed(r, reason, tampered, interrupted)
              (interrupted: once every tallier is back, S relays the same Shares(r) again)
     S  -> H, T  Finish(reason)
 
@@ -325,7 +325,8 @@ class Labels(Message):
     TYPE = "labels"
     round: int
     voters: tuple[str, ...]  # the hospitals whose votes the labels count, as the talliers agreed
-    refused: tuple[str, ...]  # hospitals whose ballots failed the talliers' range check, left out of the count
+    refused: tuple[str, ...]  # hospitals whose ballots failed the talliers' checks, left out of the count
+    refused_because: tuple[str, ...]  # for each refused hospital, the check its ballot failed
     labels: tuple[int, ...]  # one class per query, or C (the number of classes) where a label threshold withheld it
     totals: bytes  # reveal "histogram" only: the noisy totals, int64 little-endian, Q x C; else empty
     mpc_microseconds: int

@@ -26,6 +26,7 @@ import zstandard
 from scipy import stats
 
 from conftest import REPO, party_ledger, run_launcher
+from tally_inputs import placed_totals
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.bfv_parameters import select_bfv_parameters
 from consilium.crypto.key_shares import rebuild
@@ -94,7 +95,7 @@ SIGMAS = 6.0
 
 
 def _audited_run(
-    tmp_path_factory, name: str, *argv: str, zero_votes: bool = False
+    tmp_path_factory, name: str, *argv: str, fixed_votes: bool = False
 ) -> tuple[Path, dict, list[dict], list[dict]]:
     """A federation run with ground truth: (out, report, what the hospitals kept secret, for each tallier process
     the MPC bytes it received and the values its code opened)."""
@@ -104,7 +105,7 @@ def _audited_run(
     environment = {
         "PYTHONPATH": os.pathsep.join([str(AUDIT_SITE), str(REPO)]),
         "CONSILIUM_AUDIT_RECORD": str(record),
-        "CONSILIUM_AUDIT_ZERO_VOTES": "1" if zero_votes else "0",
+        "CONSILIUM_AUDIT_FIXED_VOTES": "1" if fixed_votes else "0",
     }
     out = base / "run"
     result = run_launcher("federation", "--out", out, *argv, environment=environment)
@@ -163,8 +164,8 @@ def voting(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def zero_votes(tmp_path_factory):
-    return _audited_run(tmp_path_factory, "zero-votes", *VOTING, "--reveal", "histogram", zero_votes=True)
+def fixed_votes(tmp_path_factory):
+    return _audited_run(tmp_path_factory, "fixed-votes", *VOTING, "--reveal", "histogram", fixed_votes=True)
 
 
 # -- what a leak looks like ---------------------------------------------------------------------------------
@@ -499,30 +500,50 @@ def _ballots(secrets: list[dict]) -> list[dict]:
 
 
 def _bits(ballot: dict) -> np.ndarray:
-    """The bits a ballot's checked shares add up to, in the order they travel."""
+    """The bits a ballot's shares add up to: its votes', its noise's and its slack's, in the order they travel."""
     layout = ballot["layout"]
-    return layout.decompose(ballot["noisy_votes"]).reshape(-1)
+    slack = layout.energy_cap - int(ballot["noise"] @ ballot["noise"])
+    values = (ballot["votes"].reshape(-1), ballot["noise"], np.array([slack]))
+    return np.concatenate([part.decompose(v).reshape(-1) for part, v in zip(layout.parts, values)])
 
 
-def _noisy_totals(ballots: list[dict], round_number: int, voters) -> np.ndarray:
-    return sum(b["noisy_votes"] for b in ballots if b["round"] == round_number and b["hospital"] in voters)
+def _share_bits(ballot: dict, share: np.ndarray) -> np.ndarray:
+    """A tallier's share of ``_bits``: the bits of each part of its share, without the tags and keys."""
+    return np.concatenate([bits.reshape(-1) for bits, _, _ in ballot["layout"].split(share)])
+
+
+def _seeds(talliers: list[dict], config: VotingConfig) -> dict[int, int]:
+    """Each round's challenge, as the first tallier's code opened it after the marks of who voted."""
+    per_round = len(config.talliers) + 4
+    return {r: talliers[0]["opened"][(r - 1) * per_round + len(config.talliers)][0] for r in (1, 2)}
+
+
+def _noisy_totals(ballots: list[dict], round_number: int, voters, seed: int) -> np.ndarray:
+    """The totals the talliers compute: the voters' votes and their noise, signed and placed by the round's seed."""
+    counted = [b for b in ballots if b["round"] == round_number and b["hospital"] in voters]
+    return placed_totals(
+        {b["hospital"]: (b["votes"], b["noise"]) for b in counted}, counted[0]["layout"], seed, counted[0]["modulus"]
+    ).reshape(-1)
 
 
 def test_no_vote_share_or_total_reaches_the_server_or_a_tallier(voting):
     out, report, secrets, talliers = voting
     ballots = _ballots(secrets)
+    seeds = _seeds(talliers, VotingConfig.from_dict(report["config"]))
     assert len(ballots) == 2 * len(report["config"]["hospitals"]) and all("shares" in b for b in ballots)
     modulus = ballots[0]["modulus"]
     votes = {
         f"{b['hospital']} round {b['round']} {name} ({form})": data
         for b in ballots
-        for name, values in (("votes", b["noisy_votes"]), ("bits", _bits(b)))
+        for name, values in (("votes", b["votes"]), ("noise", b["noise"]), ("bits", _bits(b)))
         for form, data in _encodings(values, modulus).items()
     }
     totals = {
         f"round {r} totals ({form})": data
         for r in (1, 2)
-        for form, data in _encodings(_noisy_totals(ballots, r, report["config"]["hospitals"]), modulus).items()
+        for form, data in _encodings(
+            _noisy_totals(ballots, r, report["config"]["hospitals"], seeds[r]), modulus
+        ).items()
     }
     shares = {
         f"{b['hospital']} round {b['round']} share for {t}": s.astype("<u8").tobytes()
@@ -544,7 +565,7 @@ def test_a_tallier_s_shares_are_uniform_and_independent_of_the_votes(voting):
     ballots = _ballots(secrets)
     bits = np.concatenate([_bits(b) for b in ballots])
     for index, tallier in enumerate(report["config"]["talliers"]):
-        shares = np.concatenate([b["shares"][b["talliers"].index(tallier)][: len(_bits(b))] for b in ballots])
+        shares = np.concatenate([_share_bits(b, b["shares"][b["talliers"].index(tallier)]) for b in ballots])
         assert _uniform_and_independent(shares, bits, ballots[0]["modulus"]) > 1e-6, (index, tallier)
 
 
@@ -554,16 +575,19 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
     config = VotingConfig.from_dict(report["config"])
     classes = config.classes
     # What each tallier's code opened in the MPC, round by round: every tallier's marks of who voted, the
-    # challenge's seed, every ballot's tag check, then its bit check (masked; zero: all honest), then the labels.
+    # challenge's seed, every ballot's tag check, then its bit, sum and energy checks (masked; zero: all honest),
+    # then the labels.
     per_round = len(config.talliers) + 4
+    seeds = _seeds(talliers, config)
     for tallier in talliers:
         assert len(tallier["opened"]) == 2 * per_round
         for round_number in (1, 2):
             opened = tallier["opened"][(round_number - 1) * per_round : round_number * per_round]
-            *marks, seed, tag_checks, bit_checks, labels = opened
+            *marks, seed, tag_checks, other_checks, labels = opened
             assert all(m == [round_number, *[1] * len(config.hospitals)] for m in marks)
-            assert len(seed) == 1 and tag_checks == bit_checks == [0] * len(config.hospitals)
-            totals = _noisy_totals(ballots, round_number, config.hospitals).reshape(-1, classes)
+            assert seed == [seeds[round_number]] and tag_checks == [0] * len(config.hospitals)
+            assert other_checks == [0] * (3 * len(config.hospitals))
+            totals = _noisy_totals(ballots, round_number, config.hospitals, seeds[round_number]).reshape(-1, classes)
             assert labels == list(np.argmax(totals, axis=1))
     from_talliers = [
         (s, m)
@@ -572,31 +596,34 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
     ]
     assert len(from_talliers) == 2 * len(report["config"]["talliers"])
     for _, labels in from_talliers:
-        totals = _noisy_totals(ballots, labels.round, labels.voters).reshape(-1, classes)
+        totals = _noisy_totals(ballots, labels.round, labels.voters, seeds[labels.round]).reshape(-1, classes)
         assert labels.totals == b"" and list(labels.labels) == list(np.argmax(totals, axis=1))  # ties: the lowest class
 
 
-def test_the_opened_totals_of_zero_votes_carry_the_accountant_s_noise(zero_votes):
-    """Every hospital votes zero, so the noisy totals the talliers open are the noise alone."""
-    out, report, secrets, _ = zero_votes
+def test_the_opened_totals_of_known_votes_carry_the_accountant_s_noise(fixed_votes):
+    """Every hospital casts all its votes for class 0, so the noisy totals the talliers open are known votes and
+    the noise, signed and placed."""
+    out, report, secrets, talliers = fixed_votes
     config = VotingConfig.from_dict(report["config"])
-    ballots = _ballots(secrets)
+    ballots, seeds = _ballots(secrets), _seeds(talliers, config)
     opened = [
         m
         for s, m, _ in read_messages(out / "server" / "transcript.msgpack", accept=TO_VOTING_SERVER)
         if isinstance(m, Labels) and s == config.talliers[0]
     ]
     assert len(opened) == 2
-    totals = []
+    noise = []
     for labels in opened:
         total = np.frombuffer(labels.totals, dtype="<i8")
-        np.testing.assert_array_equal(total, _noisy_totals(ballots, labels.round, labels.voters))
-        totals.append(total)
+        np.testing.assert_array_equal(total, _noisy_totals(ballots, labels.round, labels.voters, seeds[labels.round]))
+        votes = np.zeros((config.queries_per_round, config.classes), dtype=np.int64)
+        votes[:, 0] = len(labels.voters) * config.voting.votes_per_query
+        noise.append(total - votes.reshape(-1))
     mechanism = config.voting.mechanism(queries=config.queries_per_round, classes=config.classes, level="record")
-    assert _variance_in_band(np.concatenate(totals), 2 * mechanism.mu(config.voting.quorum))
+    assert _variance_in_band(np.concatenate(noise), 2 * mechanism.mu(config.voting.quorum))
     for hospital in config.hospitals:
-        noise = np.concatenate([b["noisy_votes"] for b in ballots if b["hospital"] == hospital])
-        assert _variance_in_band(noise, 2 * mechanism.share_mu), hospital
+        share = np.concatenate([b["noise"] for b in ballots if b["hospital"] == hospital])
+        assert _variance_in_band(share, 2 * mechanism.share_mu), hospital
 
 
 # -- an empirical lower bound on epsilon --------------------------------------------------------------------

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import child_environment, free_port, launcher, party_ledger, run_launcher
-from consilium.crypto.checked_shares import _share_bits, share_checked
 from consilium.crypto.sealed_box import seal, verify_certified_key
 from consilium.crypto.secret_sharing import to_bytes
-from consilium.protocol.voting.ballots import _share_context, box_bytes, tallier_key_context
+from consilium.protocol.voting.ballots import _share_context, box_bytes, share_ballot, tallier_key_context
 from consilium.protocol.wire.messages import (
     TO_TALLIER,
     TO_VOTING_HOSPITAL,
@@ -33,6 +32,7 @@ from consilium.protocol.wire.transport import ClientTransport
 from consilium.protocol.voting.voting_config import VotingConfig
 from relay import Relay
 from scripted import wait_for_text
+from tally_inputs import ballot_bits, forged_ballot
 from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.voting.vote_privacy import VotingSettings
 
@@ -447,21 +447,29 @@ class _BadVoter:
         self.transport.close()
 
 
+def _all_for_class_3(config):
+    """A ballot's votes, all for class 3, and no noise."""
+    layout = config.ballot_layout()
+    votes = np.zeros((layout.queries, layout.vote_columns), dtype=np.int64)
+    votes[:, 3] = layout.votes_per_query
+    return votes, np.zeros(layout.queries * layout.classes, dtype=np.int64)
+
+
 def _outside_the_field(config):
-    layout, modulus = config.ballot_layout(), config.field().modulus
-    shares = share_checked(np.zeros(layout.entries, dtype=np.int64), layout, 3, modulus)
-    shares[1] = np.full(layout.values, modulus, dtype=np.uint64)  # outside Z_p
+    shares = share_ballot(*_all_for_class_3(config), config.ballot_layout(), 3, config.field().modulus)
+    shares[1] = np.full(config.ballot_layout().values, config.field().modulus, dtype=np.uint64)  # outside Z_p
     return shares
 
 
 def _forged(extra):
-    """Votes for nothing, and ``extra`` more for class 3 of every query, in its count's lowest "bit" (valid tags)."""
+    """All its votes for class 3, and ``extra`` more in each class 3 count's lowest "bit" (valid tags)."""
 
     def make_shares(config):
         layout = config.ballot_layout()
-        bits = layout.decompose(np.zeros(layout.entries, dtype=np.int64))
-        bits[3 :: config.classes, 0] += extra
-        return _share_bits(bits, 3, config.field().modulus)
+        votes, noise = _all_for_class_3(config)
+        bits = ballot_bits(layout, votes, noise, layout.energy_cap)
+        bits[0][3 :: layout.vote_columns, 0] += extra
+        return forged_ballot(bits, 3, config.field().modulus)
 
     return make_shares
 
@@ -521,7 +529,7 @@ def test_a_hospital_that_adds_votes_beyond_its_range_is_left_out_named_and_the_l
     assert first["status"] == "labelled" and first["refused"] == ["hospital-3"]
     assert first["voters"] == ["hospital-1", "hospital-2"]
     assert report["final"]["label_accuracy"] >= 0.7
-    assert "REFUSED (ballot outside the run's range): hospital-3" in federation.log("server")
+    assert "REFUSED: hospital-3 (its bits are not bits)" in federation.log("server")
 
 
 _SHIFTING_TALLIER = """
@@ -533,10 +541,11 @@ honest = module.run_round
 
 def shifted(party, round_number, shares, **settings):
     layout, modulus = settings["layout"], settings["field"].modulus
+    votes = layout.parts[0]
     for name, vector in shares.items():  # 200 more for class 3 of every query, in this tallier's share of its bits
         vector = vector.copy()
-        for count in range(3, layout.entries, settings["classes"]):
-            vector[count * layout.bits] = (int(vector[count * layout.bits]) + 200) % modulus
+        for count in range(3, votes.entries, layout.vote_columns):
+            vector[count * votes.bits] = (int(vector[count * votes.bits]) + 200) % modulus
         shares[name] = vector
     return honest(party, round_number, shares, **settings)
 

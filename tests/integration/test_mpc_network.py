@@ -23,9 +23,10 @@ from consilium.crypto.tls import certificate_pem, make_mpc_certificate
 from consilium.tallier.mpc_values import harden_mpyc
 from consilium.protocol.identity.party_keys import MPC_CERTIFICATE_FILE, MPC_KEY_FILE
 from consilium.protocol.identity.roster import local_federation
-from consilium.scripts.bench_tallier import party_command, share_votes, write_input
+from consilium.scripts.bench_tallier import party_command, share_ballots, write_input
 from conftest import REPO, child_environment, free_port, wait_until_listening
 from scripted import wait_for_text
+from tally_inputs import layout_for
 
 HOSPITALS = ("hospital-1", "hospital-2")
 _PRSS_KEY_BYTES = 16  # what each lower party sends tallier-3 after its number, with three talliers
@@ -68,16 +69,15 @@ def _federation(root: Path, hosts=("127.0.0.1", "127.0.0.1", "127.0.0.1")):
 
 
 def _input(tmp_path: Path, timeout: float, queries: int = 20, classes: int = 4) -> None:
-    totals = np.random.default_rng().integers(-20, 20, size=(queries, classes))
-    shares, layout, field = share_votes(
-        {name: votes.reshape(-1) for name, votes in zip(HOSPITALS, (totals, np.zeros_like(totals)))}, 3
-    )
+    layout = layout_for(queries, classes, 1)
+    votes = np.eye(classes, dtype=np.int64)[np.random.default_rng().integers(0, classes, size=queries)]
+    ballots = {name: (votes, np.zeros(queries * classes, dtype=np.int64)) for name in HOSPITALS}
+    shares, field = share_ballots(ballots, 3, layout)
     write_input(
         tmp_path / "input.npz",
         shares,
         hospitals=HOSPITALS,
         layout=layout,
-        classes=classes,
         quorum=2,
         field=field,
         reveal="labels",

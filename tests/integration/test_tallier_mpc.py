@@ -1,4 +1,4 @@
-"""The talliers' secure argmax, run by three real MPyC processes over mutual TLS with pinned certificates."""
+"""The talliers' checked secure argmax, run by three real MPyC processes over mutual TLS with pinned certificates."""
 
 import subprocess
 import sys
@@ -6,14 +6,14 @@ import sys
 import numpy as np
 import pytest
 
-from consilium.crypto.checked_shares import CheckedLayout, _share_bits
 from consilium.crypto.mpc_field import MpcField
 from consilium.protocol.identity.roster import local_federation
-from consilium.scripts.bench_tallier import party_command, share_votes, write_input
-
-pytestmark = pytest.mark.slow
+from consilium.scripts.bench_tallier import party_command, share_ballots, write_input
 from consilium.tallier.mpc import MpcParty, run_round
 from conftest import REPO, child_environment, free_port
+from tally_inputs import ballot_bits, forged_ballot, layout_for, placed_totals, split_totals
+
+pytestmark = pytest.mark.slow
 
 TALLIERS = 3
 HOSPITALS = ("hospital-1", "hospital-2")
@@ -27,7 +27,8 @@ def federation(root):
 
 def _run(
     tmp_path,
-    totals,
+    ballots,
+    layout,
     *,
     reveal="labels",
     parties=range(TALLIERS),
@@ -35,23 +36,20 @@ def _run(
     rounds=1,
     quorum=2,
     withheld=(),
-    first=None,
     label_threshold=0,
     tampered=None,
     forged=None,
 ):
-    """Split ``totals`` (Q x C) into two hospitals' votes (``first`` and the rest), share each in checked shares among
-    the talliers (but not the ``(tallier, hospital)`` pairs in ``withheld``; ``tampered[(tallier, hospital)](share,
-    layout, modulus)`` changes one; ``forged(bits)`` changes hospital-2's bits before it shares them, under a valid
-    tag), and run the parties in ``parties``; their results and exit codes."""
-    queries, classes = totals.shape
-    first = np.random.default_rng().integers(-5, 5, size=totals.shape) if first is None else first
-    votes = {name: v.reshape(-1) for name, v in zip(HOSPITALS, (first, totals - first))}
-    shares, layout, field = share_votes(votes, TALLIERS)
-    if forged is not None:
-        bits = forged(layout.decompose(votes[HOSPITALS[1]]))
-        for tallier, vector in enumerate(_share_bits(bits, TALLIERS, field.modulus)):
-            shares[tallier, HOSPITALS[1]] = vector
+    """Share each hospital's ``ballots[name] = (votes, noise)`` among the talliers (but not the ``(tallier,
+    hospital)`` pairs in ``withheld``; ``tampered[(tallier, hospital)](share, layout, modulus)`` changes one;
+    ``forged[name]`` is a list of that hospital's parts' bits, sent under valid tags instead of its ballot), and
+    run the parties in ``parties``; their results and exit codes."""
+    shares, field = share_ballots(
+        {name: b for name, b in ballots.items() if name not in (forged or {})}, TALLIERS, layout
+    )
+    for name, parts_bits in (forged or {}).items():
+        for tallier, vector in enumerate(forged_ballot(parts_bits, TALLIERS, field.modulus)):
+            shares[tallier, name] = vector
     for key in withheld:
         del shares[key]
     for key, change in (tampered or {}).items():
@@ -61,7 +59,6 @@ def _run(
         shares,
         hospitals=HOSPITALS,
         layout=layout,
-        classes=classes,
         quorum=quorum,
         field=field,
         reveal=reveal,
@@ -90,15 +87,40 @@ def _run(
     return outputs, codes, errors
 
 
-def test_the_mpc_argmax_is_the_plaintext_argmax_ties_included(tmp_path):
+def _votes_only(totals, votes_per_query):
+    """Two hospitals' ballots that add up to ``totals``, with no noise: the totals are the test's to set."""
+    layout = layout_for(*totals.shape, votes_per_query)
+    zero = np.zeros(totals.size, dtype=np.int64)
+    return dict(zip(HOSPITALS, ((votes, zero) for votes in split_totals(totals, votes_per_query)))), layout
+
+
+def _random_ballots(queries, classes, votes_per_query, noise_range=40):
     generator = np.random.default_rng()
-    totals = generator.integers(-400, 400, size=(300, 10))
-    tied = totals[:100]
-    tied[:, 2] = tied.max(axis=1) + 1  # a tie between classes 2 and 7 (and 0 in the second half) ...
-    tied[:, 7] = tied[:, 2]
-    tied[50:, 0] = tied[50:, 2]
-    totals[100:110] = 0  # ... and all ten classes tied
-    outputs, codes, errors = _run(tmp_path, totals, rounds=2)  # two rounds in each process, as a tallier runs them
+    layout = layout_for(queries, classes, votes_per_query, noise_range=noise_range)
+    return {
+        name: (
+            generator.multinomial(votes_per_query, np.full(classes, 1 / classes), size=queries),
+            generator.integers(-noise_range, noise_range + 1, size=queries * classes),
+        )
+        for name in HOSPITALS
+    }, layout
+
+
+def _compositions(queries, classes, total):
+    """``queries`` rows of ``classes`` non-negative counts that sum to ``total``."""
+    return np.random.default_rng().multinomial(total, np.full(classes, 1 / classes), size=queries)
+
+
+def test_the_mpc_argmax_is_the_plaintext_argmax_ties_included(tmp_path):
+    totals = _compositions(300, 10, 60)
+    totals[:100] = 0
+    totals[:50, [2, 7]] = 30  # a tie between classes 2 and 7 ...
+    totals[50:100, [0, 2, 7]] = 20  # ... and among 0, 2 and 7
+    totals[100:110] = 6  # and all ten classes tied
+    ballots, layout = _votes_only(totals, 30)
+    outputs, codes, errors = _run(
+        tmp_path, ballots, layout, rounds=2
+    )  # two rounds in each process, as a tallier runs them
     assert codes == {0: 0, 1: 0, 2: 0}, errors
     for output in (o for party in outputs.values() for o in party):
         assert np.array_equal(output["labels"], totals.argmax(axis=1))
@@ -107,42 +129,53 @@ def test_the_mpc_argmax_is_the_plaintext_argmax_ties_included(tmp_path):
     assert set(outputs[0][0]["labels"][:50]) == {2} and set(outputs[0][0]["labels"][50:110]) == {0}
 
 
+def test_each_voter_s_noise_enters_the_totals_signed_and_placed_anew_each_round(tmp_path):
+    ballots, layout = _random_ballots(40, 5, 30)
+    outputs, codes, errors = _run(tmp_path, ballots, layout, reveal="histogram", rounds=2)
+    assert codes == {0: 0, 1: 0, 2: 0}, errors
+    modulus = share_ballots(ballots, TALLIERS, layout)[1].modulus
+    seeds = [int(str(round_output["seed"])) for round_output in outputs[0]]
+    assert seeds[0] != seeds[1]  # each round draws its own signs and places
+    for party in outputs.values():
+        for round_output, seed in zip(party, seeds):
+            expected = placed_totals(ballots, layout, seed, modulus)
+            assert np.array_equal(round_output["totals"], expected)
+            assert np.array_equal(round_output["labels"], expected.argmax(axis=1))
+    plain = sum(votes + noise.reshape(votes.shape) for votes, noise in ballots.values())
+    assert not np.array_equal(outputs[0][0]["totals"], plain)  # the noise did not land where it was sent
+
+
 @pytest.mark.parametrize("reveal", ["labels", "histogram"])
 def test_a_label_threshold_withholds_the_labels_of_queries_whose_top_total_is_below_it(tmp_path, reveal):
-    totals = np.random.default_rng().integers(-60, 60, size=(200, 5))
+    totals = _compositions(200, 5, 60)
     totals[:20] = 0
-    totals[:10, 3] = 30  # exactly at the threshold: released
-    totals[10:20, 1] = 29  # one vote below: withheld
-    outputs, codes, errors = _run(tmp_path, totals, reveal=reveal, label_threshold=30)
+    totals[:10, [0, 3]] = 30  # exactly at the threshold: released
+    totals[10:20, [1, 2]] = [29, 31 - 29]
+    totals[10:20, 4] = 29  # one vote below: withheld
+    ballots, layout = _votes_only(totals, 30)
+    outputs, codes, errors = _run(tmp_path, ballots, layout, reveal=reveal, label_threshold=30)
     assert codes == {0: 0, 1: 0, 2: 0}, errors
     expected = np.where(totals.max(axis=1) >= 30, totals.argmax(axis=1), 5)  # 5 classes: label 5 is "withheld"
     assert 0 < np.sum(expected == 5) < len(totals)
     for party in outputs.values():
         assert np.array_equal(party[0]["labels"], expected)
-    assert set(outputs[0][0]["labels"][:10]) == {3} and set(outputs[0][0]["labels"][10:20]) == {5}
-
-
-def test_histogram_mode_opens_the_totals(tmp_path):
-    totals = np.random.default_rng().integers(-50, 50, size=(20, 4))
-    outputs, codes, errors = _run(tmp_path, totals, reveal="histogram")
-    assert codes == {0: 0, 1: 0, 2: 0}, errors
-    assert np.array_equal(outputs[1][0]["totals"], totals)
-    assert np.array_equal(outputs[1][0]["labels"], totals.argmax(axis=1))
+    assert set(outputs[0][0]["labels"][:10]) == {0} and set(outputs[0][0]["labels"][10:20]) == {5}
 
 
 def test_a_missing_tallier_ends_the_round_with_an_error_and_no_labels(tmp_path):
-    totals = np.zeros((5, 3), dtype=np.int64)
-    outputs, codes, errors = _run(tmp_path, totals, parties=(0, 1), timeout=5.0, rounds=2)
+    ballots, layout = _random_ballots(5, 3, 1)
+    outputs, codes, errors = _run(tmp_path, ballots, layout, parties=(0, 1), timeout=5.0, rounds=2)
     assert outputs == {}
     assert codes == {0: 2, 1: 2}  # the first round's error; no second round is tried
     assert all("did not finish within 5 s" in error and "Traceback" not in error for error in errors.values())
 
 
 def test_the_voters_are_the_hospitals_every_tallier_holds_a_share_from(tmp_path):
-    generator = np.random.default_rng()
-    first = np.eye(4, dtype=np.int64)[generator.integers(0, 4, size=20)]
-    totals = first + 3 * np.eye(4, dtype=np.int64)[(first.argmax(axis=1) + 1) % 4]  # hospital-2 outvotes hospital-1
-    outputs, codes, errors = _run(tmp_path, totals, quorum=1, withheld={(1, "hospital-2")}, first=first)
+    totals = _compositions(20, 4, 2)
+    ballots, layout = _votes_only(totals, 1)
+    first = ballots["hospital-1"][0]
+    ballots["hospital-2"] = (np.eye(4, dtype=np.int64)[(first.argmax(axis=1) + 1) % 4], ballots["hospital-2"][1])
+    outputs, codes, errors = _run(tmp_path, ballots, layout, quorum=1, withheld={(1, "hospital-2")})
     assert codes == {0: 0, 1: 0, 2: 0}, errors
     for output in (party[0] for party in outputs.values()):
         assert list(output["voters"]) == ["hospital-1"]
@@ -150,55 +183,93 @@ def test_the_voters_are_the_hospitals_every_tallier_holds_a_share_from(tmp_path)
 
 
 def test_fewer_shared_voters_than_the_quorum_release_no_label(tmp_path):
-    outputs, codes, errors = _run(tmp_path, np.zeros((5, 3), dtype=np.int64), withheld={(2, "hospital-1")})
+    ballots, layout = _random_ballots(5, 3, 1)
+    outputs, codes, errors = _run(tmp_path, ballots, layout, withheld={(2, "hospital-1")})
     assert outputs == {} and codes == {0: 2, 1: 2, 2: 2}
     assert all("from 1 hospitals, fewer than the quorum of 2" in error for error in errors.values())
 
 
-def _plus_200_for_class_3(bits):
-    bits = bits.copy()
-    bits[3::5, 0] += 200  # of 5 classes: the lowest "bit" of class 3's count of every query
+def _not_bits(layout, votes, noise):
+    bits = ballot_bits(layout, votes, noise, layout.energy_cap - int(noise @ noise))
+    bits[1][3::5, 0] += 200  # of 5 classes: the lowest "bit" of class 3's noise in every query
     return bits
 
 
-def _beyond_the_comparisons(bits):
-    bits = bits.copy()
-    bits[0::5, 0] += 2**40  # far outside what any total may be for a comparison to be right
+def _beyond_the_comparisons(layout, votes, noise):
+    bits = ballot_bits(layout, votes, noise, layout.energy_cap - int(noise @ noise))
+    bits[0][0::5, 0] += 2**40  # far outside what any total may be for a comparison to be right
     return bits
 
 
-@pytest.mark.parametrize("forge", [_plus_200_for_class_3, _beyond_the_comparisons], ids=["plus-200", "beyond-range"])
-def test_a_hospital_whose_ballot_is_not_bits_is_left_out_of_every_count_and_named(tmp_path, forge):
-    generator = np.random.default_rng()
-    first = generator.integers(0, 30, size=(40, 5))
-    totals = first + generator.integers(0, 30, size=(40, 5))
-    outputs, codes, errors = _run(tmp_path, totals, quorum=1, first=first, forged=forge)
+def _two_votes_in_a_query(layout, votes, noise):
+    """Every count a bit, but two classes in each query: an AE-DPFL ballot that is not one vote."""
+    votes = votes.copy()
+    votes[:, 3] = 1
+    votes[:, 4] = 1
+    votes[:, :3] = 0
+    return ballot_bits(layout, votes, noise, layout.energy_cap - int(noise @ noise))
+
+
+def _noise_over_its_energy(layout, votes, noise):
+    """Every noise value at the edge of its range, each in it, and no slack left to balance the energy."""
+    return ballot_bits(layout, votes, np.full_like(noise, layout.noise_range), 0)
+
+
+@pytest.mark.parametrize(
+    "forge, reason",
+    [
+        (_not_bits, "its bits are not bits"),
+        (_beyond_the_comparisons, "its bits are not bits"),
+        (_two_votes_in_a_query, "its votes are not 1 per query"),
+        (_noise_over_its_energy, "its noise's energy exceeds the cap"),
+    ],
+    ids=["plus-200", "beyond-range", "two-votes", "over-energy"],
+)
+def test_a_ballot_that_is_not_votes_and_noise_is_left_out_of_every_count_and_named(tmp_path, forge, reason):
+    ballots, layout = _random_ballots(40, 5, 1, noise_range=10)
+    layout = layout_for(40, 5, 1, noise_range=10, energy_cap=40 * 5 * 10**2 // 2)
+    for name, (votes, noise) in ballots.items():
+        ballots[name] = (votes, np.clip(noise, -7, 7))  # under the cap: 200 values of at most 49
+    forged = {"hospital-2": forge(layout, *ballots["hospital-2"])}
+    outputs, codes, errors = _run(tmp_path, ballots, layout, quorum=1, forged=forged, reveal="histogram")
     assert codes == {0: 0, 1: 0, 2: 0}, errors
+    modulus = share_ballots(ballots, TALLIERS, layout)[1].modulus
     for output in (party[0] for party in outputs.values()):
         assert list(output["refused"]) == ["hospital-2"] and list(output["voters"]) == ["hospital-1"]
-        assert np.array_equal(output["labels"], first.argmax(axis=1))  # hospital-1's votes alone
+        assert list(output["reasons"]) == [reason]
+        alone = placed_totals({"hospital-1": ballots["hospital-1"]}, layout, int(str(output["seed"])), modulus)
+        assert np.array_equal(output["totals"], alone)  # hospital-1's ballot alone
 
 
-def test_a_forged_ballot_that_leaves_too_few_voters_releases_no_label(tmp_path):
-    outputs, codes, errors = _run(tmp_path, np.zeros((10, 5), dtype=np.int64), forged=_plus_200_for_class_3)
+def test_a_kNN_ballot_whose_counts_sum_to_more_than_k_is_refused(tmp_path):
+    ballots, layout = _random_ballots(10, 5, 30)
+    votes, noise = ballots["hospital-2"]
+    more = votes.copy()
+    more[:, 0] = np.minimum(more[:, 0] + 1, 30)  # 31 neighbours' votes, each count within [0, k]
+    more[more.sum(axis=1) == 30, 1] += 1
+    bits = ballot_bits(layout, more, noise, layout.energy_cap - int(noise @ noise))
+    outputs, codes, errors = _run(tmp_path, ballots, layout, forged={"hospital-2": bits})
     assert outputs == {} and codes == {0: 2, 1: 2, 2: 2}
     assert all(
-        "1 of the 2 voters' ballots pass their checks" in e and "refused: hospital-2" in e for e in errors.values()
-    )
+        "1 of the 2 voters' ballots pass their checks" in e and "hospital-2 (its votes are not 30 per query)" in e
+        for e in errors.values()
+    ), errors
 
 
 @pytest.mark.parametrize("part", ["bit", "key", "tag"])
 def test_a_tallier_that_shifts_its_input_is_caught_and_no_label_is_released(tmp_path, part):
     def shift(share, layout, modulus):
-        share = share.copy()
-        where = {"bit": 3 * layout.bits, "key": layout.values - layout.bits, "tag": layout.entries * layout.bits + 3}[
-            part
-        ]
+        share, noise = share.copy(), layout.parts[1]
+        start = layout.parts[0].values  # the noise: the second part
+        where = (
+            start
+            + {"bit": 3 * noise.bits, "key": noise.values - noise.bits, "tag": noise.entries * noise.bits + 3}[part]
+        )
         share[where] = (int(share[where]) + 200) % modulus
         return share
 
-    totals = np.random.default_rng().integers(0, 30, size=(20, 5))
-    outputs, codes, errors = _run(tmp_path, totals, tampered={(1, "hospital-1"): shift})
+    ballots, layout = _random_ballots(20, 5, 30)
+    outputs, codes, errors = _run(tmp_path, ballots, layout, tampered={(1, "hospital-1"): shift})
     assert outputs == {} and codes == {0: 2, 1: 2, 2: 2}
     assert all("hospital-1's ballot fail its tag check" in error for error in errors.values()), errors
 
@@ -207,21 +278,21 @@ _PLAY_ROUNDS = """
 import sys
 from pathlib import Path
 import numpy as np
-from consilium.crypto.checked_shares import CheckedLayout
 from consilium.crypto.mpc_field import MpcField
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
+from consilium.scripts.bench_tallier import read_layout
 from consilium.tallier.mpc import MpcError, mpc_party, run_round
 root, name, rounds, first_timeout = Path(sys.argv[1]), sys.argv[2], [int(r) for r in sys.argv[3].split(",")], float(sys.argv[5])
 party = mpc_party(Roster.load(root), Credentials.load(root / name))
 with np.load(sys.argv[4], allow_pickle=False) as data:
     shares = {h: data[f"share-{party.index}-{h}"] for h in ("hospital-1", "hospital-2")}
-    layout = CheckedLayout(int(data["entries"]), int(data["low"]), int(data["high"]))
+    layout = read_layout(data)
     field = MpcField(int(data["bit_length"]), int(str(data["modulus"])))
 for round_number in rounds:
     try:
         result = run_round(
-            party, round_number, shares, hospitals=("hospital-1", "hospital-2"), quorum=2, layout=layout, classes=4,
+            party, round_number, shares, hospitals=("hospital-1", "hospital-2"), quorum=2, layout=layout,
             field=field, reveal="labels", label_threshold=0, timeout_s=first_timeout if round_number == 1 else 60.0,
         )
         print(f"round {round_number}: labels {result.labels.tolist()}", flush=True)
@@ -235,15 +306,14 @@ def test_a_round_after_a_failed_one_runs_in_the_same_process(tmp_path):
     up on round 1 first, so that it dials tallier-2 while tallier-2 still listens for round 1: that
     connection ends with tallier-2's round, and tallier-1 dials again."""
     roster = federation(tmp_path / "federation")
-    totals = np.random.default_rng().integers(-40, 40, size=(30, 4))
-    votes = {"hospital-1": totals.reshape(-1) // 2, "hospital-2": totals.reshape(-1) - totals.reshape(-1) // 2}
-    shares, layout, field = share_votes(votes, TALLIERS)
+    totals = _compositions(30, 4, 20)
+    ballots, layout = _votes_only(totals, 10)
+    shares, field = share_ballots(ballots, TALLIERS, layout)
     write_input(
         tmp_path / "input.npz",
         shares,
         hospitals=HOSPITALS,
         layout=layout,
-        classes=4,
         quorum=2,
         field=field,
         reveal="labels",
@@ -306,8 +376,7 @@ def test_fewer_than_three_talliers_or_another_field_are_refused():
             {},
             hospitals=("h",),
             quorum=1,
-            layout=CheckedLayout(2, 0, 1),
-            classes=2,
+            layout=layout_for(1, 2, 1),
             field=another,
             reveal="labels",
             label_threshold=0,
@@ -326,7 +395,7 @@ def test_a_check_is_opened_masked_so_a_failing_one_shows_nothing_of_its_value(mo
     runtime = mpyc_runtime([])  # one party: MPyC's arithmetic, no network
     secint = runtime.SecInt(11)
     harden_mpyc(secint.field.modulus)  # as every round does first: an earlier test may have set another field's codec
-    tally = mpc._Tally(runtime, secint, CheckedLayout(2, 0, 1), round_number=1)
+    tally = mpc._Tally(runtime, secint, layout_for(1, 2, 1), round_number=1)
     opened = []
     honest_open = mpc.open_checked
 

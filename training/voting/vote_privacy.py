@@ -43,20 +43,30 @@ rather than a second, separately noised check): the pattern of withheld queries 
 the totals too, so it costs nothing more, and every query asked is charged whether or not its
 label is released. What it buys is labels the hospitals agreed on: fewer, and more often right.
 
-**A ballot's range.** Each hospital's noisy count lies in ``entry_range``: its votes, ``0`` to
-``k``, plus its ``Sk(mu)`` share, whose tails Bernstein's inequality bounds so that all ``Q C``
-entries of a round stay inside but with probability below ``2^-40``. The talliers check every
-ballot against that range inside the MPC (``crypto.checked_shares``): it is what bounds one
-hospital's influence on a total, and what sizes the MPC's comparisons, by construction. A noisy
-count beyond it (probability below ``2^-40`` a round) is clamped by the hospital, which changes
-what is released by a total variation below ``2^-40`` per hospital and round: ``delta`` grows by
-at most ``(1 + e^epsilon) 2^-40`` for each, far below any ``delta`` a run uses.
+**A ballot's ranges.** A hospital sends its votes and its noise apart (``protocol.voting.ballots``),
+and the talliers check each inside the MPC: every count of its votes in ``[0, s]`` (``s`` the
+votes per query) with ``s`` per query in all, and every value of its noise ``Sk(mu)`` in
+``[-R, R]`` (``noise_range``: Bernstein's inequality on each tail, a union bound over the ``Q C``
+values, so that an honest draw leaves it with probability below ``2^-40``) with ``sum n^2`` at
+most ``E_max`` (``energy_cap``: a Chernoff bound on the exact distribution, below ``2^-40`` too).
+The talliers then sign and place the noise by public random signs and a public random permutation
+drawn after every ballot is in, so a hospital chooses only the sizes of its noise, never where
+they land nor their signs. A hospital redraws noise that misses either bound: that conditions
+each round's output on an event of probability at least ``1 - 2^-39``, moving it by a total
+variation below ``2^-39`` per hospital and round, so ``delta`` grows by at most
+``(1 + e^epsilon) 2^-39`` for each, far below any ``delta`` a run uses. Skellam noise is
+symmetric and i.i.d., so the signed and permuted noise is ``Sk(mu)`` in every count again: the
+mechanism above is unchanged.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+from scipy import special
 
 from consilium.training.privacy.accounting import Release, release_of
 from consilium.training.methods.flags import Flag, below_one, non_negative_int, positive_float, positive_int, rate
@@ -108,7 +118,7 @@ VOTING_DEFAULTS = {
     "knn-dpfl": {"rounds": 2, "vote_noise": 15.0, "neighbours": 30, "epsilon_budget": 10.0},
 }
 _WRAP_LOG_PROBABILITY = -40 * math.log(2)
-_MAX_NOISE_STD = 1e6  # far beyond any useful vote; its square stays finite
+_MAX_NOISE_STD = 1e4  # far beyond any useful vote; the energy cap's pmf has some 10^6 values at most
 
 
 @dataclass(frozen=True)
@@ -165,7 +175,7 @@ class VotingSettings:
             scale=1.0,
             l2_sensitivity=math.sqrt(queries) * l2,
             l1_sensitivity=queries * l1,
-            share_mu=self.noise_std**2 / (2 * self.quorum),
+            share_mu=self.share_mu,
         )
 
     def release(self, *, queries: int, classes: int, contributors: int, coalition: int, level: str) -> Release:
@@ -176,14 +186,45 @@ class VotingSettings:
         mechanism = self.mechanism(queries=queries, classes=classes, level=level)
         return release_of(mechanism, sample_rate=1.0, contributors=contributors, coalition=coalition)
 
-    def entry_range(self, *, queries: int, classes: int) -> tuple[int, int]:
-        """``[low, high]`` holding every noisy count of one hospital's round, but with probability below 2^-40.
+    def noise_range(self, *, queries: int, classes: int) -> int:
+        """``R``: every value of one hospital's ``Sk(mu)`` share over a round lies in ``[-R, R]``, but with
+        probability below 2^-40.
 
-        The share ``Sk(mu)`` is a sum of unit jumps of variance ``2 mu``; Bernstein's inequality
-        bounds each tail, and a union bound covers both tails of all ``Q C`` counts. The votes
-        add ``0`` to ``k``.
+        The share is a sum of unit jumps of variance ``2 mu``; Bernstein's inequality bounds each
+        tail, and a union bound covers both tails of all ``Q C`` values.
         """
-        mu = self.noise_std**2 / (2 * self.quorum)
         log_inverse = -_WRAP_LOG_PROBABILITY + math.log(2 * queries * classes)
-        noise = math.ceil(bernstein_deviation(2 * mu, log_inverse))
-        return -noise, self.votes_per_query + noise
+        return math.ceil(bernstein_deviation(2 * self.share_mu, log_inverse))
+
+    def energy_cap(self, *, queries: int, classes: int) -> int:
+        """``E_max``: ``sum n^2`` over one hospital's round of ``Sk(mu)`` noise, redrawn into ``[-R, R]``, exceeds
+        it with probability below 2^-40.
+
+        Chernoff: ``P(sum n^2 >= E) <= exp(-lambda E) M(lambda)^N`` for every ``lambda > 0``, with
+        ``M(lambda) = E[exp(lambda n^2) | |n| <= R]`` computed on the exact pmf of ``Sk(mu)``,
+        ``e^-2mu I_|x|(2 mu)``, and ``N = Q C``. Any ``lambda`` gives a valid bound; the smallest on a
+        grid is taken, rounded up to 10 significant bits, so that every party, whatever its floating
+        point, derives the same cap.
+        """
+        radius = self.noise_range(queries=queries, classes=classes)
+        return _energy_cap(self.share_mu, radius, queries * classes)
+
+    @property
+    def share_mu(self) -> float:
+        """``mu`` of one hospital's share, so that the quorum's shares sum to variance ``sigma^2``."""
+        return self.noise_std**2 / (2 * self.quorum)
+
+
+@functools.lru_cache(maxsize=16)
+def _energy_cap(share_mu: float, radius: int, count: int) -> int:
+    values = np.arange(radius + 1, dtype=np.float64)
+    log_pmf = np.log(special.ive(values, 2 * share_mu))
+    log_pmf = np.concatenate([log_pmf[:0:-1], log_pmf])  # symmetric: -R .. R
+    squares = np.concatenate([values[:0:-1], values]) ** 2
+    lambdas = np.geomspace(1e-4, 60.0, 400) / radius**2
+    log_mgf = special.logsumexp(log_pmf[None, :] + lambdas[:, None] * squares[None, :], axis=1)
+    log_mgf -= special.logsumexp(log_pmf)
+    bound = float(np.min((count * log_mgf - _WRAP_LOG_PROBABILITY) / lambdas))
+    cap = min(math.ceil(bound), count * radius**2)
+    step = 1 << max(0, cap.bit_length() - 10)
+    return -(-cap // step) * step

@@ -10,8 +10,8 @@
   listed first, a fixed order: what the record-level sensitivity in ``training.voting.vote_privacy``
   needs.
 
-``noisy_votes`` flattens a round's ``(Q, C)`` counts and adds the hospital's Skellam share of the
-noise, drawn from a ChaCha20 generator keyed by the OS (``training.privacy.secure_random``).
+``noise_share`` draws the hospital's Skellam share of a round's noise, which it sends beside its
+votes, from a ChaCha20 generator keyed by the OS (``training.privacy.secure_random``).
 ``train_student`` is the server's side: a model on the labelled queries and the rest of the pool.
 """
 
@@ -36,7 +36,7 @@ __all__ = [
     "FeatureMap",
     "PcaFeatures",
     "knn_votes",
-    "noisy_votes",
+    "noise_share",
     "split_public_pool",
     "teacher_votes",
     "train_classifier",
@@ -60,6 +60,7 @@ _INPUT_STEPS_PER_UNIT = 2.0**12
 _WEIGHT_STEPS_PER_UNIT = 2.0**16
 _MAX_PCA_INPUTS = 2**17
 _QUERY_CHUNK = 256
+_MAX_NOISE_DRAWS = 8  # each misses with probability below 2^-39: eight misses mean the bounds are wrong
 
 
 def split_public_pool(records: Split, fraction: float, *, seed: int) -> tuple[Split, Split]:
@@ -280,9 +281,15 @@ def _on_grid(features: np.ndarray) -> np.ndarray:
     return np.round(np.clip(features.astype(np.float64), -_FEATURE_BOUND, _FEATURE_BOUND) * _GRID_STEPS_PER_UNIT)
 
 
-def noisy_votes(votes: np.ndarray, mechanism: SkellamMechanism, generator: np.random.Generator) -> np.ndarray:
-    """The round's ``(Q, C)`` counts, flattened, plus this hospital's ``Sk(mu)`` share of the noise."""
-    flat = np.asarray(votes, dtype=np.int64).reshape(-1)
-    if flat.size != mechanism.dimension:
-        raise ValueError(f"expected {mechanism.dimension} counts, got {flat.size}")
-    return flat + mechanism.noise_share(require_cryptographic(generator))
+def noise_share(
+    mechanism: SkellamMechanism, *, radius: int, energy_cap: int, generator: np.random.Generator
+) -> np.ndarray:
+    """This hospital's ``Sk(mu)`` share of the round's noise, ``Q C`` values drawn until every one lies in
+    ``[-radius, radius]`` and their squares sum to at most ``energy_cap`` (each bound misses with probability
+    below 2^-40: ``training.voting.vote_privacy``)."""
+    generator = require_cryptographic(generator)
+    for _ in range(_MAX_NOISE_DRAWS):
+        noise = mechanism.noise_share(generator)
+        if noise.size == 0 or (int(np.abs(noise).max()) <= radius and int(noise @ noise) <= energy_cap):
+            return noise
+    raise RuntimeError(f"{_MAX_NOISE_DRAWS} draws of noise all missed their bounds: the bounds do not fit the noise")

@@ -10,16 +10,16 @@ places where a hospital's secrets take their last plaintext form and appends the
   uint64), and the hospital's rounded gradient sum before its noise was added, with the number of
   rows it sums and the scale they were rounded at (``SkellamMechanism.round_examples``, called just
   before in the same step: examples for Dopamine, sub-clients for DP-FedAvg);
-- ``seal_ballot`` and the ``share_checked`` it calls: the noisy votes, the checked share for each
-  tallier (in the order of the talliers' names) and its layout, in one entry.
+- ``seal_ballot`` and the ``share_ballot`` it calls: the votes, the noise, the share for each
+  tallier (in the order of the talliers' names) and the ballot's layout, in one entry.
 
 Servers and talliers never call either. Talliers' MPC traffic is recorded instead: every byte a
 process receives from its MPyC peers is appended to ``<folder>/<pid>.mpc``, and every value the
 talliers' own code (``tallier/mpc.py``) opens with ``open_checked`` is appended, as a list of
 ints, to ``<folder>/<pid>.opened`` (MPyC's comparisons open masked values of their own; those are
-part of the protocol and not recorded). With ``CONSILIUM_AUDIT_ZERO_VOTES=1``
-every hospital votes zero for every class (the noise and everything after it unchanged), so that
-what the talliers open is the noise alone. Otherwise the processes run their own code; each also
+part of the protocol and not recorded). With ``CONSILIUM_AUDIT_FIXED_VOTES=1``
+every hospital casts all its votes for class 0 in every query (the noise and everything after it
+unchanged), so that what the talliers open is known votes and the noise. Otherwise the processes run their own code; each also
 imports TenSEAL and MPyC at start-up and writes these records.
 """
 
@@ -86,28 +86,32 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
     _ballot = threading.local()  # the ballot being sealed in this thread, which share() completes
     _seal_ballot = voting_hospital.seal_ballot
 
-    def _recorded_seal_ballot(noisy_votes, **options):
+    def _recorded_seal_ballot(votes, noise, **options):
+        if os.environ.get("CONSILIUM_AUDIT_FIXED_VOTES") == "1":
+            votes = np.zeros_like(votes)
+            votes[:, 0] = options["layout"].votes_per_query
         _ballot.entry = {
             "kind": "ballot",
             "hospital": options["hospital"],
             "round": options["round_number"],
             "talliers": list(options["tallier_keys"]),
-            "noisy_votes": np.asarray(noisy_votes, dtype=np.int64),
+            "votes": np.asarray(votes, dtype=np.int64),
+            "noise": np.asarray(noise, dtype=np.int64),
         }
-        boxes = _seal_ballot(noisy_votes, **options)
+        boxes = _seal_ballot(votes, noise, **options)
         _record(_ballot.entry)
         return boxes
 
     voting_hospital.seal_ballot = _recorded_seal_ballot
 
-    _share_checked = ballots.share_checked
+    _share_ballot = ballots.share_ballot
 
-    def _recorded_share_checked(values, layout, parties, modulus):
-        shares = _share_checked(values, layout, parties, modulus)
+    def _recorded_share_ballot(votes, noise, layout, parties, modulus):
+        shares = _share_ballot(votes, noise, layout, parties, modulus)
         _ballot.entry |= {"shares": [np.asarray(share) for share in shares], "modulus": modulus, "layout": layout}
         return shares
 
-    ballots.share_checked = _recorded_share_checked
+    ballots.share_ballot = _recorded_share_ballot
 
     _data_received = mpc_network._PinnedExchanger.data_received
 
@@ -132,7 +136,3 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
         return opened
 
     mpc_values.open_checked = _recorded_open_checked
-
-    if os.environ.get("CONSILIUM_AUDIT_ZERO_VOTES") == "1":
-        _noisy_votes = voting_hospital.noisy_votes
-        voting_hospital.noisy_votes = lambda votes, *rest: _noisy_votes(np.zeros_like(votes), *rest)

@@ -1,16 +1,23 @@
-"""Sealed vote shares: only the tallier they were sealed to opens them, for that run, round and hospital."""
+"""Sealed ballots: votes and noise in checked shares that only the tallier they were sealed to opens, for that run,
+round and hospital; a ballot whose votes are not votes, or whose noise misses its bounds, is not sealed."""
 
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from consilium.crypto.checked_shares import CheckedLayout
 from consilium.crypto.identity import PrivateIdentity
 from consilium.crypto.mpc_field import MpcField
-from consilium.crypto.secret_sharing import reconstruct
-from consilium.protocol.voting.ballots import BallotError, box_bytes, open_share, seal_ballot
+from consilium.crypto.secret_sharing import ShareError, reconstruct
+from consilium.protocol.voting.ballots import (
+    BallotError,
+    BallotLayout,
+    box_bytes,
+    open_share,
+    seal_ballot,
+    share_ballot,
+)
 
-LAYOUT = CheckedLayout(12, -50, 50)
+LAYOUT = BallotLayout(queries=4, classes=3, votes_per_query=5, abstains=False, noise_range=50, energy_cap=10_000)
 FIELD = MpcField.for_bound(LAYOUT.totals_bound(1))
 TALLIERS = ("tallier-1", "tallier-2", "tallier-3")
 
@@ -19,9 +26,12 @@ TALLIERS = ("tallier-1", "tallier-2", "tallier-3")
 def ballot():
     keys = {name: X25519PrivateKey.generate() for name in TALLIERS}
     hospital = PrivateIdentity.generate()
-    votes = np.random.default_rng().integers(-50, 50, size=12)
+    generator = np.random.default_rng()
+    votes = generator.multinomial(5, [0.2, 0.3, 0.5], size=4)
+    noise = generator.integers(-28, 29, size=12)
     boxes = seal_ballot(
         votes,
+        noise,
         tallier_keys={n: k.public_key() for n, k in keys.items()},
         field=FIELD,
         layout=LAYOUT,
@@ -30,7 +40,7 @@ def ballot():
         round_number=3,
         hospital="hospital-1",
     )
-    return votes, keys, hospital, boxes
+    return (votes, noise), keys, hospital, boxes
 
 
 def _open(ballot, tallier="tallier-1", box=None, **changes):
@@ -42,12 +52,35 @@ def _open(ballot, tallier="tallier-1", box=None, **changes):
     return open_share(box or boxes[tallier], recipient=keys[tallier], hospital_key=hospital.public.signing, **settings)
 
 
-def test_the_talliers_shares_add_up_to_the_votes_bits(ballot):
-    votes, _, _, boxes = ballot
+def test_the_talliers_shares_add_up_to_the_votes_the_noise_and_the_slack_in_bits(ballot):
+    (votes, noise), _, _, boxes = ballot
     assert all(len(box) == box_bytes(LAYOUT.values) for box in boxes.values())
     whole = reconstruct([_open(ballot, name) for name in TALLIERS], FIELD.modulus)
-    bits, _, _ = LAYOUT.split(whole)
-    assert np.array_equal(LAYOUT.low + bits @ np.array(LAYOUT.weights), votes)
+    rebuilt = [
+        part.low + bits @ np.array(part.weights) for part, (bits, _, _) in zip(LAYOUT.parts, LAYOUT.split(whole))
+    ]
+    assert np.array_equal(rebuilt[0], votes.reshape(-1)) and np.array_equal(rebuilt[1], noise)
+    assert rebuilt[2][0] == LAYOUT.energy_cap - noise @ noise
+
+
+@pytest.mark.parametrize(
+    "votes, noise, reason",
+    [
+        ([[5, 0, 0], [0, 5, 0], [1, 1, 1], [0, 0, 5]], np.zeros(12), "5 to a row"),  # a query of 3 votes
+        ([[6, -1, 0]] * 4, np.zeros(12), "outside \\[0, 5\\]"),
+        ([[5, 0, 0]] * 4, np.eye(1, 12, 4)[0] * 51, "outside \\[-50, 50\\]"),
+        ([[5, 0, 0]] * 4, np.full(12, 30), "energy exceeds its cap of 10000"),  # 12 x 900
+    ],
+)
+def test_votes_that_are_not_votes_or_noise_beyond_its_bounds_are_not_shared(votes, noise, reason):
+    with pytest.raises(ShareError, match=reason):
+        share_ballot(np.array(votes), noise.astype(np.int64), LAYOUT, 3, FIELD.modulus)
+
+
+def test_an_abstaining_ballot_carries_no_class_in_a_last_column():
+    layout = BallotLayout(queries=2, classes=3, votes_per_query=1, abstains=True, noise_range=5, energy_cap=100)
+    assert layout.with_abstentions(np.array([[0, 1, 0], [0, 0, 0]])).tolist() == [[0, 1, 0, 0], [0, 0, 0, 1]]
+    assert layout.parts[0].entries == 8 and layout.parts[1].entries == 6
 
 
 @pytest.mark.parametrize(

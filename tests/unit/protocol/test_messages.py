@@ -78,7 +78,16 @@ SAMPLES = [
     VoteRequest(round=1, queries=b"\x00" * 16),
     Ballot(round=1, boxes={"tallier-1": b"b" * 200}),
     Shares(round=1, boxes={"hospital-1": b"b" * 200}),
-    Labels(round=1, voters=("hospital-1",), refused=(), labels=(3, 0), totals=b"", mpc_microseconds=10, mpc_bytes=5),
+    Labels(
+        round=1,
+        voters=("hospital-1",),
+        refused=(),
+        refused_because=(),
+        labels=(3, 0),
+        totals=b"",
+        mpc_microseconds=10,
+        mpc_bytes=5,
+    ),
     TallyFailed(round=1, reason="too few voters", tampered=(), interrupted=False),
 ]
 

@@ -47,9 +47,9 @@ def test_a_label_threshold_the_quorum_can_reach_survives_narrowing_the_run_to_th
 def test_the_field_holds_every_total_checked_ballots_can_make():
     config = _config()
     layout = config.ballot_layout()
-    assert layout.low < 0 and layout.high >= 30  # k = 30 votes on one class, and the noise both ways
-    assert config.totals_bound() == 3 * max(-layout.low, layout.high)
-    assert config.field().holds(config.totals_bound())
+    assert layout.votes_per_query == 30 and layout.noise_range > 0  # k = 30 votes on one class, and the noise
+    assert config.totals_bound() == 3 * (30 + layout.noise_range)
+    assert config.field().holds(config.totals_bound()) and layout.energy_bound < config.field().modulus
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from consilium.training.voting.votes import (
     PcaFeatures,
     _jittered,
     knn_votes,
-    noisy_votes,
+    noise_share,
     teacher_votes,
     train_classifier,
     train_student,
@@ -109,18 +109,22 @@ def test_jitter_moves_each_image_by_its_own_small_map_and_only_images():
         train_classifier(ModelSpec("mlp", (64,), 10), load_dataset("digits").train, epochs=1, jitter=True)
 
 
-def test_noisy_votes_need_the_cryptographic_generator():
+def test_a_noise_share_is_skellam_within_its_bounds_and_needs_the_cryptographic_generator():
     mechanism = VotingSettings(method="ae-dpfl", noise_std=10.0, quorum=2).mechanism(
         queries=3, classes=4, level="hospital"
     )
-    votes = np.eye(4, dtype=np.int64)[[0, 1, 2]]
-    noisy = noisy_votes(votes, mechanism, secure_generator())
-    assert noisy.shape == (12,) and noisy.dtype == np.int64
     # Sk(mu) with 2 mu = sigma^2 / quorum = 50: the noise is there, at its variance.
-    noise = np.concatenate([noisy_votes(votes, mechanism, secure_generator()) - votes.reshape(-1) for _ in range(500)])
-    assert abs(noise.var() / 50 - 1) < 0.1 and abs(noise.mean()) < 0.5
+    noise = np.concatenate(
+        [noise_share(mechanism, radius=100, energy_cap=10**6, generator=secure_generator()) for _ in range(500)]
+    )
+    assert noise.dtype == np.int64 and abs(noise.var() / 50 - 1) < 0.1 and abs(noise.mean()) < 0.5
+    # Drawn again where a value falls outside (about 6% of draws here) or the energy exceeds the cap (about 15%).
+    bounded = [noise_share(mechanism, radius=20, energy_cap=900, generator=secure_generator()) for _ in range(200)]
+    assert all(np.abs(n).max() <= 20 and n @ n <= 900 for n in bounded)
+    with pytest.raises(RuntimeError, match="8 draws of noise all missed their bounds"):
+        noise_share(mechanism, radius=1, energy_cap=0, generator=secure_generator())
     with pytest.raises(TypeError, match="cryptographic generator"):
-        noisy_votes(votes, mechanism, np.random.default_rng(0))
+        noise_share(mechanism, radius=100, energy_cap=10**6, generator=np.random.default_rng(0))
 
 
 def test_the_feature_map_survives_the_wire_and_refuses_a_wrong_size():

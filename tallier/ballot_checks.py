@@ -1,0 +1,117 @@
+"""What the talliers make of one ballot inside the MPC: its checks, its votes, and its noise signed and placed.
+
+A ballot (``protocol.voting.ballots``) is three checked vectors: the votes ``v`` (``Q`` rows of
+``s`` votes), the noise ``n`` (``Q C`` values in ``[-R, R]``) and the slack ``e = E_max - sum n^2``.
+Once every tallier's inputs of every ballot's bits and keys are in, the talliers open a jointly
+random seed, and from it public coefficients (``crypto.checked_shares.challenge``):
+
+- the **tag check**, per part as in ``crypto.checked_shares``, summed over the three parts: zero
+  unless a tallier changed its input (or the hospital sent wrong tags);
+- the **bit check**, ``sum s[i,k] b[i,k] (b[i,k] - 1)`` over the three parts' bits: zero for bits.
+  With bits, every vote lies in ``[0, s]``, every noise value in ``[-R, R]``, and the slack in
+  ``[0, E_max]``, whatever the hospital sent;
+- the **sum check**, ``sum_q r[q] (sum_c v[q, c] - s)``: zero, but with probability ``1/p``, only
+  if every query holds ``s`` votes in all. Linear: no communication. With counts at least 0 and
+  ``s`` to a query, the votes are votes: one-hot for AE-DPFL (or "no class", a last column, where
+  its teachers may abstain), ``k`` neighbours for kNN-DPFL;
+- the **energy check**, ``sum n^2 + e - E_max``: zero only if the noise's energy is at most
+  ``E_max``, since both terms are non-negative integers whose sum stays below ``p``
+  (``BallotLayout.energy_bound``, checked when a run is configured). One inner product; no
+  comparison.
+
+A ballot that passes enters the totals as ``v[:, :C] + rho * n[pi]`` (``noise_placement``): its
+noise signed by public random signs and placed by a public random permutation, both drawn from
+the seed, which no one knew when the ballot was sealed. The hospital chose the noise's sizes (in
+the range, under the cap), not where they land nor which way they point. Honest noise is i.i.d.
+and symmetric, so its signed and permuted copy has the same distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from consilium.crypto.checked_shares import challenge, tag_combination
+from consilium.protocol.voting.ballots import BallotLayout
+
+__all__ = ["REFUSALS", "BallotChecks", "CheckedBallot", "noise_placement"]
+
+# Why a ballot is refused, by the check it failed: the bit, sum and energy checks, in that order.
+REFUSALS = ("its bits are not bits", "its votes are not {s} per query", "its noise's energy exceeds the cap")
+
+
+@dataclass
+class CheckedBallot:
+    """One ballot inside the MPC: its four checks (secret values) and its votes and noise (secret arrays)."""
+
+    tag: object
+    bit: object
+    sum: object
+    energy: object
+    votes: object  # (Q vote_columns,)
+    noise: object  # (Q C,)
+
+
+class BallotChecks:
+    """The public coefficients of one round's checks, drawn from its ``seed``, and what they make of each ballot."""
+
+    def __init__(self, runtime, secint, layout: BallotLayout, seed: int) -> None:
+        self.runtime, self.secint, self.layout, self.seed = runtime, secint, layout, seed
+        self.modulus = p = secint.field.modulus
+        parts = list(zip(BallotLayout.PARTS, layout.parts))
+        self.spreads = [
+            self.public(challenge(seed, part.entries * part.bits, p, f"bits/{name}")) for name, part in parts
+        ]
+        self.coefficients = [challenge(seed, part.entries, p, f"tags/{name}") for name, part in parts]
+        row_weights = challenge(seed, layout.queries, p, "sums")
+        self.sum_weights = self.public(np.repeat(np.array(row_weights, dtype=object), layout.vote_columns))
+        self.sum_target = layout.votes_per_query * sum(row_weights)
+
+    def public(self, values) -> object:
+        """A public vector of field elements, for products with secret arrays (free of communication)."""
+        return self.secint.field.array(np.array(values, dtype=object))
+
+    def tag_combinations(self, ballot: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> list[int]:
+        """This tallier's share of each part's ``sum_i r[i] t[i]``, from its share of the ballot (split by part)."""
+        return [tag_combination(tags, r, self.modulus) for (_, tags, _), r in zip(ballot, self.coefficients)]
+
+    def check(self, committed, tags) -> CheckedBallot:
+        """The checks, votes and noise of one ballot, from its secret bits and keys (part after part, as
+        ``BallotLayout.committed``) and its three parts' secret tag combinations."""
+        runtime, start, values = self.runtime, 0, []
+        tag_check = bit_check = 0
+        for k, part in enumerate(self.layout.parts):
+            bits = committed[start : start + part.entries * part.bits]
+            key = committed[start + part.entries * part.bits : start + part.entries * part.bits + part.bits]
+            start += part.entries * part.bits + part.bits
+            rows = runtime.np_reshape(bits, (part.entries, part.bits))
+            bit_check = bit_check + (bits * self.spreads[k]) @ (bits - 1)
+            tag_check = tag_check + tags[k] - key @ (self.public(self.coefficients[k]) @ rows)
+            values.append(rows @ np.array(part.weights, dtype=object) + part.low)
+        votes, noise, slack = values
+        return CheckedBallot(
+            tag=tag_check,
+            bit=bit_check,
+            sum=votes @ self.sum_weights - self.sum_target,
+            energy=noise @ noise + slack[0] - self.layout.energy_cap,
+            votes=votes,
+            noise=noise,
+        )
+
+    def placed(self, ballot: CheckedBallot, voter: str):
+        """``v[:, :C] + rho * n[pi]``, flattened: what ``voter``'s ballot adds to the round's ``Q C`` totals."""
+        runtime, layout = self.runtime, self.layout
+        rows = runtime.np_reshape(ballot.votes, (layout.queries, layout.vote_columns))
+        votes = runtime.np_reshape(rows[:, : layout.classes], (-1,))
+        signs, places = noise_placement(self.seed, voter, layout.queries * layout.classes, self.modulus)
+        return votes + ballot.noise[places] * self.public(signs)
+
+
+def noise_placement(seed: int, voter: str, count: int, modulus: int) -> tuple[np.ndarray, np.ndarray]:
+    """The public signs (``+1`` or ``-1``) and places with which ``voter``'s noise enters a round's ``count`` totals:
+    total ``i`` gets ``signs[i] n[places[i]]``. Drawn from the round's jointly random ``seed``: a uniform
+    permutation (the order of uniform keys, ties below ``count^2 / p``) and uniform signs (within ``1/p``)."""
+    signs = np.array(challenge(seed, count, modulus, f"noise-signs/{voter}"), dtype=object) % 2
+    keys = challenge(seed, count, modulus, f"noise-places/{voter}")
+    return 1 - 2 * signs.astype(np.int64), np.argsort(np.array(keys, dtype=object), kind="stable")
