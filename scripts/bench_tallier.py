@@ -267,6 +267,7 @@ def write_input(
     timeout: float,
     rounds: int,
     label_threshold: int,
+    repeat: bool = False,
 ) -> None:
     """The file every party reads: ``shares[(tallier, hospital)]`` (pairs left out are shares withheld) and the round's settings."""
     np.savez(
@@ -281,6 +282,7 @@ def write_input(
         timeout=timeout,
         rounds=rounds,
         label_threshold=label_threshold,
+        repeat=repeat,
     )
 
 
@@ -298,7 +300,9 @@ def party_command(source: str, target: str, federation: Path, name: str) -> list
 def play_party(source: str, target: str, federation: str, name: str) -> None:
     """Tallier ``name`` of the federation in ``federation`` (its keys from its folder, its peers from the roster):
     run ``tallier.mpc.run_round`` on its shares in ``source`` (``write_input``) the file's number of times, and
-    write each round's result with the seconds it took to ``{target}-{round}.npz``."""
+    write each round's result with the seconds it took to ``{target}-{round}.npz``. With ``repeat`` in the file,
+    every tally after the first is round 1 again, with the noise placement the first pinned, as a tallier
+    tallies a round again."""
     roster, credentials = Roster.load(Path(federation)), Credentials.load(Path(federation) / name)
     roster.check_own_entry(credentials)
     party = mpc_party(roster, credentials)
@@ -309,12 +313,14 @@ def play_party(source: str, target: str, federation: str, name: str) -> None:
         layout = read_layout(data)
         field = MpcField(int(data["bit_length"]), int(str(data["modulus"])))
         reveal, timeout, rounds = str(data["reveal"]), float(data["timeout"]), int(data["rounds"])
+        repeat = bool(data["repeat"])
+    placement = 0
     for round_number in range(1, rounds + 1):
         started = time.perf_counter()
         try:
             result = run_round(
                 party,
-                round_number,
+                1 if repeat else round_number,
                 shares,
                 hospitals=hospitals,
                 layout=layout,
@@ -322,9 +328,11 @@ def play_party(source: str, target: str, federation: str, name: str) -> None:
                 field=field,
                 reveal=reveal,
                 timeout_s=timeout,
+                placement=placement,
             )
         except (VoterError, TamperError) as error:
             raise MpcError(str(error)) from None
+        placement = result.seed if repeat else 0
         extra = {} if result.totals is None else {"totals": result.totals}
         np.savez(
             f"{target}-{round_number}.npz",

@@ -99,12 +99,13 @@ class BallotChecks:
             noise=noise,
         )
 
-    def placed(self, ballot: CheckedBallot, voter: str):
-        """``v[:, :C] + rho * n[pi]``, flattened: what ``voter``'s ballot adds to the round's ``Q C`` totals."""
+    def placed(self, ballot: CheckedBallot, voter: str, placement: int):
+        """``v[:, :C] + rho * n[pi]``, flattened: what ``voter``'s ballot adds to the round's ``Q C`` totals, its
+        noise signed and placed by ``placement``, a seed opened after every ballot was in."""
         runtime, layout = self.runtime, self.layout
         rows = runtime.np_reshape(ballot.votes, (layout.queries, layout.vote_columns))
         votes = runtime.np_reshape(rows[:, : layout.classes], (-1,))
-        signs, places = noise_placement(self.seed, voter, layout.queries * layout.classes, self.modulus)
+        signs, places = noise_placement(placement, voter, layout.queries * layout.classes, self.modulus)
         return votes + ballot.noise[places] * self.public(signs)
 
 

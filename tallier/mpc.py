@@ -23,7 +23,9 @@ votes, its noise and a slack, each as checked shares, modulo the prime ``p`` of 
    the ballots), and no other check is opened. A ballot that fails another check is left out of
    every tallier's count, named with the check in ``MpcResult.refused``; fewer counted voters
    than the quorum: no label.
-5. **Totals.** Each counted voter's votes plus its noise, signed and placed by the seed, summed:
+5. **Totals.** Each counted voter's votes plus its noise, signed and placed by the seed of the
+   round's first tally (each tallier pins it, and they check that their pins agree: a repeat of
+   the round places the noise as the first tally did, and shows nothing new), summed:
    every total lies within ``VotingConfig.totals_bound``, which the field's comparisons are sized
    for, by construction. All of it is free of communication.
 6. **Labels.** ``np_argmax`` along the classes finds each query's label and top total with
@@ -61,9 +63,8 @@ and the next round, or the same round tallied again, starts clean in the same pr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -74,6 +75,7 @@ from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.voting.ballots import BallotLayout
 from consilium.tallier.ballot_checks import REFUSALS, BallotChecks, CheckedBallot
+from consilium.tallier.round_loop import round_loop
 from consilium.tallier.mpc_network import MpcNetwork, MpcParty
 from consilium.tallier.mpc_values import MpcPeerError, harden_mpyc, open_checked
 from consilium.training.voting.vote_privacy import REVEAL_MODES
@@ -132,7 +134,7 @@ class MpcResult:
     labels: np.ndarray  # (Q,) int64: a class, or C where the label is withheld
     totals: np.ndarray | None  # (Q, C) int64, only when revealed
     bytes_sent: int  # by this tallier, to all others
-    seed: int  # the round's challenge: the noise's signs and places (``noise_placement``) follow from it
+    seed: int  # the seed of the noise's signs and places (``noise_placement``): the first tally's challenge
 
 
 def run_round(
@@ -148,17 +150,21 @@ def run_round(
     label_threshold: int,
     timeout_s: float,
     on_voters: Callable[[tuple[str, ...]], None] = lambda voters: None,
+    placement: int = 0,
+    on_placement: Callable[[int], None] = lambda seed: None,
 ) -> MpcResult:
     """One round of the protocol above for this tallier, holding ``shares`` (checked shares, by hospital).
 
     ``on_voters`` is given the agreed voters before anything else of the round is opened (a tallier
-    pins them: ``tallier.run_state``); a ``ValueError`` from it ends the round. ``MpcError`` if it
+    pins them: ``tallier.run_state``); a ``ValueError`` from it ends the round. ``placement`` is the
+    seed of the noise's signs and places this tallier pinned in an earlier tally of the round (0 if
+    none), and ``on_placement`` is given the one the talliers agree on before any output is computed. ``MpcError`` if it
     does not finish in time or a peer deviates where it can be seen; ``VoterError`` if the talliers
     disagree on the round or count fewer voters than ``quorum`` (or ``on_voters`` refuses them);
     ``TamperError`` if a voter's tag check fails."""
     _check_inputs(shares, hospitals=hospitals, layout=layout, reveal=reveal)
     harden_mpyc(field.modulus)
-    with _round_loop() as loop:
+    with round_loop() as loop:
         runtime, secint = _runtime(party, field, loop)
         network = MpcNetwork(
             runtime, party, max_message_bytes=_message_limit(layout, len(hospitals), field, secint.field.byte_length)
@@ -174,6 +180,8 @@ def run_round(
             label_threshold=label_threshold,
             timeout_s=timeout_s,
             on_voters=on_voters,
+            placement=placement,
+            on_placement=on_placement,
         )
         try:
             return runtime.run(asyncio.wait_for(protocol, timeout_s))
@@ -222,6 +230,8 @@ async def _protocol(
     label_threshold: int,
     timeout_s: float,
     on_voters: Callable[[tuple[str, ...]], None],
+    placement: int,
+    on_placement: Callable[[int], None],
 ) -> MpcResult:
     """The round's steps, in order: connect, agree on the voters, check their ballots, add, and open the labels
     (or the totals)."""
@@ -239,7 +249,12 @@ async def _protocol(
                 f"{len(counted)} of the {len(voters)} voters' ballots pass their checks, fewer than the quorum of "
                 f"{quorum}; refused: " + "; ".join(f"{name} ({why})" for name, why in refused.items())
             )
-        totals = tally.totals(counted, voters)
+        placement = await tally.agree_on_placement(placement)
+        try:
+            on_placement(placement)
+        except ValueError as error:
+            raise VoterError(str(error)) from None
+        totals = tally.totals(counted, voters, placement)
         if reveal == "histogram":
             revealed = np.array(await open_checked(runtime, runtime.np_reshape(totals, (-1,))), dtype=np.int64)
             revealed = revealed.reshape(-1, tally.layout.classes)
@@ -257,20 +272,8 @@ async def _protocol(
         labels=labels,
         totals=revealed,
         bytes_sent=sent,
-        seed=tally.seed,
+        seed=placement,
     )
-
-
-@contextlib.contextmanager
-def _round_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """A round's own event loop (MPyC's runtime takes the current one), closed with all of the round."""
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        yield loop
-    finally:
-        _close(loop)
-        asyncio.set_event_loop(None)  # whatever needs a loop next makes its own, as MPyC does
 
 
 class _Tally:
@@ -338,9 +341,20 @@ class _Tally:
         opened = await open_checked(self.runtime, factors * self.runtime.np_fromlist(checks))
         return [i for i, value in enumerate(opened) if value]
 
-    def totals(self, counted: list[int], voters: tuple[str, ...]):
+    async def agree_on_placement(self, pinned: int) -> int:
+        """The seed of the noise's signs and places: this round's challenge the first time it is tallied, and the
+        first tally's, which every tallier pinned, when it is tallied again: a repeat places the noise as the
+        first did, so it shows nothing new. ``VoterError`` if the talliers' pins differ."""
+        opened = {int(vector[0]) for vector in [await open_checked(self.runtime, v) for v in self.inputs([pinned])]}
+        if opened == {0}:
+            return self.seed
+        if len(opened) > 1:
+            raise VoterError(f"the talliers pinned different placements of round {self.round}'s noise")
+        return opened.pop()
+
+    def totals(self, counted: list[int], voters: tuple[str, ...], placement: int):
         """Step 5: the ``(Q, C)`` totals of the counted voters' votes and their noise, signed and placed."""
-        placed = [self.checks.placed(self.ballots[v], voters[v]) for v in counted]
+        placed = [self.checks.placed(self.ballots[v], voters[v], placement) for v in counted]
         return self.runtime.np_reshape(sum(placed[1:], placed[0]), (self.layout.queries, self.layout.classes))
 
     async def labels(self, totals, label_threshold: int) -> np.ndarray:
@@ -351,21 +365,6 @@ class _Tally:
             queries = self.layout.queries
             winners = classes + (runtime.np_reshape(tops, (queries,)) >= label_threshold) * (winners - classes)
         return np.array(await open_checked(runtime, winners), dtype=np.int64)
-
-
-def _close(loop: asyncio.AbstractEventLoop) -> None:
-    """End a round's event loop: abort its connections (a peer sees the round end at once), cancel
-    every step still pending, let them unwind, and close the loop."""
-    for transport in list(getattr(loop, "_transports", {}).values()):
-        if transport is not None and not transport.is_closing():
-            transport.abort()
-    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
-    for task in pending:
-        task.cancel()
-    loop.set_exception_handler(lambda loop, context: None)  # what unwinds now belongs to a round that is over
-    with contextlib.suppress(RuntimeError):  # the loop stopped by a step that ended the round as it unwound
-        loop.run_until_complete(asyncio.gather(*pending, asyncio.sleep(0), return_exceptions=True))
-    loop.close()
 
 
 def _failure(error: BaseException, aborts: list[str], timeout_s: float) -> BaseException:

@@ -4,10 +4,13 @@
   tallier restarted mid-run must come back with the same key: it opens the boxes of the round that
   was under way, and the hospitals' copies of the key stay good.
 - **The last round it tallied, a digest of the boxes it was given for it, the voters the talliers
-  agreed on, and how often it tallied it.** It tallies a round again only with exactly those boxes,
-  only to count the same voters (saved before anything else of the round is opened), at most
+  agreed on, the seed of the noise's signs and places, and how often it tallied it.** It tallies a
+  round again only with exactly those boxes, only to count the same voters (saved before anything
+  else of the round is opened), with the noise placed as the first time (saved before any output
+  is computed; ``tallier.mpc`` has the talliers check that their pins agree), at most
   ``MAX_TALLIES`` times, and never an earlier round. The same inputs give the same labels (every
-  check is opened masked, and the argmax is deterministic), so a repeat shows nothing new; a set
+  check is opened masked, the noise is placed alike, and the argmax is deterministic), so a repeat
+  shows nothing new; a set
   that differs by one hospital's ballot would show that ballot's effect, which is why a server may
   not ask for it. The voters are pinned on every tallier, so that one tallier whose state was rolled
   back (an old copy of the file) cannot be given a smaller set: the others refuse to count it.
@@ -70,6 +73,7 @@ class RunState:
     last_boxes: bytes = b""  # boxes_digest of the last round's boxes
     voters: tuple[str, ...] = ()  # the voters the talliers agreed on in the last round, once they have
     tallies: int = 0  # how often the last round was tallied
+    placement: int = 0  # the seed of the last round's noise signs and places, once the talliers agreed on it
 
     @classmethod
     def new(cls, run: str, *, identity: PrivateIdentity, context: bytes) -> "RunState":
@@ -90,7 +94,7 @@ class RunState:
     def tallying(self, round_number: int, digest: bytes) -> "RunState":
         if round_number == self.last_round:
             return replace(self, tallies=self.tallies + 1)
-        return replace(self, last_round=round_number, last_boxes=digest, voters=(), tallies=1)
+        return replace(self, last_round=round_number, last_boxes=digest, voters=(), tallies=1, placement=0)
 
     def agreed(self, voters: tuple[str, ...]) -> "RunState":
         """This round's voters, as the talliers agreed on them; ``ValueError`` if they differ from an
@@ -100,6 +104,13 @@ class RunState:
                 f"round {self.last_round} again, counting {list(voters)} where it first counted {list(self.voters)}"
             )
         return replace(self, voters=voters)
+
+    def placed(self, seed: int) -> "RunState":
+        """This round's noise placement, as the talliers agreed on it; ``ValueError`` if it differs from an
+        earlier tally's (the MPC takes the pinned one, so only a tallier out of step sees that)."""
+        if self.placement and seed != self.placement:
+            raise ValueError(f"round {self.last_round} again, placing its noise otherwise than the first time")
+        return replace(self, placement=seed)
 
 
 class RunStateFile:
@@ -138,6 +149,7 @@ class RunStateFile:
                 last_boxes=bytes(fields["last_boxes"]),
                 voters=tuple(str(name) for name in fields["voters"]),
                 tallies=int(fields["tallies"]),
+                placement=int(fields["placement"]),
             )
         except (SealedBoxError, ValueError, KeyError, TypeError, msgpack.UnpackException) as error:
             log.warning("%s does not open for run %s (%s); this run starts with a new box key", self.path, run, error)
@@ -155,6 +167,7 @@ class RunStateFile:
             "last_boxes": state.last_boxes,
             "voters": list(state.voters),
             "tallies": state.tallies,
+            "placement": state.placement,
         }
         sealed = seal(
             msgpack.packb(fields),

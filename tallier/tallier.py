@@ -132,6 +132,12 @@ class Tallier:
         self._state = self._state.agreed(voters)
         self._state_file.save(self._state)
 
+    def _pin_placement(self, seed: int) -> None:
+        """Keep the seed of the round's noise placement, on disk before any output of it is computed: a round
+        tallied again places the noise alike (``ValueError`` if it would not)."""
+        self._state = self._state.placed(seed)
+        self._state_file.save(self._state)
+
     def _join(self, welcome: VotingWelcome) -> None:
         try:
             config, run = self._check(welcome)
@@ -214,6 +220,8 @@ class Tallier:
                 label_threshold=config.label_threshold,
                 timeout_s=self._mpc_timeout_s,
                 on_voters=self._pin,
+                placement=self._state.placement,
+                on_placement=self._pin_placement,
             )
         except (VoterError, TamperError, MpcError) as error:
             log.warning("round %d: no labels: %s", message.round, error)

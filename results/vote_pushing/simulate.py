@@ -12,8 +12,9 @@ kNN-DPFL sigma 15, AE-DPFL sigma 1). The noise's range and energy cap are the ru
 - ``aimed``: every vote for class 3, and noise of ``sqrt(E_max / Q)`` on class 3's count of every query
   (the largest the cap allows there), which the talliers then sign and place at random;
 - ``aimed, unplaced``: the same ballot were the talliers not to sign and place the noise (the design without it);
-- ``flat``: every vote for class 3, every noise value ``sqrt(E_max / (Q C))``: the most energy spread evenly;
-- ``spikes``: every vote for class 3, ``E_max / R^2`` noise values at ``R``, the rest 0.
+- ``shaped a``: every vote for class 3 (or, ``honest, shaped a``, its own votes), and ``E_max / a^2``
+  noise values of size ``a``, the rest 0: how the size of its noise, the one thing it still chooses,
+  moves the labels, for sizes from 1 to ``R``.
 
 Printed: the share of labels that are class 3 and the label accuracy, each a mean over the draws with its
 standard error. Run: ``python results/vote_pushing/simulate.py`` (about 20 s on 2 cores).
@@ -65,19 +66,23 @@ def simulate(method: str, sigma: float, k: int) -> None:
         n[:, PUSHED] = min(radius, int(np.sqrt(cap / QUERIES)))
         return n.reshape(-1)
 
-    def spikes():
-        n = np.zeros(count, dtype=np.int64)
-        n[: cap // radius**2] = radius
-        return n
+    def shaped(size: int):
+        def draw():
+            n = np.zeros(count, dtype=np.int64)
+            n[: min(count, cap // size**2)] = size
+            return n
+
+        return draw
 
     strategies = {
         "honest": (votes[2], honest_noise, True),
         "class": (pushed, honest_noise, True),
         "aimed": (pushed, aimed, True),
         "aimed, unplaced": (pushed, aimed, False),
-        "flat": (pushed, lambda: np.full(count, int(np.sqrt(cap / count))), True),
-        "spikes": (pushed, spikes, True),
     }
+    for size in sorted({1, 2, 3, 5, 8, 13, 20, 30, 50, radius} - {s for s in range(radius + 1, 99)}):
+        strategies[f"shaped {size}"] = (pushed, shaped(size), True)
+        strategies[f"honest, shaped {size}"] = (votes[2], shaped(size), True)
     print(f"\n{method}, sigma {sigma:g}, k {k}: R = {radius}, E_max = {cap} (honest mean {2 * mu * count:.0f})")
     for name, (third, noise, placed) in strategies.items():
         shares, accuracies = [], []
@@ -92,7 +97,7 @@ def simulate(method: str, sigma: float, k: int) -> None:
             accuracies.append(np.mean(labels == truth))
         se = lambda x: np.std(x) / np.sqrt(len(x))  # noqa: E731
         print(
-            f"  {name:16s} class {PUSHED}: {np.mean(shares):.3f} +- {se(shares):.3f}   "
+            f"  {name:20s} class {PUSHED}: {np.mean(shares):.3f} +- {se(shares):.3f}   "
             f"label accuracy: {np.mean(accuracies):.3f} +- {se(accuracies):.3f}"
         )
 

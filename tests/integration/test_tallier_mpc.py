@@ -39,6 +39,7 @@ def _run(
     label_threshold=0,
     tampered=None,
     forged=None,
+    repeat=False,
 ):
     """Share each hospital's ``ballots[name] = (votes, noise)`` among the talliers (but not the ``(tallier,
     hospital)`` pairs in ``withheld``; ``tampered[(tallier, hospital)](share, layout, modulus)`` changes one;
@@ -65,6 +66,7 @@ def _run(
         timeout=timeout,
         rounds=rounds,
         label_threshold=label_threshold,
+        repeat=repeat,
     )
     roster = federation(tmp_path / "federation")
     processes = {
@@ -143,6 +145,16 @@ def test_each_voter_s_noise_enters_the_totals_signed_and_placed_anew_each_round(
             assert np.array_equal(round_output["labels"], expected.argmax(axis=1))
     plain = sum(votes + noise.reshape(votes.shape) for votes, noise in ballots.values())
     assert not np.array_equal(outputs[0][0]["totals"], plain)  # the noise did not land where it was sent
+
+
+def test_a_round_tallied_again_places_the_noise_as_the_first_tally_did(tmp_path):
+    """A server that relays a round again gets the same totals, not a second draw of the placement to average."""
+    ballots, layout = _random_ballots(40, 5, 30)
+    outputs, codes, errors = _run(tmp_path, ballots, layout, reveal="histogram", rounds=3, repeat=True)
+    assert codes == {0: 0, 1: 0, 2: 0}, errors
+    for party in outputs.values():
+        assert len({str(tally["seed"]) for tally in party}) == 1
+        assert all(np.array_equal(tally["totals"], party[0]["totals"]) for tally in party)
 
 
 @pytest.mark.parametrize("reveal", ["labels", "histogram"])

@@ -21,17 +21,18 @@ def test_the_state_comes_back_whole_and_its_box_key_is_never_on_disk_in_the_clea
     identity = PrivateIdentity.generate()
     files = RunStateFile(tmp_path, name="tallier-1", identity=identity)
     state = RunState.new(RUN, identity=identity, context=tallier_key_context(RUN, "tallier-1"))
-    state = state.tallying(4, boxes_digest({"hospital-1": b"box"})).agreed(("hospital-1",))
+    state = state.tallying(4, boxes_digest({"hospital-1": b"box"})).agreed(("hospital-1",)).placed(2**60 + 7)
     files.save(state)
     on_disk = (tmp_path / RUN_STATE_FILE).read_bytes()
     assert _raw(state) not in on_disk and (tmp_path / RUN_STATE_FILE).stat().st_mode & 0o777 == 0o600
     loaded = files.load(RUN)
     assert _raw(loaded) == _raw(state) and loaded.certified_key == state.certified_key
-    assert (loaded.last_round, loaded.last_boxes, loaded.voters, loaded.tallies) == (
+    assert (loaded.last_round, loaded.last_boxes, loaded.voters, loaded.tallies, loaded.placement) == (
         4,
         state.last_boxes,
         ("hospital-1",),
         1,
+        2**60 + 7,
     )
     files.delete()
     assert files.load(RUN) is None
@@ -73,8 +74,12 @@ def test_a_round_is_tallied_again_only_with_the_same_boxes_and_never_an_earlier_
         assert state.refusal(1, first, rounds=3) == ""
         state = state.tallying(1, first).agreed(("hospital-1", "hospital-2"))
     assert "after 5 tallies" in state.refusal(1, first, rounds=3)
+    state = state.placed(12345)
+    assert state.tallying(1, first).placed(12345).placement == 12345
+    with pytest.raises(ValueError, match="placing its noise otherwise"):
+        state.tallying(1, first).placed(54321)
     state = state.tallying(2, first)
-    assert state.voters == () and state.tallies == 1
+    assert state.voters == () and state.tallies == 1 and state.placement == 0
     assert "after round 2" in state.refusal(1, first, rounds=3)
     assert "after round 2" in state.refusal(4, first, rounds=3)
     assert boxes_digest({"a": b"bc"}) != boxes_digest({"ab": b"c"})
