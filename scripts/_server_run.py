@@ -258,7 +258,8 @@ def _vote_line(record: dict, config: VotingConfig) -> str:
                 else ""
             )
         )
-    return f"{prefix}  aborted: {record['reason']}"
+    void = "  VOID: every tallier signed that it released nothing; no hospital keeps the charge"
+    return f"{prefix}  aborted: {record['reason']}" + (void if record["void"] else "")
 
 
 def _shown(value: float | None) -> str:

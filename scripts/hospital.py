@@ -12,7 +12,7 @@ from consilium.protocol.run.site_policy import SitePolicy
 from consilium.protocol.run.hospital import Hospital
 from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S
 from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS
-from consilium.training.privacy.ledger import PrivacyBudget
+from consilium.training.privacy.budget import PrivacyBudget
 from consilium.protocol.wire.messages import ProtocolError
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster

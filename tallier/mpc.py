@@ -251,9 +251,10 @@ async def _protocol(
             )
         placement = await tally.agree_on_placement(placement)
         try:
-            on_placement(placement)
+            on_placement(placement)  # the tallier pins it, and that the output began: no void from here on
         except ValueError as error:
             raise VoterError(str(error)) from None
+        await open_checked(runtime, tally.summed([0]))  # a barrier: every tallier pinned before any output
         totals = tally.totals(counted, voters, placement)
         if reveal == "histogram":
             revealed = np.array(await open_checked(runtime, runtime.np_reshape(totals, (-1,))), dtype=np.int64)
@@ -345,7 +346,7 @@ class _Tally:
         """The seed of the noise's signs and places: this round's challenge the first time it is tallied, and the
         first tally's, which every tallier pinned, when it is tallied again: a repeat places the noise as the
         first did, so it shows nothing new. ``VoterError`` if the talliers' pins differ."""
-        opened = {int(vector[0]) for vector in [await open_checked(self.runtime, v) for v in self.inputs([pinned])]}
+        opened = set(await open_checked(self.runtime, self.runtime.np_concatenate(self.inputs([pinned]))))
         if opened == {0}:
             return self.seed
         if len(opened) > 1:

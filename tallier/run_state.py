@@ -74,6 +74,8 @@ class RunState:
     voters: tuple[str, ...] = ()  # the voters the talliers agreed on in the last round, once they have
     tallies: int = 0  # how often the last round was tallied
     placement: int = 0  # the seed of the last round's noise signs and places, once the talliers agreed on it
+    output_begun: bool = False  # the last round's output computation began (pinned with the placement)
+    voided: bool = False  # this tallier signed the last round's void: it never tallies it again
 
     @classmethod
     def new(cls, run: str, *, identity: PrivateIdentity, context: bytes) -> "RunState":
@@ -94,7 +96,16 @@ class RunState:
     def tallying(self, round_number: int, digest: bytes) -> "RunState":
         if round_number == self.last_round:
             return replace(self, tallies=self.tallies + 1)
-        return replace(self, last_round=round_number, last_boxes=digest, voters=(), tallies=1, placement=0)
+        return replace(
+            self,
+            last_round=round_number,
+            last_boxes=digest,
+            voters=(),
+            tallies=1,
+            placement=0,
+            output_begun=False,
+            voided=False,
+        )
 
     def agreed(self, voters: tuple[str, ...]) -> "RunState":
         """This round's voters, as the talliers agreed on them; ``ValueError`` if they differ from an
@@ -110,7 +121,14 @@ class RunState:
         earlier tally's (the MPC takes the pinned one, so only a tallier out of step sees that)."""
         if self.placement and seed != self.placement:
             raise ValueError(f"round {self.last_round} again, placing its noise otherwise than the first time")
-        return replace(self, placement=seed)
+        return replace(self, placement=seed, output_begun=True)
+
+    def void(self) -> "RunState":
+        """The last round, voided: it released nothing (``protocol.voting.round_void``). ``ValueError`` once its
+        output computation began."""
+        if self.output_begun:
+            raise ValueError(f"round {self.last_round}'s output was being computed: it is not void")
+        return replace(self, voided=True)
 
 
 class RunStateFile:
@@ -150,6 +168,8 @@ class RunStateFile:
                 voters=tuple(str(name) for name in fields["voters"]),
                 tallies=int(fields["tallies"]),
                 placement=int(fields["placement"]),
+                output_begun=bool(fields["output_begun"]),
+                voided=bool(fields["voided"]),
             )
         except (SealedBoxError, ValueError, KeyError, TypeError, msgpack.UnpackException) as error:
             log.warning("%s does not open for run %s (%s); this run starts with a new box key", self.path, run, error)
@@ -168,6 +188,8 @@ class RunStateFile:
             "voters": list(state.voters),
             "tallies": state.tallies,
             "placement": state.placement,
+            "output_begun": state.output_begun,
+            "voided": state.voided,
         }
         sealed = seal(
             msgpack.packb(fields),

@@ -52,6 +52,7 @@ from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transcript import Transcript
 from consilium.protocol.wire.transport import TransportError
 from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
+from consilium.protocol.voting.round_void import sign_void
 from consilium.tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
 from consilium.tallier.run_state import RunState, RunStateFile, boxes_digest
 from consilium.tallier.tallier_policy import TallierPolicy
@@ -118,6 +119,9 @@ class Tallier:
             if isinstance(message, Finish):
                 return message.reason
             digest = boxes_digest(message.boxes)
+            if message.round == self._state.last_round and self._state.voided and digest == self._state.last_boxes:
+                self._send_void(message.round, "it released nothing, and is void")  # relayed again: the same void
+                continue
             refusal = self._state.refusal(message.round, digest, self._config.rounds)
             if refusal:
                 self._channel.rejections.reject("the server", message.TYPE, refusal)
@@ -132,6 +136,34 @@ class Tallier:
         self._state = self._state.agreed(voters)
         self._state_file.save(self._state)
 
+    def _no_labels(self, round_number: int, error: VoterError | TamperError | MpcError) -> None:
+        """Tell the server why the round has no labels: with a signed void where it failed for too few voters
+        before any output was computed (``protocol.voting.round_void``)."""
+        log.warning("round %d: no labels: %s", round_number, error)
+        if isinstance(error, VoterError) and not self._state.output_begun:
+            self._send_void(round_number, str(error))
+            return
+        tampered = error.ballots if isinstance(error, TamperError) else ()
+        interrupted = isinstance(error, MpcError)  # the server may relay the same round again
+        self._channel.send(
+            TallyFailed(round=round_number, reason=str(error), tampered=tampered, interrupted=interrupted, void=b"")
+        )
+
+    def _send_void(self, round_number: int, reason: str) -> None:
+        """Pin the round void, on disk before the signature leaves (it is never tallied again), and send the
+        signed void with the reason (``protocol.voting.round_void``)."""
+        self._state = self._state.void()
+        self._state_file.save(self._state)
+        void = sign_void(
+            self._credentials.identity.signing,
+            run=self._run,
+            round_number=round_number,
+            tallier=self._name,
+            box_key=self._state.box_key.public_key(),
+        )
+        log.warning("round %d released nothing: this tallier signs its void", round_number)
+        self._channel.send(TallyFailed(round=round_number, reason=reason, tampered=(), interrupted=False, void=void))
+
     def _pin_placement(self, seed: int) -> None:
         """Keep the seed of the round's noise placement, on disk before any output of it is computed: a round
         tallied again places the noise alike (``ValueError`` if it would not)."""
@@ -143,7 +175,7 @@ class Tallier:
             config, run = self._check(welcome)
         except ProtocolError as refusal:  # said, so that the server stops now, not when it gives up on the box key
             with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
-                self._channel.send(TallyFailed(round=0, reason=str(refusal), tampered=(), interrupted=False))
+                self._channel.send(TallyFailed(round=0, reason=str(refusal), tampered=(), interrupted=False, void=b""))
             raise
         if self._state is None:
             self._state = self._state_file.load(run)
@@ -224,12 +256,7 @@ class Tallier:
                 on_placement=self._pin_placement,
             )
         except (VoterError, TamperError, MpcError) as error:
-            log.warning("round %d: no labels: %s", message.round, error)
-            tampered = error.ballots if isinstance(error, TamperError) else ()
-            interrupted = isinstance(error, MpcError)  # the server may relay the same round again
-            self._channel.send(
-                TallyFailed(round=message.round, reason=str(error), tampered=tampered, interrupted=interrupted)
-            )
+            self._no_labels(message.round, error)
             return
         seconds = time.perf_counter() - started
         self._channel.send(

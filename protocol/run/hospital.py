@@ -80,7 +80,8 @@ from consilium.protocol.run.hospital_metrics import Contribution, HospitalMetric
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.training.privacy.accounting import Release as Charge
-from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
+from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
+from consilium.training.privacy.budget import PrivacyBudget
 from consilium.training.data.datasets import Split
 from consilium.training.methods.registry import LocalStep, TrainingMethod
 from consilium.training.models.build import ModelError, check_model_for

@@ -48,7 +48,7 @@ from typing import Callable, Iterable
 from consilium.protocol.run.checkpoint import write_at_the_end
 from consilium.protocol.wire.channel import PartyChannels
 from consilium.protocol.wire.messages import Finish, Hello, Message, ProtocolError, Withdraw
-from consilium.training.privacy.ledger import BUDGET_REFUSAL
+from consilium.training.privacy.budget import BUDGET_REFUSAL
 
 __all__ = ["MAX_JOINS_AGAIN", "Participants", "Timeouts", "run_to_the_end"]
 
@@ -289,7 +289,7 @@ class Participants:
 
     def shortfall(self, quorum: int) -> str:
         """Why the run cannot go on with fewer than ``quorum`` hospitals: those that withdrew with their privacy
-        budget spent (in their own words, ``training.privacy.ledger.BUDGET_REFUSAL``) are named as such."""
+        budget spent (in their own words, ``training.privacy.budget.BUDGET_REFUSAL``) are named as such."""
         remaining = len(self.active) + len(self.joining)  # (one joining again is still in the run)
         shortfall = f"only {remaining} hospitals remain, fewer than the quorum of {quorum}"
         spent = sorted(name for name in self._withdrawn if self.departures[name].startswith(_WITHDREW + BUDGET_REFUSAL))

@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
 from consilium.protocol.voting.ballots import seal_ballot, tallier_key_context
+from consilium.protocol.voting.round_void import MAX_VOIDS, VoidError, check_void
 from consilium.protocol.run.site_policy import DECLINED, MISFIT, Declined, Misfit, Offer
 from consilium.protocol.wire.channel import ServerChannel
 from consilium.protocol.wire.messages import (
@@ -40,6 +41,7 @@ from consilium.protocol.wire.messages import (
     Ballot,
     Finish,
     ProtocolError,
+    RoundVoid,
     VoteRequest,
     VotingWelcome,
     Withdraw,
@@ -49,7 +51,8 @@ from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transport import ClientTransport, TransportError
 from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
 from consilium.training.privacy.accounting import Release
-from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyBudget, PrivacyLedger
+from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
+from consilium.training.privacy.budget import PrivacyBudget
 from consilium.training.data.datasets import Split
 from consilium.training.models.build import ModelError, check_model_for
 from consilium.training.privacy.secure_random import secure_generator
@@ -102,6 +105,7 @@ class VotingHospital:
         self._rounds: list[dict] = []
         self._config: VotingConfig | None = None
         self._last_round = 0  # the last round this hospital was charged for: it votes only in later ones
+        self._sealed: tuple[int, dict[str, X25519PublicKey]] = (0, {})  # its last ballot's round and box keys
         self._ledger: PrivacyLedger | None = None
 
     def run(self) -> dict:
@@ -143,9 +147,12 @@ class VotingHospital:
     def _rounds_loop(self) -> str:
         """Vote in each round after the last one this hospital's ledger charged; returns why it stopped."""
         while True:
-            message = self._channel.expect(VoteRequest, Finish)
+            message = self._channel.expect(VoteRequest, RoundVoid, Finish)
             if isinstance(message, Finish):
                 return message.reason
+            if isinstance(message, RoundVoid):
+                self._void(message)
+                continue
             if not self._last_round < message.round <= self._config.rounds:
                 raise ProtocolError(
                     f"the server asked for votes on round {message.round} after round {self._last_round} of {self._config.rounds}"
@@ -156,6 +163,36 @@ class VotingHospital:
                 self._ledger.finish_run(self._config.run_id)
             if finish_reason:
                 return finish_reason
+
+    def _void(self, message: RoundVoid) -> None:
+        """Cancel the charge of the round this hospital last voted in, on every tallier's proof that it released
+        nothing (``protocol.voting.round_void``); a void that proves less leaves the charge, and says why."""
+        round_number, box_keys = self._sealed
+        run_id = self._config.run_id
+        try:
+            if message.round != round_number:
+                raise VoidError(
+                    f"it is of round {message.round}, not of round {round_number}, this hospital's last ballot"
+                )
+            if self._ledger.voids(run_id) >= MAX_VOIDS:
+                raise VoidError(f"{MAX_VOIDS} rounds of this run were void already")
+            identities = self._roster.identities(self._config.talliers)
+            check_void(
+                message.signatures, identities=identities, box_keys=box_keys, run=self._run, round_number=round_number
+            )
+        except VoidError as error:
+            log.warning("%s keeps round %d's charge: %s", self._name, message.round, error)
+            return
+        self._ledger.void(
+            run_id=run_id, round_number=round_number, evidence={t: s.hex() for t, s in message.signatures.items()}
+        )
+        self._sealed = (0, {})
+        log.info(
+            "round %d released nothing: its charge is cancelled; %s",
+            round_number,
+            self._ledger.spent(self._budget.delta),
+        )
+        self._rounds.append({"round": round_number, "void": True, "epsilon": self._ledger.epsilons(self._budget.delta)})
 
     def _join(self, welcome: VotingWelcome) -> None:
         config, run = welcomed_run(welcome)
@@ -269,6 +306,7 @@ class VotingHospital:
             round_number=request.round,
             hospital=self._name,
         )
+        self._sealed = (request.round, dict(self._tallier_keys))  # a void of this round must name these keys
         self._channel.send(Ballot(round=request.round, boxes=boxes))
         self._rounds.append({"round": request.round, "epsilon": self._ledger.epsilons(self._budget.delta)})
         return ""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from consilium.protocol.voting.ballots import box_bytes
-from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, Shares, TallyFailed
+from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, RoundVoid, Shares, TallyFailed
 from consilium.protocol.run.participants import Participants
 from consilium.protocol.voting.tallier_keys import TallierKeys
 from consilium.protocol.voting.voting_config import VotingConfig
@@ -51,6 +51,7 @@ class RoundRecord:
     voters: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # ballots that failed the talliers' checks, left out
     refused_because: list[str] = field(default_factory=list)  # the check each failed
+    void: dict[str, str] = field(default_factory=dict)  # every tallier's signed void (hex), if it released nothing
     label_accuracy: float | None = None  # of the released labels
     labels_withheld: int = 0  # queries whose noisy top total was below the label threshold
     epsilon: dict[str, dict[str, float]] = field(default_factory=dict)  # level -> view -> epsilon
@@ -110,6 +111,10 @@ def tally(
             log.warning("%s; the same boxes go to the talliers again once every one is back", interrupted)
             talliers.await_back(set(interrupted.silent), record.round)
     if labels is None:
+        if record.void:
+            void = RoundVoid(round=record.round, signatures={n: bytes.fromhex(s) for n, s in record.void.items()})
+            for hospital in ballots:
+                participants.parties.send(hospital, void)
         return None
     if set(record.voters) - set(ballots) or len(record.voters) < config.voting.quorum:
         raise ProtocolError(
@@ -155,6 +160,8 @@ def collect_labels(
         record.reason = f"no labels: {next(iter(failures.values()))}"
         if any(a.tampered for a in answers.values()):  # someone deviated: the consortium must find out who first
             raise ProtocolError(f"{record.reason}; the run stops")
+        if all(a.void for a in answers.values()):  # nothing was computed: the hospitals' charges are cancelled
+            record.void = {name: a.void.hex() for name, a in answers.items()}
         return None
     if failures or missing:
         said = "; ".join(f"{name} could not tally round {round_number}: {reason}" for name, reason in failures.items())

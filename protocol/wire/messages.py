@@ -29,8 +29,9 @@ A voting run (AE-DPFL, kNN-DPFL; T = each tallier)::
     per round r:
     S  -> H  VoteRequest(r, queries)        H  -> S  Ballot(r, a sealed share for each tallier) | Withdraw(r, reason)
     S  -> T  Shares(r, its sealed share from each voter)
-    T  -> S  Labels(r, voters, refused and why, labels)  | TallyFailed(r, reason, tampered, interrupted)
+    T  -> S  Labels(r, voters, refused and why, labels)  | TallyFailed(r, reason, tampered, interrupted, void)
              (interrupted: once every tallier is back, S relays the same Shares(r) again)
+    S  -> H  RoundVoid(r, every tallier's void)   (too few voters, nothing computed: the charge is cancelled)
     S  -> H, T  Finish(reason)
 
 A coordinator's admin (A; docs/explanation/site-services.md), one question, one answer::
@@ -56,50 +57,16 @@ import numpy as np
 
 from consilium.errors import ConsiliumError
 
+# fmt: off
 __all__ = [
-    "PROTOCOL_VERSION",
-    "TO_ADMIN",
-    "TO_COORDINATOR",
-    "AdminAnswer",
-    "TO_HOSPITAL",
-    "TO_SERVER",
-    "Aggregate",
-    "Ballot",
-    "BoxKey",
-    "Confirmed",
-    "Endorsement",
-    "Endorsements",
-    "Finish",
-    "Hello",
-    "Labels",
-    "Message",
-    "MessageError",
-    "Proof",
-    "Proofs",
-    "ProtocolError",
-    "Refused",
-    "Release",
-    "Releases",
-    "RoundAbort",
-    "RoundStart",
-    "RunKey",
-    "RunLog",
-    "Shares",
-    "Status",
-    "StopRun",
-    "Submit",
-    "TO_TALLIER",
-    "TO_VOTING_HOSPITAL",
-    "TO_VOTING_SERVER",
-    "TallyFailed",
-    "Update",
-    "VoteRequest",
-    "VotingWelcome",
-    "Welcome",
-    "Withdraw",
-    "float32_values",
+    "PROTOCOL_VERSION", "TO_ADMIN", "TO_COORDINATOR", "TO_HOSPITAL", "TO_SERVER", "TO_TALLIER", "TO_VOTING_HOSPITAL",
+    "TO_VOTING_SERVER", "AdminAnswer", "Aggregate", "Ballot", "BoxKey", "Confirmed", "Endorsement", "Endorsements",
+    "Finish", "Hello", "Labels", "Message", "MessageError", "Proof", "Proofs", "ProtocolError", "Refused", "Release",
+    "Releases", "RoundAbort", "RoundStart", "RoundVoid", "RunKey", "RunLog", "Shares", "Status", "StopRun", "Submit",
+    "TallyFailed", "Update", "VoteRequest", "VotingWelcome", "Welcome", "Withdraw", "float32_values",
     "release_digest",
 ]
+# fmt: on
 
 PROTOCOL_VERSION = 2
 
@@ -340,6 +307,14 @@ class TallyFailed(Message):
     reason: str
     tampered: tuple[str, ...]  # hospitals whose ballots failed the tag check (a tallier changed its input, or they did)
     interrupted: bool  # the MPC did not finish (a tallier left or went silent): the round may be relayed again
+    void: bytes  # its signature that the round released nothing (protocol.voting.round_void), or empty
+
+
+@dataclass(frozen=True)
+class RoundVoid(Message):
+    TYPE = "round_void"
+    round: int
+    signatures: dict[str, bytes]  # by tallier: its void of the round (protocol.voting.round_void)
 
 
 @dataclass(frozen=True)
@@ -376,7 +351,7 @@ class AdminAnswer(Message):
 TO_SERVER = frozenset({Hello, BoxKey, Update, Withdraw, Endorsement, Proof, Release, Confirmed, Refused})
 TO_HOSPITAL = frozenset({Welcome, RoundStart, Aggregate, Endorsements, Proofs, Releases, RoundAbort, Finish})
 TO_VOTING_SERVER = frozenset({Hello, RunKey, Ballot, Withdraw, Labels, TallyFailed})
-TO_VOTING_HOSPITAL = frozenset({VotingWelcome, VoteRequest, Finish})
+TO_VOTING_HOSPITAL = frozenset({VotingWelcome, VoteRequest, RoundVoid, Finish})
 TO_TALLIER = frozenset({VotingWelcome, Shares, Finish})
 TO_COORDINATOR = frozenset({Submit, Status, StopRun, RunLog})  # from an admin, between runs or during one
 TO_ADMIN = frozenset({AdminAnswer})

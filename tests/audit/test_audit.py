@@ -23,10 +23,7 @@ import msgpack
 import numpy as np
 import pytest
 import zstandard
-from scipy import stats
-
 from conftest import REPO, party_ledger, run_launcher
-from tally_inputs import placed_totals
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.bfv_parameters import select_bfv_parameters
 from consilium.crypto.key_shares import rebuild
@@ -40,20 +37,22 @@ from consilium.crypto.one_time_keys import (
     unpack_ring,
 )
 from consilium.protocol.run.config import RunConfig
-from consilium.protocol.wire.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Release, Update
 from consilium.protocol.secure_round.statement import released_from
-from consilium.protocol.wire.transcript import read_messages
 from consilium.protocol.voting.voting_config import VotingConfig
-from consilium.training.privacy.accounting import release_of
-from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.protocol.wire.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Release, Update
+from consilium.protocol.wire.transcript import read_messages
 from consilium.training.methods.dopamine import DopamineSettings, NoisyGradientStep
 from consilium.training.methods.intermediaries import expected_noise_norm, next_subclient_count
+from consilium.training.methods.per_example import ClippedGradients
 from consilium.training.methods.registry import ledger_release
 from consilium.training.models.build import build_model
 from consilium.training.models.spec import ModelSpec
-from consilium.training.methods.per_example import ClippedGradients
+from consilium.training.privacy.accounting import release_of
+from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.privacy.secure_random import secure_generator
 from consilium.training.privacy.skellam import SkellamMechanism
+from scipy import stats
+from tally_inputs import placed_totals
 
 pytestmark = [pytest.mark.audit, pytest.mark.slow]
 AUDIT_SITE = Path(__file__).parent / "audit_site"
@@ -514,7 +513,7 @@ def _share_bits(ballot: dict, share: np.ndarray) -> np.ndarray:
 
 def _seeds(talliers: list[dict], config: VotingConfig) -> dict[int, int]:
     """Each round's challenge, as the first tallier's code opened it after the marks of who voted."""
-    per_round = len(config.talliers) + 4
+    per_round = len(config.talliers) + 6
     return {r: talliers[0]["opened"][(r - 1) * per_round + len(config.talliers)][0] for r in (1, 2)}
 
 
@@ -576,17 +575,18 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
     classes = config.classes
     # What each tallier's code opened in the MPC, round by round: every tallier's marks of who voted, the
     # challenge's seed, every ballot's tag check, then its bit, sum and energy checks (masked; zero: all honest),
-    # then the labels.
-    per_round = len(config.talliers) + 4
+    # every tallier's pinned placement (none: the round's first tally), the barrier, then the labels.
+    per_round = len(config.talliers) + 6
     seeds = _seeds(talliers, config)
     for tallier in talliers:
         assert len(tallier["opened"]) == 2 * per_round
         for round_number in (1, 2):
             opened = tallier["opened"][(round_number - 1) * per_round : round_number * per_round]
-            *marks, seed, tag_checks, other_checks, labels = opened
+            *marks, seed, tag_checks, other_checks, pinned, barrier, labels = opened
             assert all(m == [round_number, *[1] * len(config.hospitals)] for m in marks)
             assert seed == [seeds[round_number]] and tag_checks == [0] * len(config.hospitals)
             assert other_checks == [0] * (3 * len(config.hospitals))
+            assert pinned == [0] * len(config.talliers) and barrier == [0]
             totals = _noisy_totals(ballots, round_number, config.hospitals, seeds[round_number]).reshape(-1, classes)
             assert labels == list(np.argmax(totals, axis=1))
     from_talliers = [

@@ -9,7 +9,6 @@ knows the method.
 import json
 
 import pytest
-
 from conftest import REPO, run_launcher
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,8 @@ import os
 import signal
 
 import pytest
-
-from scripted import HospitalProcess, ServerProcess
 from consilium.training.privacy.accounting import VIEWS
+from scripted import HospitalProcess, ServerProcess
 
 pytestmark = pytest.mark.slow
 ROUNDS = 8

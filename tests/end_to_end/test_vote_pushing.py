@@ -20,10 +20,9 @@ import math
 
 import numpy as np
 import pytest
-
+from consilium.protocol.wire.codec import decode
 from consilium.protocol.wire.messages import TO_VOTING_SERVER, Labels
 from consilium.protocol.wire.transcript import read_transcript
-from consilium.protocol.wire.codec import decode
 from test_voting_federation import _Federation
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, child_environment
 
 pytestmark = pytest.mark.slow

@@ -5,12 +5,11 @@ import sys
 
 import numpy as np
 import pytest
-
+from conftest import REPO, child_environment, free_port
 from consilium.crypto.mpc_field import MpcField
 from consilium.protocol.identity.roster import local_federation
 from consilium.scripts.bench_tallier import party_command, share_ballots, write_input
 from consilium.tallier.mpc import MpcParty, run_round
-from conftest import REPO, child_environment, free_port
 from tally_inputs import ballot_bits, forged_ballot, layout_for, placed_totals, split_totals
 
 pytestmark = pytest.mark.slow
@@ -401,7 +400,6 @@ def test_a_check_is_opened_masked_so_a_failing_one_shows_nothing_of_its_value(mo
     and what is opened is neither 5 nor the same twice (a bare check could carry a hospital's bits)."""
     import consilium.tallier.mpc as mpc
     from consilium.crypto.mpc_field import mpyc_runtime
-
     from consilium.tallier.mpc_values import harden_mpyc
 
     runtime = mpyc_runtime([])  # one party: MPyC's arithmetic, no network

@@ -2,7 +2,6 @@
 talliers should reach from them."""
 
 import numpy as np
-
 from consilium.crypto.checked_shares import _share_bits
 from consilium.protocol.voting.ballots import BallotLayout
 from consilium.tallier.ballot_checks import noise_placement

@@ -29,14 +29,13 @@ import os
 import secrets
 import weakref
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from consilium.errors import ConsiliumError
 from consilium.training.privacy.durable import append_line, replace_file
-from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS, Release
+from consilium.training.privacy.accounting import VIEWS, Release
 from consilium.training.privacy.ledger_file import (
     HEAD_SUFFIX,
     HEADER,
@@ -54,7 +53,7 @@ from consilium.training.privacy.ledger_file import (
 )
 from consilium.training.privacy.rdp import ORDERS, rdp_to_epsilon
 
-__all__ = ["LEDGER_FILE", "ROUND_STEPS", "LedgerError", "PrivacyBudget", "PrivacyLedger"]
+__all__ = ["LEDGER_FILE", "ROUND_STEPS", "LedgerError", "PrivacyLedger", "view_index"]
 
 LEDGER_FILE = "privacy_ledger.jsonl"
 ROUND_STEPS = ("endorsed", "released")
@@ -89,6 +88,8 @@ class PrivacyLedger:
         self._last_round: dict[str, int] = {}
         self._finished: set[str] = set()
         self._steps: set[tuple[str, int, str]] = set()  # (run id, round, step) taken
+        self._charges: dict[tuple[str, int], list[str]] = {}  # (run id, round) -> the keys of its releases
+        self._voided: set[tuple[str, int]] = set()  # rounds whose charges a void cancelled
         self._locked = False
         self._size = path.stat().st_size if path is not None and path.exists() else 0
         # Repairs wait for the first write, made under the lock: a torn last line to cut, a chained header.
@@ -137,8 +138,20 @@ class PrivacyLedger:
             raise LedgerError(f"run {run_id} was not begun in this ledger, or is over")
         key = secrets.token_hex(16)
         self._write({"key": key, "run": run_id, "round": round_number, **release.to_record()})
-        self._entries[key] = release
-        self._last_round[run_id] = max(self._last_round.get(run_id, 0), round_number)
+        self._add(key, release, run_id, round_number)
+
+    def void(self, *, run_id: str, round_number: int, evidence: dict[str, str]) -> None:
+        """Cancel the charges of a round that released nothing, durably, keeping ``evidence`` (every tallier's
+        signature: ``protocol.voting.round_void``) beside it; the round stays the run's last. ``LedgerError``
+        for a round this ledger did not charge, or voided already."""
+        if not self._charges.get((run_id, round_number)) or (run_id, round_number) in self._voided:
+            raise LedgerError(f"round {round_number} of run {run_id} was not charged here, or is void already")
+        self._write({"run": run_id, "round": round_number, "void": evidence})
+        self._cancel(run_id, round_number)
+
+    def voids(self, run_id: str) -> int:
+        """How many rounds of ``run_id`` a void cancelled."""
+        return sum(run == run_id for run, _ in self._voided)
 
     def record_step(self, step: str, *, run_id: str, round_number: int) -> None:
         """Write that this party took ``step`` (one of ``ROUND_STEPS``) in a round, durably, before the
@@ -152,7 +165,7 @@ class PrivacyLedger:
 
     def epsilon(self, delta: float, *, view: str = "server", extra: Release | None = None, times: int = 1) -> float:
         """Epsilon at ``delta`` for ``view`` spent so far, plus ``times`` more releases of ``extra`` if given."""
-        _view_index(view)
+        view_index(view)
         counts = Counter(self._entries.values())
         if extra is not None and times > 0:
             counts[extra] += times
@@ -176,7 +189,7 @@ class PrivacyLedger:
     ) -> tuple[float, str]:
         """The largest epsilon over ``VIEWS`` from the server's up to ``up_to`` (with ``times`` releases of
         ``extra``, as ``epsilon``), and the first view that reaches it."""
-        views = VIEWS[: _view_index(up_to) + 1]
+        views = VIEWS[: view_index(up_to) + 1]
         return max(
             ((self.epsilon(delta, view=view, extra=extra, times=times), view) for view in views),
             key=lambda pair: pair[0],
@@ -333,6 +346,10 @@ class PrivacyLedger:
             self._runs[str(record["run"])] = record.get("fingerprint")
         elif set(record) == {"finished"}:
             self._finished.add(str(record["finished"]))
+        elif set(record) == {"run", "round", "void"}:
+            if not self._charges.get((record["run"], record["round"])) or not isinstance(record["void"], dict):
+                raise ValueError(f"a void of a round not charged {record!r:.200}")
+            self._cancel(record["run"], record["round"])
         elif set(record) == {"run", "round", "step"}:
             step = (record["run"], record["round"], record["step"])
             if (
@@ -352,36 +369,21 @@ class PrivacyLedger:
                 or type(round_number) is not int
             ):
                 raise ValueError(f"malformed record {key!r}")
-            self._entries[key] = Release.from_record(record)
-            self._last_round[run] = max(self._last_round.get(run, 0), round_number)
+            self._add(key, Release.from_record(record), run, round_number)
+
+    def _add(self, key: str, release: Release, run_id: str, round_number: int) -> None:
+        self._entries[key] = release
+        self._charges.setdefault((run_id, round_number), []).append(key)
+        self._last_round[run_id] = max(self._last_round.get(run_id, 0), round_number)
+
+    def _cancel(self, run_id: str, round_number: int) -> None:
+        for key in self._charges.pop((run_id, round_number)):
+            del self._entries[key]
+        self._voided.add((run_id, round_number))
 
 
-BUDGET_REFUSAL = "privacy budget: "  # how a refusal for a spent budget begins, which a server reports as one
-
-
-@dataclass(frozen=True)
-class PrivacyBudget:
-    """At most ``epsilon`` at ``delta`` in ``view`` (``training.privacy.accounting``) and every view before it."""
-
-    epsilon: float
-    delta: float
-    view: str = DEFAULT_BUDGET_VIEW
-
-    def __post_init__(self) -> None:
-        _view_index(self.view)
-
-    def refusal(self, ledger: PrivacyLedger, charge: Release, round_number: int) -> str:
-        """Why a hospital must not take part in the round, or "" if it may (Dopamine's Algorithm 1, line 17)."""
-        projected, view = ledger.worst_epsilon(self.delta, up_to=self.view, extra=charge)
-        if projected <= self.epsilon:
-            return ""
-        return (
-            f"{BUDGET_REFUSAL}round {round_number} would bring epsilon against the {view.replace('_', ' ')} "
-            f"to {projected:.3f} > {self.epsilon:g} at delta {self.delta:g}"
-        )
-
-
-def _view_index(view: str) -> int:
+def view_index(view: str) -> int:
+    """The place of ``view`` in ``VIEWS``, from the server's outwards; ``ValueError`` for a view that is not one."""
     if view not in VIEWS:
         raise ValueError(f"unknown view {view!r}; choose from {', '.join(VIEWS)}")
     return VIEWS.index(view)

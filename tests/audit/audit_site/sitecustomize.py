@@ -27,20 +27,17 @@ import os
 
 if os.environ.get("CONSILIUM_AUDIT_RECORD"):
     import pickle
+    import sys
     import threading
     from pathlib import Path
 
     import numpy as np
-
-    import sys
-
     from consilium.crypto.mpc_field import import_mpyc
 
     import_mpyc()  # MPyC reads its options from sys.argv when first imported: not this process's
 
-    from consilium.protocol.voting import ballots
     from consilium.protocol.secure_round import hospital_round
-    from consilium.protocol.voting import voting_hospital
+    from consilium.protocol.voting import ballots, voting_hospital
     from consilium.tallier import mpc_network, mpc_values
     from consilium.training.privacy import skellam
 

@@ -1,5 +1,4 @@
 import numpy as np
-
 from consilium.crypto.endorsement import one_time_statement
 
 BASE = dict(

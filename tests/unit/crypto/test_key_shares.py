@@ -5,7 +5,6 @@ import os
 
 import numpy as np
 import pytest
-
 from consilium.crypto.key_shares import (
     Dealing,
     KeyShareError,

@@ -1,8 +1,7 @@
 import numpy as np
 import pytest
-from scipy import stats
-
 from consilium.crypto.secret_sharing import ShareError, add, check_fits, from_bytes, reconstruct, share, to_bytes
+from scipy import stats
 
 P = 2**61 - 1  # a Mersenne prime
 

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from consilium.crypto.primes import is_prime
 from consilium.crypto.slot_digits import SlotDigits
 

@@ -1,7 +1,7 @@
 import msgpack
 import numpy as np
 import pytest
-
+from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.wire.messages import (
     TO_HOSPITAL,
     TO_SERVER,
@@ -25,6 +25,7 @@ from consilium.protocol.wire.messages import (
     Releases,
     RoundAbort,
     RoundStart,
+    RoundVoid,
     RunKey,
     Shares,
     TallyFailed,
@@ -36,8 +37,6 @@ from consilium.protocol.wire.messages import (
     float32_values,
     release_digest,
 )
-
-from consilium.protocol.wire.codec import decode, encode
 
 LIMIT = 1 << 20
 SAMPLES = [
@@ -88,7 +87,8 @@ SAMPLES = [
         mpc_microseconds=10,
         mpc_bytes=5,
     ),
-    TallyFailed(round=1, reason="too few voters", tampered=(), interrupted=False),
+    TallyFailed(round=1, reason="too few voters", tampered=(), interrupted=False, void=b"s" * 64),
+    RoundVoid(round=1, signatures={"tallier-1": b"s" * 64}),
 ]
 
 
@@ -161,7 +161,7 @@ def test_a_message_of_millions_of_tiny_objects_is_refused_before_they_are_all_ma
 
 @pytest.mark.parametrize("flag", [1, 0, "true", None])
 def test_a_boolean_is_only_a_boolean(flag):
-    failed = dict(round=1, reason="x", tampered=[], interrupted=flag)
+    failed = dict(round=1, reason="x", tampered=[], interrupted=flag, void=b"")
     with pytest.raises(MessageError, match="must be a boolean"):
         decode(_raw(v=2, type="tally_failed", **failed), accept=TO_VOTING_SERVER, max_bytes=LIMIT)
 

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from consilium.protocol.run.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, VotingCheckpoint
 
 

@@ -3,7 +3,6 @@
 import dataclasses
 
 import pytest
-
 from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.voting.voting_config import VotingConfig
 from consilium.training.models.spec import ModelSpec

@@ -1,7 +1,6 @@
 """The crypto benchmark's Consilium scheme runs the real one-time-key round and sums exactly."""
 
 import pytest
-
 from consilium.scripts.bench_crypto import _measure, build_parser
 
 

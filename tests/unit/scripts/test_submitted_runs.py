@@ -5,7 +5,6 @@ import argparse
 
 import numpy as np
 import pytest
-
 from consilium.protocol.run.rules import ConfigError
 from consilium.scripts.server import _submitted, build_parser, serve
 

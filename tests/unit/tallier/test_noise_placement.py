@@ -3,10 +3,9 @@ a true permutation, fresh for every seed and voter, so that a hospital can aim n
 place."""
 
 import numpy as np
-from scipy import stats
-
 from consilium.crypto.mpc_field import MpcField
 from consilium.tallier.ballot_checks import noise_placement
+from scipy import stats
 
 P = MpcField.for_bound(10_000).modulus
 

@@ -1,12 +1,13 @@
 """A tallier's sealed run state: it opens only for its own tallier and run, and keeps the round rule."""
 
-import pytest
-from cryptography.hazmat.primitives import serialization
+import dataclasses
 
+import pytest
 from consilium.crypto.identity import PrivateIdentity
-from consilium.protocol.voting.ballots import tallier_key_context
 from consilium.protocol.run.checkpoint import CheckpointError
+from consilium.protocol.voting.ballots import tallier_key_context
 from consilium.tallier.run_state import MAX_TALLIES, RUN_STATE_FILE, RunState, RunStateFile, boxes_digest
+from cryptography.hazmat.primitives import serialization
 
 RUN = "a" * 64
 
@@ -22,6 +23,7 @@ def test_the_state_comes_back_whole_and_its_box_key_is_never_on_disk_in_the_clea
     files = RunStateFile(tmp_path, name="tallier-1", identity=identity)
     state = RunState.new(RUN, identity=identity, context=tallier_key_context(RUN, "tallier-1"))
     state = state.tallying(4, boxes_digest({"hospital-1": b"box"})).agreed(("hospital-1",)).placed(2**60 + 7)
+    state = dataclasses.replace(state, voided=True)  # both pins travel, whatever their combination
     files.save(state)
     on_disk = (tmp_path / RUN_STATE_FILE).read_bytes()
     assert _raw(state) not in on_disk and (tmp_path / RUN_STATE_FILE).stat().st_mode & 0o777 == 0o600
@@ -34,6 +36,7 @@ def test_the_state_comes_back_whole_and_its_box_key_is_never_on_disk_in_the_clea
         1,
         2**60 + 7,
     )
+    assert loaded.output_begun and loaded.voided
     files.delete()
     assert files.load(RUN) is None
 
@@ -78,8 +81,11 @@ def test_a_round_is_tallied_again_only_with_the_same_boxes_and_never_an_earlier_
     assert state.tallying(1, first).placed(12345).placement == 12345
     with pytest.raises(ValueError, match="placing its noise otherwise"):
         state.tallying(1, first).placed(54321)
+    with pytest.raises(ValueError, match="output was being computed"):  # placed: the output began
+        state.void()
     state = state.tallying(2, first)
     assert state.voters == () and state.tallies == 1 and state.placement == 0
+    assert not state.output_begun and state.void().voided  # a new round, nothing computed yet
     assert "after round 2" in state.refusal(1, first, rounds=3)
     assert "after round 2" in state.refusal(4, first, rounds=3)
     assert boxes_digest({"a": b"bc"}) != boxes_digest({"ab": b"c"})

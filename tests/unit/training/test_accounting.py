@@ -3,15 +3,15 @@ import math
 
 import numpy as np
 import pytest
+from consilium.training.privacy.accounting import VIEWS, Release, release_of, tolerated_coalition
+from consilium.training.privacy.budget import PrivacyBudget
+from consilium.training.privacy.ledger import LedgerError, PrivacyLedger
+from consilium.training.privacy.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
+from consilium.training.privacy.skellam import SkellamMechanism
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp
 from scipy.special import logsumexp
 from scipy.stats import skellam
-
-from consilium.training.privacy.accounting import VIEWS, Release, release_of, tolerated_coalition
-from consilium.training.privacy.ledger import LedgerError, PrivacyBudget, PrivacyLedger
-from consilium.training.privacy.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
-from consilium.training.privacy.skellam import SkellamMechanism
 
 KEY = bytes(range(32))  # a party's ledger key (protocol.identity.party_keys.Credentials.ledger_key)
 
@@ -118,6 +118,25 @@ def test_the_ledger_survives_a_restart(tmp_path):
     assert restarted.steps == 10 and restarted.epsilon(1e-4) == pytest.approx(before)
     projected = restarted.epsilon(1e-4, extra=release)
     assert projected > before and restarted.steps == 10
+
+
+def test_a_void_cancels_one_round_s_charge_durably_once_and_keeps_it_the_run_s_last(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    release = release_of(_mechanism(), sample_rate=0.05, contributors=3, coalition=1)
+    ledger = _ledger(path)
+    for round_number in (1, 2):
+        ledger.record(release, run_id="0123abcd", round_number=round_number)
+    one_round = _ledger().epsilon(1e-4, extra=release)
+    ledger.finish_run("0123abcd")  # the last round's void may come after the run is over for the ledger
+    ledger.void(run_id="0123abcd", round_number=2, evidence={"tallier-1": "ab"})
+    assert ledger.steps == 1 and ledger.epsilon(1e-4) == pytest.approx(one_round) and ledger.voids("0123abcd") == 1
+    for round_number in (2, 3):  # voided already; never charged
+        with pytest.raises(LedgerError, match="not charged here, or is void already"):
+            ledger.void(run_id="0123abcd", round_number=round_number, evidence={})
+    ledger.close()
+    restarted = PrivacyLedger(path, key=KEY)
+    assert restarted.steps == 1 and restarted.epsilon(1e-4) == pytest.approx(one_round)
+    assert restarted.voids("0123abcd") == 1 and restarted.last_round("0123abcd") == 2  # not voted in again
 
 
 def test_one_writer_at_a_time(tmp_path):

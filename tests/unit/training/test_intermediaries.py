@@ -4,7 +4,6 @@ import math
 
 import numpy as np
 import pytest
-
 from consilium.training.methods.intermediaries import expected_noise_norm, next_subclient_count
 
 

@@ -1,0 +1,57 @@
+"""A round void: signed by every tallier, for this run and round, naming the box keys the ballot was sealed to."""
+
+import pytest
+from consilium.crypto.identity import PrivateIdentity
+from consilium.protocol.voting.round_void import VoidError, check_void, sign_void
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+TALLIERS = ("tallier-1", "tallier-2", "tallier-3")
+
+
+@pytest.fixture(scope="module")
+def talliers():
+    identities = {name: PrivateIdentity.generate() for name in TALLIERS}
+    box_keys = {name: X25519PrivateKey.generate().public_key() for name in TALLIERS}
+    return identities, box_keys
+
+
+def _signatures(talliers, *, run="run:abc", round_number=2, box_keys=None):
+    identities, keys = talliers
+    keys = box_keys or keys
+    return {
+        name: sign_void(identity.signing, run=run, round_number=round_number, tallier=name, box_key=keys[name])
+        for name, identity in identities.items()
+    }
+
+
+def _check(talliers, signatures, round_number=2):
+    identities, box_keys = talliers
+    check_void(
+        signatures,
+        identities={name: identity.public.signing for name, identity in identities.items()},
+        box_keys=box_keys,
+        run="run:abc",
+        round_number=round_number,
+    )
+
+
+def test_every_tallier_s_signature_over_this_run_round_and_box_keys_makes_a_void(talliers):
+    _check(talliers, _signatures(talliers))
+
+
+def test_a_void_of_another_run_or_round_from_fewer_talliers_or_under_other_box_keys_is_refused(talliers):
+    with pytest.raises(VoidError, match="does not verify"):
+        _check(talliers, _signatures(talliers, run="run:abd"))
+    with pytest.raises(VoidError, match="does not verify"):
+        _check(talliers, _signatures(talliers), round_number=3)
+    with pytest.raises(VoidError, match="not by every tallier"):
+        _check(talliers, {k: v for k, v in _signatures(talliers).items() if k != "tallier-2"})
+    # A tallier state made afresh (a run begun again after Finish, a lost state file) has a new box key: its
+    # void does not name the key this hospital sealed to, and is refused (void-rounds review 1, finding 1).
+    fresh = {name: X25519PrivateKey.generate().public_key() for name in TALLIERS}
+    with pytest.raises(VoidError, match="under the box key this hospital sealed to"):
+        _check(talliers, _signatures(talliers, box_keys=fresh))
+    forged = _signatures(talliers)
+    forged["tallier-3"] = _signatures(talliers)["tallier-1"]
+    with pytest.raises(VoidError, match="tallier-3's signature"):
+        _check(talliers, forged)
