@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from consilium.errors import ConsiliumError
 from consilium.scripts._run import run_with
+
+from consilium.errors import ConsiliumError
 
 USER_ERRORS = (ConsiliumError, OSError)
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from consilium.crypto.checked_shares import challenge, tag_combination
 from consilium.protocol.voting.ballots import BallotLayout
 

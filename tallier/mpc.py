@@ -67,18 +67,18 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-
-from consilium.errors import ConsiliumError
 from consilium.crypto.mpc_field import MpcField, mpyc_runtime
 from consilium.crypto.secret_sharing import random_elements
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.voting.ballots import BallotLayout
 from consilium.tallier.ballot_checks import REFUSALS, BallotChecks, CheckedBallot
-from consilium.tallier.round_loop import round_loop
 from consilium.tallier.mpc_network import MpcNetwork, MpcParty
 from consilium.tallier.mpc_values import MpcPeerError, harden_mpyc, open_checked
+from consilium.tallier.round_loop import round_loop
 from consilium.training.voting.vote_privacy import REVEAL_MODES
+
+from consilium.errors import ConsiliumError
 
 __all__ = [
     "MpcError",

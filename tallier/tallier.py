@@ -33,10 +33,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from consilium.protocol.voting.ballots import BallotError, open_share, tallier_key_context
-from consilium.protocol.wire.channel import STOPPED, ServerChannel
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
 from consilium.protocol.run.rules import ConfigError
+from consilium.protocol.voting.ballots import BallotError, open_share, tallier_key_context
+from consilium.protocol.voting.round_void import sign_void
+from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
+from consilium.protocol.wire.channel import STOPPED, ServerChannel
 from consilium.protocol.wire.messages import (
     TO_TALLIER,
     Finish,
@@ -47,12 +50,8 @@ from consilium.protocol.wire.messages import (
     TallyFailed,
     VotingWelcome,
 )
-from consilium.protocol.identity.party_keys import Credentials
-from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transcript import Transcript
 from consilium.protocol.wire.transport import TransportError
-from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
-from consilium.protocol.voting.round_void import sign_void
 from consilium.tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
 from consilium.tallier.run_state import RunState, RunStateFile, boxes_digest
 from consilium.tallier.tallier_policy import TallierPolicy
@@ -120,7 +119,7 @@ class Tallier:
                 return message.reason
             digest = boxes_digest(message.boxes)
             if message.round == self._state.last_round and self._state.voided and digest == self._state.last_boxes:
-                self._send_void(message.round, "it released nothing, and is void")  # relayed again: the same void
+                self._send_void(message.round, "it released nothing, and is void", pin=False)  # the same void again
                 continue
             refusal = self._state.refusal(message.round, digest, self._config.rounds)
             if refusal:
@@ -149,11 +148,12 @@ class Tallier:
             TallyFailed(round=round_number, reason=str(error), tampered=tampered, interrupted=interrupted, void=b"")
         )
 
-    def _send_void(self, round_number: int, reason: str) -> None:
-        """Pin the round void, on disk before the signature leaves (it is never tallied again), and send the
-        signed void with the reason (``protocol.voting.round_void``)."""
-        self._state = self._state.void()
-        self._state_file.save(self._state)
+    def _send_void(self, round_number: int, reason: str, *, pin: bool = True) -> None:
+        """Pin the round void, on disk before the signature leaves (it is never tallied again), unless it is
+        pinned already, and send the signed void with the reason (``protocol.voting.round_void``)."""
+        if pin:
+            self._state = self._state.void()
+            self._state_file.save(self._state)
         void = sign_void(
             self._credentials.identity.signing,
             run=self._run,

@@ -27,14 +27,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-
 from consilium.crypto.checked_shares import CheckedLayout, share_checked
 from consilium.crypto.mpc_field import MpcField
 from consilium.crypto.sealed_box import OVERHEAD_BYTES, SealedBoxError, open_box, seal
 from consilium.crypto.secret_sharing import ShareError, from_bytes, to_bytes
 from consilium.training.voting.vote_privacy import VotingSettings
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 __all__ = [
     "BallotError",

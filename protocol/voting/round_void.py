@@ -37,13 +37,21 @@ def sign_void(
 def check_void(
     signatures: dict[str, bytes],
     *,
-    identities: dict[str, Ed25519PublicKey],
-    box_keys: dict[str, X25519PublicKey],
-    run: str,
     round_number: int,
+    last_ballot: tuple[int, dict[str, X25519PublicKey]],
+    voids: int,
+    identities: dict[str, Ed25519PublicKey],
+    run: str,
 ) -> None:
-    """``VoidError`` unless every tallier of ``identities`` (the run's, with their roster identities) signed the
-    void of ``round_number`` of ``run``, each naming the box key in ``box_keys`` that the ballot was sealed to."""
+    """``VoidError`` unless a hospital may cancel the charge of ``round_number`` of ``run``: it is the round of its
+    last ballot (``last_ballot``: that round and the box keys it sealed to, by tallier), the run has had fewer
+    than ``MAX_VOIDS`` ``voids``, and every tallier of ``identities`` (the run's, with their roster identities)
+    signed the round's void naming the box key the ballot was sealed to."""
+    sealed_round, box_keys = last_ballot
+    if round_number != sealed_round:
+        raise VoidError(f"it is of round {round_number}, not of round {sealed_round}, this hospital's last ballot")
+    if voids >= MAX_VOIDS:
+        raise VoidError(f"{MAX_VOIDS} rounds of this run were void already")
     if set(signatures) != set(identities) or set(box_keys) != set(identities):
         raise VoidError(f"signed by {sorted(signatures)}, not by every tallier of the run {sorted(identities)}")
     for tallier, signature in signatures.items():

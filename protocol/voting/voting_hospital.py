@@ -29,12 +29,13 @@ import logging
 from pathlib import Path
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
-
 from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
-from consilium.protocol.voting.ballots import seal_ballot, tallier_key_context
-from consilium.protocol.voting.round_void import MAX_VOIDS, VoidError, check_void
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
 from consilium.protocol.run.site_policy import DECLINED, MISFIT, Declined, Misfit, Offer
+from consilium.protocol.voting.ballots import seal_ballot, tallier_key_context
+from consilium.protocol.voting.round_void import VoidError, check_void
+from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
 from consilium.protocol.wire.channel import ServerChannel
 from consilium.protocol.wire.messages import (
     TO_VOTING_HOSPITAL,
@@ -46,17 +47,15 @@ from consilium.protocol.wire.messages import (
     VotingWelcome,
     Withdraw,
 )
-from consilium.protocol.identity.party_keys import Credentials
-from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transport import ClientTransport, TransportError
-from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
-from consilium.training.privacy.accounting import Release
-from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
-from consilium.training.privacy.budget import PrivacyBudget
 from consilium.training.data.datasets import Split
 from consilium.training.models.build import ModelError, check_model_for
+from consilium.training.privacy.accounting import Release
+from consilium.training.privacy.budget import PrivacyBudget
+from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
 from consilium.training.privacy.secure_random import secure_generator
 from consilium.training.voting.votes import PcaFeatures, knn_votes, noise_share, teacher_votes, train_classifier
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 __all__ = ["VotingHospital"]
 
@@ -167,18 +166,15 @@ class VotingHospital:
     def _void(self, message: RoundVoid) -> None:
         """Cancel the charge of the round this hospital last voted in, on every tallier's proof that it released
         nothing (``protocol.voting.round_void``); a void that proves less leaves the charge, and says why."""
-        round_number, box_keys = self._sealed
-        run_id = self._config.run_id
+        round_number, run_id = message.round, self._config.run_id
         try:
-            if message.round != round_number:
-                raise VoidError(
-                    f"it is of round {message.round}, not of round {round_number}, this hospital's last ballot"
-                )
-            if self._ledger.voids(run_id) >= MAX_VOIDS:
-                raise VoidError(f"{MAX_VOIDS} rounds of this run were void already")
-            identities = self._roster.identities(self._config.talliers)
             check_void(
-                message.signatures, identities=identities, box_keys=box_keys, run=self._run, round_number=round_number
+                message.signatures,
+                round_number=round_number,
+                last_ballot=self._sealed,
+                voids=self._ledger.voids(run_id),
+                identities=self._roster.identities(self._config.talliers),
+                run=self._run,
             )
         except VoidError as error:
             log.warning("%s keeps round %d's charge: %s", self._name, message.round, error)

@@ -14,7 +14,6 @@ import typing
 from dataclasses import fields
 
 import msgpack
-
 from consilium.protocol.wire.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Message, MessageError
 
 __all__ = ["MAX_TEXT_LENGTH", "decode", "encode"]

@@ -21,10 +21,9 @@ standard error. Run: ``python results/vote_pushing/simulate.py`` (about 20 s on 
 """
 
 import numpy as np
-
-from consilium.training.models.build import describe_model, input_statistics
 from consilium.training.data.datasets import load_dataset
 from consilium.training.data.partition import partition
+from consilium.training.models.build import describe_model, input_statistics
 from consilium.training.voting.vote_privacy import VotingSettings
 from consilium.training.voting.votes import PcaFeatures, knn_votes, split_public_pool, teacher_votes, train_classifier
 

@@ -146,6 +146,26 @@ def test_each_voter_s_noise_enters_the_totals_signed_and_placed_anew_each_round(
     assert not np.array_equal(outputs[0][0]["totals"], plain)  # the noise did not land where it was sent
 
 
+def test_an_abstention_is_a_vote_for_no_class_and_adds_to_no_total(tmp_path):
+    """AE-DPFL with a teacher confidence: a last "no class" column per query, checked like any vote and dropped
+    before the totals; a ballot with a vote and an abstention in one query is refused."""
+    layout = layout_for(30, 4, 1, abstains=True)
+    generator = np.random.default_rng()
+    votes = {name: np.eye(5, dtype=np.int64)[generator.integers(0, 5, size=30)] for name in HOSPITALS}
+    ballots = {name: (votes[name], np.zeros(120, dtype=np.int64)) for name in HOSPITALS}
+    outputs, codes, errors = _run(tmp_path, ballots, layout, reveal="histogram")
+    assert codes == {0: 0, 1: 0, 2: 0}, errors
+    assert np.array_equal(outputs[0][0]["totals"], sum(v[:, :4] for v in votes.values()))
+    both = votes["hospital-2"].copy()
+    both[:, 4] = 1  # an abstention in every query, beside the vote where there was one
+    both[both[:, :4].sum(axis=1) == 0, 0] = 1
+    forged = {"hospital-2": ballot_bits(layout, both, ballots["hospital-2"][1], layout.energy_cap)}
+    (tmp_path / "forged").mkdir()
+    outputs, codes, errors = _run(tmp_path / "forged", ballots, layout, quorum=1, forged=forged)
+    assert codes == {0: 0, 1: 0, 2: 0}, errors
+    assert list(outputs[0][0]["reasons"]) == ["its votes are not 1 per query"]
+
+
 def test_a_round_tallied_again_places_the_noise_as_the_first_tally_did(tmp_path):
     """A server that relays a round again gets the same totals, not a second draw of the placement to average."""
     ballots, layout = _random_ballots(40, 5, 30)

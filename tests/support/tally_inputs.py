@@ -8,11 +8,17 @@ from consilium.tallier.ballot_checks import noise_placement
 
 
 def layout_for(
-    queries: int, classes: int, votes_per_query: int, *, noise_range: int = 40, energy_cap: int | None = None
+    queries: int,
+    classes: int,
+    votes_per_query: int,
+    *,
+    noise_range: int = 40,
+    energy_cap: int | None = None,
+    abstains: bool = False,
 ):
     """A ballot layout whose energy cap binds nothing unless ``energy_cap`` is given."""
     cap = queries * classes * noise_range**2 if energy_cap is None else energy_cap
-    return BallotLayout(queries, classes, votes_per_query, False, noise_range, cap)
+    return BallotLayout(queries, classes, votes_per_query, abstains, noise_range, cap)
 
 
 def split_totals(totals: np.ndarray, votes_per_query: int) -> tuple[np.ndarray, np.ndarray]:

@@ -12,9 +12,8 @@ from typing import Iterator
 
 import numpy as np
 import torch
-from torch import nn
-
 from consilium.training.models.compute_device import compute_device, on_device
+from torch import nn
 
 __all__ = ["ClippedGradients"]
 

@@ -32,11 +32,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binom
-from torch import nn
-
 from consilium.training.data.splits import Split
 from consilium.training.methods.registry import TrainingMethod
+from scipy.stats import binom
+from torch import nn
 
 __all__ = ["DEFAULT_SEND_OFFSET_S", "MARGIN", "TAIL", "SendOffset", "largest_batch", "rehearse_step"]
 

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
-
-from consilium.training.models.compute_device import compute_device, on_device
 from consilium.training.data.datasets import Split
+from consilium.training.models.compute_device import compute_device, on_device
+from torch import nn
 
 __all__ = ["SELECTION_METRICS", "Selection", "evaluate"]
 

@@ -14,7 +14,9 @@ its party holds (``training.privacy.ledger_file``); a final line cut short by a 
 acknowledged (so nothing was released on its strength) and is dropped on the next start; anything
 else unreadable is refused. One process at a time may hold a ledger file (an exclusive lock), so two
 processes cannot each count only their own releases. Records hold the mechanism's parameters,
-not epsilons, so any accountant can read them.
+not epsilons, so any accountant can read them. A voting round that released nothing is cancelled by a
+void record that keeps every tallier's signature (``void``, ``protocol.voting.round_void``); a reader
+older than void records refuses a ledger that holds one, rather than count it wrongly.
 """
 
 from __future__ import annotations
@@ -32,10 +34,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-
-from consilium.errors import ConsiliumError
-from consilium.training.privacy.durable import append_line, replace_file
 from consilium.training.privacy.accounting import VIEWS, Release
+from consilium.training.privacy.durable import append_line, replace_file
 from consilium.training.privacy.ledger_file import (
     HEAD_SUFFIX,
     HEADER,
@@ -52,6 +52,8 @@ from consilium.training.privacy.ledger_file import (
     read_unchained,
 )
 from consilium.training.privacy.rdp import ORDERS, rdp_to_epsilon
+
+from consilium.errors import ConsiliumError
 
 __all__ = ["LEDGER_FILE", "ROUND_STEPS", "LedgerError", "PrivacyLedger", "view_index"]
 
@@ -141,9 +143,8 @@ class PrivacyLedger:
         self._add(key, release, run_id, round_number)
 
     def void(self, *, run_id: str, round_number: int, evidence: dict[str, str]) -> None:
-        """Cancel the charges of a round that released nothing, durably, keeping ``evidence`` (every tallier's
-        signature: ``protocol.voting.round_void``) beside it; the round stays the run's last. ``LedgerError``
-        for a round this ledger did not charge, or voided already."""
+        """Cancel, durably, the charges of a round that released nothing, with ``evidence``, every tallier's signed
+        void; it stays the run's last round. ``LedgerError`` if not charged here, or voided already."""
         if not self._charges.get((run_id, round_number)) or (run_id, round_number) in self._voided:
             raise LedgerError(f"round {round_number} of run {run_id} was not charged here, or is void already")
         self._write({"run": run_id, "round": round_number, "void": evidence})
@@ -347,9 +348,12 @@ class PrivacyLedger:
         elif set(record) == {"finished"}:
             self._finished.add(str(record["finished"]))
         elif set(record) == {"run", "round", "void"}:
-            if not self._charges.get((record["run"], record["round"])) or not isinstance(record["void"], dict):
-                raise ValueError(f"a void of a round not charged {record!r:.200}")
-            self._cancel(record["run"], record["round"])
+            place, evidence = (record["run"], record["round"]), record["void"]
+            if type(place[1]) is not int or not self._charges.get(place) or place in self._voided:
+                raise ValueError(f"a void of a round not charged, or voided already {record!r:.200}")
+            if not isinstance(evidence, dict) or not all(type(v) is str for v in evidence.values()):
+                raise ValueError(f"a void whose evidence is not signatures {record!r:.200}")
+            self._cancel(*place)
         elif set(record) == {"run", "round", "step"}:
             step = (record["run"], record["round"], record["step"])
             if (

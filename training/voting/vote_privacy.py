@@ -69,11 +69,10 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
-from scipy import optimize, special
-
-from consilium.training.privacy.accounting import Release, release_of
 from consilium.training.methods.flags import Flag, below_one, non_negative_int, positive_float, positive_int, rate
+from consilium.training.privacy.accounting import Release, release_of
 from consilium.training.privacy.skellam import SkellamMechanism, bernstein_deviation
+from scipy import optimize, special
 
 # The widest row a kNN feature map may give (a run configuration's limit, checked before any map is used).
 MAX_FEATURE_DIMENSIONS = 2**10

@@ -2,7 +2,7 @@
 
 import pytest
 from consilium.crypto.identity import PrivateIdentity
-from consilium.protocol.voting.round_void import VoidError, check_void, sign_void
+from consilium.protocol.voting.round_void import MAX_VOIDS, VoidError, check_void, sign_void
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 TALLIERS = ("tallier-1", "tallier-2", "tallier-3")
@@ -24,14 +24,15 @@ def _signatures(talliers, *, run="run:abc", round_number=2, box_keys=None):
     }
 
 
-def _check(talliers, signatures, round_number=2):
+def _check(talliers, signatures, round_number=2, *, last_round=2, voids=0):
     identities, box_keys = talliers
     check_void(
         signatures,
-        identities={name: identity.public.signing for name, identity in identities.items()},
-        box_keys=box_keys,
-        run="run:abc",
         round_number=round_number,
+        last_ballot=(last_round, box_keys),
+        voids=voids,
+        identities={name: identity.public.signing for name, identity in identities.items()},
+        run="run:abc",
     )
 
 
@@ -43,7 +44,11 @@ def test_a_void_of_another_run_or_round_from_fewer_talliers_or_under_other_box_k
     with pytest.raises(VoidError, match="does not verify"):
         _check(talliers, _signatures(talliers, run="run:abd"))
     with pytest.raises(VoidError, match="does not verify"):
-        _check(talliers, _signatures(talliers), round_number=3)
+        _check(talliers, _signatures(talliers), round_number=3, last_round=3)
+    with pytest.raises(VoidError, match="not of round 3, this hospital's last ballot"):  # a round before its last
+        _check(talliers, _signatures(talliers), last_round=3)
+    with pytest.raises(VoidError, match=f"{MAX_VOIDS} rounds of this run were void already"):
+        _check(talliers, _signatures(talliers), voids=MAX_VOIDS)
     with pytest.raises(VoidError, match="not by every tallier"):
         _check(talliers, {k: v for k, v in _signatures(talliers).items() if k != "tallier-2"})
     # A tallier state made afresh (a run begun again after Finish, a lost state file) has a new box key: its
