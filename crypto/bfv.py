@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import os
 import struct
-
 import numpy as np
 import tenseal.sealapi as seal
 import zstandard
-from consilium.crypto.bfv_parameters import BfvParameters
 
 from consilium.errors import ConsiliumError
+from consilium.crypto.bfv_parameters import BfvParameters
 
 __all__ = ["BfvError", "PublicContext", "pack_words", "unpack_words"]
 

@@ -46,11 +46,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from consilium.errors import ConsiliumError
 from consilium.crypto.linear_hash import challenge_count
 from consilium.crypto.primes import is_prime
 from consilium.crypto.slot_digits import SlotDigits
-
-from consilium.errors import ConsiliumError
 
 __all__ = ["BfvParameters", "ParameterError", "select_bfv_parameters"]
 

@@ -45,6 +45,7 @@ import hashlib
 from dataclasses import dataclass
 
 import numpy as np
+
 from consilium.crypto.secret_sharing import ShareError, random_elements, share_elements
 
 __all__ = ["CheckedLayout", "challenge", "share_checked", "tag_combination"]

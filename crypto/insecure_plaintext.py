@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+
 from consilium.crypto.bfv import BfvError
 from consilium.crypto.bfv_parameters import BfvParameters
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
+
 from consilium.crypto.linear_hash import LinearHash, challenge_count
 
 __all__ = [

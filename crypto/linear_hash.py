@@ -31,9 +31,10 @@ import hmac
 from fractions import Fraction
 
 import numpy as np
-from consilium.crypto.primes import is_prime
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from threadpoolctl import ThreadpoolController
+
+from consilium.crypto.primes import is_prime
 
 __all__ = ["SOUNDNESS_BITS", "LinearHash", "challenge_count"]
 

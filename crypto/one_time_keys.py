@@ -43,6 +43,7 @@ from typing import Sequence
 
 import numpy as np
 import tenseal.sealapi as seal
+
 from consilium.crypto.bfv import BfvError, PublicContext, _MemoryFile, pack_words, unpack_words
 from consilium.crypto.key_shares import Dealing, KeyShareError, uniform
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from consilium.crypto.primes import is_prime
 
 from consilium.errors import ConsiliumError
+from consilium.crypto.primes import is_prime
 
 __all__ = [
     "ShareError",

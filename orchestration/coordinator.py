@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from consilium.errors import ConsiliumError
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.run.checkpoint import REPORT_FILE
 from consilium.protocol.wire.codec import decode, encode
@@ -51,8 +52,6 @@ from consilium.protocol.wire.messages import (
 )
 from consilium.protocol.wire.transport import ServerTransport
 from consilium.training.privacy.durable import replace_file
-
-from consilium.errors import ConsiliumError
 
 __all__ = ["ADMIN_MESSAGE_BYTES", "MAX_FLAGS", "MAX_QUEUED", "Coordinator", "RunStopped"]
 

@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from consilium.orchestration.site_service import serve_runs
+from consilium.errors import ConsiliumError
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.run.config import SECURE_AGGREGATION, announced_method
 from consilium.protocol.run.hospital import Hospital
+from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S
 from consilium.protocol.run.rules import is_run_id
 from consilium.protocol.run.site_policy import DECLINED, POLICY_REFUSAL, Declined, Misfit, Offer, SitePolicy
 from consilium.protocol.voting.voting_config import welcomed_run
@@ -49,13 +50,11 @@ from consilium.protocol.wire.messages import (
     Welcome,
     Withdraw,
 )
+from consilium.orchestration.site_service import serve_runs
 from consilium.protocol.wire.transport import ClientTransport, Reconnected, TransportError
 from consilium.training.data.datasets import Split
-from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S
 from consilium.training.privacy.durable import replace_file
 from consilium.training.privacy.ledger import LEDGER_FILE, LedgerError, PrivacyLedger
-
-from consilium.errors import ConsiliumError
 
 __all__ = ["MAX_MISFITS", "STATUS_FILE", "HospitalService", "site_status"]
 

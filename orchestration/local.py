@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
 from consilium.orchestration.planning import check_first_round, planned_run
 from consilium.orchestration.report import (
     baseline_summary,
@@ -39,16 +40,16 @@ from consilium.orchestration.report import (
 )
 from consilium.orchestration.run_flags import model_spec, run_argv, shown
 from consilium.orchestration.spec import RunSpec, resolve
-from consilium.protocol.identity.party_keys import SERVER
-from consilium.protocol.identity.roster import Roster, local_federation
 from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import ProtocolError
-from consilium.training.data.datasets import Dataset
-from consilium.training.data.partition import partition
+from consilium.protocol.identity.party_keys import SERVER
+from consilium.protocol.identity.roster import Roster, local_federation
 from consilium.training.methods.baselines import BASELINES, DP_BASELINES, BaselineSettings, run_baseline
 from consilium.training.models.compute_device import use_device
+from consilium.training.data.datasets import Dataset
 from consilium.training.models.evaluation import Selection
 from consilium.training.models.own_code import is_reference
+from consilium.training.data.partition import partition
 
 __all__ = ["free_port", "run_local_federation"]
 

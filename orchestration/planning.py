@@ -22,10 +22,10 @@ from consilium.protocol.run.config import RunConfig
 from consilium.protocol.run.rules import ConfigError
 from consilium.training.data.datasets import Dataset
 from consilium.training.methods.dp_fedavg import DpFedAvgSettings
-from consilium.training.methods.registry import METHODS as TRAINING_METHODS
 from consilium.training.privacy.accounting import VIEWS
-from consilium.training.privacy.budget import PrivacyBudget
 from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.training.privacy.budget import PrivacyBudget
+from consilium.training.methods.registry import METHODS as TRAINING_METHODS
 
 __all__ = [
     "calibrated",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from consilium.protocol.run.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION
 
 __all__ = [

@@ -16,9 +16,10 @@ import secrets
 from typing import Any
 
 from consilium.protocol.run.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, RunConfig
+
 from consilium.protocol.run.rules import ConfigError
-from consilium.training.data.datasets import Dataset, Split
 from consilium.training.methods.baselines import BASELINE_DEFAULTS, BASELINE_FLAGS, BASELINES
+from consilium.training.data.datasets import Dataset, Split
 from consilium.training.methods.flags import Flag, positive_int, probability, widths
 from consilium.training.methods.registry import METHODS as TRAINING_METHODS
 from consilium.training.models.build import describe_model, input_statistics

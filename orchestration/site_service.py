@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Callable
 
+
 __all__ = ["FIRST_PAUSE_S", "MOST_PAUSE_S", "serve_runs", "stop_on_signals"]
 
 FIRST_PAUSE_S = 1.0

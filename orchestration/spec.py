@@ -19,6 +19,8 @@ from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 from typing import Any, Mapping
 
+from consilium.protocol.run.rules import ConfigError
+from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S
 from consilium.orchestration.run_flags import (
     COMMON_FLAGS,
     FEDERATION_METHODS,
@@ -27,12 +29,10 @@ from consilium.orchestration.run_flags import (
     resolve_run_arguments,
     shown,
 )
-from consilium.protocol.run.rules import ConfigError
-from consilium.training.data.datasets import Dataset, load_dataset
-from consilium.training.methods.registry import METHODS as TRAINING_METHODS
-from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S
-from consilium.training.models.evaluation import Selection
 from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW
+from consilium.training.data.datasets import Dataset, load_dataset
+from consilium.training.models.evaluation import Selection
+from consilium.training.methods.registry import METHODS as TRAINING_METHODS
 from consilium.training.voting.vote_privacy import VOTING_METHODS
 
 __all__ = ["RunSpec", "resolve"]

@@ -9,11 +9,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from consilium.errors import ConsiliumError
 from consilium.orchestration.site_service import serve_runs
 from consilium.protocol.wire.channel import STOPPED
 from consilium.tallier.tallier import Tallier
-
-from consilium.errors import ConsiliumError
 
 __all__ = ["TallierService"]
 

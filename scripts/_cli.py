@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from consilium.scripts._run import run_with
-
 from consilium.errors import ConsiliumError
+from consilium.scripts._run import run_with
 
 USER_ERRORS = (ConsiliumError, OSError)
 

@@ -20,6 +20,10 @@ import time
 
 import numpy as np
 import tenseal
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from consilium.crypto.bfv import PublicContext
 from consilium.crypto.bfv_parameters import BfvParameters, select_bfv_parameters
 from consilium.crypto.sealed_box import certify_key
@@ -27,8 +31,6 @@ from consilium.protocol.secure_round.hospital_round import HospitalRound
 from consilium.protocol.secure_round.statement import RoundSetting, box_key_context
 from consilium.protocol.secure_round.sum_round import SumRound
 from consilium.training.privacy.skellam import SkellamMechanism
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 _TENSEAL_BFV_PLAIN_MODULUS = 1032193  # TenSEAL's tutorials' batching prime for N = 4096
 _TENSEAL_BFV_SCALE = 2**10  # fixed point: its sums of up to K values must stay below t / 2

@@ -29,14 +29,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from consilium.orchestration.run_flags import build_run_config
 from consilium.orchestration.spec import RunSpec, resolve
 from consilium.protocol.run.rules import ConfigError
 from consilium.training.data.datasets import Split
-from consilium.training.data.partition import partition
 from consilium.training.methods.dopamine import mean_gradient
-from consilium.training.models.build import build_model, get_flat_parameters, set_flat_parameters
 from consilium.training.models.evaluation import evaluate
+from consilium.training.models.build import build_model, get_flat_parameters, set_flat_parameters
+from consilium.training.data.partition import partition
 
 __all__ = ["require_flower", "run_flower_secaggplus"]
 

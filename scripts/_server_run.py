@@ -9,7 +9,14 @@ import secrets
 from dataclasses import dataclass
 from typing import Callable
 
-from consilium.orchestration.planning import calibrated, planned_spend, spend_line
+from consilium.protocol.run.config import INSECURE_PLAINTEXT, RunConfig
+from consilium.protocol.run.rules import ConfigError
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
+from consilium.protocol.run.participants import Timeouts
+from consilium.protocol.run.server import Server
+from consilium.protocol.voting.voting_config import VotingConfig
+from consilium.protocol.voting.voting_server import VotingServer
 from consilium.orchestration.run_flags import (
     build_run_config,
     chosen_aggregation,
@@ -17,20 +24,13 @@ from consilium.orchestration.run_flags import (
     resolve_data_defaults,
     resolve_run_arguments,
 )
-from consilium.protocol.identity.party_keys import Credentials
-from consilium.protocol.identity.roster import Roster
-from consilium.protocol.run.config import INSECURE_PLAINTEXT, RunConfig
-from consilium.protocol.run.participants import Timeouts
-from consilium.protocol.run.rules import ConfigError
-from consilium.protocol.run.server import Server
-from consilium.protocol.voting.voting_config import VotingConfig
-from consilium.protocol.voting.voting_server import VotingServer
+from consilium.orchestration.planning import calibrated, planned_spend, spend_line
 from consilium.protocol.wire.transport import ServerTransport
 from consilium.scripts._server_network import listening_on, server_timeouts
-from consilium.training.data.datasets import Dataset, Split, load_dataset
-from consilium.training.models.build import use_model_code
 from consilium.training.models.evaluation import Selection
+from consilium.training.models.build import use_model_code
 from consilium.training.models.own_code import is_reference
+from consilium.training.data.datasets import Dataset, Split, load_dataset
 from consilium.training.voting.vote_privacy import VOTING_METHODS, VotingSettings
 from consilium.training.voting.votes import PcaFeatures, split_public_pool
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from consilium.errors import ConsiliumError
 from consilium.protocol.identity.roster_confirmation import join_federation
 from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.wire.messages import (
@@ -21,8 +22,6 @@ from consilium.protocol.wire.messages import (
 from consilium.protocol.wire.transport import ClientTransport, Reconnected, TransportError
 from consilium.scripts._cli import add_roster_fingerprint, run
 from consilium.training.methods.flags import positive_float
-
-from consilium.errors import ConsiliumError
 
 _ANSWER_BYTES = 1 << 20  # a Status or a run's log: far less
 _DEFAULT_TIMEOUT_S = 30.0

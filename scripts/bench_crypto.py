@@ -43,10 +43,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
+
 from consilium.scripts._cli import run
 from consilium.scripts._crypto_backends import BACKENDS
 from consilium.training.methods.flags import positive_float, positive_int
-from tqdm import tqdm
 
 SCHEMES = tuple(BACKENDS)
 

@@ -35,18 +35,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
+
 from consilium.crypto.mpc_field import MpcField
 from consilium.orchestration.local import free_port
 from consilium.protocol.identity.party_keys import Credentials
-from consilium.protocol.identity.roster import Roster, local_federation
 from consilium.protocol.voting.ballots import BallotLayout, share_ballot
+from consilium.protocol.identity.roster import Roster, local_federation
 from consilium.scripts._cli import run
 from consilium.tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
 from consilium.training.methods.flags import positive_int
 from consilium.training.privacy.secure_random import secure_generator
 from consilium.training.voting.vote_privacy import REVEAL_MODES, VotingSettings
 from consilium.training.voting.votes import noise_share
-from tqdm import tqdm
 
 # The votes each number of hospitals casts, as a run of that size would: kNN-DPFL's defaults with 3,
 # and AE-DPFL's MNIST setting with 100 (scripts/reproduce_voting.py). Every hospital votes: the quorum.

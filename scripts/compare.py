@@ -39,15 +39,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, TextIO
 
+from consilium.protocol.run.rules import ConfigError
 from consilium.orchestration.local import run_local_federation
 from consilium.orchestration.planning import least_noise_multiplier
 from consilium.orchestration.spec import RunSpec
-from consilium.protocol.run.rules import ConfigError
 from consilium.scripts._cli import run
 from consilium.scripts._compare_report import plot, row_scores, table
+from consilium.training.methods.flags import positive_float, positive_int, probability, rate, widths
 from consilium.training.data.datasets import load_dataset
 from consilium.training.methods.dopamine import DopamineSettings
-from consilium.training.methods.flags import positive_float, positive_int, probability, rate, widths
 from consilium.training.models.evaluation import SELECTION_METRICS
 
 _NO_BUDGET = 1e9  # the comparison fixes each run's noise and rounds; a hospital's budget must not stop it early

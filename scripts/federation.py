@@ -21,10 +21,10 @@ from consilium.orchestration.local import run_local_federation
 from consilium.orchestration.spec import RunSpec
 from consilium.scripts._cli import run
 from consilium.scripts._run_arguments import add_image_arguments, add_run_arguments
-from consilium.training.data.partition import PARTITION_SCHEMES
+from consilium.training.privacy.accounting import VIEWS
 from consilium.training.methods.flags import non_negative_float, non_negative_int, positive_float, positive_int
 from consilium.training.models.evaluation import SELECTION_METRICS
-from consilium.training.privacy.accounting import VIEWS
+from consilium.training.data.partition import PARTITION_SCHEMES
 
 _DEFAULT = RunSpec()  # a flag not given takes the spec's default
 

@@ -7,21 +7,22 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from consilium.orchestration.hospital_service import HospitalService, site_status
-from consilium.orchestration.run_flags import METHODS, chosen_aggregation
-from consilium.orchestration.site_service import stop_on_signals
+from consilium.protocol.run.rules import ConfigError
+from consilium.protocol.run.site_policy import SitePolicy
+from consilium.protocol.run.hospital import Hospital
+from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S
+from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS
+from consilium.training.privacy.budget import PrivacyBudget
+from consilium.protocol.wire.messages import ProtocolError
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.identity.roster_confirmation import join_federation
-from consilium.protocol.run.hospital import Hospital
-from consilium.protocol.run.rules import ConfigError
-from consilium.protocol.run.site_policy import SitePolicy
 from consilium.protocol.voting.voting_hospital import VotingHospital
-from consilium.protocol.wire.messages import ProtocolError
+from consilium.orchestration.hospital_service import HospitalService, site_status
+from consilium.orchestration.site_service import stop_on_signals
+from consilium.orchestration.run_flags import METHODS, chosen_aggregation
 from consilium.scripts._cli import USER_ERRORS, add_logging_arguments, add_roster_fingerprint, configure_logging, run
 from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments
-from consilium.training.data.datasets import Split, load_dataset
-from consilium.training.data.partition import PARTITION_SCHEMES, PartitionError, partition
 from consilium.training.methods.flags import (
     non_negative_float,
     non_negative_int,
@@ -29,12 +30,12 @@ from consilium.training.methods.flags import (
     positive_int,
     probability,
 )
-from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S
-from consilium.training.models.build import use_model_code
+from consilium.training.data.datasets import Split, load_dataset
 from consilium.training.models.compute_device import use_device
-from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS
-from consilium.training.privacy.budget import PrivacyBudget
+from consilium.training.models.build import use_model_code
+from consilium.training.data.partition import PARTITION_SCHEMES, PartitionError, partition
 from consilium.training.voting.vote_privacy import VOTING_METHODS
+
 
 _BUDGET = PrivacyBudget(epsilon=3.0, delta=1e-5, view=DEFAULT_BUDGET_VIEW)  # a hospital's, unless it says otherwise
 

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from consilium.protocol.identity.key_files import KeyFileError
 from consilium.protocol.identity.party_keys import ROLES, SECRET_FILE, generate_party_keys
+from consilium.protocol.identity.key_files import KeyFileError
 from consilium.scripts._run import run_with
 
 

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from consilium.protocol.identity.key_files import KeyFileError
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.identity.roster_confirmation import SIGNATURES_FILE, sign_roster
+from consilium.protocol.identity.key_files import KeyFileError
 from consilium.scripts._run import run_with
 
 

@@ -9,22 +9,24 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from consilium.orchestration.coordinator import Coordinator
-from consilium.orchestration.site_service import stop_on_signals
+
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.identity.party_keys import SERVER
 from consilium.protocol.identity.roster_confirmation import join_federation
-from consilium.protocol.run.rules import ConfigError
+from consilium.orchestration.coordinator import Coordinator
+from consilium.orchestration.site_service import stop_on_signals
 from consilium.protocol.wire.transport import ServerTransport
 from consilium.scripts._cli import add_logging_arguments, add_roster_fingerprint, configure_logging, run
-from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments, add_run_arguments
-from consilium.scripts._server_network import add_network_arguments, listening_on
 from consilium.scripts._server_run import ServerRun, check_run_flags, prepared_run
-from consilium.training.data.datasets import BUILTIN_DATASETS
+from consilium.scripts._server_network import add_network_arguments, listening_on
+from consilium.scripts._run_arguments import add_hardware_arguments, add_image_arguments, add_run_arguments
+from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS
 from consilium.training.methods.flags import non_negative_int, positive_float, positive_int
 from consilium.training.models.compute_device import use_device
 from consilium.training.models.evaluation import SELECTION_METRICS
 from consilium.training.models.own_code import is_reference
-from consilium.training.privacy.accounting import DEFAULT_BUDGET_VIEW, VIEWS
+from consilium.training.data.datasets import BUILTIN_DATASETS
+
 
 DEFAULT_MAX_MESSAGE_MIB = 256
 

@@ -7,15 +7,15 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from consilium.protocol.identity.party_keys import KeyFileError, mpc_address
 from consilium.orchestration.site_service import stop_on_signals
 from consilium.orchestration.tallier_service import TallierService
-from consilium.protocol.identity.party_keys import KeyFileError, mpc_address
 from consilium.protocol.identity.roster_confirmation import join_federation
 from consilium.protocol.run.rules import ConfigError
 from consilium.scripts._cli import add_logging_arguments, add_roster_fingerprint, configure_logging, run
+from consilium.training.methods.flags import positive_float
 from consilium.tallier.tallier import Tallier
 from consilium.tallier.tallier_policy import TallierPolicy
-from consilium.training.methods.flags import positive_float
 
 
 def build_parser() -> argparse.ArgumentParser:

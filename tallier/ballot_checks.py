@@ -36,8 +36,12 @@ from consilium.protocol.voting.ballots import BallotLayout
 
 __all__ = ["REFUSALS", "BallotChecks", "CheckedBallot", "noise_placement"]
 
-# Why a ballot is refused, by the check it failed: the bit, sum and energy checks, in that order.
-REFUSALS = ("its bits are not bits", "its votes are not {s} per query", "its noise's energy exceeds the cap")
+# Why a ballot is refused, by the check it failed (a ``CheckedBallot`` field), in the order they are opened.
+REFUSALS = {
+    "bit": "its bits are not bits",
+    "sum": "its votes are not {s} per query",
+    "energy": "its noise's energy exceeds the cap",
+}
 
 
 @dataclass
@@ -63,6 +67,8 @@ class BallotChecks:
             self.public(challenge(seed, part.entries * part.bits, p, f"bits/{name}")) for name, part in parts
         ]
         self.coefficients = [challenge(seed, part.entries, p, f"tags/{name}") for name, part in parts]
+        self.tag_weights = [self.public(r) for r in self.coefficients]
+        self.weights = [np.array(part.weights, dtype=object) for part in layout.parts]
         row_weights = challenge(seed, layout.queries, p, "sums")
         self.sum_weights = self.public(np.repeat(np.array(row_weights, dtype=object), layout.vote_columns))
         self.sum_target = layout.votes_per_query * sum(row_weights)
@@ -86,8 +92,8 @@ class BallotChecks:
             start += part.entries * part.bits + part.bits
             rows = runtime.np_reshape(bits, (part.entries, part.bits))
             bit_check = bit_check + (bits * self.spreads[k]) @ (bits - 1)
-            tag_check = tag_check + tags[k] - key @ (self.public(self.coefficients[k]) @ rows)
-            values.append(rows @ np.array(part.weights, dtype=object) + part.low)
+            tag_check = tag_check + tags[k] - key @ (self.tag_weights[k] @ rows)
+            values.append(rows @ self.weights[k] + part.low)
         votes, noise, slack = values
         return CheckedBallot(
             tag=tag_check,
@@ -112,6 +118,6 @@ def noise_placement(seed: int, voter: str, count: int, modulus: int) -> tuple[np
     """The public signs (``+1`` or ``-1``) and places with which ``voter``'s noise enters a round's ``count`` totals:
     total ``i`` gets ``signs[i] n[places[i]]``. Drawn from the round's jointly random ``seed``: a uniform
     permutation (the order of uniform keys, ties below ``count^2 / p``) and uniform signs (within ``1/p``)."""
-    signs = np.array(challenge(seed, count, modulus, f"noise-signs/{voter}"), dtype=object) % 2
-    keys = challenge(seed, count, modulus, f"noise-places/{voter}")
-    return 1 - 2 * signs.astype(np.int64), np.argsort(np.array(keys, dtype=object), kind="stable")
+    signs = np.array(challenge(seed, count, modulus, f"noise-signs/{voter}"), dtype=np.uint64) & 1  # p < 2^64
+    keys = np.array(challenge(seed, count, modulus, f"noise-places/{voter}"), dtype=np.uint64)
+    return 1 - 2 * signs.astype(np.int64), np.argsort(keys, kind="stable")

@@ -61,34 +61,26 @@ and the next round, or the same round tallied again, starts clean in the same pr
 """
 
 from __future__ import annotations
+from typing import Callable
 
 import asyncio
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
+
+from consilium.errors import ConsiliumError
 from consilium.crypto.mpc_field import MpcField, mpyc_runtime
 from consilium.crypto.secret_sharing import random_elements
 from consilium.protocol.identity.party_keys import Credentials
-from consilium.protocol.identity.roster import Roster
 from consilium.protocol.voting.ballots import BallotLayout
-from consilium.tallier.ballot_checks import REFUSALS, BallotChecks, CheckedBallot
+from consilium.protocol.identity.roster import Roster
 from consilium.tallier.mpc_network import MpcNetwork, MpcParty
-from consilium.tallier.mpc_values import MpcPeerError, harden_mpyc, open_checked
 from consilium.tallier.round_loop import round_loop
+from consilium.tallier.ballot_checks import REFUSALS, BallotChecks, CheckedBallot
+from consilium.tallier.mpc_values import MpcPeerError, harden_mpyc, open_checked
 from consilium.training.voting.vote_privacy import REVEAL_MODES
 
-from consilium.errors import ConsiliumError
-
-__all__ = [
-    "MpcError",
-    "MpcParty",
-    "MpcResult",
-    "TamperError",
-    "VoterError",
-    "mpc_party",
-    "run_round",
-]
+__all__ = ["MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "mpc_party", "run_round"]
 
 _MESSAGE_SLACK_BYTES = 1 << 16
 
@@ -158,8 +150,8 @@ def run_round(
     ``on_voters`` is given the agreed voters before anything else of the round is opened (a tallier
     pins them: ``tallier.run_state``); a ``ValueError`` from it ends the round. ``placement`` is the
     seed of the noise's signs and places this tallier pinned in an earlier tally of the round (0 if
-    none), and ``on_placement`` is given the one the talliers agree on before any output is computed. ``MpcError`` if it
-    does not finish in time or a peer deviates where it can be seen; ``VoterError`` if the talliers
+    none), and ``on_placement`` is given the one the talliers agree on before any output is
+    computed. ``MpcError`` if it does not finish in time or a peer deviates where it can be seen; ``VoterError`` if the talliers
     disagree on the round or count fewer voters than ``quorum`` (or ``on_voters`` refuses them);
     ``TamperError`` if a voter's tag check fails."""
     _check_inputs(shares, hospitals=hospitals, layout=layout, reveal=reveal)
@@ -327,12 +319,11 @@ class _Tally:
         failed = await self.failed([ballot.tag for ballot in self.ballots])
         if failed:
             raise TamperError(tuple(voters[v] for v in failed), self.round)
-        kinds = ("bit", "sum", "energy")  # as REFUSALS lists them
-        failed = await self.failed([getattr(ballot, kind) for kind in kinds for ballot in self.ballots])
+        failed = await self.failed([getattr(ballot, kind) for kind in REFUSALS for ballot in self.ballots])
         refused: dict[str, str] = {}
         for index in failed:
             kind, v = divmod(index, len(voters))
-            refused.setdefault(voters[v], REFUSALS[kind].format(s=layout.votes_per_query))
+            refused.setdefault(voters[v], list(REFUSALS.values())[kind].format(s=layout.votes_per_query))
         return [v for v in range(len(voters)) if voters[v] not in refused], refused
 
     async def failed(self, checks: list) -> list[int]:

@@ -25,6 +25,7 @@ places that unpickle.
 from __future__ import annotations
 
 import numpy as np
+
 from consilium.crypto.mpc_field import import_mpyc
 
 _mpyc_runtime = import_mpyc()

@@ -37,12 +37,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import msgpack
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from consilium.crypto.identity import PrivateIdentity
 from consilium.crypto.sealed_box import SealedBoxError, certify_key, open_box, seal
 from consilium.protocol.run.checkpoint import CheckpointError, write_retrying
 from consilium.training.privacy.durable import replace_file
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 __all__ = ["MAX_TALLIES", "RUN_STATE_FILE", "RunState", "RunStateFile", "boxes_digest"]
 

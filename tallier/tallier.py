@@ -33,13 +33,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from consilium.protocol.identity.party_keys import Credentials
-from consilium.protocol.identity.roster import Roster
-from consilium.protocol.run.rules import ConfigError
+
 from consilium.protocol.voting.ballots import BallotError, open_share, tallier_key_context
 from consilium.protocol.voting.round_void import sign_void
-from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
 from consilium.protocol.wire.channel import STOPPED, ServerChannel
+from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import (
     TO_TALLIER,
     Finish,
@@ -50,8 +48,11 @@ from consilium.protocol.wire.messages import (
     TallyFailed,
     VotingWelcome,
 )
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transcript import Transcript
 from consilium.protocol.wire.transport import TransportError
+from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
 from consilium.tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
 from consilium.tallier.run_state import RunState, RunStateFile, boxes_digest
 from consilium.tallier.tallier_policy import TallierPolicy

@@ -10,13 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
+
 from consilium.crypto.bfv_parameters import select_bfv_parameters
-from consilium.orchestration.local import free_port  # noqa: F401  (the tests' ports, as the launchers pick them)
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import local_federation
 from consilium.training.data.datasets import load_dataset
 from consilium.training.data.partition import partition
 from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
+from consilium.orchestration.local import free_port  # noqa: F401  (the tests' ports, as the launchers pick them)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

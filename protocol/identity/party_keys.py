@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
 from consilium.crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
 from consilium.crypto.tls import (
     CertificateError,
@@ -30,8 +33,6 @@ from consilium.crypto.tls import (
     make_mpc_certificate,
 )
 from consilium.protocol.identity.key_files import KeyFileError, read_toml, shown, toml_table, write_private
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 __all__ = [
     "Credentials",

@@ -34,11 +34,12 @@ import hashlib
 import hmac
 from pathlib import Path
 
+from cryptography.exceptions import InvalidSignature
+
 from consilium.protocol.identity.key_files import KeyFileError, read_toml, shown, toml_table
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster, RosterError, roster_changes
 from consilium.training.privacy.durable import replace_file
-from cryptography.exceptions import InvalidSignature
 
 __all__ = ["ACCEPTED_ROSTER_FILE", "SIGNATURES_FILE", "confirm_roster", "join_federation", "sign_roster"]
 

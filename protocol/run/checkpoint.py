@@ -29,11 +29,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, ClassVar
 
+from consilium.errors import ConsiliumError
 from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.wire.messages import ProtocolError
 from consilium.training.privacy.durable import replace_file
-
-from consilium.errors import ConsiliumError
 
 __all__ = [
     "CHECKPOINT_FILE",

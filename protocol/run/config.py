@@ -18,11 +18,11 @@ from consilium.crypto.one_time_keys import key_share_bytes
 from consilium.crypto.sealed_box import OVERHEAD_BYTES
 from consilium.protocol.run.rules import MAX_HOSPITALS, MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
 from consilium.protocol.secure_round.statement import RoundSetting, check_threshold
-from consilium.protocol.wire.messages import ProtocolError, Welcome
+from consilium.training.privacy.accounting import Release, tolerated_coalition
 from consilium.training.methods.registry import METHODS, TrainingMethod, ledger_release, settings_from_dict
 from consilium.training.models.spec import ModelSpec
-from consilium.training.privacy.accounting import Release, tolerated_coalition
 from consilium.training.privacy.skellam import SkellamMechanism
+from consilium.protocol.wire.messages import ProtocolError, Welcome
 
 __all__ = [
     "INSECURE_PLAINTEXT",

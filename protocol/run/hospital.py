@@ -36,28 +36,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.sealed_box import SealedBoxError
-from consilium.protocol.identity.party_keys import Credentials
-from consilium.protocol.identity.roster import Roster
-from consilium.protocol.run.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, RunConfig, accept_run, check_choices
-from consilium.protocol.run.hospital_metrics import Contribution, HospitalMetrics
-from consilium.protocol.run.run_model import RunModel
+from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S, SendOffset
 from consilium.protocol.run.site_policy import DECLINED, MISFIT, Declined, Misfit, Offer
-from consilium.protocol.secure_round.box_keys import BoxKeyring
-from consilium.protocol.secure_round.hospital_round import HospitalRound
-from consilium.protocol.secure_round.member_messages import (
-    endorsement,
-    opened_sum,
-    plaintext_sum,
-    plaintext_update,
-    proof,
-    release,
-    upload,
-)
-from consilium.protocol.secure_round.statement import RoundRefused, RoundSetting
-from consilium.protocol.wire.channel import ServerChannel
-from consilium.protocol.wire.codec import encode
+from consilium.protocol.run.config import INSECURE_PLAINTEXT, SECURE_AGGREGATION, RunConfig, accept_run, check_choices
+from consilium.protocol.run.run_model import RunModel
 from consilium.protocol.wire.messages import (
     TO_HOSPITAL,
     Aggregate,
@@ -76,14 +61,30 @@ from consilium.protocol.wire.messages import (
     Withdraw,
     release_digest,
 )
+from consilium.protocol.wire.codec import encode
+from consilium.protocol.secure_round.box_keys import BoxKeyring
+from consilium.protocol.secure_round.hospital_round import HospitalRound
+from consilium.protocol.secure_round.member_messages import (
+    endorsement,
+    opened_sum,
+    plaintext_sum,
+    plaintext_update,
+    proof,
+    release,
+    upload,
+)
+from consilium.protocol.secure_round.statement import RoundRefused, RoundSetting
+from consilium.protocol.wire.channel import ServerChannel
 from consilium.protocol.wire.transport import ClientTransport, TransportError
+from consilium.protocol.run.hospital_metrics import Contribution, HospitalMetrics
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
+from consilium.training.privacy.accounting import Release as Charge
+from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
+from consilium.training.privacy.budget import PrivacyBudget
 from consilium.training.data.datasets import Split
 from consilium.training.methods.registry import LocalStep, TrainingMethod
-from consilium.training.methods.step_timing import DEFAULT_SEND_OFFSET_S, SendOffset
 from consilium.training.models.build import ModelError, check_model_for
-from consilium.training.privacy.accounting import Release as Charge
-from consilium.training.privacy.budget import PrivacyBudget
-from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
 
 __all__ = ["Hospital"]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.bfv_parameters import BfvParameters
 from consilium.crypto.insecure_plaintext import InsecurePlaintextSum, InsecurePlaintextUploads

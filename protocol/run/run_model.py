@@ -9,6 +9,7 @@ name the run. A Welcome and the server's checkpoint carry it as three float32 ar
 from __future__ import annotations
 
 import numpy as np
+
 from consilium.protocol.run.config import RunConfig
 from consilium.protocol.secure_round.statement import state_digest
 from consilium.protocol.wire.messages import float32_values

@@ -26,25 +26,25 @@ from typing import Callable
 
 from consilium.crypto.bfv import PublicContext
 from consilium.crypto.insecure_plaintext import InsecurePlaintextSum
-from consilium.protocol.identity.party_keys import Credentials
-from consilium.protocol.identity.roster import Roster
-from consilium.protocol.run.blame import Blame
 from consilium.protocol.run.checkpoint import Checkpoint, CheckpointError, save_checkpoint, write_report, write_retrying
 from consilium.protocol.run.config import INSECURE_PLAINTEXT, RunConfig
-from consilium.protocol.run.participants import Timeouts, run_to_the_end
-from consilium.protocol.run.round_steps import RoundSteps, confirm, open_plaintext
 from consilium.protocol.run.rules import ConfigError
-from consilium.protocol.run.run_model import RunModel
-from consilium.protocol.run.server_connections import ServerConnections
-from consilium.protocol.run.server_report import RoundRecord, RunRecord, mechanism_report, run_selection, save_model
-from consilium.protocol.secure_round.box_keys import CertifiedBoxKeys
-from consilium.protocol.secure_round.collection import collect_updates
-from consilium.protocol.secure_round.sum_round import SumRound
 from consilium.protocol.wire.messages import TO_SERVER, BoxKey, ProtocolError, RoundAbort, Welcome
+from consilium.protocol.secure_round.box_keys import CertifiedBoxKeys
+from consilium.protocol.secure_round.sum_round import SumRound
+from consilium.protocol.run.round_steps import RoundSteps, confirm, open_plaintext
+from consilium.protocol.run.participants import Timeouts, run_to_the_end
+from consilium.protocol.run.server_connections import ServerConnections
+from consilium.protocol.run.run_model import RunModel
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
+from consilium.protocol.secure_round.collection import collect_updates
+from consilium.protocol.run.server_report import RoundRecord, RunRecord, mechanism_report, run_selection, save_model
 from consilium.protocol.wire.transport import DEFAULT_MAX_MESSAGES_PER_SECOND, ServerTransport
-from consilium.training.data.datasets import Split
-from consilium.training.models.evaluation import Selection
 from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
+from consilium.training.data.datasets import Split
+from consilium.protocol.run.blame import Blame
+from consilium.training.models.evaluation import Selection
 
 __all__ = ["Server"]
 

@@ -19,14 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
 from consilium.protocol.run.checkpoint import Checkpoint, CheckpointError, write_retrying
 from consilium.protocol.run.config import RunConfig
 from consilium.protocol.run.rules import ConfigError
-from consilium.training.data.datasets import Split
-from consilium.training.models.evaluation import Selection, evaluate
 from consilium.training.privacy.accounting import ACCOUNTANT, Release
-from consilium.training.privacy.durable import replace_file
 from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.training.data.datasets import Split
+from consilium.training.privacy.durable import replace_file
+from consilium.training.models.evaluation import Selection, evaluate
 from consilium.training.privacy.skellam import SkellamMechanism
 
 __all__ = ["SELECTED_MODEL_FILE", "RoundRecord", "RunRecord", "mechanism_report", "run_selection", "save_model"]

@@ -26,8 +26,8 @@ from pathlib import Path
 from consilium.protocol.run.policy_file import PolicyError, listed, read_policy
 from consilium.protocol.wire.messages import Message, ProtocolError
 from consilium.training.privacy.accounting import VIEWS, Release
-from consilium.training.privacy.budget import PrivacyBudget
 from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.training.privacy.budget import PrivacyBudget
 
 __all__ = ["DECLINED", "MISFIT", "POLICY_REFUSAL", "Declined", "Misfit", "Offer", "PolicyError", "SitePolicy"]
 

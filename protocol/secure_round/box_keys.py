@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from consilium.crypto.sealed_box import SealedBoxError, certify_key, verify_certified_key
-from consilium.protocol.secure_round.statement import RoundRefused, RoundSetting, box_key_context, check_box_keys
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from consilium.crypto.sealed_box import SealedBoxError, certify_key, verify_certified_key
+from consilium.protocol.secure_round.statement import RoundRefused, RoundSetting, box_key_context, check_box_keys
 
 __all__ = ["BoxKeyring", "CertifiedBoxKeys"]
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.key_shares import check_release, check_share, interpolate, rebuild
 from consilium.crypto.linear_hash import LinearHash
@@ -39,7 +41,6 @@ from consilium.protocol.secure_round.statement import (
     within_field,
     words_below,
 )
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 __all__ = [
     "check_endorsements",

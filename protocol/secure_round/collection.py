@@ -22,9 +22,9 @@ from typing import Callable
 
 from consilium.crypto.bfv import BfvError
 from consilium.crypto.insecure_plaintext import InsecurePlaintextSum
-from consilium.protocol.run.participants import Participants
-from consilium.protocol.secure_round.sum_round import SumRound
 from consilium.protocol.wire.messages import Message, Refused, Update
+from consilium.protocol.secure_round.sum_round import SumRound
+from consilium.protocol.run.participants import Participants
 
 __all__ = ["collect_from_members", "collect_updates"]
 

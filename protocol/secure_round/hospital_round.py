@@ -9,12 +9,14 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.endorsement import one_time_statement
 from consilium.crypto.key_shares import DealtShare, Release, check_share, release
 from consilium.crypto.one_time_keys import OneTimeKey, unpack_ring
 from consilium.crypto.sealed_box import SealedBoxError, box_key, open_box, seal, verify_box
-from consilium.protocol.secure_round.checks import check_endorsements, check_proofs, open_sum
 from consilium.protocol.secure_round.statement import (
     DIGEST_BYTES,
     Endorsed,
@@ -40,8 +42,7 @@ from consilium.protocol.secure_round.statement import (
     upload_digest,
     upload_hashes,
 )
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from consilium.protocol.secure_round.checks import check_endorsements, check_proofs, open_sum
 
 __all__ = ["HospitalRound"]
 

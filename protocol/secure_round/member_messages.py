@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Mapping
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.bfv_parameters import BfvParameters
 from consilium.crypto.insecure_plaintext import InsecurePlaintextUploads
@@ -31,7 +33,6 @@ from consilium.protocol.wire.messages import (
     RoundStart,
     Update,
 )
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 __all__ = ["endorsement", "opened_sum", "plaintext_sum", "plaintext_update", "proof", "release", "upload"]
 

@@ -17,15 +17,17 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.bfv_parameters import BfvParameters
 from consilium.crypto.key_shares import DealtShare, Release
 from consilium.crypto.linear_hash import LinearHash, challenge_count
 from consilium.crypto.one_time_keys import key_share_bytes, pack_ring, public_polynomials, unpack_ring
 from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
 
 __all__ = [
     "Steps",

@@ -8,17 +8,12 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.endorsement import one_time_statement
 from consilium.crypto.one_time_keys import pack_ring, sum_uploads
 from consilium.crypto.sealed_box import SealedBoxError, verify_box, verify_certified_key
-from consilium.protocol.secure_round.checks import (
-    check_endorsements,
-    check_proofs,
-    open_sum,
-    right_release,
-    signed_release,
-)
 from consilium.protocol.secure_round.statement import (
     Endorsed,
     Opened,
@@ -43,7 +38,13 @@ from consilium.protocol.secure_round.statement import (
     well_formed_proof,
     words_below,
 )
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from consilium.protocol.secure_round.checks import (
+    check_endorsements,
+    check_proofs,
+    open_sum,
+    right_release,
+    signed_release,
+)
 
 __all__ = ["SumRound"]
 

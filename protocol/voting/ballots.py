@@ -23,17 +23,17 @@ server, were it to open a box) learns nothing from what it holds; only all ``J``
 """
 
 from __future__ import annotations
-
 from dataclasses import dataclass
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
 from consilium.crypto.checked_shares import CheckedLayout, share_checked
+from consilium.training.voting.vote_privacy import VotingSettings
 from consilium.crypto.mpc_field import MpcField
 from consilium.crypto.sealed_box import OVERHEAD_BYTES, SealedBoxError, open_box, seal
 from consilium.crypto.secret_sharing import ShareError, from_bytes, to_bytes
-from consilium.training.voting.vote_privacy import VotingSettings
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 __all__ = [
     "BallotError",

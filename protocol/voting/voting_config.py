@@ -18,8 +18,8 @@ from consilium.crypto.mpc_field import MIN_PARTIES, MpcField
 from consilium.protocol.run.rules import MAX_MESSAGE_BYTES, ConfigError, check_run, run_fingerprint
 from consilium.protocol.voting.ballots import BallotLayout
 from consilium.protocol.wire.messages import ProtocolError, VotingWelcome
-from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.accounting import tolerated_coalition
+from consilium.training.models.spec import ModelSpec
 from consilium.training.voting.vote_privacy import MAX_FEATURE_DIMENSIONS, REVEAL_MODES, VotingSettings
 
 __all__ = ["VotingConfig", "welcomed_run"]

@@ -29,13 +29,12 @@ import logging
 from pathlib import Path
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
 from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
-from consilium.protocol.identity.party_keys import Credentials
-from consilium.protocol.identity.roster import Roster
-from consilium.protocol.run.site_policy import DECLINED, MISFIT, Declined, Misfit, Offer
 from consilium.protocol.voting.ballots import seal_ballot, tallier_key_context
 from consilium.protocol.voting.round_void import VoidError, check_void
-from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
+from consilium.protocol.run.site_policy import DECLINED, MISFIT, Declined, Misfit, Offer
 from consilium.protocol.wire.channel import ServerChannel
 from consilium.protocol.wire.messages import (
     TO_VOTING_HOSPITAL,
@@ -47,15 +46,17 @@ from consilium.protocol.wire.messages import (
     VotingWelcome,
     Withdraw,
 )
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transport import ClientTransport, TransportError
+from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
+from consilium.training.privacy.accounting import Release
+from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
+from consilium.training.privacy.budget import PrivacyBudget
 from consilium.training.data.datasets import Split
 from consilium.training.models.build import ModelError, check_model_for
-from consilium.training.privacy.accounting import Release
-from consilium.training.privacy.budget import PrivacyBudget
-from consilium.training.privacy.ledger import LEDGER_FILE, PrivacyLedger
 from consilium.training.privacy.secure_random import secure_generator
 from consilium.training.voting.votes import PcaFeatures, knn_votes, noise_share, teacher_votes, train_classifier
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 __all__ = ["VotingHospital"]
 

@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import torch
+
 from consilium.protocol.voting.voting_config import VotingConfig
 from consilium.protocol.voting.voting_round import RoundRecord
 from consilium.training.data.splits import Split

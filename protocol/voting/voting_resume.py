@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.run.checkpoint import CheckpointError, VotingCheckpoint
 from consilium.protocol.run.rules import ConfigError

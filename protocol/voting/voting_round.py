@@ -21,11 +21,12 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from consilium.protocol.run.participants import Participants
+
 from consilium.protocol.voting.ballots import box_bytes
+from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, RoundVoid, Shares, TallyFailed
+from consilium.protocol.run.participants import Participants
 from consilium.protocol.voting.tallier_keys import TallierKeys
 from consilium.protocol.voting.voting_config import VotingConfig
-from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, RoundVoid, Shares, TallyFailed
 
 __all__ = ["MAX_TALLY_ATTEMPTS", "RoundRecord", "TallyInterrupted", "collect_ballots", "collect_labels", "tally"]
 

@@ -31,20 +31,21 @@ from typing import Callable
 
 import numpy as np
 import torch
+
+from consilium.protocol.run.rules import ConfigError
+from consilium.protocol.wire.messages import TO_VOTING_SERVER, Hello, ProtocolError, VoteRequest, VotingWelcome
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.run.checkpoint import VotingCheckpoint, save_checkpoint, write_report, write_retrying
 from consilium.protocol.run.participants import Timeouts, run_to_the_end
-from consilium.protocol.run.rules import ConfigError
 from consilium.protocol.run.server_connections import ServerConnections
+from consilium.protocol.wire.transport import ServerTransport
+from consilium.protocol.voting.voting_resume import check_startable, data_digest, restored
 from consilium.protocol.voting.tallier_keys import TallierKeys
 from consilium.protocol.voting.voting_config import VotingConfig
 from consilium.protocol.voting.voting_ledgers import VotingLedgers, ledger_paths
 from consilium.protocol.voting.voting_report import final_figures, run_report
-from consilium.protocol.voting.voting_resume import check_startable, data_digest, restored
 from consilium.protocol.voting.voting_round import RoundRecord, collect_ballots, tally
-from consilium.protocol.wire.messages import TO_VOTING_SERVER, Hello, ProtocolError, VoteRequest, VotingWelcome
-from consilium.protocol.wire.transport import ServerTransport
 from consilium.training.data.datasets import Split
 from consilium.training.voting.votes import train_student
 

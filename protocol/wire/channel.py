@@ -17,18 +17,17 @@ import threading
 import time
 from typing import Callable, TypeVar
 
-from consilium.protocol.identity.party_keys import Credentials
-from consilium.protocol.identity.roster import Roster
 from consilium.protocol.run.rules import (
     MAX_MESSAGE_BYTES,
 )  # until the run's settings, and so its largest message, are known
-from consilium.protocol.wire.codec import decode, encode
+from consilium.errors import ConsiliumError
 from consilium.protocol.wire.messages import Finish, Hello, Message, MessageError, ProtocolError, Withdraw
+from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.wire.rejections import RejectionLog
 from consilium.protocol.wire.transcript import Transcript
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transport import ClientTransport, Reconnected, ServerTransport, TransportError
-
-from consilium.errors import ConsiliumError
 
 __all__ = ["STOPPED", "PartyChannels", "ServerChannel", "Stopped"]
 

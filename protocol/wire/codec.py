@@ -14,6 +14,7 @@ import typing
 from dataclasses import fields
 
 import msgpack
+
 from consilium.protocol.wire.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Message, MessageError
 
 __all__ = ["MAX_TEXT_LENGTH", "decode", "encode"]

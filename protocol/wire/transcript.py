@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Iterator
 
 import msgpack
-from consilium.protocol.wire.codec import decode
-from consilium.protocol.wire.messages import Message, MessageError
 
 from consilium.errors import ConsiliumError
+from consilium.protocol.wire.messages import Message, MessageError
+from consilium.protocol.wire.codec import decode
 
 __all__ = ["Transcript", "TranscriptError", "read_messages", "read_transcript"]
 

@@ -42,12 +42,12 @@ import time
 from collections import defaultdict
 
 import zmq
-from consilium.protocol.identity.party_keys import CurveKeyPair
 from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
+from zmq.utils import z85
 
 from consilium.errors import ConsiliumError
+from consilium.protocol.identity.party_keys import CurveKeyPair
 
 __all__ = [
     "ClientTransport",

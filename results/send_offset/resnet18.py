@@ -2,12 +2,10 @@
 rehearsed at the largest batch it will plausibly draw, against three steps at Poisson draws.
 Run: python results/send_offset/resnet18.py (output.txt, 2-core machine, 2026-11-28)."""
 
-import time
-
-import numpy as np
+import time, numpy as np
 from consilium.training.data.splits import Split
 from consilium.training.methods.dopamine import DopamineSettings
-from consilium.training.methods.step_timing import SendOffset, rehearse_step
+from consilium.training.methods.step_timing import rehearse_step, SendOffset
 from consilium.training.models.build import build_model
 from consilium.training.models.spec import ModelSpec
 

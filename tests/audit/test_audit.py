@@ -10,6 +10,7 @@ fails on a planted leak (``test_the_checks_catch_planted_leaks``).
 """
 
 from __future__ import annotations
+from tally_inputs import placed_totals
 
 import copy
 import json
@@ -23,6 +24,8 @@ import msgpack
 import numpy as np
 import pytest
 import zstandard
+from scipy import stats
+
 from conftest import REPO, party_ledger, run_launcher
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.bfv_parameters import select_bfv_parameters
@@ -37,22 +40,20 @@ from consilium.crypto.one_time_keys import (
     unpack_ring,
 )
 from consilium.protocol.run.config import RunConfig
-from consilium.protocol.secure_round.statement import released_from
-from consilium.protocol.voting.voting_config import VotingConfig
 from consilium.protocol.wire.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SERVER, Labels, Release, Update
+from consilium.protocol.secure_round.statement import released_from
 from consilium.protocol.wire.transcript import read_messages
+from consilium.protocol.voting.voting_config import VotingConfig
+from consilium.training.privacy.accounting import release_of
+from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.methods.dopamine import DopamineSettings, NoisyGradientStep
 from consilium.training.methods.intermediaries import expected_noise_norm, next_subclient_count
-from consilium.training.methods.per_example import ClippedGradients
 from consilium.training.methods.registry import ledger_release
 from consilium.training.models.build import build_model
 from consilium.training.models.spec import ModelSpec
-from consilium.training.privacy.accounting import release_of
-from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.training.methods.per_example import ClippedGradients
 from consilium.training.privacy.secure_random import secure_generator
 from consilium.training.privacy.skellam import SkellamMechanism
-from scipy import stats
-from tally_inputs import placed_totals
 
 pytestmark = [pytest.mark.audit, pytest.mark.slow]
 AUDIT_SITE = Path(__file__).parent / "audit_site"

@@ -4,6 +4,7 @@ on the roster's port forwards to the server's own: the relay stands in for the n
 and everything else is real processes over real sockets."""
 
 import pytest
+
 from conftest import free_port
 from relay import Relay
 from scripted import HospitalProcess, ServerProcess

@@ -5,15 +5,16 @@ import subprocess
 from dataclasses import replace
 
 import pytest
+
 from conftest import child_environment, free_port, launcher, party_ledger, run_launcher
 from consilium.orchestration.planning import planned_epsilons
 from consilium.orchestration.spec import RunSpec
 from consilium.protocol.identity.roster import local_federation
+from scripted import confirmed
+from consilium.training.privacy.accounting import release_of
 from consilium.training.models.build import build_model
 from consilium.training.models.spec import ModelSpec
-from consilium.training.privacy.accounting import release_of
 from consilium.training.privacy.skellam import SkellamMechanism
-from scripted import confirmed
 
 pytestmark = pytest.mark.slow
 TRAINING = ("--sample-rate", "0.1", "--hidden", "4", "--expected-batch-size", "15")

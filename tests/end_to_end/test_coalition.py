@@ -8,10 +8,11 @@ byte the server received, the attacker opens the round's sum, and neither other 
 
 import numpy as np
 import pytest
+from scripted import HospitalProcess, ScriptedHospital, ServerProcess
+
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.key_shares import rebuild
 from consilium.crypto.one_time_keys import check_zero_slots, decrypt_sum, sum_uploads, unpack_ring
-from consilium.protocol.secure_round.statement import released_from
 from consilium.protocol.wire.messages import (
     TO_SERVER,
     Aggregate,
@@ -23,8 +24,8 @@ from consilium.protocol.wire.messages import (
     RoundStart,
     Update,
 )
+from consilium.protocol.secure_round.statement import released_from
 from consilium.protocol.wire.transcript import read_messages
-from scripted import HospitalProcess, ScriptedHospital, ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -7,22 +7,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from conftest import party_ledger, run_launcher
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.key_shares import rebuild
 from consilium.crypto.one_time_keys import check_zero_slots, decrypt_sum, public_polynomials, sum_uploads, unpack_ring
 from consilium.crypto.sealed_box import SealedBoxError, open_box
+from consilium.protocol.run.config import RunConfig
+from consilium.protocol.wire.messages import TO_SERVER, Release, Update
+from consilium.protocol.secure_round.statement import RoundSetting, box_context, released_from, upload_digest
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
-from consilium.protocol.run.config import RunConfig
-from consilium.protocol.secure_round.statement import RoundSetting, box_context, released_from, upload_digest
-from consilium.protocol.wire.messages import TO_SERVER, Release, Update
 from consilium.protocol.wire.transcript import Transcript, read_messages, read_transcript
+from consilium.training.privacy.accounting import VIEWS
 from consilium.training.data.datasets import load_dataset
+from consilium.training.privacy.ledger import LEDGER_FILE
 from consilium.training.models.build import accuracy, build_model
 from consilium.training.models.spec import ModelSpec
-from consilium.training.privacy.accounting import VIEWS
-from consilium.training.privacy.ledger import LEDGER_FILE
 
 pytestmark = pytest.mark.slow
 ROUNDS = 4

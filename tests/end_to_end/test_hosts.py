@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from conftest import child_environment, free_port, launcher
 from scripted import wait_for_text
 

@@ -5,13 +5,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
+from sklearn.datasets import load_digits
+
 from conftest import run_launcher
+from scripted import HospitalProcess, ServerProcess
 from consilium.training.data.datasets import DatasetError, Split, load_dataset
 from consilium.training.models.build import ModelError, build_model, check_model_for, describe_model, use_model_code
 from consilium.training.models.spec import ModelSpec
-from PIL import Image
-from scripted import HospitalProcess, ServerProcess
-from sklearn.datasets import load_digits
 
 OWN_RESNET = '''
 """A small ResNet with GroupNorm, as a hospital team would write its own."""

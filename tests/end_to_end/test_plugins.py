@@ -9,6 +9,7 @@ knows the method.
 import json
 
 import pytest
+
 from conftest import REPO, run_launcher
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,9 @@ import os
 import signal
 
 import pytest
-from consilium.training.privacy.accounting import VIEWS
+
 from scripted import HospitalProcess, ServerProcess
+from consilium.training.privacy.accounting import VIEWS
 
 pytestmark = pytest.mark.slow
 ROUNDS = 8

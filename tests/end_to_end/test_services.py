@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import pytest
+
 from conftest import child_environment, free_port, launcher, run_launcher
 from consilium.protocol.identity.roster import local_federation
 from scripted import HospitalProcess, confirmed, wait_for_text

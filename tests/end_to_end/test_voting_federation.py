@@ -8,15 +8,12 @@ import sys
 
 import numpy as np
 import pytest
+
 from conftest import child_environment, free_port, launcher, party_ledger, run_launcher
 from consilium.crypto.sealed_box import seal, verify_certified_key
 from consilium.crypto.secret_sharing import to_bytes
-from consilium.protocol.identity.party_keys import Credentials
-from consilium.protocol.identity.roster import local_federation
 from consilium.protocol.voting.ballots import _share_context, box_bytes, share_ballot, tallier_key_context
 from consilium.protocol.voting.round_void import MAX_VOIDS
-from consilium.protocol.voting.voting_config import VotingConfig
-from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.wire.messages import (
     TO_TALLIER,
     TO_VOTING_HOSPITAL,
@@ -29,13 +26,17 @@ from consilium.protocol.wire.messages import (
     VoteRequest,
     VotingWelcome,
 )
+from consilium.protocol.wire.codec import decode, encode
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import local_federation
 from consilium.protocol.wire.transcript import read_transcript
 from consilium.protocol.wire.transport import ClientTransport
-from consilium.training.privacy.ledger import PrivacyLedger
-from consilium.training.voting.vote_privacy import VotingSettings
+from consilium.protocol.voting.voting_config import VotingConfig
 from relay import Relay
 from scripted import wait_for_text
 from tally_inputs import ballot_bits, forged_ballot
+from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.training.voting.vote_privacy import VotingSettings
 
 pytestmark = pytest.mark.slow
 SMALL = ("--queries-per-round", "20", "--feature-dimensions", "10", "--student-epochs", "50", "--round-timeout", "60")

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+
 from conftest import child_environment, free_port, launcher, wait_until_listening
 from consilium.protocol.identity.roster import local_federation
 from scripted import confirmed, wait_for_text

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import REPO, child_environment
 
 pytestmark = pytest.mark.slow

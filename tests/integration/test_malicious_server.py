@@ -9,11 +9,12 @@ import dataclasses
 
 import numpy as np
 import pytest
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from consilium.crypto.one_time_keys import pack_ring, unpack_ring
 from consilium.crypto.sealed_box import certify_key
-from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.run.config import INSECURE_PLAINTEXT
-from consilium.protocol.secure_round.statement import box_key_context
 from consilium.protocol.wire.codec import decode
 from consilium.protocol.wire.messages import (
     TO_SERVER,
@@ -26,10 +27,11 @@ from consilium.protocol.wire.messages import (
     RoundStart,
     Withdraw,
 )
+from consilium.protocol.secure_round.statement import box_key_context
+from consilium.protocol.identity.party_keys import Credentials
+from scripted import ScriptedServer
 from consilium.training.methods.dp_fedavg import DpFedAvgSettings
 from consilium.training.privacy.ledger import LEDGER_FILE
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from scripted import ScriptedServer
 
 pytestmark = pytest.mark.slow
 

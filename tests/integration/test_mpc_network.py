@@ -6,6 +6,7 @@ real tallier's key.
 """
 
 from __future__ import annotations
+from tally_inputs import layout_for
 
 import ast
 import inspect
@@ -17,15 +18,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, child_environment, free_port, wait_until_listening
+
 from consilium.crypto.mpc_field import MpcField, import_mpyc
+from consilium.scripts.bench_tallier import party_command, share_ballots, write_input
 from consilium.crypto.tls import certificate_pem, make_mpc_certificate
+from consilium.tallier.mpc_values import harden_mpyc
 from consilium.protocol.identity.party_keys import MPC_CERTIFICATE_FILE, MPC_KEY_FILE
 from consilium.protocol.identity.roster import local_federation
-from consilium.scripts.bench_tallier import party_command, share_ballots, write_input
-from consilium.tallier.mpc_values import harden_mpyc
+from conftest import REPO, child_environment, free_port, wait_until_listening
 from scripted import wait_for_text
-from tally_inputs import layout_for
 
 HOSPITALS = ("hospital-1", "hospital-2")
 _PRSS_KEY_BYTES = 16  # what each lower party sends tallier-3 after its number, with three talliers

@@ -8,8 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from consilium.protocol.identity.party_keys import CurveKeyPair
-from consilium.protocol.wire.codec import encode
+
 from consilium.protocol.wire.messages import (
     Aggregate,
     Endorsement,
@@ -18,12 +17,15 @@ from consilium.protocol.wire.messages import (
     Hello,
     Proofs,
     Refused,
-    Releases,
     RoundAbort,
     RoundStart,
+    Releases,
     Update,
     Withdraw,
 )
+
+from consilium.protocol.wire.codec import encode
+from consilium.protocol.identity.party_keys import CurveKeyPair
 from consilium.protocol.wire.transport import ClientTransport
 from scripted import ScriptedHospital, ServerProcess
 

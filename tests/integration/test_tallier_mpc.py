@@ -5,14 +5,15 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, child_environment, free_port
+
 from consilium.crypto.mpc_field import MpcField
 from consilium.protocol.identity.roster import local_federation
 from consilium.scripts.bench_tallier import party_command, share_ballots, write_input
-from consilium.tallier.mpc import MpcParty, run_round
-from tally_inputs import ballot_bits, forged_ballot, layout_for, placed_totals, split_totals
 
 pytestmark = pytest.mark.slow
+from consilium.tallier.mpc import MpcParty, run_round
+from conftest import REPO, child_environment, free_port
+from tally_inputs import ballot_bits, forged_ballot, layout_for, placed_totals, split_totals
 
 TALLIERS = 3
 HOSPITALS = ("hospital-1", "hospital-2")

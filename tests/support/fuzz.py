@@ -55,17 +55,14 @@ from typing import Callable
 
 import msgpack
 import numpy as np
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.bfv_parameters import select_bfv_parameters
 from consilium.crypto.one_time_keys import unpack_ring
 from consilium.crypto.sealed_box import certify_key
-from consilium.orchestration.local import free_port
-from consilium.protocol.identity.party_keys import SERVER, Credentials
-from consilium.protocol.identity.roster import local_federation
-from consilium.protocol.secure_round.hospital_round import HospitalRound
-from consilium.protocol.secure_round.statement import RoundRefused, RoundSetting, box_key_context, box_keys_digest
-from consilium.protocol.secure_round.sum_round import SumRound
-from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.wire.messages import (
     PROTOCOL_VERSION,
     TO_HOSPITAL,
@@ -85,10 +82,15 @@ from consilium.protocol.wire.messages import (
     Update,
     Withdraw,
 )
+from consilium.protocol.wire.codec import decode, encode
+from consilium.protocol.secure_round.hospital_round import HospitalRound
+from consilium.protocol.secure_round.statement import RoundRefused, RoundSetting, box_key_context, box_keys_digest
+from consilium.protocol.secure_round.sum_round import SumRound
+from consilium.protocol.identity.party_keys import SERVER, Credentials
+from consilium.protocol.identity.roster import local_federation
+from consilium.orchestration.local import free_port
 from consilium.scripts._cli import configure_logging, run
 from consilium.training.methods.flags import positive_int
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from scripted_peers import ScriptedHospital, ScriptedServer, small_run_config
 
 _BATCH = 300  # fuzz messages per phase of a round

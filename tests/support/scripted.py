@@ -9,10 +9,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import scripted_peers
+
 from conftest import child_environment, free_port, launcher, party_ledger
 from consilium.protocol.identity.party_keys import SERVER, Credentials
 from consilium.protocol.identity.roster import Roster, local_federation
+import scripted_peers
 from consilium.training.privacy.ledger import PrivacyLedger
 
 

@@ -11,26 +11,13 @@ import secrets
 from typing import Iterable
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from consilium.crypto.bfv import PublicContext
 from consilium.crypto.key_shares import Release as KeyRelease
 from consilium.crypto.one_time_keys import pack_ring, unpack_ring
 from consilium.crypto.sealed_box import certify_key
-from consilium.protocol.identity.party_keys import SERVER, Credentials
-from consilium.protocol.identity.roster import Roster
 from consilium.protocol.run.config import RunConfig
-from consilium.protocol.run.participants import Timeouts
-from consilium.protocol.secure_round.hospital_round import HospitalRound
-from consilium.protocol.secure_round.statement import (
-    Endorsed,
-    Proved,
-    RoundSetting,
-    box_key_context,
-    release_message,
-    released_from,
-    state_digest,
-)
-from consilium.protocol.secure_round.sum_round import SumRound
-from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.wire.messages import (
     TO_HOSPITAL,
     TO_SERVER,
@@ -50,12 +37,26 @@ from consilium.protocol.wire.messages import (
     Welcome,
     release_digest,
 )
+from consilium.protocol.wire.codec import decode, encode
+from consilium.protocol.secure_round.hospital_round import HospitalRound
+from consilium.protocol.secure_round.statement import (
+    Endorsed,
+    Proved,
+    RoundSetting,
+    box_key_context,
+    release_message,
+    released_from,
+    state_digest,
+)
+from consilium.protocol.secure_round.sum_round import SumRound
+from consilium.protocol.run.participants import Timeouts
+from consilium.protocol.identity.party_keys import SERVER, Credentials
+from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transport import ClientTransport, ServerTransport
 from consilium.training.methods.dopamine import DopamineSettings
 from consilium.training.methods.registry import SharedState
 from consilium.training.models.build import build_model, get_flat_parameters, set_flat_parameters
 from consilium.training.models.spec import ModelSpec
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 __all__ = ["ScriptError", "ScriptedHospital", "ScriptedServer", "small_run_config"]
 

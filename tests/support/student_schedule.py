@@ -22,9 +22,10 @@ import json
 import statistics
 from pathlib import Path
 
-import consilium.training.voting.votes as voting
 import numpy as np
 import torch
+
+import consilium.training.voting.votes as voting
 from consilium.training.data.datasets import Split, load_dataset
 from consilium.training.models.build import describe_model, input_statistics
 

@@ -35,9 +35,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+
 from consilium.training.data.image_folder import load_image_folder
-from consilium.training.data.splits import DatasetError, Split
 from consilium.training.models.own_code import is_reference, load_function, reference_name
+from consilium.training.data.splits import DatasetError, Split
 
 __all__ = ["BUILTIN_DATASETS", "Dataset", "DatasetError", "Split", "load_dataset"]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from consilium.training.data.splits import DatasetError, Split
 
 __all__ = ["IMAGE_SUFFIXES", "load_image_folder"]

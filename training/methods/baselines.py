@@ -25,17 +25,18 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from torch import nn
+
 from consilium.training.data.datasets import Dataset, Split
 from consilium.training.methods.dopamine import DopamineSettings
 from consilium.training.methods.dp_fedavg import DpFedAvgSettings
-from consilium.training.methods.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
-from consilium.training.methods.fedavg import LocalTraining, local_update
 from consilium.training.methods.flags import Flag
-from consilium.training.models.build import build_model, get_flat_parameters, set_flat_parameters
+from consilium.training.methods.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
 from consilium.training.models.evaluation import Selection, evaluate
+from consilium.training.methods.fedavg import LocalTraining, local_update
+from consilium.training.models.build import build_model, get_flat_parameters, set_flat_parameters
 from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.secure_random import secure_generator
-from torch import nn
 
 __all__ = ["BASELINES", "BASELINE_DEFAULTS", "BASELINE_FLAGS", "DP_BASELINES", "BaselineSettings", "run_baseline"]
 

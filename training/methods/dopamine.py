@@ -40,15 +40,16 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from torch import nn
+
+from consilium.training.privacy.accounting import Release, release_of
 from consilium.training.data.datasets import Split
 from consilium.training.methods.flags import Flag, below_one, non_negative_float, positive_float, rate
 from consilium.training.methods.per_example import ClippedGradients
-from consilium.training.methods.typed_fields import from_typed_dict
-from consilium.training.methods.update_rules import MAX_LEARNING_RATE, MomentumUpdate
-from consilium.training.privacy.accounting import Release, release_of
 from consilium.training.privacy.secure_random import require_cryptographic, secure_generator
 from consilium.training.privacy.skellam import SkellamMechanism
-from torch import nn
+from consilium.training.methods.typed_fields import from_typed_dict
+from consilium.training.methods.update_rules import MAX_LEARNING_RATE, MomentumUpdate
 
 __all__ = ["DopamineSettings", "NoisyGradientStep", "mean_gradient"]
 

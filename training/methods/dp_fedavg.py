@@ -64,6 +64,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
+from torch import nn
+
+from consilium.training.privacy.accounting import Release, release_of
 from consilium.training.data.datasets import Split
 from consilium.training.methods.adaptive_clipping import COUNT_SLOT_WEIGHT, clipping_bound, next_clipping_bound
 from consilium.training.methods.fedavg import (
@@ -76,13 +79,11 @@ from consilium.training.methods.fedavg import (
 )
 from consilium.training.methods.flags import Flag, non_negative_float, positive_float, positive_int, probability
 from consilium.training.methods.intermediaries import NORM_SLOT_WEIGHT, expected_noise_norm, next_subclient_count
-from consilium.training.methods.typed_fields import from_typed_dict
-from consilium.training.methods.update_rules import MAX_LEARNING_RATE, FedAdamUpdate, MomentumUpdate, UpdateRule
 from consilium.training.models.build import parameter_count
-from consilium.training.privacy.accounting import Release, release_of
 from consilium.training.privacy.secure_random import require_cryptographic, secure_generator
 from consilium.training.privacy.skellam import SkellamMechanism
-from torch import nn
+from consilium.training.methods.typed_fields import from_typed_dict
+from consilium.training.methods.update_rules import MAX_LEARNING_RATE, FedAdamUpdate, MomentumUpdate, UpdateRule
 
 __all__ = [
     "CLIP_RULES",

@@ -17,11 +17,12 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from consilium.training.data.datasets import Split
-from consilium.training.methods.per_example import ClippedGradients
-from consilium.training.methods.update_rules import MomentumUpdate
-from consilium.training.privacy.secure_random import require_cryptographic, secure_generator
 from torch import nn
+
+from consilium.training.data.datasets import Split
+from consilium.training.methods.update_rules import MomentumUpdate
+from consilium.training.methods.per_example import ClippedGradients
+from consilium.training.privacy.secure_random import require_cryptographic, secure_generator
 
 __all__ = ["GAUSSIAN_ACCOUNTANTS", "GaussianDpSgd", "dp_sgd_epsilon", "gaussian_accountant", "noise_multiplier_for"]
 

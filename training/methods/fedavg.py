@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from consilium.training.data.datasets import Split
-from consilium.training.models.build import get_flat_parameters, parameter_count
 from torch import nn
 
 from consilium.errors import ConsiliumError
+from consilium.training.data.datasets import Split
+from consilium.training.models.build import get_flat_parameters, parameter_count
 
 __all__ = ["LOCAL_OPTIMIZERS", "FedAvgError", "LocalTraining", "clip_update", "local_update", "split_subclients"]
 

@@ -12,8 +12,9 @@ from typing import Iterator
 
 import numpy as np
 import torch
-from consilium.training.models.compute_device import compute_device, on_device
 from torch import nn
+
+from consilium.training.models.compute_device import compute_device, on_device
 
 __all__ = ["ClippedGradients"]
 

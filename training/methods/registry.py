@@ -34,17 +34,18 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Mapping, Protocol
 
 import numpy as np
-from consilium.training.data.datasets import Split
+from torch import nn
+
+from consilium.training.privacy.accounting import Release
 from consilium.training.methods.baselines import BASELINES
+from consilium.training.data.datasets import Split
 from consilium.training.methods.dopamine import DopamineSettings
 from consilium.training.methods.dp_fedavg import DpFedAvgSettings
 from consilium.training.methods.flags import Flag
-from consilium.training.methods.update_rules import UpdateRule
 from consilium.training.models.build import parameter_count
-from consilium.training.privacy.accounting import Release
 from consilium.training.privacy.skellam import SkellamMechanism
+from consilium.training.methods.update_rules import UpdateRule
 from consilium.training.voting.vote_privacy import VOTING_METHODS
-from torch import nn
 
 __all__ = [
     "METHODS",

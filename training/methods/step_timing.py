@@ -32,10 +32,11 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from consilium.training.data.splits import Split
-from consilium.training.methods.registry import TrainingMethod
 from scipy.stats import binom
 from torch import nn
+
+from consilium.training.data.splits import Split
+from consilium.training.methods.registry import TrainingMethod
 
 __all__ = ["DEFAULT_SEND_OFFSET_S", "MARGIN", "TAIL", "SendOffset", "largest_batch", "rehearse_step"]
 

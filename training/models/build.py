@@ -29,12 +29,12 @@ from typing import Callable
 
 import numpy as np
 import torch
-from consilium.training.data.datasets import Split
-from consilium.training.models.own_code import is_reference, load_function, reference_name
-from consilium.training.models.spec import CNN_LAYERS, MAX_PARAMETERS, ModelSpec
 from torch import nn
 
 from consilium.errors import ConsiliumError
+from consilium.training.data.datasets import Split
+from consilium.training.models.own_code import is_reference, load_function, reference_name
+from consilium.training.models.spec import CNN_LAYERS, MAX_PARAMETERS, ModelSpec
 
 __all__ = [
     "ModelError",

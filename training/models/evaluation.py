@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from consilium.training.data.datasets import Split
-from consilium.training.models.compute_device import compute_device, on_device
 from torch import nn
+
+from consilium.training.models.compute_device import compute_device, on_device
+from consilium.training.data.datasets import Split
 
 __all__ = ["SELECTION_METRICS", "Selection", "evaluate"]
 

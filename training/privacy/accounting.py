@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from consilium.training.privacy.rdp import ORDERS, poisson_subsampled_rdp, skellam_rdp
 from consilium.training.privacy.skellam import SkellamMechanism
 

@@ -34,8 +34,10 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from consilium.training.privacy.accounting import VIEWS, Release
+
+from consilium.errors import ConsiliumError
 from consilium.training.privacy.durable import append_line, replace_file
+from consilium.training.privacy.accounting import VIEWS, Release
 from consilium.training.privacy.ledger_file import (
     HEAD_SUFFIX,
     HEADER,
@@ -52,8 +54,6 @@ from consilium.training.privacy.ledger_file import (
     read_unchained,
 )
 from consilium.training.privacy.rdp import ORDERS, rdp_to_epsilon
-
-from consilium.errors import ConsiliumError
 
 __all__ = ["LEDGER_FILE", "ROUND_STEPS", "LedgerError", "PrivacyLedger", "view_index"]
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from consilium.training.privacy.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp
 
 __all__ = [

@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from consilium.training.privacy.secure_random import uniform
 
 __all__ = ["SkellamMechanism", "SumBound", "bernstein_deviation"]

@@ -63,16 +63,16 @@ mechanism above is unchanged.
 """
 
 from __future__ import annotations
+from scipy import optimize, special
 
-import functools
 import math
+import numpy as np
+import functools
 from dataclasses import asdict, dataclass, fields
 
-import numpy as np
-from consilium.training.methods.flags import Flag, below_one, non_negative_int, positive_float, positive_int, rate
 from consilium.training.privacy.accounting import Release, release_of
+from consilium.training.methods.flags import Flag, below_one, non_negative_int, positive_float, positive_int, rate
 from consilium.training.privacy.skellam import SkellamMechanism, bernstein_deviation
-from scipy import optimize, special
 
 # The widest row a kNN feature map may give (a run configuration's limit, checked before any map is used).
 MAX_FEATURE_DIMENSIONS = 2**10

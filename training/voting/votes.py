@@ -23,13 +23,14 @@ from typing import Callable
 
 import numpy as np
 import torch
+from torch import nn
+
 from consilium.training.data.datasets import Split
 from consilium.training.models.build import build_model
 from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.secure_random import require_cryptographic
 from consilium.training.privacy.skellam import SkellamMechanism
 from consilium.training.voting.vote_privacy import MAX_FEATURE_DIMENSIONS
-from torch import nn
 
 __all__ = [
     "FeatureMap",

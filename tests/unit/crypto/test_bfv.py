@@ -5,6 +5,7 @@ import secrets
 
 import numpy as np
 import pytest
+
 from consilium.crypto import key_shares, one_time_keys
 from consilium.crypto.bfv import BfvError, PublicContext, _MemoryFile, pack_words, unpack_words
 from consilium.crypto.bfv_parameters import select_bfv_parameters

@@ -2,9 +2,10 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+
 from consilium.crypto.bfv import PublicContext
-from consilium.crypto.bfv_parameters import ParameterError, _decryption_error_bound, select_bfv_parameters
 from consilium.crypto.one_time_keys import key_share_bytes
+from consilium.crypto.bfv_parameters import ParameterError, _decryption_error_bound, select_bfv_parameters
 from consilium.crypto.primes import is_prime
 
 

@@ -6,6 +6,7 @@ can and cannot tell."""
 
 import numpy as np
 import pytest
+
 from consilium.crypto.checked_shares import CheckedLayout, _share_bits, challenge, share_checked, tag_combination
 from consilium.crypto.mpc_field import MpcField
 from consilium.crypto.secret_sharing import ShareError, reconstruct

@@ -1,4 +1,5 @@
 import numpy as np
+
 from consilium.crypto.endorsement import one_time_statement
 
 BASE = dict(

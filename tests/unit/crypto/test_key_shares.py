@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 import pytest
+
 from consilium.crypto.key_shares import (
     Dealing,
     KeyShareError,

@@ -4,6 +4,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+
 from consilium.crypto.linear_hash import LinearHash, challenge_count
 
 

@@ -4,8 +4,8 @@ import itertools
 
 import numpy as np
 import pytest
-from consilium.crypto import key_shares
-from consilium.crypto import one_time_keys as otk
+
+from consilium.crypto import key_shares, one_time_keys as otk
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.bfv_parameters import select_bfv_parameters
 from consilium.crypto.linear_hash import LinearHash

@@ -1,4 +1,7 @@
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
 from consilium.crypto.identity import IdentityKeyError, PrivateIdentity, PublicIdentity
 from consilium.crypto.sealed_box import (
     _VERSION,
@@ -10,8 +13,6 @@ from consilium.crypto.sealed_box import (
     verify_box,
     verify_certified_key,
 )
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 CONTEXT = b"consilium/test|run|hospital-2"
 
@@ -86,9 +87,10 @@ def test_identity_keys_round_trip_and_bad_keys_are_named(parties):
 
 def test_a_box_s_own_key_opens_it_for_anyone_and_no_other_box():
     """A recipient shows what a sender sealed to it, and only that box, by revealing that box's key."""
-    from consilium.crypto.sealed_box import box_key, open_with_box_key
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from consilium.crypto.sealed_box import box_key, open_with_box_key
 
     sender, recipient = Ed25519PrivateKey.generate(), X25519PrivateKey.generate()
     boxes = [

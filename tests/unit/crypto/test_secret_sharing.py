@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
-from consilium.crypto.secret_sharing import ShareError, add, check_fits, from_bytes, reconstruct, share, to_bytes
 from scipy import stats
+
+from consilium.crypto.secret_sharing import ShareError, add, check_fits, from_bytes, reconstruct, share, to_bytes
 
 P = 2**61 - 1  # a Mersenne prime
 

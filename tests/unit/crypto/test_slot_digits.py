@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from consilium.crypto.primes import is_prime
 from consilium.crypto.slot_digits import SlotDigits
 

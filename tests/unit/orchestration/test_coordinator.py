@@ -7,12 +7,12 @@ import threading
 from collections import deque
 
 import pytest
+
+from consilium.errors import ConsiliumError
 from consilium.orchestration.coordinator import MAX_QUEUED, Coordinator
 from consilium.protocol.identity.roster import local_federation
 from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.wire.messages import TO_ADMIN, AdminAnswer, Hello, RunLog, Status, StopRun, Submit
-
-from consilium.errors import ConsiliumError
 
 
 class _Socket:

@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+
 from consilium.orchestration.hospital_service import MAX_MISFITS, STATUS_FILE, HospitalService, site_status
 from consilium.protocol.identity.party_keys import SERVER, Credentials
 from consilium.protocol.run.participants import Timeouts

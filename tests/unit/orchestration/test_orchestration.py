@@ -3,6 +3,7 @@
 from dataclasses import replace
 
 import pytest
+
 from consilium.orchestration import spec as run_spec
 from consilium.orchestration.planning import check_first_round, least_noise_multiplier, planned_epsilons, planned_run
 from consilium.orchestration.spec import RunSpec, resolve

@@ -3,9 +3,9 @@ round and hospital; a ballot whose votes are not votes, or whose noise misses it
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from consilium.crypto.identity import PrivateIdentity
-from consilium.crypto.mpc_field import MpcField
-from consilium.crypto.secret_sharing import ShareError, reconstruct
 from consilium.protocol.voting.ballots import (
     BallotError,
     BallotLayout,
@@ -14,7 +14,8 @@ from consilium.protocol.voting.ballots import (
     seal_ballot,
     share_ballot,
 )
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from consilium.crypto.secret_sharing import ShareError, reconstruct
+from consilium.crypto.mpc_field import MpcField
 
 LAYOUT = BallotLayout(queries=4, classes=3, votes_per_query=5, abstains=False, noise_range=50, energy_cap=10_000)
 FIELD = MpcField.for_bound(LAYOUT.totals_bound(1))

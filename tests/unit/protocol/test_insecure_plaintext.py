@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from consilium.crypto.bfv import BfvError
 from consilium.crypto.bfv_parameters import select_bfv_parameters
 from consilium.crypto.insecure_plaintext import InsecurePlaintextSum, InsecurePlaintextUploads

@@ -1,7 +1,7 @@
 import msgpack
 import numpy as np
 import pytest
-from consilium.protocol.wire.codec import decode, encode
+
 from consilium.protocol.wire.messages import (
     TO_HOSPITAL,
     TO_SERVER,
@@ -37,6 +37,8 @@ from consilium.protocol.wire.messages import (
     float32_values,
     release_digest,
 )
+
+from consilium.protocol.wire.codec import decode, encode
 
 LIMIT = 1 << 20
 SAMPLES = [

@@ -8,10 +8,11 @@ import logging
 import time
 
 import pytest
-from consilium.protocol.run.checkpoint import join_record
-from consilium.protocol.run.participants import MAX_JOINS_AGAIN, Participants, Timeouts
+
 from consilium.protocol.wire.channel import ServerChannel
 from consilium.protocol.wire.messages import Finish, Hello, ProtocolError, Withdraw
+from consilium.protocol.run.checkpoint import join_record
+from consilium.protocol.run.participants import MAX_JOINS_AGAIN, Participants, Timeouts
 
 HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
 

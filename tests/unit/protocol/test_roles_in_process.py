@@ -6,14 +6,15 @@ import threading
 
 import numpy as np
 import pytest
+
 from consilium.protocol.identity.party_keys import SERVER, Credentials
+from consilium.training.privacy.budget import PrivacyBudget
+from consilium.training.privacy.ledger import LEDGER_FILE
 from consilium.protocol.run.hospital import Hospital
 from consilium.protocol.run.participants import Timeouts
 from consilium.protocol.run.server import Server
 from consilium.protocol.wire.codec import decode, encode
 from consilium.protocol.wire.messages import Hello, ProtocolError, Welcome
-from consilium.training.privacy.budget import PrivacyBudget
-from consilium.training.privacy.ledger import LEDGER_FILE
 from memory_transport import MemoryNetwork
 from scripted_peers import small_run_config
 

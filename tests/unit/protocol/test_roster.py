@@ -8,7 +8,7 @@ import shutil
 import stat
 
 import pytest
-from conftest import run_launcher
+
 from consilium.protocol.identity.key_files import KeyFileError
 from consilium.protocol.identity.party_keys import MPC_KEY_FILE, SECRET_FILE, Credentials, generate_party_keys
 from consilium.protocol.identity.roster import ROSTER_FILE, Roster, RosterError, assemble_roster, local_federation
@@ -19,6 +19,7 @@ from consilium.protocol.identity.roster_confirmation import (
     join_federation,
     sign_roster,
 )
+from conftest import run_launcher
 
 ADDRESS = "tcp://127.0.0.1:6000"
 

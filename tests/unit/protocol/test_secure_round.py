@@ -8,6 +8,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from consilium.crypto.bfv import BfvError, PublicContext
 from consilium.crypto.bfv_parameters import select_bfv_parameters
 from consilium.crypto.key_shares import Release, rebuild
@@ -30,8 +33,6 @@ from consilium.protocol.secure_round.statement import (
     share_bytes,
 )
 from consilium.protocol.secure_round.sum_round import SumRound
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 LENGTH = 2000
 NAMES = ("h1", "h2", "h3")
@@ -454,7 +455,7 @@ def test_a_signed_box_that_does_not_decrypt_names_its_dealer_and_the_server_refu
     )
     assert refusal.startswith("the share h3 sealed to h1 does not verify")
     # Signed by h3 over a ciphertext whose tag fails: the signature holds, the box does not open.
-    from consilium.crypto.sealed_box import _SIGNATURE_BYTES, _signed_message
+    from consilium.crypto.sealed_box import _signed_message, _SIGNATURE_BYTES
 
     body = bytearray(box[:-_SIGNATURE_BYTES])
     body[-1] ^= 1

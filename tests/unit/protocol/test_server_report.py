@@ -1,13 +1,14 @@
 """The model a training server keeps: selected on validation among its candidate rounds, never none."""
 
 import pytest
-from consilium.protocol.identity.roster import local_federation
+
 from consilium.protocol.run import server_report
+from consilium.protocol.identity.roster import local_federation
 from consilium.protocol.run.server_report import SELECTED_MODEL_FILE, RoundRecord, RunRecord
-from consilium.training.models.build import build_model
 from consilium.training.models.evaluation import Selection
-from consilium.training.privacy.ledger import PrivacyLedger
 from scripted_peers import small_run_config
+from consilium.training.privacy.ledger import PrivacyLedger
+from consilium.training.models.build import build_model
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
 import pytest
-from consilium.protocol.wire.codec import encode
+
 from consilium.protocol.wire.messages import TO_SERVER, Withdraw
+
+from consilium.protocol.wire.codec import encode
 from consilium.protocol.wire.transcript import Transcript, TranscriptError, read_messages, read_transcript
 
 

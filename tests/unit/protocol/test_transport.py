@@ -1,12 +1,14 @@
 import time
 
 import pytest
+
 import zmq
+from zmq.utils.monitor import recv_monitor_message
+
 from conftest import free_port
+from relay import Relay
 from consilium.protocol.identity.party_keys import CurveKeyPair
 from consilium.protocol.wire.transport import ClientTransport, ServerTransport, TransportError
-from relay import Relay
-from zmq.utils.monitor import recv_monitor_message
 
 
 def _keys():

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+
 from consilium.protocol.run.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, VotingCheckpoint
 
 

@@ -1,6 +1,7 @@
 """The crypto benchmark's Consilium scheme runs the real one-time-key round and sums exactly."""
 
 import pytest
+
 from consilium.scripts.bench_crypto import _measure, build_parser
 
 

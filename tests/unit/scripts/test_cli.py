@@ -8,20 +8,21 @@ import logging
 import subprocess
 
 import pytest
+
 from conftest import run_launcher
+from consilium.protocol.run.checkpoint import Checkpoint
+from consilium.protocol.run.rules import ConfigError
+from consilium.protocol.identity.roster import local_federation
+from consilium.scripts import federation
 from consilium.orchestration.run_flags import (
     FEDERATION_METHODS,
     build_run_config,
     resolve_data_defaults,
     resolve_run_arguments,
 )
-from consilium.protocol.identity.roster import local_federation
-from consilium.protocol.run.checkpoint import Checkpoint
-from consilium.protocol.run.rules import ConfigError
-from consilium.scripts import federation
+from scripted_peers import small_run_config
 from consilium.training.data.datasets import load_dataset
 from consilium.training.models.build import build_model, get_flat_parameters
-from scripted_peers import small_run_config
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,13 @@
 
 import json
 
-import matplotlib.pyplot as plt
 import numpy as np
+import matplotlib.pyplot as plt
 import pytest
+from sklearn.datasets import load_digits
+
 from conftest import run_launcher
 from consilium.scripts import compare
-from sklearn.datasets import load_digits
 
 
 @pytest.fixture(scope="module")

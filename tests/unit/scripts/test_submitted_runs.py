@@ -5,6 +5,7 @@ import argparse
 
 import numpy as np
 import pytest
+
 from consilium.protocol.run.rules import ConfigError
 from consilium.scripts.server import _submitted, build_parser, serve
 

@@ -1,6 +1,7 @@
 """A tallier's policy file: read whole or refused in one line, and each run outside it refused with its reason."""
 
 import pytest
+
 from consilium.protocol.run.policy_file import PolicyError
 from consilium.protocol.voting.voting_config import VotingConfig
 from consilium.tallier.tallier_policy import TallierPolicy

@@ -1,13 +1,13 @@
 """A tallier's sealed run state: it opens only for its own tallier and run, and keeps the round rule."""
 
-import dataclasses
-
 import pytest
-from consilium.crypto.identity import PrivateIdentity
-from consilium.protocol.run.checkpoint import CheckpointError
-from consilium.protocol.voting.ballots import tallier_key_context
-from consilium.tallier.run_state import MAX_TALLIES, RUN_STATE_FILE, RunState, RunStateFile, boxes_digest
+import dataclasses
 from cryptography.hazmat.primitives import serialization
+
+from consilium.crypto.identity import PrivateIdentity
+from consilium.protocol.voting.ballots import tallier_key_context
+from consilium.protocol.run.checkpoint import CheckpointError
+from consilium.tallier.run_state import MAX_TALLIES, RUN_STATE_FILE, RunState, RunStateFile, boxes_digest
 
 RUN = "a" * 64
 

@@ -3,15 +3,16 @@ import math
 
 import numpy as np
 import pytest
-from consilium.training.privacy.accounting import VIEWS, Release, release_of, tolerated_coalition
-from consilium.training.privacy.budget import PrivacyBudget
-from consilium.training.privacy.ledger import LedgerError, PrivacyLedger
-from consilium.training.privacy.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
-from consilium.training.privacy.skellam import SkellamMechanism
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp
 from scipy.special import logsumexp
 from scipy.stats import skellam
+
+from consilium.training.privacy.accounting import VIEWS, Release, release_of, tolerated_coalition
+from consilium.training.privacy.ledger import LedgerError, PrivacyLedger
+from consilium.training.privacy.budget import PrivacyBudget
+from consilium.training.privacy.rdp import ORDERS, gaussian_rdp, poisson_subsampled_rdp, rdp_to_epsilon, skellam_rdp
+from consilium.training.privacy.skellam import SkellamMechanism
 
 KEY = bytes(range(32))  # a party's ledger key (protocol.identity.party_keys.Credentials.ledger_key)
 

@@ -3,14 +3,15 @@
 import numpy as np
 import pytest
 import torch
-from consilium.training.data.datasets import Dataset, Split, load_dataset
-from consilium.training.data.partition import partition
+from torch import nn
+
+from consilium.training.models.evaluation import Selection
 from consilium.training.methods.baselines import BASELINES, BaselineSettings, run_baseline
+from consilium.training.data.datasets import Dataset, Split, load_dataset
 from consilium.training.methods.dp_sgd import GaussianDpSgd, dp_sgd_epsilon, noise_multiplier_for
 from consilium.training.models.build import input_statistics
-from consilium.training.models.evaluation import Selection
 from consilium.training.models.spec import ModelSpec
-from torch import nn
+from consilium.training.data.partition import partition
 
 
 def test_the_chosen_noise_multiplier_spends_the_target_epsilon():

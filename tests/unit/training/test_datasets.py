@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from conftest import SHARED_DATA
 from consilium.training.data.datasets import DatasetError, load_dataset
 from consilium.training.data.partition import PartitionError, partition

@@ -4,6 +4,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from opacus import PrivacyEngine
+from randomgen import ChaCha
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from scipy.stats import skellam
+
 from consilium.training.data.datasets import load_dataset
 from consilium.training.methods.dopamine import DopamineSettings, NoisyGradientStep, mean_gradient
 from consilium.training.methods.update_rules import MomentumUpdate
@@ -11,10 +16,6 @@ from consilium.training.models.build import build_model, get_flat_parameters, in
 from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.secure_random import secure_generator, uniform
 from consilium.training.privacy.skellam import SkellamMechanism
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
-from opacus import PrivacyEngine
-from randomgen import ChaCha
-from scipy.stats import skellam
 
 SETTINGS = dict(max_grad_norm=1.5, quorum=3, expected_batch_size=12.0, learning_rate=0.1, momentum=0.9)
 

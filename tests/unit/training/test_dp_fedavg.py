@@ -2,17 +2,18 @@
 
 import numpy as np
 import pytest
+
+from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.data.datasets import Split
 from consilium.training.methods.adaptive_clipping import COUNT_SLOT_WEIGHT
 from consilium.training.methods.dp_fedavg import DpFedAvgSettings, SubclientStep
 from consilium.training.methods.fedavg import FedAvgError, clip_update, local_update
 from consilium.training.methods.intermediaries import NORM_SLOT_WEIGHT, expected_noise_norm, next_subclient_count
 from consilium.training.methods.registry import SharedState, ledger_release, settings_from_dict
-from consilium.training.methods.update_rules import FedAdamUpdate
 from consilium.training.models.build import build_model, get_flat_parameters, set_flat_parameters
 from consilium.training.models.spec import ModelSpec
-from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.privacy.secure_random import secure_generator
+from consilium.training.methods.update_rules import FedAdamUpdate
 
 SETTINGS = dict(
     noise_multiplier=1.0,

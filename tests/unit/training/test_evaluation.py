@@ -2,9 +2,10 @@
 
 import numpy as np
 import torch
+from torch import nn
+
 from consilium.training.data.datasets import Split
 from consilium.training.models.evaluation import evaluate
-from torch import nn
 
 
 class _Logits(nn.Module):

@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from consilium.training.data.datasets import Split
 from consilium.training.methods.fedavg import FedAvgError, LocalTraining, clip_update, local_update, split_subclients
 from consilium.training.models.build import build_model, get_flat_parameters
 from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.secure_random import secure_generator
-from torch import nn
 
 
 def test_subclients_are_disjoint_cover_the_records_and_each_record_joins_one_independently():

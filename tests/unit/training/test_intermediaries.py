@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+
 from consilium.training.methods.intermediaries import expected_noise_norm, next_subclient_count
 
 

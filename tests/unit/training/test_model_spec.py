@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+
 from consilium.training.models.build import build_model, parameter_count
 from consilium.training.models.spec import ModelSpec
 

@@ -5,12 +5,13 @@ import time
 
 import numpy as np
 import torch
+from scipy.stats import binom
+
 from consilium.training.data.splits import Split
 from consilium.training.methods.dopamine import DopamineSettings
 from consilium.training.methods.step_timing import MARGIN, TAIL, SendOffset, largest_batch, rehearse_step
 from consilium.training.models.build import build_model
 from consilium.training.models.spec import ModelSpec
-from scipy.stats import binom
 
 SETTINGS = dict(max_grad_norm=1.5, quorum=3, expected_batch_size=12.0, learning_rate=0.1, momentum=0.9)
 

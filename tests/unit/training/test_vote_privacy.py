@@ -2,11 +2,12 @@ import math
 
 import numpy as np
 import pytest
+from opacus.accountants.analysis.rdp import compute_rdp
+from scipy import optimize, special
+
 from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.privacy.rdp import ORDERS, rdp_to_epsilon
 from consilium.training.voting.vote_privacy import VotingSettings
-from opacus.accountants.analysis.rdp import compute_rdp
-from scipy import optimize, special
 
 
 def test_agent_level_ae_dpfl_matches_the_closed_form():

@@ -1,11 +1,10 @@
 import numpy as np
 import pytest
 import torch
+
 from consilium.training.data.datasets import Split, load_dataset
 from consilium.training.models.build import accuracy, build_model
 from consilium.training.models.spec import ModelSpec
-from consilium.training.privacy.secure_random import secure_generator
-from consilium.training.voting.vote_privacy import VotingSettings
 from consilium.training.voting.votes import (
     PcaFeatures,
     _jittered,
@@ -15,6 +14,8 @@ from consilium.training.voting.votes import (
     train_classifier,
     train_student,
 )
+from consilium.training.voting.vote_privacy import VotingSettings
+from consilium.training.privacy.secure_random import secure_generator
 
 
 def test_knn_votes_count_the_labels_of_the_nearest_records():
