@@ -10,7 +10,8 @@ sigma = 20). Every round checks every ballot (its tags, bits, votes and noise's 
 and places its noise before the totals are compared. Two
 ways to finish a round, side by side:
 
-- ``labels``: the secure argmax; only each query's winning class is opened;
+- ``labels``: the secure argmax, over MAC-authenticated pairs (``tallier.authenticated``); only each
+  query's winning class is opened;
 - ``histogram``: the secure sum alone; the noisy totals are opened (``--reveal histogram``).
 
 Reported per cell: the slowest tallier's wall time for a round (connecting, agreeing on the
@@ -43,7 +44,7 @@ from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.voting.ballots import BallotLayout, share_ballot
 from consilium.protocol.identity.roster import Roster, local_federation
 from consilium.scripts._cli import run
-from consilium.tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
+from consilium.tallier.mpc import DeviationError, MpcError, TamperError, VoterError, mpc_party, run_round
 from consilium.training.methods.flags import positive_int
 from consilium.training.privacy.secure_random import secure_generator
 from consilium.training.voting.vote_privacy import REVEAL_MODES, VotingSettings
@@ -329,7 +330,7 @@ def play_party(source: str, target: str, federation: str, name: str) -> None:
                 timeout_s=timeout,
                 placement=placement,
             )
-        except (VoterError, TamperError) as error:
+        except (VoterError, TamperError, DeviationError) as error:
             raise MpcError(str(error)) from None
         placement = result.seed if repeat else 0
         extra = {} if result.totals is None else {"totals": result.totals}
@@ -353,7 +354,8 @@ def results_table(measurements: list[Measurement]) -> str:
         f"Command: `{' '.join(['consilium-bench-tallier', *sys.argv[1:]])}`. Each cell is two rounds in J real tallier "
         "processes (MPyC over mutual TLS with pinned certificates, on one machine), H hospitals' ballots (votes and noise "
         "apart, each value's bits under a tag) with the ranges and field of a kNN-DPFL run with 3 hospitals (k = 30, sigma = 15) "
-        "or an AE-DPFL run with 100 (sigma = 20); every round checks every ballot and places its noise before any comparison. Time: the slowest "
+        "or an AE-DPFL run with 100 (sigma = 20); every round checks every ballot and places its noise before any comparison, "
+        "and the argmax runs over MAC-authenticated pairs, checked before any label opens (tallier/authenticated.py). Time: the slowest "
         "tallier's whole second round (connecting, agreeing on the voters, the checks, the MPC, shutting down). Bytes: "
         "what one tallier sends to its peers, mean over the talliers.",
         "",

@@ -28,12 +28,12 @@ votes, its noise and a slack, each as checked shares, modulo the prime ``p`` of 
    the round places the noise as the first tally did, and shows nothing new), summed:
    every total lies within ``VotingConfig.totals_bound``, which the field's comparisons are sized
    for, by construction. All of it is free of communication.
-6. **Labels.** ``np_argmax`` along the classes finds each query's label and top total with
-   ``C - 1`` secure comparisons; ties go to the lowest class index, as in NumPy (``_np_argmax``
-   keeps the first maximum). With a label threshold ``T > 0``, one more comparison per query
-   withholds the label where the top total is below ``T``: the opened value is
-   ``C + [top >= T] (label - C)``, the label or ``C`` for "withheld"; the comparison's bit is never
-   opened on its own.
+6. **Labels**, checked (``tallier.authenticated``): a secure argmax along the classes finds each
+   query's label with ``C - 1`` comparisons, ties to the lowest class index, as in NumPy; with a
+   label threshold ``T > 0``, one more per query withholds the label (opened as ``C``) where the top
+   total is below ``T``. All of it runs over pairs ``([x], [alpha x])`` under a secret key: a tallier
+   that reshares a wrong value anywhere in it is caught by the MAC checks before any label is opened,
+   and comparisons open masked values only with random bits checked first (``DeviationError``).
 
 Every opening goes through ``tallier.mpc_values.open_checked``: from all ``J`` shares, refused
 unless they lie on one polynomial of degree ``t``. ``reveal="histogram"`` opens the totals
@@ -43,21 +43,16 @@ talliers and the server; the talliers draw the labels from them by the same rule
 
 MPyC is honest-majority: ``t = floor((J - 1) / 2)`` corrupt talliers learn nothing, and every
 tallier must stay online; a silent peer ends the round at its deadline (``MpcError``). With
-``J = 2``, ``t = 0`` and MPyC's shares are the inputs themselves: each tallier would see the other's
-sum, and so the histogram. Three talliers at least, then. What the checks do not cover: a tallier
-that deviates inside MPyC's own steps (its part of a multiplication or comparison), against which
-MPyC, secure for honest-but-curious parties only, has no defence: there it can change a label, fail
-an honest hospital's check (and so have it refused), or pass a colluding hospital's failing one.
+``J = 2``, ``t = 0`` and MPyC's shares are the inputs themselves, so three talliers at least, and an
+odd number (``J = 2t + 1``, which the labels' checks assume). What the checks do not cover yet: a
+tallier that deviates in step 4's multiplications (a check's inner product, or its product by a
+random factor), where MPyC is secure for honest-but-curious parties only: there it can fail an honest
+hospital's check (and so have it refused), or pass a colluding hospital's failing one.
 
-The talliers connect to each other with ``tallier.mpc_network``, not MPyC's own start-up: each
-listens on its own address, presents its own certificate and lets in only the pinned certificate
-of the party a peer claims to be; no peer's bytes are ever unpickled into objects
-(``tallier.mpc_values``), and a peer that sends what no honest tallier sends aborts the round
-(``MpcError`` naming it).
-
-Each round runs on an event loop of its own, closed with every connection and pending step of the
-round however it ends: a round that failed (a tallier left mid-round, say) leaves nothing behind,
-and the next round, or the same round tallied again, starts clean in the same process.
+The talliers connect with ``tallier.mpc_network`` (pinned certificates, no peer's bytes unpickled:
+``tallier.mpc_values``); a peer that sends what no honest tallier sends aborts the round (``MpcError``
+naming it). Each round runs on an event loop of its own, closed with every connection and pending
+step however the round ends, so the next round, or the same one tallied again, starts clean.
 """
 
 from __future__ import annotations
@@ -74,15 +69,14 @@ from consilium.crypto.secret_sharing import random_elements
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.voting.ballots import BallotLayout
 from consilium.protocol.identity.roster import Roster
+from consilium.tallier.authenticated import Authenticated, DeviationError, DrawError
 from consilium.tallier.mpc_network import MpcNetwork, MpcParty
 from consilium.tallier.round_loop import round_loop
 from consilium.tallier.ballot_checks import REFUSALS, BallotChecks, CheckedBallot
-from consilium.tallier.mpc_values import MpcPeerError, harden_mpyc, open_checked
+from consilium.tallier.mpc_values import MpcPeerError, harden_mpyc, message_limit, open_checked
 from consilium.training.voting.vote_privacy import REVEAL_MODES
 
-__all__ = ["MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "mpc_party", "run_round"]
-
-_MESSAGE_SLACK_BYTES = 1 << 16
+__all__ = ["DeviationError", "MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "mpc_party", "run_round"]
 
 
 class MpcError(ConsiliumError, RuntimeError):
@@ -151,15 +145,17 @@ def run_round(
     pins them: ``tallier.run_state``); a ``ValueError`` from it ends the round. ``placement`` is the
     seed of the noise's signs and places this tallier pinned in an earlier tally of the round (0 if
     none), and ``on_placement`` is given the one the talliers agree on before any output is
-    computed. ``MpcError`` if it does not finish in time or a peer deviates where it can be seen; ``VoterError`` if the talliers
-    disagree on the round or count fewer voters than ``quorum`` (or ``on_voters`` refuses them);
-    ``TamperError`` if a voter's tag check fails."""
+    computed. ``MpcError`` if it does not finish in time, or a peer deviates where it can be seen before the
+    output began; ``VoterError`` if the talliers disagree on the round or count fewer voters than ``quorum`` (or
+    ``on_voters`` refuses them); ``TamperError`` if a voter's tag check fails; ``DeviationError`` if the labels'
+    checks fail, or a peer sends what no honest tallier sends once the output began (the run stops: a
+    deviating tallier must not get a retry with fresh masks)."""
     _check_inputs(shares, hospitals=hospitals, layout=layout, reveal=reveal)
     harden_mpyc(field.modulus)
     with round_loop() as loop:
         runtime, secint = _runtime(party, field, loop)
         network = MpcNetwork(
-            runtime, party, max_message_bytes=_message_limit(layout, len(hospitals), field, secint.field.byte_length)
+            runtime, party, max_message_bytes=message_limit(layout, len(hospitals), field, secint.field.byte_length)
         )
         tally = _Tally(runtime, secint, layout, round_number)
         protocol = _protocol(
@@ -177,10 +173,10 @@ def run_round(
         )
         try:
             return runtime.run(asyncio.wait_for(protocol, timeout_s))
-        except (VoterError, TamperError):
+        except (VoterError, TamperError, DeviationError):
             raise
         except BaseException as error:
-            failure = _failure(error, network.aborts, timeout_s)
+            failure = _failure(error, network, tally, timeout_s)
             if failure is error:
                 raise
             raise failure from None
@@ -246,15 +242,18 @@ async def _protocol(
             on_placement(placement)  # the tallier pins it, and that the output began: no void from here on
         except ValueError as error:
             raise VoterError(str(error)) from None
+        tally.output_begun = True  # a wrong share from here on is a deviation, not an interruption
         await open_checked(runtime, tally.summed([0]))  # a barrier: every tallier pinned before any output
         totals = tally.totals(counted, voters, placement)
         if reveal == "histogram":
-            revealed = np.array(await open_checked(runtime, runtime.np_reshape(totals, (-1,))), dtype=np.int64)
-            revealed = revealed.reshape(-1, tally.layout.classes)
-            labels = _released_labels(revealed, label_threshold)
+            labels, revealed = await tally.histogram(totals, label_threshold)
         else:
             labels, revealed = await tally.labels(totals, label_threshold), None
     except (VoterError, TamperError):
+        await runtime.shutdown()
+        raise
+    except DeviationError as error:
+        tally.deviation = error  # it stands if a peer leaves during the shutdown, or never joins it
         await runtime.shutdown()
         raise
     sent = sum(peer.protocol.nbytes_sent for peer in runtime.parties if peer.pid != runtime.pid)
@@ -277,6 +276,8 @@ class _Tally:
         self.modulus = secint.field.modulus
         self.ballots: list[CheckedBallot] = []  # each voter's, in the order of the voters
         self.seed = 0  # the round's public challenge, opened once every input is in
+        self.output_begun = False
+        self.deviation: DeviationError | None = None
         self.checks: BallotChecks | None = None
 
     def inputs(self, values: list[int]) -> list:
@@ -349,18 +350,29 @@ class _Tally:
         placed = [self.checks.placed(self.ballots[v], voters[v], placement) for v in counted]
         return self.runtime.np_reshape(sum(placed[1:], placed[0]), (self.layout.queries, self.layout.classes))
 
+    async def histogram(self, totals, label_threshold: int) -> tuple[np.ndarray, np.ndarray]:
+        """Instead of step 6: the ``(Q, C)`` totals opened, and the labels drawn from them by the same rule."""
+        opened = await open_checked(self.runtime, self.runtime.np_reshape(totals, (-1,)))
+        revealed = np.array(opened, dtype=np.int64).reshape(-1, self.layout.classes)
+        return _released_labels(revealed, label_threshold), revealed
+
     async def labels(self, totals, label_threshold: int) -> np.ndarray:
-        """Step 6: each query's label, or ``C`` where its top total falls short of ``label_threshold``."""
-        runtime, classes = self.runtime, self.layout.classes
-        winners, tops = runtime.np_argmax(totals, axis=1, arg_only=False)
-        if label_threshold:  # MPyC 0.11 returns the tops as a (Q, 1) array
-            queries = self.layout.queries
-            winners = classes + (runtime.np_reshape(tops, (queries,)) >= label_threshold) * (winners - classes)
-        return np.array(await open_checked(runtime, winners), dtype=np.int64)
+        """Step 6: each query's label, or ``C`` where its top total falls short of ``label_threshold``, computed
+        over authenticated pairs and opened only once their check passed (``tallier.authenticated``)."""
+        authenticated = Authenticated(self.runtime, self.secint, self.round)
+        return await authenticated.labels(totals, self.secint.bit_length, label_threshold)
 
 
-def _failure(error: BaseException, aborts: list[str], timeout_s: float) -> BaseException:
-    """The ``MpcError`` that says why a round failed (the first abort a peer caused, if any), or ``error`` itself."""
+def _failure(error: BaseException, network: MpcNetwork, tally: _Tally, timeout_s: float) -> BaseException:
+    """Why a round failed: a ``DeviationError`` it found (however the shutdown after it ended), or a wrong share
+    seen here once the output began (not a crash, nor another's word); else the ``MpcError`` that says why (the
+    first abort a peer caused, if any), or ``error`` itself."""
+    caught = network.caught + ([str(error)] if isinstance(error, MpcPeerError) else [])
+    if tally.deviation is not None or (caught and tally.output_begun):
+        return tally.deviation or DeviationError(tally.round, f"after the output began, {caught[0]}")
+    if isinstance(error, DrawError):
+        return MpcError(str(error))
+    aborts = network.aborts
     if aborts or isinstance(error, MpcPeerError):
         return MpcError(f"the talliers' MPC was aborted: {aborts[0] if aborts else error}")
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
@@ -368,17 +380,6 @@ def _failure(error: BaseException, aborts: list[str], timeout_s: float) -> BaseE
     if isinstance(error, (OSError, ConnectionError)):
         return MpcError(f"the talliers' MPC failed: {error}")
     return error
-
-
-def _message_limit(layout: BallotLayout, hospitals: int, field: MpcField, element_bytes: int) -> int:
-    """The most bytes a peer may send in one MPC message of this round, about twice an honest one's.
-
-    The largest honest messages are a tallier's inputs (every voter's bits and key) and the
-    comparisons' random bits, ``(l + 1) / 2`` field elements per query and class: measured at
-    l = 10, 23 and 31 bits (``Q C`` = 200 to 25,000, J = 3 and 5)."""
-    inputs = hospitals * layout.committed_values
-    comparisons = layout.queries * layout.classes * (field.bit_length + 2)
-    return max(2 * inputs, comparisons, hospitals + 1) * element_bytes + _MESSAGE_SLACK_BYTES
 
 
 def _released_labels(totals: np.ndarray, label_threshold: int) -> np.ndarray:

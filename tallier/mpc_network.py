@@ -119,6 +119,7 @@ class MpcNetwork:
     def __init__(self, runtime, party: MpcParty, *, max_message_bytes: int) -> None:
         self.runtime, self.party, self.limit = runtime, party, max_message_bytes
         self.aborts: list[str] = []
+        self.caught: list[str] = []  # what a peer sent that no honest tallier sends, seen here (not told by a peer)
         self.connected = False  # every peer once: from then on a connection that ends ends the round
         self.strangers = 0  # connections accepted whose party is not known yet
         self._ends = 0.0  # when connecting gives up (time.monotonic)
@@ -195,9 +196,11 @@ class MpcNetwork:
         one about a single connection (say, out of descriptors on accept) is logged and does not."""
         error = context.get("exception")
         if isinstance(error, MpcPeerError):
+            self.caught.append(str(error))
             self.stop(str(error))
         elif error is not None and "mpc_coro" in str(context.get("message")):  # one of MPyC's coroutines failed
-            self.stop(f"a step of the MPC failed on a peer's message (of the wrong size?): {error!r}")
+            self.caught.append(f"a step of the MPC failed on a peer's message (of the wrong size?): {error!r}")
+            self.stop(self.caught[-1])
         elif error is not None:
             log.warning("the MPC's event loop: %s (%r)", context.get("message"), error)
         else:  # e.g. a pending task collected after the round stopped
@@ -309,6 +312,8 @@ class _PinnedExchanger(asyncoro.MessageExchanger):
             self.network.strangers -= 1
 
     def _abort(self, reason: str) -> None:
+        """End the round for what this peer sent, which no honest tallier sends."""
+        self.network.caught.append(reason)
         self.network.stop(reason)
         self.transport.abort()
 

@@ -16,6 +16,9 @@ module replaces those decoders, and MPyC's own opening (points 2 and 4 of ``tall
   ``J`` shares lie on one polynomial of degree ``t`` before it takes the value. With ``J = 3`` and
   ``t = 1``, a peer's wrong share puts the three points off one line, and the round ends.
 
+- **Messages are bounded** (``message_limit``): about twice the largest an honest tallier sends in
+  a round of the run's size.
+
 A peer whose message fails either check raises ``MpcPeerError``, naming the peer where the
 network tagged the message with its sender. ``harden_mpyc`` installs the decoders in this process,
 for the round's field; ``tests/integration/test_mpc_network.py`` fails if an MPyC upgrade moves the
@@ -26,14 +29,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from consilium.crypto.mpc_field import import_mpyc
+from consilium.crypto.mpc_field import MpcField, import_mpyc
+from consilium.protocol.voting.ballots import BallotLayout
 
 _mpyc_runtime = import_mpyc()
 from mpyc import asyncoro, finfields, thresha  # noqa: E402  (imported safely on the line above)
 
-__all__ = ["MpcPeerError", "harden_mpyc", "open_checked"]
+__all__ = ["MpcPeerError", "harden_mpyc", "message_limit", "open_checked"]
 
 _ARRAY, _INTEGER = b"A", b"I"
+_MESSAGE_SLACK_BYTES = 1 << 16
 
 
 class MpcPeerError(RuntimeError):
@@ -74,6 +79,18 @@ async def open_checked(runtime, x):  # no return annotation: MPyC would take it 
             )
     half = field.modulus // 2
     return [int(v) - field.modulus if int(v) > half else int(v) for v in rebuilt[0]]
+
+
+def message_limit(layout: BallotLayout, hospitals: int, field: MpcField, element_bytes: int) -> int:
+    """The most bytes a peer may send in one MPC message of this round, about twice an honest one's.
+
+    The largest honest messages are a tallier's inputs (every voter's bits and key) and the
+    resharing of the argmax's first comparisons' random bits (``tallier.authenticated``): ``u^2``
+    and ``alpha u`` for ``l - 1`` bits of each of ``Q floor(C / 2)`` comparisons, at most ``l - 1``
+    field elements per query and class."""
+    inputs = hospitals * layout.committed_values
+    comparisons = layout.queries * layout.classes * 2 * field.bit_length
+    return max(2 * inputs, comparisons, hospitals + 1) * element_bytes + _MESSAGE_SLACK_BYTES
 
 
 class _Codec:

@@ -53,7 +53,7 @@ from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transcript import Transcript
 from consilium.protocol.wire.transport import TransportError
 from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
-from consilium.tallier.mpc import MpcError, TamperError, VoterError, mpc_party, run_round
+from consilium.tallier.mpc import DeviationError, MpcError, TamperError, VoterError, mpc_party, run_round
 from consilium.tallier.run_state import RunState, RunStateFile, boxes_digest
 from consilium.tallier.tallier_policy import TallierPolicy
 
@@ -136,7 +136,7 @@ class Tallier:
         self._state = self._state.agreed(voters)
         self._state_file.save(self._state)
 
-    def _no_labels(self, round_number: int, error: VoterError | TamperError | MpcError) -> None:
+    def _no_labels(self, round_number: int, error: VoterError | TamperError | DeviationError | MpcError) -> None:
         """Tell the server why the round has no labels: with a signed void where it failed for too few voters
         before any output was computed (``protocol.voting.round_void``)."""
         log.warning("round %d: no labels: %s", round_number, error)
@@ -146,7 +146,14 @@ class Tallier:
         tampered = error.ballots if isinstance(error, TamperError) else ()
         interrupted = isinstance(error, MpcError)  # the server may relay the same round again
         self._channel.send(
-            TallyFailed(round=round_number, reason=str(error), tampered=tampered, interrupted=interrupted, void=b"")
+            TallyFailed(
+                round=round_number,
+                reason=str(error),
+                tampered=tampered,
+                deviated=isinstance(error, (TamperError, DeviationError)),
+                interrupted=interrupted,
+                void=b"",
+            )
         )
 
     def _send_void(self, round_number: int, reason: str, *, pin: bool = True) -> None:
@@ -163,7 +170,9 @@ class Tallier:
             box_key=self._state.box_key.public_key(),
         )
         log.warning("round %d released nothing: this tallier signs its void", round_number)
-        self._channel.send(TallyFailed(round=round_number, reason=reason, tampered=(), interrupted=False, void=void))
+        self._channel.send(
+            TallyFailed(round=round_number, reason=reason, tampered=(), deviated=False, interrupted=False, void=void)
+        )
 
     def _pin_placement(self, seed: int) -> None:
         """Keep the seed of the round's noise placement, on disk before any output of it is computed: a round
@@ -176,7 +185,9 @@ class Tallier:
             config, run = self._check(welcome)
         except ProtocolError as refusal:  # said, so that the server stops now, not when it gives up on the box key
             with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
-                self._channel.send(TallyFailed(round=0, reason=str(refusal), tampered=(), interrupted=False, void=b""))
+                self._channel.send(
+                    TallyFailed(round=0, reason=str(refusal), tampered=(), deviated=False, interrupted=False, void=b"")
+                )
             raise
         if self._state is None:
             self._state = self._state_file.load(run)
@@ -256,7 +267,7 @@ class Tallier:
                 placement=self._state.placement,
                 on_placement=self._pin_placement,
             )
-        except (VoterError, TamperError, MpcError) as error:
+        except (VoterError, TamperError, DeviationError, MpcError) as error:
             self._no_labels(message.round, error)
             return
         seconds = time.perf_counter() - started

@@ -115,10 +115,10 @@ class TallierKeys:
                 isinstance(message, (Labels, TallyFailed))
                 and sender in silent
                 and message.round == round_number
-                and not (isinstance(message, TallyFailed) and message.tampered)
+                and not (isinstance(message, TallyFailed) and message.deviated)
             ):
                 late.add(sender)
-            elif isinstance(message, TallyFailed) and message.tampered and message.round == round_number:
+            elif isinstance(message, TallyFailed) and message.deviated and message.round == round_number:
                 raise ProtocolError(f"round {round_number}: no labels: {message.reason}; the run stops")
             else:
                 self._participants.parties.reject(sender, message, f"round {round_number} waits for the talliers")

@@ -55,6 +55,8 @@ class VotingConfig:
         check_run(self.run_id, self.hospitals, quorum=self.voting.quorum, rounds=self.rounds, delta=self.delta)
         if len(self.talliers) < MIN_PARTIES or len(set(self.talliers)) != len(self.talliers):
             raise ConfigError(f"a voting run needs at least {MIN_PARTIES} distinct talliers, got {list(self.talliers)}")
+        if len(self.talliers) % 2 == 0:  # J = 2t + 1: the labels' MAC checks rely on it (tallier.authenticated)
+            raise ConfigError(f"a voting run needs an odd number of talliers (3, 5, 7, ...), got {len(self.talliers)}")
         if self.reveal not in REVEAL_MODES:
             raise ConfigError(f"unknown reveal mode {self.reveal!r}; choose from {', '.join(REVEAL_MODES)}")
         # Above the quorum's votes, a round the quorum alone votes in could release labels by noise only.

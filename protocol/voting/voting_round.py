@@ -5,13 +5,15 @@
    in time is dropped.
 2. The server relays each tallier its boxes (``Shares``); ``collect_labels`` then waits for every
    tallier's answer. Every tallier must report the same voters, refused hospitals (whose ballots
-   failed the range check inside the MPC), labels and totals. If every one reports the same
-   failure of too few agreed voters, the round is lost and the run goes on. If the MPC was
-   interrupted (a tallier reports it did not finish, or sends nothing: it left), ``TallyInterrupted``
-   names the talliers that did not answer, so that the server can relay the same boxes again once
-   they are back (``tally`` does so up to ``MAX_TALLY_ATTEMPTS`` times a round). A ballot whose tag
-   check failed (a tallier changed its input, or the hospital its tags), any other failure, or
-   disagreement stops the run, as do talliers that count voters or refuse ballots the server did not relay.
+   failed a check inside the MPC), labels and totals. If every one reports the same failure of
+   too few agreed voters (fewer ballots than the quorum are relayed too, to end so), the round is
+   lost and the run goes on, and where every tallier signed its void the hospitals get it. If the
+   MPC was interrupted (a tallier reports it did not finish, or sends nothing: it left),
+   ``TallyInterrupted`` names the talliers that did not answer, so that the server can relay the
+   same boxes again once they are back (``tally`` does so up to ``MAX_TALLY_ATTEMPTS`` times a
+   round). A deviation (a ballot's tag check or the labels' MAC check failed: a tallier deviated,
+   or a hospital sent wrong tags), any other failure, or disagreement stops the run, as do
+   talliers that count voters or refuse ballots the server did not relay.
 """
 
 from __future__ import annotations
@@ -70,7 +72,11 @@ def collect_ballots(
     ballots: dict[str, dict[str, bytes]] = {}
     deadline = time.monotonic() + timeout_s
     length = box_bytes(values)
-    while not set(participants.active) <= set(ballots) and (got := participants.next_message(deadline)) is not None:
+
+    def waiting() -> bool:  # checked again after a withdrawal, which next_message takes in and does not return
+        return not set(participants.active) <= set(ballots)
+
+    while waiting() and (got := participants.next_message(deadline, waiting)) is not None:
         sender, message = got
         if not (isinstance(message, Ballot) and sender in participants.active and message.round == round_number):
             parties.reject(sender, message, f"expected a ballot for round {round_number}")
@@ -158,7 +164,7 @@ def collect_labels(
         )
     if failures and not missing and len(failures) == len(answers) and len(set(failures.values())) == 1:
         record.reason = f"no labels: {next(iter(failures.values()))}"
-        if any(a.tampered for a in answers.values()):  # someone deviated: the consortium must find out who first
+        if any(a.deviated for a in answers.values()):  # someone deviated: the consortium must find out who first
             raise ProtocolError(f"{record.reason}; the run stops")
         if all(a.void for a in answers.values()):  # nothing was computed: the hospitals' charges are cancelled
             record.void = {name: a.void.hex() for name, a in answers.items()}

@@ -13,8 +13,9 @@ run stops it; a hospital that refuses it (``Withdraw``) leaves it. Per round
 (``protocol.voting.voting_round``) the server picks ``Q`` queries from the pool, sends them to the
 hospitals, relays the ballots that arrive in time to the talliers, and takes the labels they all
 report alike (with a label threshold, ``C`` for a query whose noisy top total fell short: its record
-stays unlabelled). A round with fewer ballots than the quorum is aborted; a round the talliers
-could not tally is lost. Either way no label of that round is used, and only a labelled round is
+stays unlabelled). A round with no ballot is aborted; one with fewer than the quorum is relayed
+all the same, and the talliers end it and sign its void; a round the talliers could not tally is
+lost. Either way no label of that round is used, and only a labelled round is
 charged to the server's ledgers (``protocol.voting.voting_ledgers``). A server that stopped goes on
 from its checkpoint (``protocol.voting.voting_resume``). After the rounds it trains a student on the
 labelled queries and the rest of the pool (``training.voting.votes.train_student``) and reports its
@@ -275,9 +276,11 @@ class VotingServer:
         )
         record.seconds["ballots"] = time.perf_counter() - started
         record.voters = sorted(ballots, key=self._config.hospitals.index)
-        if len(ballots) < self._config.voting.quorum:
-            self._abort(record, f"{len(ballots)} ballots, fewer than the quorum of {self._config.voting.quorum}")
+        if not ballots:  # every hospital withdrew, or sent nothing in time and is dropped: nobody to relay to
+            self._abort(record, f"no ballots, fewer than the quorum of {self._config.voting.quorum}")
             return
+        # Fewer than the quorum are relayed all the same: the talliers end the round before computing anything
+        # and sign its void, which cancels the charges of those who voted (docs/explanation/void-rounds.md).
         self._pending = (round_number, ballots)
         self._save_checkpoint()  # a server resumed from here tallies these ballots, asking no hospital again
         log.info("round %d: %d ballots in; relaying them to the talliers", round_number, len(ballots))

@@ -29,7 +29,7 @@ A voting run (AE-DPFL, kNN-DPFL; T = each tallier)::
     per round r:
     S  -> H  VoteRequest(r, queries)        H  -> S  Ballot(r, a sealed share for each tallier) | Withdraw(r, reason)
     S  -> T  Shares(r, its sealed share from each voter)
-    T  -> S  Labels(r, voters, refused and why, labels)  | TallyFailed(r, reason, tampered, interrupted, void)
+    T  -> S  Labels(r, voters, refused and why, labels)  | TallyFailed(r, reason, tampered, deviated, interrupted, void)
              (interrupted: once every tallier is back, S relays the same Shares(r) again)
     S  -> H  RoundVoid(r, every tallier's void)   (too few voters, nothing computed: the charge is cancelled)
     S  -> H, T  Finish(reason)
@@ -68,7 +68,7 @@ __all__ = [
 ]
 # fmt: on
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: TallyFailed.deviated
 
 
 class MessageError(ValueError):
@@ -305,7 +305,8 @@ class TallyFailed(Message):
     TYPE = "tally_failed"
     round: int
     reason: str
-    tampered: tuple[str, ...]  # hospitals whose ballots failed the tag check (a tallier changed its input, or they did)
+    tampered: tuple[str, ...]  # for the log: hospitals whose ballots failed the tag check
+    deviated: bool  # a tallier deviated: a ballot's tag check or the labels' MAC check failed; the run stops
     interrupted: bool  # the MPC did not finish (a tallier left or went silent): the round may be relayed again
     void: bytes  # its signature that the round released nothing (protocol.voting.round_void), or empty
 

@@ -512,9 +512,28 @@ def _share_bits(ballot: dict, share: np.ndarray) -> np.ndarray:
     return np.concatenate([bits.reshape(-1) for bits, _, _ in ballot["layout"].split(share)])
 
 
+def _comparisons(config: VotingConfig) -> list[int]:
+    """How many comparisons each batch of the labels' argmax makes (``tallier.authenticated``): a tournament
+    level by level, then the threshold's."""
+    batches, entrants = [], config.classes
+    while entrants > 1:
+        batches.append(entrants // 2 * config.queries_per_round)
+        entrants = entrants // 2 + entrants % 2
+    return batches + ([config.queries_per_round] if config.label_threshold else [])
+
+
+def _per_round(config: VotingConfig) -> int:
+    """How many values a tallier's code opens in a round: the marks, the challenge, the checks, the pins and the
+    barrier; then the totals (``--reveal histogram``), or four per comparison batch, the last check's seed and
+    value, and the labels."""
+    if config.reveal == "histogram":
+        return len(config.talliers) + 6
+    return len(config.talliers) + 5 + 4 * len(_comparisons(config)) + 3
+
+
 def _seeds(talliers: list[dict], config: VotingConfig) -> dict[int, int]:
     """Each round's challenge, as the first tallier's code opened it after the marks of who voted."""
-    per_round = len(config.talliers) + 6
+    per_round = _per_round(config)
     return {r: talliers[0]["opened"][(r - 1) * per_round + len(config.talliers)][0] for r in (1, 2)}
 
 
@@ -576,14 +595,25 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
     classes = config.classes
     # What each tallier's code opened in the MPC, round by round: every tallier's marks of who voted, the
     # challenge's seed, every ballot's tag check, then its bit, sum and energy checks (masked; zero: all honest),
-    # every tallier's pinned placement (none: the round's first tally), the barrier, then the labels.
-    per_round = len(config.talliers) + 6
+    # every tallier's pinned placement (none: the round's first tally), the barrier; for each batch of the
+    # argmax's comparisons, a seed, the MAC check (zero), its random bits' squares and the masked differences;
+    # then a seed, the last MAC check (zero), and the labels.
+    per_round, modulus = _per_round(config), config.field().modulus
+    bits = config.field().bit_length - 1
     seeds = _seeds(talliers, config)
     for tallier in talliers:
         assert len(tallier["opened"]) == 2 * per_round
         for round_number in (1, 2):
             opened = tallier["opened"][(round_number - 1) * per_round : round_number * per_round]
-            *marks, seed, tag_checks, other_checks, pinned, barrier, labels = opened
+            *marks, seed, tag_checks, other_checks, pinned, barrier = opened[: len(config.talliers) + 5]
+            arithmetic = opened[len(config.talliers) + 5 :]
+            for batch, comparisons in enumerate(_comparisons(config)):
+                _, check, squares, masked = arithmetic[4 * batch : 4 * batch + 4]
+                assert len(squares) == bits * comparisons and len(masked) == comparisons and check == [0]
+                assert all(pow(value % modulus, (modulus - 1) // 2, modulus) == 1 for value in squares)
+                assert all(0 <= value < modulus // 2 for value in masked)  # d + 2^k + r: never reduced mod p
+            *_, mac_check, labels = arithmetic
+            assert mac_check == [0]
             assert all(m == [round_number, *[1] * len(config.hospitals)] for m in marks)
             assert seed == [seeds[round_number]] and tag_checks == [0] * len(config.hospitals)
             assert other_checks == [0] * (3 * len(config.hospitals))

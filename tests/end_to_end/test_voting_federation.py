@@ -524,6 +524,27 @@ def test_rounds_that_a_refused_ballot_leaves_without_a_quorum_are_void_and_charg
         assert f"{MAX_VOIDS} rounds of this run were void already" in federation.log(name)
 
 
+def test_a_round_a_hospital_withdraws_from_below_the_quorum_is_void_and_charges_no_ledger(federation):
+    """At the default quorum (every hospital), hospital-3 withdraws for its budget in round 1: the two ballots are
+    relayed all the same, the talliers end the round before anything is computed and sign its void, and the two
+    hospitals that voted are charged nothing (docs/explanation/void-rounds.md, "Short rounds")."""
+    federation.server("--rounds", "2")
+    federation.hospital("hospital-1", 1)
+    federation.hospital("hospital-2", 2)
+    federation.hospital("hospital-3", 3, "--epsilon-budget", "0.001")
+    for name in federation.roster.talliers:
+        federation.tallier(name)
+    federation.exit_code("server")
+    report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
+    first = report["rounds"][0]
+    assert first["status"] == "aborted" and set(first["void"]) == set(federation.roster.talliers), first
+    assert report["final"]["queries_labelled"] == 0
+    for name in ("hospital-1", "hospital-2"):
+        ledger = party_ledger(federation.federation / name)
+        assert ledger.voids(report["config"]["run_id"]) == 1 and ledger.steps == 0, federation.log(name)
+    assert party_ledger(federation.federation / "hospital-3").steps == 0  # it withdrew before any charge
+
+
 @pytest.mark.parametrize("extra", [200, 2**40], ids=["plus-200-votes", "beyond-the-comparisons"])
 def test_a_hospital_that_adds_votes_beyond_its_range_is_left_out_named_and_the_labels_stay_right(federation, extra):
     """Counted, 200 more votes for class 3 of every query would make every label 3 (label accuracy about 0.1,
@@ -575,17 +596,59 @@ runpy.run_module("consilium.scripts.tallier", run_name="__main__")
 """
 
 
-def test_a_tallier_that_shifts_its_input_is_caught_no_label_is_released_and_the_run_stops(federation):
+# tallier-1 adds 1 to its share of the labels' first pair product (tallier.authenticated) before resharing it
+_DEVIATING_TALLIER = """
+import runpy, sys
+from mpyc import asyncoro
+from consilium.tallier.authenticated import Authenticated
+
+honest_times, deviated = Authenticated.times, []
+
+
+@asyncoro.mpc_coro
+async def off_by_one(runtime, a, b):
+    await runtime.returnType((type(a), a.shape))
+    a, b = await runtime.gather(a, b)
+    return runtime._reshare(a * b + 1)
+
+
+def times(self, left, right):
+    if deviated:
+        return honest_times(self, left, right)
+    deviated.append(True)
+    self.product = lambda a, b: off_by_one(self.runtime, a, b)
+    try:
+        return honest_times(self, left, right)
+    finally:
+        del self.product
+
+
+Authenticated.times = times
+sys.argv = ["consilium-tallier", *sys.argv[1:]]
+runpy.run_module("consilium.scripts.tallier", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    "script, reason",
+    [
+        ("shifts its input", "fail its tag check: a tallier changed its input"),
+        ("deviates in the labels' arithmetic", "the MAC check of the labels' arithmetic failed: a tallier deviated"),
+    ],
+)
+def test_a_tallier_that_deviates_is_caught_no_label_is_released_and_the_run_stops(federation, script, reason):
+    """tallier-1 shifts its input (the tag check), or reshares a wrong product (the labels' MAC check)."""
     federation.server("--rounds", "2")
     for index, name in enumerate(federation.roster.hospitals, start=1):
         federation.hospital(name, index)
-    federation.launch_python(_SHIFTING_TALLIER, "tallier-1", "--name", "tallier-1", "--timeout", "60")
+    code = {"shifts its input": _SHIFTING_TALLIER, "deviates in the labels' arithmetic": _DEVIATING_TALLIER}[script]
+    federation.launch_python(code, "tallier-1", "--name", "tallier-1", "--timeout", "60")
     federation.tallier("tallier-2")
     federation.tallier("tallier-3")
     assert federation.exit_code("server") == 2, federation.log("server")
     report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
     assert report["final"]["queries_labelled"] == 0 and report["finish_reason"].startswith("stopped:")
-    assert "fail its tag check: a tallier changed its input" in report["finish_reason"]
+    assert reason in report["finish_reason"]
     assert "the run stops" in federation.log("server") and "Traceback" not in federation.log("server")
-    for name in federation.roster.hospitals:
-        assert party_ledger(federation.federation / name).steps == 1  # charged for the round it sent, and no more
+    for name in federation.roster.hospitals:  # charged for the round it sent (its output began), and no more
+        assert party_ledger(federation.federation / name).steps == 1

@@ -10,6 +10,7 @@ import pytest
 import zmq
 
 from consilium.protocol.wire.messages import (
+    PROTOCOL_VERSION,
     Aggregate,
     Endorsement,
     Endorsements,
@@ -107,7 +108,9 @@ def test_bad_messages_are_rejected_and_the_sum_stays_exact(server):
     forged = dict(good.boxes, **{"hospital-2": good.boxes["hospital-3"]})  # a share sealed to another hospital
     h1.send(Update(round=1, chunks=good.chunks, boxes=forged, next_box_key=good.next_box_key))  # 5b: does not verify
     h1.send_raw(b"\x00" * (config.message_limit() + 1))  # rejected 6: oversized
-    h1.send_raw(msgpack.packb({"v": 2, "type": "update", "round": 1, "chunks": list(good.chunks), "sender": "x"}))  # 7
+    h1.send_raw(
+        msgpack.packb({"v": PROTOCOL_VERSION, "type": "update", "round": 1, "chunks": list(good.chunks), "sender": "x"})
+    )  # 7
     intruder = ClientTransport(
         server.roster.server_address, server.roster.server.curve_public, CurveKeyPair(*zmq.curve_keypair()), 1 << 24
     )

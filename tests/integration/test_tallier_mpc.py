@@ -40,11 +40,13 @@ def _run(
     tampered=None,
     forged=None,
     repeat=False,
+    deviant=None,
 ):
     """Share each hospital's ``ballots[name] = (votes, noise)`` among the talliers (but not the ``(tallier,
     hospital)`` pairs in ``withheld``; ``tampered[(tallier, hospital)](share, layout, modulus)`` changes one;
     ``forged[name]`` is a list of that hospital's parts' bits, sent under valid tags instead of its ballot), and
-    run the parties in ``parties``; their results and exit codes."""
+    run the parties in ``parties``, tallier ``i`` as ``deviating_tallier.py`` with ``deviant[i]`` if given; their
+    results and exit codes."""
     shares, field = share_ballots(
         {name: b for name, b in ballots.items() if name not in (forged or {})}, TALLIERS, layout
     )
@@ -71,7 +73,11 @@ def _run(
     roster = federation(tmp_path / "federation")
     processes = {
         index: subprocess.Popen(
-            party_command("input.npz", f"out-{index}", tmp_path / "federation", roster.talliers[index]),
+            _command(
+                index,
+                deviant or {},
+                party_command("input.npz", f"out-{index}", tmp_path / "federation", roster.talliers[index]),
+            ),
             cwd=tmp_path,
             env={**child_environment(), "PYTHONPATH": str(REPO)},
             stderr=subprocess.PIPE,
@@ -87,6 +93,12 @@ def _run(
         if codes[index] == 0
     }
     return outputs, codes, errors
+
+
+def _command(index, deviant, honest):
+    if index not in deviant:
+        return honest
+    return [sys.executable, str(REPO / "tests" / "support" / "deviating_tallier.py"), deviant[index], *honest[3:]]
 
 
 def _votes_only(totals, votes_per_query):
@@ -304,6 +316,38 @@ def test_a_tallier_that_shifts_its_input_is_caught_and_no_label_is_released(tmp_
     outputs, codes, errors = _run(tmp_path, ballots, layout, tampered={(1, "hospital-1"): shift})
     assert outputs == {} and codes == {0: 2, 1: 2, 2: 2}
     assert all("hospital-1's ballot fail its tag check" in error for error in errors.values()), errors
+
+
+@pytest.mark.parametrize(
+    "where, check",
+    [
+        ("multiplication", "the MAC check of the labels' arithmetic failed"),
+        ("comparison", "the MAC check of the labels' arithmetic failed"),
+        ("random-bit", "the MAC check of the labels' arithmetic failed"),
+        ("opening", "after the output began, the talliers' shares of an opened value do not lie on one polynomial"),
+    ],
+)
+def test_a_tallier_that_deviates_in_the_labels_arithmetic_is_caught_and_no_label_is_released(tmp_path, where, check):
+    """Caught, and named as a deviation, which stops the run, never as an interruption only, which would have the
+    round tallied again with fresh masks: so also a share sent off the line of the others' once the output began.
+    There the first honest tallier to see it names it, and may end the round for the other before it does."""
+    ballots, layout = _random_ballots(20, 5, 30)
+    outputs, codes, errors = _run(tmp_path, ballots, layout, deviant={1: where}, label_threshold=40)
+    assert outputs == {} and all(code != 0 for code in codes.values()), errors
+    named = [h for h in (0, 2) if check in errors[h] and "a tallier deviated" in errors[h]]
+    assert named == [0, 2] or (where == "opening" and named), errors
+
+
+def test_honest_talliers_pass_the_labels_check_round_after_round(tmp_path):
+    ballots, layout = _random_ballots(40, 10, 30)
+    outputs, codes, errors = _run(tmp_path, ballots, layout, rounds=12, label_threshold=35)
+    assert codes == {0: 0, 1: 0, 2: 0}, errors
+    modulus = share_ballots(ballots, TALLIERS, layout)[1].modulus
+    for party in outputs.values():
+        for output in party:
+            totals = placed_totals(ballots, layout, int(str(output["seed"])), modulus)
+            expected = np.where(totals.max(axis=1) >= 35, totals.argmax(axis=1), layout.classes)
+            assert np.array_equal(output["labels"], expected)
 
 
 _PLAY_ROUNDS = """

@@ -15,9 +15,9 @@ places where a hospital's secrets take their last plaintext form and appends the
 
 Servers and talliers never call either. Talliers' MPC traffic is recorded instead: every byte a
 process receives from its MPyC peers is appended to ``<folder>/<pid>.mpc``, and every value the
-talliers' own code (``tallier/mpc.py``) opens with ``open_checked`` is appended, as a list of
-ints, to ``<folder>/<pid>.opened`` (MPyC's comparisons open masked values of their own; those are
-part of the protocol and not recorded). With ``CONSILIUM_AUDIT_FIXED_VOTES=1``
+talliers' own code (``tallier/mpc.py`` and ``tallier/authenticated.py``, the comparisons' squares
+and masked values included) opens with ``open_checked`` is appended, as a list of ints, to
+``<folder>/<pid>.opened``. With ``CONSILIUM_AUDIT_FIXED_VOTES=1``
 every hospital casts all its votes for class 0 in every query (the noise and everything after it
 unchanged), so that what the talliers open is known votes and the noise. Otherwise the processes run their own code; each also
 imports TenSEAL and MPyC at start-up and writes these records.
@@ -128,7 +128,10 @@ if os.environ.get("CONSILIUM_AUDIT_RECORD"):
 
     def _recorded_open_checked(runtime, x):
         opened = _open_checked(runtime, x)
-        if Path(sys._getframe(1).f_code.co_filename).parts[-2:] == ("tallier", "mpc.py"):
+        if Path(sys._getframe(1).f_code.co_filename).parts[-2:] in {
+            ("tallier", "mpc.py"),
+            ("tallier", "authenticated.py"),
+        }:
             opened.add_done_callback(_record_opened)
         return opened
 

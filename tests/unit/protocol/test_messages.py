@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from consilium.protocol.wire.messages import (
+    PROTOCOL_VERSION,
     TO_HOSPITAL,
     TO_SERVER,
     TO_TALLIER,
@@ -89,7 +90,7 @@ SAMPLES = [
         mpc_microseconds=10,
         mpc_bytes=5,
     ),
-    TallyFailed(round=1, reason="too few voters", tampered=(), interrupted=False, void=b"s" * 64),
+    TallyFailed(round=1, reason="too few voters", tampered=(), deviated=False, interrupted=False, void=b"s" * 64),
     RoundVoid(round=1, signatures={"tallier-1": b"s" * 64}),
 ]
 
@@ -119,30 +120,45 @@ def _raw(**body):
     [
         (b"\xc1garbage", "not a msgpack"),
         (b"\x92\x01", "not a msgpack"),
-        (_raw(v=2, type="withdraw", round=1, reason="x") + b"\x00", "not a msgpack"),
+        (_raw(v=PROTOCOL_VERSION, type="withdraw", round=1, reason="x") + b"\x00", "not a msgpack"),
         (msgpack.packb([1, 2]), "must be a map"),
         (_raw(v=1, type="hello"), "unsupported protocol version"),
         (_raw(type="hello"), "unsupported protocol version"),
-        (_raw(v=2, type="launch_missiles"), "unexpected message type"),
+        (_raw(v=PROTOCOL_VERSION, type="launch_missiles"), "unexpected message type"),
         (
-            _raw(v=2, type="aggregate", round=1, contributors=[], chunks=[], digests={}, boxes={}),
+            _raw(v=PROTOCOL_VERSION, type="aggregate", round=1, contributors=[], chunks=[], digests={}, boxes={}),
             "unexpected message type",
         ),
-        (_raw(v=2, type="withdraw", round=1), "expected fields"),
-        (_raw(v=2, type="withdraw", round=1, reason="x", sender="hospital-2"), "expected fields"),
-        (_raw(v=2, type="withdraw", round=-1, reason="x"), "non-negative integer"),
-        (_raw(v=2, type="withdraw", round=True, reason="x"), "non-negative integer"),
-        (_raw(v=2, type="withdraw", round="1", reason="x"), "non-negative integer"),
-        (_raw(v=2, type="update", round=1, chunks=b"a", boxes={}, next_box_key=b""), "must be a list"),
-        (_raw(v=2, type="update", round=1, chunks=["text"], boxes={}, next_box_key=b""), "must be bytes"),
-        (_raw(v=2, type="update", round=1, chunks=[], boxes={"h": "text"}, next_box_key=b""), "must be bytes"),
-        (_raw(v=2, type="endorsement", round=1, hashes=[-1], commitment=b"", signature=b""), "non-negative integer"),
-        (_raw(v=2, type="proof", round=1, seed=b"", proof=[1], signature=b""), "must be a list"),
+        (_raw(v=PROTOCOL_VERSION, type="withdraw", round=1), "expected fields"),
+        (_raw(v=PROTOCOL_VERSION, type="withdraw", round=1, reason="x", sender="hospital-2"), "expected fields"),
+        (_raw(v=PROTOCOL_VERSION, type="withdraw", round=-1, reason="x"), "non-negative integer"),
+        (_raw(v=PROTOCOL_VERSION, type="withdraw", round=True, reason="x"), "non-negative integer"),
+        (_raw(v=PROTOCOL_VERSION, type="withdraw", round="1", reason="x"), "non-negative integer"),
+        (_raw(v=PROTOCOL_VERSION, type="update", round=1, chunks=b"a", boxes={}, next_box_key=b""), "must be a list"),
+        (
+            _raw(v=PROTOCOL_VERSION, type="update", round=1, chunks=["text"], boxes={}, next_box_key=b""),
+            "must be bytes",
+        ),
+        (
+            _raw(v=PROTOCOL_VERSION, type="update", round=1, chunks=[], boxes={"h": "text"}, next_box_key=b""),
+            "must be bytes",
+        ),
+        (
+            _raw(v=PROTOCOL_VERSION, type="endorsement", round=1, hashes=[-1], commitment=b"", signature=b""),
+            "non-negative integer",
+        ),
+        (_raw(v=PROTOCOL_VERSION, type="proof", round=1, seed=b"", proof=[1], signature=b""), "must be a list"),
         (msgpack.packb({1: 2}), "not a msgpack"),
-        (_raw(v=2, type=["update"]), "unexpected message type"),
-        (_raw(v=2, type="withdraw", round=1, reason="done\nWARNING forged log line"), "printable characters"),
-        (_raw(v=2, type="withdraw", round=1, reason="x" * 501), "printable characters"),
-        (msgpack.packb({"v": 2, "type": "hello", b"type": b"x"}, use_bin_type=True), "field names must be strings"),
+        (_raw(v=PROTOCOL_VERSION, type=["update"]), "unexpected message type"),
+        (
+            _raw(v=PROTOCOL_VERSION, type="withdraw", round=1, reason="done\nWARNING forged log line"),
+            "printable characters",
+        ),
+        (_raw(v=PROTOCOL_VERSION, type="withdraw", round=1, reason="x" * 501), "printable characters"),
+        (
+            msgpack.packb({"v": PROTOCOL_VERSION, "type": "hello", b"type": b"x"}, use_bin_type=True),
+            "field names must be strings",
+        ),
         (_raw(v=True, type="hello"), "unsupported protocol version"),
         (_raw(v=2.0, type="hello"), "unsupported protocol version"),
         (b"\x00" * (LIMIT + 1), "exceeds the limit"),
@@ -163,9 +179,9 @@ def test_a_message_of_millions_of_tiny_objects_is_refused_before_they_are_all_ma
 
 @pytest.mark.parametrize("flag", [1, 0, "true", None])
 def test_a_boolean_is_only_a_boolean(flag):
-    failed = dict(round=1, reason="x", tampered=[], interrupted=flag, void=b"")
+    failed = dict(round=1, reason="x", tampered=[], deviated=False, interrupted=flag, void=b"")
     with pytest.raises(MessageError, match="must be a boolean"):
-        decode(_raw(v=2, type="tally_failed", **failed), accept=TO_VOTING_SERVER, max_bytes=LIMIT)
+        decode(_raw(v=PROTOCOL_VERSION, type="tally_failed", **failed), accept=TO_VOTING_SERVER, max_bytes=LIMIT)
 
 
 @pytest.mark.parametrize("payload", [b"\x00" * 7, b"\x00" * 12, b"\x00\x00\xc0\x7f" + b"\x00" * 4])

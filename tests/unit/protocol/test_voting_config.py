@@ -55,6 +55,7 @@ def test_the_field_holds_every_total_checked_ballots_can_make():
     "changes, reason",
     [
         ({"talliers": ("tallier-1", "tallier-2")}, "at least 3 distinct talliers"),
+        ({"talliers": ("tallier-1", "tallier-2", "tallier-3", "tallier-4")}, "an odd number of talliers"),
         ({"reveal": "everything"}, "unknown reveal mode"),
         ({"label_threshold": 91}, "label threshold must be between 0 and 90 votes"),  # a quorum of 3 x 30 neighbours
         ({"label_threshold": -1}, "label threshold must be between 0 and 90 votes"),
