@@ -30,7 +30,7 @@ from consilium.crypto.checked_shares import challenge
 from consilium.crypto.secret_sharing import random_elements
 from consilium.tallier.mpc_values import open_checked
 
-__all__ = ["Authenticated", "DeviationError", "DrawError"]
+__all__ = ["Authenticated", "DeviationError", "DrawError", "joint_seed"]
 
 _KAPPA = 30  # the mask's high part: its one summand no single tallier knows hides d to about 2^-(kappa - 1)
 
@@ -211,11 +211,6 @@ class Authenticated:
 
     # -- the check -------------------------------------------------------------------------------------------------
 
-    async def seed(self) -> int:
-        """A fresh public seed: every tallier inputs a random field element, and their sum is opened."""
-        summands = self.runtime.input(self.secint.array(self.public(random_elements(1, self.modulus))))
-        return (await open_checked(self.runtime, sum(summands[1:], summands[0])))[0] % self.modulus
-
     async def check(self, squares: tuple | None = None) -> None:
         """``DeviationError`` unless every product recorded since the last check, and ``squares`` (``alpha u``,
         ``u`` and the unopened ``u^2`` of random bits) if given, carry their MACs:
@@ -227,7 +222,7 @@ class Authenticated:
         runtime, p = self.runtime, self.modulus
         fresh, self.checked = self.recorded[self.checked :], len(self.recorded)
         await runtime.gather([array for pair in fresh for array in pair] + list(squares or ()))
-        seed = await self.seed()
+        seed = await joint_seed(runtime, self.secint)
         beta = np.array(challenge(seed, sum(value.size for value, _ in fresh), p, "labels/products"), dtype=object)
         macs, values = (runtime.np_concatenate([pair[half] for pair in fresh]) for half in (1, 0))
         keyed, unkeyed = macs @ beta, values @ beta  # the first must be alpha times the second
@@ -237,6 +232,14 @@ class Authenticated:
             keyed, unkeyed = keyed + self.inner(mac_u * self.public(gamma), u), unkeyed + square @ gamma
         if not await self.is_zero(keyed - self.product(self.key, runtime.np_fromlist([unkeyed]))):
             raise DeviationError(self.round, "the MAC check of the labels' arithmetic failed")
+
+
+async def joint_seed(runtime, secint) -> int:
+    """A fresh public seed no tallier chose: each inputs a uniform field element from the OS, and their sum is
+    opened (a signed integer, as ``open_checked`` gives it)."""
+    field = secint.field
+    summands = runtime.input(secint.array(field.array(np.array(random_elements(1, field.modulus), dtype=object))))
+    return (await open_checked(runtime, sum(summands[1:], summands[0])))[0]
 
 
 def _sum(left, right):

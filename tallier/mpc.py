@@ -69,7 +69,7 @@ from consilium.crypto.secret_sharing import random_elements
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.voting.ballots import BallotLayout
 from consilium.protocol.identity.roster import Roster
-from consilium.tallier.authenticated import Authenticated, DeviationError, DrawError
+from consilium.tallier.authenticated import Authenticated, DeviationError, DrawError, joint_seed
 from consilium.tallier.mpc_network import MpcNetwork, MpcParty
 from consilium.tallier.round_loop import round_loop
 from consilium.tallier.ballot_checks import REFUSALS, BallotChecks, CheckedBallot
@@ -303,13 +303,13 @@ class _Tally:
 
     async def check(self, shares: list[np.ndarray], voters: tuple[str, ...]) -> tuple[list[int], dict[str, str]]:
         """Steps 2 to 4: the indices of the voters whose ballots count, and why each refused one is."""
-        runtime, layout, p = self.runtime, self.layout, self.modulus
+        runtime, layout = self.runtime, self.layout
         ballots = [layout.split(vector) for vector in shares]
         committed = self.summed(
             [int(v) for ballot in ballots for bits, _, key in ballot for v in (*bits.reshape(-1), *key)]
         )
         await runtime.gather([committed])  # every tallier's inputs are in before anyone learns the challenge
-        self.seed = (await open_checked(runtime, self.summed(random_elements(1, p))))[0]
+        self.seed = await joint_seed(runtime, self.secint)
         self.checks = BallotChecks(runtime, self.secint, layout, self.seed)
         tags = self.summed([c for ballot in ballots for c in self.checks.tag_combinations(ballot)])
         width, parts = layout.committed_values, len(layout.parts)

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -596,36 +597,12 @@ runpy.run_module("consilium.scripts.tallier", run_name="__main__")
 """
 
 
-# tallier-1 adds 1 to its share of the labels' first pair product (tallier.authenticated) before resharing it
-_DEVIATING_TALLIER = """
+# tallier-1 adds 1 to its share of the labels' first pair product (in a comparison's bitwise step) before resharing it
+_DEVIATING = Path(__file__).parents[1] / "support" / "deviating_tallier.py"
+_DEVIATING_TALLIER = f"""
 import runpy, sys
-from mpyc import asyncoro
-from consilium.tallier.authenticated import Authenticated
-
-honest_times, deviated = Authenticated.times, []
-
-
-@asyncoro.mpc_coro
-async def off_by_one(runtime, a, b):
-    await runtime.returnType((type(a), a.shape))
-    a, b = await runtime.gather(a, b)
-    return runtime._reshare(a * b + 1)
-
-
-def times(self, left, right):
-    if deviated:
-        return honest_times(self, left, right)
-    deviated.append(True)
-    self.product = lambda a, b: off_by_one(self.runtime, a, b)
-    try:
-        return honest_times(self, left, right)
-    finally:
-        del self.product
-
-
-Authenticated.times = times
-sys.argv = ["consilium-tallier", *sys.argv[1:]]
-runpy.run_module("consilium.scripts.tallier", run_name="__main__")
+sys.argv = [{str(_DEVIATING)!r}, "comparison", "consilium.scripts.tallier", *sys.argv[1:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 

@@ -98,7 +98,7 @@ def _run(
 def _command(index, deviant, honest):
     if index not in deviant:
         return honest
-    return [sys.executable, str(REPO / "tests" / "support" / "deviating_tallier.py"), deviant[index], *honest[3:]]
+    return [sys.executable, str(REPO / "tests" / "support" / "deviating_tallier.py"), deviant[index], *honest[2:]]
 
 
 def _votes_only(totals, votes_per_query):

@@ -1,6 +1,7 @@
-"""A tallier that deviates in the labels' arithmetic: ``python deviating_tallier.py WHERE --party ...``.
+"""A tallier that deviates in the labels' arithmetic: ``python deviating_tallier.py WHERE MODULE ARGS...``.
 
-It runs ``consilium-bench-tallier --party`` (``play_party``) as an honest tallier would, except that in
+It runs the tallier ``MODULE`` (``consilium.scripts.bench_tallier`` with ``--party``, or
+``consilium.scripts.tallier``) with ``ARGS`` as an honest tallier would, except that in
 one product of the labels step (``tallier.authenticated``) it adds 1 to its own share of the local
 product before resharing it, as a tallier that sends a wrong resharing does, or to its share of one
 opened value. ``WHERE`` picks which, the first of its kind in the round:
@@ -11,15 +12,16 @@ opened value. ``WHERE`` picks which, the first of its kind in the round:
 - ``opening``: the share it sends of a comparison's masked difference (off the line of the others').
 """
 
+import runpy
 import sys
 
-from consilium.scripts import bench_tallier
 from consilium.tallier import authenticated
 from consilium.tallier.authenticated import Authenticated
 from mpyc import asyncoro
 
 _TARGETS = {"multiplication": "argmax", "comparison": "less_than_zero", "random-bit": "random_bits", "opening": None}
-_target = _TARGETS[sys.argv[1]]
+_where = sys.argv[1]
+_target = _TARGETS[_where]
 _stack: list[str] = []
 _done = []
 _honest_product = Authenticated.product
@@ -57,7 +59,7 @@ _honest_open = authenticated.open_checked
 
 
 def _open(runtime, x):
-    if _done or sys.argv[1] != "opening" or _stack[-1:] != ["less_than_zero"]:
+    if _done or _where != "opening" or _stack[-1:] != ["less_than_zero"]:
         return _honest_open(runtime, x)
     _done.append(True)
     return _honest_open(runtime, x + 1)  # 1 added to this tallier's share alone
@@ -67,4 +69,5 @@ authenticated.open_checked = _open
 Authenticated.product = _product
 for _name in set(_TARGETS.values()) - {None}:
     setattr(Authenticated, _name, _marked(_name))
-bench_tallier.main(sys.argv[2:])
+sys.argv = sys.argv[2:]
+runpy.run_module(sys.argv[0], run_name="__main__")
