@@ -7,9 +7,9 @@ tallier adds the shares it receives locally and only the total is ever reconstru
 MPC, ``tallier.mpc``). The signed value is recovered from ``[-p/2, p/2)``: the caller makes
 sure, with ``check_fits``, that no sum it will reconstruct leaves that range.
 
-Uniform draws take 64 random bits from the OS more than ``p`` needs and reduce: the result is
-within statistical distance ``2^-64`` of uniform per value. ``p`` fits in 64 bits, so shares travel
-as little-endian ``uint64``.
+Uniform draws take as many random bits from the OS as ``p`` has, and draw again where the number
+is not below ``p`` (rejection sampling: exactly uniform, at most two tries a value on average), all
+of a call's values at once. ``p`` fits in 64 bits, so shares travel as little-endian ``uint64``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ __all__ = [
     "add",
     "check_fits",
     "from_bytes",
+    "random_array",
     "random_elements",
     "reconstruct",
     "share",
@@ -34,7 +35,6 @@ __all__ = [
 ]
 
 _MAX_MODULUS_BITS = 64
-_EXTRA_BITS = 64
 
 
 class ShareError(ConsiliumError, ValueError):
@@ -108,10 +108,22 @@ def _sum(shares: list[np.ndarray], modulus: int) -> list[int]:
 
 
 def random_elements(count: int, modulus: int) -> list[int]:
-    """``count`` uniform elements of ``Z_p`` from the OS's generator (within ``2^-64`` of uniform)."""
-    width = (modulus.bit_length() + _EXTRA_BITS + 7) // 8
-    data = os.urandom(width * count)
-    return [int.from_bytes(data[i : i + width], "little") % modulus for i in range(0, width * count, width)]
+    """``count`` uniform elements of ``Z_p`` from the OS's generator (module docstring)."""
+    return random_array(count, modulus).tolist()
+
+
+def random_array(count: int, modulus: int) -> np.ndarray:
+    """``count`` uniform elements of ``Z_p``, ``p`` below ``2^64``, as a ``uint64`` vector: OS random numbers of
+    ``p``'s bit length, those not below ``p`` drawn again."""
+    if not 1 < modulus < 2**_MAX_MODULUS_BITS:
+        raise ShareError(f"uniform draws need a modulus above 1 and below 2^{_MAX_MODULUS_BITS}, got {modulus}")
+    mask = np.uint64((1 << (modulus - 1).bit_length()) - 1)
+    kept = np.empty(0, dtype=np.uint64)
+    while kept.size < count:
+        missing = count - kept.size
+        draws = np.frombuffer(os.urandom(8 * (2 * missing + 8)), dtype="<u8") & mask  # >= half are kept
+        kept = np.concatenate((kept, draws[draws < modulus]))
+    return kept[:count]
 
 
 def _check_modulus(modulus: int) -> None:

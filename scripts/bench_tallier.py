@@ -44,7 +44,9 @@ from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.voting.ballots import BallotLayout, share_ballot
 from consilium.protocol.identity.roster import Roster, local_federation
 from consilium.scripts._cli import run
-from consilium.tallier.mpc import DeviationError, MpcError, TamperError, VoterError, mpc_party, run_round
+from consilium.tallier.mpc import DeviationError, MpcError, TamperError, VoterError, run_round
+from consilium.tallier.mpc_network import mpc_party
+from consilium.tallier.run_state import KeptOutput
 from consilium.training.methods.flags import positive_int
 from consilium.training.privacy.secure_random import secure_generator
 from consilium.training.voting.vote_privacy import REVEAL_MODES, VotingSettings
@@ -301,8 +303,8 @@ def play_party(source: str, target: str, federation: str, name: str) -> None:
     """Tallier ``name`` of the federation in ``federation`` (its keys from its folder, its peers from the roster):
     run ``tallier.mpc.run_round`` on its shares in ``source`` (``write_input``) the file's number of times, and
     write each round's result with the seconds it took to ``{target}-{round}.npz``. With ``repeat`` in the file,
-    every tally after the first is round 1 again, with the noise placement the first pinned, as a tallier
-    tallies a round again."""
+    every tally after the first is round 1 again, counting what the first kept (``run_state.KeptOutput``), as a
+    tallier tallies a round again once its output began."""
     roster, credentials = Roster.load(Path(federation)), Credentials.load(Path(federation) / name)
     roster.check_own_entry(credentials)
     party = mpc_party(roster, credentials)
@@ -314,7 +316,7 @@ def play_party(source: str, target: str, federation: str, name: str) -> None:
         field = MpcField(int(data["bit_length"]), int(str(data["modulus"])))
         reveal, timeout, rounds = str(data["reveal"]), float(data["timeout"]), int(data["rounds"])
         repeat = bool(data["repeat"])
-    placement = 0
+    kept: list[KeptOutput] = []
     for round_number in range(1, rounds + 1):
         started = time.perf_counter()
         try:
@@ -328,11 +330,11 @@ def play_party(source: str, target: str, federation: str, name: str) -> None:
                 field=field,
                 reveal=reveal,
                 timeout_s=timeout,
-                placement=placement,
+                kept=kept[0] if kept and repeat else None,
+                on_output=kept.append,
             )
         except (VoterError, TamperError, DeviationError) as error:
             raise MpcError(str(error)) from None
-        placement = result.seed if repeat else 0
         extra = {} if result.totals is None else {"totals": result.totals}
         np.savez(
             f"{target}-{round_number}.npz",

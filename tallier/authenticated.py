@@ -26,11 +26,19 @@ Every opening is ``open_checked``: from all three shares, which must lie on one 
 from __future__ import annotations
 
 import numpy as np
-from consilium.crypto.checked_shares import challenge
 from consilium.crypto.secret_sharing import random_elements
 from consilium.tallier.mpc_values import open_checked
 
-__all__ = ["Authenticated", "DeviationError", "DrawError", "joint_seed"]
+__all__ = [
+    "Authenticated",
+    "DeviationError",
+    "DrawError",
+    "joint_seed",
+    "pair_difference",
+    "pair_part",
+    "pair_sum",
+    "pairs_joined",
+]
 
 _KAPPA = 30  # the mask's high part: its one summand no single tallier knows hides d to about 2^-(kappa - 1)
 
@@ -96,8 +104,25 @@ class Authenticated:
         return a * b
 
     def inner(self, a, b):
-        """The inner product of two secure vectors: local products summed, then one resharing."""
+        """The inner product of two secure vectors (or each row of a matrix and a vector): local products summed,
+        then one resharing."""
         return a @ b
+
+    def inner_product(self, left, right) -> tuple[object, object]:
+        """``<x, y>`` of the pair ``left`` and the secure vector ``right``, as a pair of one-element arrays: ``<x, y>``
+        and ``<alpha x, y>`` in one resharing, recorded."""
+        both = self.inner(self.runtime.np_stack(left), right)
+        product = both[:1], both[1:]
+        self.recorded.append(product)
+        return product
+
+    def masked(self, checks: list) -> object:
+        """``rho z`` for each of ``checks`` (pairs), ``rho`` a fresh PRSS random element each, never opened: a product
+        of pairs, recorded. Opened after the next ``check``, it is zero for a zero ``z`` and uniform for another, and
+        carries no error. (``rho`` needs no MAC: it is the right factor, and ``alpha z rho`` is made from ``z``'s.)"""
+        joined = pairs_joined(self.runtime, checks)
+        factors = self.runtime._np_randoms(self.secint, joined[0].size)
+        return self.times(joined, (factors, None))[0]
 
     async def is_zero(self, check) -> bool:
         """Whether the secure one-element array ``check`` is zero, opening only ``rho check`` for a fresh secret
@@ -120,18 +145,17 @@ class Authenticated:
     async def random_bits(self, count: int) -> tuple[object, object]:
         """``count`` secret uniform bits as a pair, checked before anything that depends on a vote is opened.
 
-        ``u`` random (PRSS), ``[u^2]`` and ``[alpha u]`` in one resharing; the bit is ``(u / sqrt(u^2) + 1) / 2``,
-        its MAC ``(alpha u / sqrt(u^2) + alpha) / 2``. A tallier that shifted ``u^2`` would make a "bit" it knows up
-        to a sign, and read ``d``'s low bits off the comparison's opening, so the squares are checked with every
-        product so far (``check``) before ``u^2`` is opened: once it is, an error aimed at a sign could pass half
-        the time."""
+        ``u`` random (PRSS), ``[u^2]`` and ``[alpha u]`` in one resharing, then ``[alpha u] [u]``, the MAC of
+        ``u^2``, recorded with it; the bit is ``(u / sqrt(u^2) + 1) / 2``, its MAC ``(alpha u / sqrt(u^2) + alpha) /
+        2``. A tallier that shifted ``u^2`` would make a "bit" it knows up to a sign, and read ``d``'s low bits off
+        the comparison's opening, so every product so far is checked (``check``) before ``u^2`` is opened."""
         runtime, p = self.runtime, self.modulus
         u = runtime._np_randoms(self.secint, count)
         keys = self.key * self.public(np.ones(count, dtype=object))
         both = self.product(runtime.np_concatenate((u, u)), runtime.np_concatenate((u, keys)))
         square, mac_u = both[:count], both[count:]
-        self.recorded.append((u, mac_u))
-        await self.check(squares=(mac_u, u, square))
+        self.recorded += [(u, mac_u), (square, self.product(mac_u, u))]
+        await self.check()
         opened = np.array(await open_checked(runtime, square), dtype=object) % p
         if np.any(opened == 0):  # u = 0 leaves the bit undefined: probability count / p
             raise DrawError(f"round {self.round}: a random bit's square opened as zero; the round is tallied again")
@@ -147,7 +171,7 @@ class Authenticated:
         column = [(bits[0][i * n : (i + 1) * n], bits[1][i * n : (i + 1) * n]) for i in range(k)]
         low = column[0]
         for i in range(1, k):
-            low = _sum(low, self.scaled(column[i], 1 << i))
+            low = pair_sum(low, self.scaled(column[i], 1 << i))
         # The mask's high part hides d and is never used again, so it needs no MAC: a wrong share of it shows at
         # the opening. PRSS adds comb(J, t) summands below 2^32 / comb(J, t) each (J = 3: 2^30; J = 5: 2^28), so c
         # stays below 3 p / 8 for every l, and the one summand a corrupt tallier does not know hides d.
@@ -162,9 +186,9 @@ class Authenticated:
             suffix[i] = self.times(suffix[i + 1], equal[i])
         below = self.constant(np.zeros(n, dtype=object))
         for i in range(k):
-            below = _sum(below, self.scaled(_difference(suffix[i + 1], suffix[i]), 1 - c_bits[i]))
-        d_mod = _sum(self.plus(self.scaled(low, -1), c), self.scaled(below, 1 << k))
-        return self.scaled(_difference(d_mod, d), pow(1 << k, -1, self.modulus))
+            below = pair_sum(below, self.scaled(pair_difference(suffix[i + 1], suffix[i]), 1 - c_bits[i]))
+        d_mod = pair_sum(self.plus(self.scaled(low, -1), c), self.scaled(below, 1 << k))
+        return self.scaled(pair_difference(d_mod, d), pow(1 << k, -1, self.modulus))
 
     async def argmax(self, columns: list, bit_length: int) -> tuple[tuple[object, object], tuple[object, object]]:
         """Each row's first largest column's index and value, as pairs, over ``columns`` (pairs of one length)."""
@@ -172,20 +196,20 @@ class Authenticated:
         entrants = [(column, self.constant(np.full(rows, c, dtype=object))) for c, column in enumerate(columns)]
         while len(entrants) > 1:
             meetings = [(entrants[i], entrants[i + 1]) for i in range(0, len(entrants) - 1, 2)]
-            left = _joined(self.runtime, [value for (value, _), _ in meetings])
-            right = _joined(self.runtime, [value for _, (value, _) in meetings])
-            right_wins = await self.less_than_zero(_difference(left, right), bit_length)
-            left_index = _joined(self.runtime, [index for (_, index), _ in meetings])
-            right_index = _joined(self.runtime, [index for _, (_, index) in meetings])
+            left = pairs_joined(self.runtime, [value for (value, _), _ in meetings])
+            right = pairs_joined(self.runtime, [value for _, (value, _) in meetings])
+            right_wins = await self.less_than_zero(pair_difference(left, right), bit_length)
+            left_index = pairs_joined(self.runtime, [index for (_, index), _ in meetings])
+            right_index = pairs_joined(self.runtime, [index for _, (_, index) in meetings])
             steps = self.times(
-                _joined(self.runtime, [right_wins, right_wins]),
-                _joined(self.runtime, [_difference(right, left), _difference(right_index, left_index)]),
+                pairs_joined(self.runtime, [right_wins, right_wins]),
+                pairs_joined(self.runtime, [pair_difference(right, left), pair_difference(right_index, left_index)]),
             )
             size = len(meetings) * rows
-            value = _sum(left, _part(steps, 0, size))
-            index = _sum(left_index, _part(steps, size, 2 * size))
+            value = pair_sum(left, pair_part(steps, 0, size))
+            index = pair_sum(left_index, pair_part(steps, size, 2 * size))
             winners = [
-                (_part(value, m * rows, (m + 1) * rows), _part(index, m * rows, (m + 1) * rows))
+                (pair_part(value, m * rows, (m + 1) * rows), pair_part(index, m * rows, (m + 1) * rows))
                 for m in range(len(meetings))
             ]
             entrants = winners + entrants[2 * len(meetings) :]
@@ -199,7 +223,7 @@ class Authenticated:
         runtime, (queries, classes) = self.runtime, totals.shape
         flat = self.authenticate(runtime.np_reshape(runtime.np_transpose(totals), (-1,)))  # class by class
         label, top = await self.argmax(
-            [_part(flat, c * queries, (c + 1) * queries) for c in range(classes)], bit_length
+            [pair_part(flat, c * queries, (c + 1) * queries) for c in range(classes)], bit_length
         )
         if label_threshold:  # C + [top >= T] (label - C)
             reaches = self.plus(
@@ -211,27 +235,21 @@ class Authenticated:
 
     # -- the check -------------------------------------------------------------------------------------------------
 
-    async def check(self, squares: tuple | None = None) -> None:
-        """``DeviationError`` unless every product recorded since the last check, and ``squares`` (``alpha u``,
-        ``u`` and the unopened ``u^2`` of random bits) if given, carry their MACs:
-        ``sum_k beta_k [alpha z_k] + sum_j gamma_j [alpha u_j] [u_j] - [alpha] (sum_k beta_k [z_k] +
-        sum_j gamma_j [u_j^2])`` is zero (``is_zero``). ``beta`` and ``gamma`` come from a seed opened once every
-        one of them is fixed here; ``alpha`` is never opened. A check comes before every opening of a value a
-        product made (a masked difference, the labels): an error in a product, however large, could otherwise
-        move a masked value past its mask, and show a secret's bits."""
-        runtime, p = self.runtime, self.modulus
+    async def check(self, of: str = "the labels' arithmetic") -> None:
+        """``DeviationError`` (naming the check ``of`` what) unless every product ``z_k`` recorded since the last check
+        carries its MAC: ``sum_k r_k [alpha z_k] - [alpha] sum_k r_k [z_k]`` is zero (``is_zero``), for secret random
+        ``r_k`` (PRSS) that no one ever learns, as are ``alpha`` and the sums. Public coefficients would let a tallier
+        cancel an error it knows in the check's last product, so that the check passed or failed with a secret that
+        an earlier MAC error was multiplied by, and showed it (Review 4, finding 1). A check comes before every
+        opening of a value a product made (a masked check, a masked difference, the labels): an error in a product,
+        however large, could otherwise move a masked value past its mask, and show a secret's bits."""
+        runtime = self.runtime
         fresh, self.checked = self.recorded[self.checked :], len(self.recorded)
-        await runtime.gather([array for pair in fresh for array in pair] + list(squares or ()))
-        seed = await joint_seed(runtime, self.secint)
-        beta = np.array(challenge(seed, sum(value.size for value, _ in fresh), p, "labels/products"), dtype=object)
-        macs, values = (runtime.np_concatenate([pair[half] for pair in fresh]) for half in (1, 0))
-        keyed, unkeyed = macs @ beta, values @ beta  # the first must be alpha times the second
-        if squares:
-            mac_u, u, square = squares
-            gamma = np.array(challenge(seed, u.size, p, "labels/squares"), dtype=object)
-            keyed, unkeyed = keyed + self.inner(mac_u * self.public(gamma), u), unkeyed + square @ gamma
-        if not await self.is_zero(keyed - self.product(self.key, runtime.np_fromlist([unkeyed]))):
-            raise DeviationError(self.round, "the MAC check of the labels' arithmetic failed")
+        values, macs = (runtime.np_concatenate([pair[half] for pair in fresh]) for half in (0, 1))
+        weights = runtime._np_randoms(self.secint, values.size)
+        both = self.inner(runtime.np_stack((values, macs)), weights)  # sum r z and sum r (alpha z): one resharing
+        if not await self.is_zero(both[1:] - self.product(self.key, both[:1])):
+            raise DeviationError(self.round, f"the MAC check of {of} failed")
 
 
 async def joint_seed(runtime, secint) -> int:
@@ -242,17 +260,17 @@ async def joint_seed(runtime, secint) -> int:
     return (await open_checked(runtime, sum(summands[1:], summands[0])))[0]
 
 
-def _sum(left, right):
+def pair_sum(left, right):
     return left[0] + right[0], left[1] + right[1]
 
 
-def _difference(left, right):
+def pair_difference(left, right):
     return left[0] - right[0], left[1] - right[1]
 
 
-def _part(pair, start: int, stop: int):
+def pair_part(pair, start: int, stop: int):
     return pair[0][start:stop], pair[1][start:stop]
 
 
-def _joined(runtime, pairs: list):
+def pairs_joined(runtime, pairs: list):
     return runtime.np_concatenate([x for x, _ in pairs]), runtime.np_concatenate([m for _, m in pairs])

@@ -29,10 +29,12 @@ and symmetric, so its signed and permuted copy has the same distribution.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 from consilium.crypto.checked_shares import challenge, tag_combination
 from consilium.protocol.voting.ballots import BallotLayout
+from consilium.tallier.authenticated import Authenticated, pair_difference, pair_part, pair_sum
 
 __all__ = ["REFUSALS", "BallotChecks", "CheckedBallot", "noise_placement"]
 
@@ -46,12 +48,13 @@ REFUSALS = {
 
 @dataclass
 class CheckedBallot:
-    """One ballot inside the MPC: its four checks (secret values) and its votes and noise (secret arrays)."""
+    """One ballot inside the MPC: its four checks (authenticated pairs of one-element arrays, ``Authenticated``)
+    and its votes and noise (secret arrays)."""
 
-    tag: object
-    bit: object
-    sum: object
-    energy: object
+    tag: tuple
+    bit: tuple
+    sum: tuple
+    energy: tuple
     votes: object  # (Q vote_columns,)
     noise: object  # (Q C,)
 
@@ -63,9 +66,7 @@ class BallotChecks:
         self.runtime, self.secint, self.layout, self.seed = runtime, secint, layout, seed
         self.modulus = p = secint.field.modulus
         parts = list(zip(BallotLayout.PARTS, layout.parts))
-        self.spreads = [
-            self.public(challenge(seed, part.entries * part.bits, p, f"bits/{name}")) for name, part in parts
-        ]
+        self.spreads = [challenge(seed, part.entries * part.bits, p, f"bits/{name}") for name, part in parts]
         self.coefficients = [challenge(seed, part.entries, p, f"tags/{name}") for name, part in parts]
         self.tag_weights = [self.public(r) for r in self.coefficients]
         self.weights = [np.array(part.weights, dtype=object) for part in layout.parts]
@@ -81,27 +82,34 @@ class BallotChecks:
         """This tallier's share of each part's ``sum_i r[i] t[i]``, from its share of the ballot (split by part)."""
         return [tag_combination(tags, r, self.modulus) for (_, tags, _), r in zip(ballot, self.coefficients)]
 
-    def check(self, committed, tags) -> CheckedBallot:
-        """The checks, votes and noise of one ballot, from its secret bits and keys (part after part, as
-        ``BallotLayout.committed``) and its three parts' secret tag combinations."""
-        runtime, start, values = self.runtime, 0, []
-        tag_check = bit_check = 0
+    def check(self, pairs: Authenticated, committed: tuple, tags: tuple) -> CheckedBallot:
+        """The checks, votes and noise of one ballot, from the pair of its secret bits and keys (part after part, as
+        ``BallotLayout.committed``) and the pair of its three parts' secret tag combinations: every product a pair
+        product under ``pairs``' key, recorded for its next check."""
+        runtime, start, values, bit_checks, tag_checks = self.runtime, 0, [], [], []
         for k, part in enumerate(self.layout.parts):
-            bits = committed[start : start + part.entries * part.bits]
-            key = committed[start + part.entries * part.bits : start + part.entries * part.bits + part.bits]
-            start += part.entries * part.bits + part.bits
-            rows = runtime.np_reshape(bits, (part.entries, part.bits))
-            bit_check = bit_check + (bits * self.spreads[k]) @ (bits - 1)
-            tag_check = tag_check + tags[k] - key @ (self.tag_weights[k] @ rows)
-            values.append(rows @ self.weights[k] + part.low)
+            size = part.entries * part.bits
+            bits, key = (
+                pair_part(committed, start, start + size),
+                pair_part(committed, start + size, start + size + part.bits),
+            )
+            start += size + part.bits
+            rows = [runtime.np_reshape(half, (part.entries, part.bits)) for half in bits]
+            bit_checks.append(pairs.inner_product(pairs.scaled(bits, self.spreads[k]), bits[0] - 1))
+            tag_checks.append(
+                pair_difference(pair_part(tags, k, k + 1), pairs.inner_product(key, self.tag_weights[k] @ rows[0]))
+            )
+            values.append(pairs.plus((rows[0] @ self.weights[k], rows[1] @ self.weights[k]), part.low))
         votes, noise, slack = values
+        summed = pairs.plus(tuple(runtime.np_fromlist([half @ self.sum_weights]) for half in votes), -self.sum_target)
+        energy = pairs.plus(pair_sum(pairs.inner_product(noise, noise[0]), slack), -self.layout.energy_cap)
         return CheckedBallot(
-            tag=tag_check,
-            bit=bit_check,
-            sum=votes @ self.sum_weights - self.sum_target,
-            energy=noise @ noise + slack[0] - self.layout.energy_cap,
-            votes=votes,
-            noise=noise,
+            tag=reduce(pair_sum, tag_checks),
+            bit=reduce(pair_sum, bit_checks),
+            sum=summed,
+            energy=energy,
+            votes=votes[0],
+            noise=noise[0],
         )
 
     def placed(self, ballot: CheckedBallot, voter: str, placement: int):

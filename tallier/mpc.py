@@ -13,21 +13,27 @@ votes, its noise and a slack, each as checked shares, modulo the prime ``p`` of 
 3. **Challenge.** Each tallier inputs a random field element; their sum, opened, is the round's
    seed: the checks' coefficients and the noise's signs and places follow from it
    (``tallier.ballot_checks``). No ballot could be chosen knowing them.
-4. **Checks** (``tallier.ballot_checks``). Each tallier inputs its share of each voter's tag
-   combinations, and the talliers compute four numbers per voter: its tag check (zero unless a
-   tallier changed its input, or the hospital sent wrong tags), its bit check (its "bits" are
-   bits), its sum check (``s`` votes to a query) and its energy check (its noise's ``sum n^2`` at
-   most ``E_max``). Each is opened times a fresh secret random factor, never bare (a bare check
-   could carry a hospital's bits to a tallier that provoked it), the tag checks first. A failed
+4. **Checks** (``tallier.ballot_checks``), over authenticated pairs (``tallier.authenticated``):
+   every input gets its MAC under the round's secret key. Each tallier inputs its share of each
+   voter's tag combinations, and the talliers compute four numbers per voter: its tag check (zero
+   unless a tallier changed its input, or the hospital sent wrong tags), its bit check (its "bits"
+   are bits), its sum check (``s`` votes to a query) and its energy check (its noise's ``sum n^2``
+   at most ``E_max``). Each is multiplied by a fresh secret random factor, never opened bare (a
+   bare check could carry a hospital's bits to a tallier that provoked it), and every product so
+   far is MAC-checked before any of them opens (``DeviationError``: a tallier that bends a check's
+   product stops the run, and can neither refuse an honest ballot nor pass a failing one); then
+   the tag checks are opened first. A failed
    tag check ends the round, and the run with it: no label is released (``TamperError``, naming
    the ballots), and no other check is opened. A ballot that fails another check is left out of
    every tallier's count, named with the check in ``MpcResult.refused``; fewer counted voters
    than the quorum: no label.
-5. **Totals.** Each counted voter's votes plus its noise, signed and placed by the seed of the
-   round's first tally (each tallier pins it, and they check that their pins agree: a repeat of
-   the round places the noise as the first tally did, and shows nothing new), summed:
-   every total lies within ``VotingConfig.totals_bound``, which the field's comparisons are sized
-   for, by construction. All of it is free of communication.
+5. **Totals.** Each counted voter's votes plus its noise, signed and placed by the round's
+   challenge, summed: every total lies within ``VotingConfig.totals_bound``, which the field's
+   comparisons are sized for, by construction, and free of communication. Each tallier keeps its
+   shares of them, the placement and the counted voters (``run_state.KeptOutput``) before any
+   output is computed; in a tally of the round again once that began (the talliers' pins, opened
+   after step 1, agree), steps 2 to 5 are skipped and the kept shares counted: no new input, the
+   same labels, nothing new shown.
 6. **Labels**, checked (``tallier.authenticated``): a secure argmax along the classes finds each
    query's label with ``C - 1`` comparisons, ties to the lowest class index, as in NumPy; with a
    label threshold ``T > 0``, one more per query withholds the label (opened as ``C``) where the top
@@ -44,10 +50,10 @@ talliers and the server; the talliers draw the labels from them by the same rule
 MPyC is honest-majority: ``t = floor((J - 1) / 2)`` corrupt talliers learn nothing, and every
 tallier must stay online; a silent peer ends the round at its deadline (``MpcError``). With
 ``J = 2``, ``t = 0`` and MPyC's shares are the inputs themselves, so three talliers at least, and an
-odd number (``J = 2t + 1``, which the labels' checks assume). What the checks do not cover yet: a
-tallier that deviates in step 4's multiplications (a check's inner product, or its product by a
-random factor), where MPyC is secure for honest-but-curious parties only: there it can fail an honest
-hospital's check (and so have it refused), or pass a colluding hospital's failing one.
+odd number (``J = 2t + 1``, which the MAC checks assume). From step 4 on, a wrong share or any message
+no honest tallier sends is a deviation, not an interruption. Not covered: a round tallied again takes
+fresh inputs, so a tallier colluding with a hospital may re-choose that hospital's ballot then
+(``docs/explanation/authenticated-labels.md``, "What this leaves open").
 
 The talliers connect with ``tallier.mpc_network`` (pinned certificates, no peer's bytes unpickled:
 ``tallier.mpc_values``); a peer that sends what no honest tallier sends aborts the round (``MpcError``
@@ -65,18 +71,16 @@ import numpy as np
 
 from consilium.errors import ConsiliumError
 from consilium.crypto.mpc_field import MpcField, mpyc_runtime
-from consilium.crypto.secret_sharing import random_elements
-from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.voting.ballots import BallotLayout
-from consilium.protocol.identity.roster import Roster
-from consilium.tallier.authenticated import Authenticated, DeviationError, DrawError, joint_seed
+from consilium.tallier.authenticated import Authenticated, DeviationError, DrawError, joint_seed, pair_part
 from consilium.tallier.mpc_network import MpcNetwork, MpcParty
 from consilium.tallier.round_loop import round_loop
+from consilium.tallier.run_state import KeptOutput
 from consilium.tallier.ballot_checks import REFUSALS, BallotChecks, CheckedBallot
 from consilium.tallier.mpc_values import MpcPeerError, harden_mpyc, message_limit, open_checked
 from consilium.training.voting.vote_privacy import REVEAL_MODES
 
-__all__ = ["DeviationError", "MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "mpc_party", "run_round"]
+__all__ = ["DeviationError", "MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "run_round"]
 
 
 class MpcError(ConsiliumError, RuntimeError):
@@ -96,21 +100,6 @@ class TamperError(RuntimeError):
             f"round {round_number}: the talliers' inputs of {', '.join(ballots)}'s ballot fail its tag check: a "
             "tallier changed its input (or the hospital sent wrong tags); no label of this round is released"
         )
-
-
-def mpc_party(roster: Roster, credentials: Credentials, listen: tuple[str, int] | None = None) -> MpcParty:
-    """This tallier's place in the MPC, as the roster lists the talliers and pins their certificates; it listens
-    on ``listen`` where that is not the address the roster gives its peers."""
-    names = tuple(roster.talliers)
-    return MpcParty(
-        index=names.index(credentials.name),
-        names=names,
-        addresses=tuple(roster.party(name).mpc_address for name in names),
-        certificates=tuple(roster.party(name).mpc_certificate for name in names),
-        certificate_file=credentials.mpc_certificate_file,
-        key_file=credentials.mpc_key_file,
-        listen=listen,
-    )
 
 
 @dataclass(frozen=True)
@@ -136,19 +125,18 @@ def run_round(
     label_threshold: int,
     timeout_s: float,
     on_voters: Callable[[tuple[str, ...]], None] = lambda voters: None,
-    placement: int = 0,
-    on_placement: Callable[[int], None] = lambda seed: None,
+    kept: KeptOutput | None = None,
+    on_output: Callable[[KeptOutput], None] = lambda output: None,
 ) -> MpcResult:
     """One round of the protocol above for this tallier, holding ``shares`` (checked shares, by hospital).
 
     ``on_voters`` is given the agreed voters before anything else of the round is opened (a tallier
-    pins them: ``tallier.run_state``); a ``ValueError`` from it ends the round. ``placement`` is the
-    seed of the noise's signs and places this tallier pinned in an earlier tally of the round (0 if
-    none), and ``on_placement`` is given the one the talliers agree on before any output is
-    computed. ``MpcError`` if it does not finish in time, or a peer deviates where it can be seen before the
-    output began; ``VoterError`` if the talliers disagree on the round or count fewer voters than ``quorum`` (or
-    ``on_voters`` refuses them); ``TamperError`` if a voter's tag check fails; ``DeviationError`` if the labels'
-    checks fail, or a peer sends what no honest tallier sends once the output began (the run stops: a
+    pins them: ``tallier.run_state``); a ``ValueError`` from it ends the round. ``kept`` is what this tallier
+    kept of the round when its output began in an earlier tally (None if it did not): it is counted again, with no
+    input; else ``on_output`` is given what to keep before any output is computed. ``MpcError`` if it does not finish in time, or a peer deviates where it can be seen before the
+    checks began; ``VoterError`` if the talliers disagree on the round or count fewer voters than ``quorum`` (or
+    ``on_voters`` refuses them); ``TamperError`` if a voter's tag check fails; ``DeviationError`` if a MAC
+    check fails, or a peer sends what no honest tallier sends once the checks began (the run stops: a
     deviating tallier must not get a retry with fresh masks)."""
     _check_inputs(shares, hospitals=hospitals, layout=layout, reveal=reveal)
     harden_mpyc(field.modulus)
@@ -168,8 +156,8 @@ def run_round(
             label_threshold=label_threshold,
             timeout_s=timeout_s,
             on_voters=on_voters,
-            placement=placement,
-            on_placement=on_placement,
+            kept=kept,
+            on_output=on_output,
         )
         try:
             return runtime.run(asyncio.wait_for(protocol, timeout_s))
@@ -218,11 +206,11 @@ async def _protocol(
     label_threshold: int,
     timeout_s: float,
     on_voters: Callable[[tuple[str, ...]], None],
-    placement: int,
-    on_placement: Callable[[int], None],
+    kept: KeptOutput | None,
+    on_output: Callable[[KeptOutput], None],
 ) -> MpcResult:
-    """The round's steps, in order: connect, agree on the voters, check their ballots, add, and open the labels
-    (or the totals)."""
+    """The round's steps, in order: connect, agree on the voters, check their ballots and add them (or count what
+    an earlier tally kept), and open the labels (or the totals)."""
     runtime = tally.runtime
     await network.connect(timeout_s)
     try:
@@ -231,20 +219,15 @@ async def _protocol(
             on_voters(voters)
         except ValueError as error:
             raise VoterError(str(error)) from None
-        counted, refused = await tally.check([shares[name] for name in voters], voters)
-        if len(counted) < quorum:
-            raise VoterError(
-                f"{len(counted)} of the {len(voters)} voters' ballots pass their checks, fewer than the quorum of "
-                f"{quorum}; refused: " + "; ".join(f"{name} ({why})" for name, why in refused.items())
-            )
-        placement = await tally.agree_on_placement(placement)
-        try:
-            on_placement(placement)  # the tallier pins it, and that the output began: no void from here on
-        except ValueError as error:
-            raise VoterError(str(error)) from None
-        tally.output_begun = True  # a wrong share from here on is a deviation, not an interruption
-        await open_checked(runtime, tally.summed([0]))  # a barrier: every tallier pinned before any output
-        totals = tally.totals(counted, voters, placement)
+        if await tally.agree_on_placement(kept.placement if kept else 0):  # the output began in an earlier tally
+            output, totals = kept, tally.kept_totals(kept)
+        else:
+            output, totals = await tally.output(shares, voters, quorum)
+            try:
+                on_output(output)  # the tallier keeps it: no void from here on, and a tally again counts it
+            except ValueError as error:
+                raise VoterError(str(error)) from None
+        await open_checked(runtime, tally.summed([0]))  # a barrier: every tallier kept it before any output
         if reveal == "histogram":
             labels, revealed = await tally.histogram(totals, label_threshold)
         else:
@@ -259,12 +242,12 @@ async def _protocol(
     sent = sum(peer.protocol.nbytes_sent for peer in runtime.parties if peer.pid != runtime.pid)
     await runtime.shutdown()
     return MpcResult(
-        voters=tuple(voters[i] for i in counted),
-        refused=refused,
+        voters=output.voters,
+        refused=output.refused,
         labels=labels,
         totals=revealed,
         bytes_sent=sent,
-        seed=placement,
+        seed=output.placement,
     )
 
 
@@ -276,9 +259,9 @@ class _Tally:
         self.modulus = secint.field.modulus
         self.ballots: list[CheckedBallot] = []  # each voter's, in the order of the voters
         self.seed = 0  # the round's public challenge, opened once every input is in
-        self.output_begun = False
         self.deviation: DeviationError | None = None
         self.checks: BallotChecks | None = None
+        self.pairs: Authenticated | None = None  # the round's key and recorded products, from step 4 on
 
     def inputs(self, values: list[int]) -> list:
         """Every tallier's input of ``len(values)`` field elements (this one's ``values``), as secret arrays."""
@@ -302,7 +285,8 @@ class _Tally:
         return voters
 
     async def check(self, shares: list[np.ndarray], voters: tuple[str, ...]) -> tuple[list[int], dict[str, str]]:
-        """Steps 2 to 4: the indices of the voters whose ballots count, and why each refused one is."""
+        """Steps 2 to 4: the indices of the voters whose ballots count, and why each refused one is. Every product of
+        the checks is a product of authenticated pairs, checked before any check is opened (``DeviationError``)."""
         runtime, layout = self.runtime, self.layout
         ballots = [layout.split(vector) for vector in shares]
         committed = self.summed(
@@ -310,45 +294,61 @@ class _Tally:
         )
         await runtime.gather([committed])  # every tallier's inputs are in before anyone learns the challenge
         self.seed = await joint_seed(runtime, self.secint)
+        if self.seed == 0:  # probability 1/p; 0 is no placement (``agree_on_placement``)
+            raise DrawError(f"round {self.round}: its challenge opened as zero; the round is tallied again")
         self.checks = BallotChecks(runtime, self.secint, layout, self.seed)
-        tags = self.summed([c for ballot in ballots for c in self.checks.tag_combinations(ballot)])
+        pairs = self.pairs = Authenticated(runtime, self.secint, self.round)
+        committed = pairs.authenticate(committed)
+        tags = pairs.authenticate(self.summed([c for ballot in ballots for c in self.checks.tag_combinations(ballot)]))
         width, parts = layout.committed_values, len(layout.parts)
         self.ballots = [
-            self.checks.check(committed[v * width : (v + 1) * width], tags[v * parts : (v + 1) * parts])
+            self.checks.check(
+                pairs, pair_part(committed, v * width, (v + 1) * width), pair_part(tags, v * parts, (v + 1) * parts)
+            )
             for v in range(len(voters))
         ]
-        failed = await self.failed([ballot.tag for ballot in self.ballots])
+        masked = pairs.masked([getattr(ballot, kind) for kind in ("tag", *REFUSALS) for ballot in self.ballots])
+        await pairs.check(of="the ballot checks' arithmetic")  # before any opens: an error fails this, not a ballot
+        failed = _nonzero(await open_checked(runtime, masked[: len(voters)]))
         if failed:
             raise TamperError(tuple(voters[v] for v in failed), self.round)
-        failed = await self.failed([getattr(ballot, kind) for kind in REFUSALS for ballot in self.ballots])
         refused: dict[str, str] = {}
-        for index in failed:
+        for index in _nonzero(await open_checked(runtime, masked[len(voters) :])):
             kind, v = divmod(index, len(voters))
             refused.setdefault(voters[v], list(REFUSALS.values())[kind].format(s=layout.votes_per_query))
         return [v for v in range(len(voters)) if voters[v] not in refused], refused
 
-    async def failed(self, checks: list) -> list[int]:
-        """The indices of the nonzero ``checks``, opened each times a fresh secret random factor: zero for a
-        check that passes, uniform for one that fails (a raw value could carry a hospital's bits)."""
-        factors = self.summed(random_elements(len(checks), self.modulus))
-        opened = await open_checked(self.runtime, factors * self.runtime.np_fromlist(checks))
-        return [i for i, value in enumerate(opened) if value]
-
     async def agree_on_placement(self, pinned: int) -> int:
-        """The seed of the noise's signs and places: this round's challenge the first time it is tallied, and the
-        first tally's, which every tallier pinned, when it is tallied again: a repeat places the noise as the
-        first did, so it shows nothing new. ``VoterError`` if the talliers' pins differ."""
+        """The placement every tallier kept of this round in an earlier tally, whose output began (``pinned``, this
+        tallier's), or 0 if none did; ``VoterError`` if their pins differ."""
         opened = set(await open_checked(self.runtime, self.runtime.np_concatenate(self.inputs([pinned]))))
-        if opened == {0}:
-            return self.seed
         if len(opened) > 1:
-            raise VoterError(f"the talliers pinned different placements of round {self.round}'s noise")
+            raise VoterError(f"the talliers kept different outputs of round {self.round}")
         return opened.pop()
 
-    def totals(self, counted: list[int], voters: tuple[str, ...], placement: int):
-        """Step 5: the ``(Q, C)`` totals of the counted voters' votes and their noise, signed and placed."""
-        placed = [self.checks.placed(self.ballots[v], voters[v], placement) for v in counted]
-        return self.runtime.np_reshape(sum(placed[1:], placed[0]), (self.layout.queries, self.layout.classes))
+    async def output(self, shares: dict[str, np.ndarray], voters: tuple[str, ...], quorum: int):
+        """Steps 2 to 5: what this tallier keeps of the round (its noise placed by this tally's challenge), and the
+        secret ``(Q, C)`` totals of the counted voters' votes and their noise, signed and placed."""
+        counted, refused = await self.check([shares[name] for name in voters], voters)
+        if len(counted) < quorum:
+            raise VoterError(
+                f"{len(counted)} of the {len(voters)} voters' ballots pass their checks, fewer than the quorum of "
+                f"{quorum}; refused: " + "; ".join(f"{name} ({why})" for name, why in refused.items())
+            )
+        placed = [self.checks.placed(self.ballots[v], voters[v], self.seed) for v in counted]
+        totals = sum(placed[1:], placed[0])
+        own = np.array((await self.runtime.gather(totals)).value, dtype=object).astype(np.uint64)
+        kept = KeptOutput(self.seed, tuple(voters[v] for v in counted), refused, own)
+        return kept, self.runtime.np_reshape(totals, (self.layout.queries, self.layout.classes))
+
+    def kept_totals(self, kept: KeptOutput):
+        """Step 5 of a tally again once the output began: the totals from this tallier's kept shares of them (the
+        honest talliers' fix them), under a fresh key for step 6."""
+        if kept.totals.size != self.layout.queries * self.layout.classes:
+            raise VoterError(f"the kept totals of round {self.round} do not fit its queries and classes")
+        self.pairs = Authenticated(self.runtime, self.secint, self.round)
+        totals = self.secint.array(self.secint.field.array(kept.totals.astype(object)))
+        return self.runtime.np_reshape(totals, (self.layout.queries, self.layout.classes))
 
     async def histogram(self, totals, label_threshold: int) -> tuple[np.ndarray, np.ndarray]:
         """Instead of step 6: the ``(Q, C)`` totals opened, and the labels drawn from them by the same rule."""
@@ -359,17 +359,17 @@ class _Tally:
     async def labels(self, totals, label_threshold: int) -> np.ndarray:
         """Step 6: each query's label, or ``C`` where its top total falls short of ``label_threshold``, computed
         over authenticated pairs and opened only once their check passed (``tallier.authenticated``)."""
-        authenticated = Authenticated(self.runtime, self.secint, self.round)
-        return await authenticated.labels(totals, self.secint.bit_length, label_threshold)
+        return await self.pairs.labels(totals, self.secint.bit_length, label_threshold)
 
 
 def _failure(error: BaseException, network: MpcNetwork, tally: _Tally, timeout_s: float) -> BaseException:
     """Why a round failed: a ``DeviationError`` it found (however the shutdown after it ended), or a wrong share
-    seen here once the output began (not a crash, nor another's word); else the ``MpcError`` that says why (the
-    first abort a peer caused, if any), or ``error`` itself."""
+    seen here once the checked arithmetic began (step 4: not a crash, nor another's word; as a retry it would let a
+    tallier that saw a check fail escape it, Review 4, finding 3); else the ``MpcError`` that says why (the first
+    abort a peer caused, if any), or ``error`` itself."""
     caught = network.caught + ([str(error)] if isinstance(error, MpcPeerError) else [])
-    if tally.deviation is not None or (caught and tally.output_begun):
-        return tally.deviation or DeviationError(tally.round, f"after the output began, {caught[0]}")
+    if tally.deviation is not None or (caught and tally.pairs is not None):
+        return tally.deviation or DeviationError(tally.round, f"once the checked arithmetic began, {caught[0]}")
     if isinstance(error, DrawError):
         return MpcError(str(error))
     aborts = network.aborts
@@ -380,6 +380,10 @@ def _failure(error: BaseException, network: MpcNetwork, tally: _Tally, timeout_s
     if isinstance(error, (OSError, ConnectionError)):
         return MpcError(f"the talliers' MPC failed: {error}")
     return error
+
+
+def _nonzero(values: list[int]) -> list[int]:
+    return [i for i, value in enumerate(values) if value]
 
 
 def _released_labels(totals: np.ndarray, label_threshold: int) -> np.ndarray:

@@ -53,12 +53,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from consilium.crypto.mpc_field import MIN_PARTIES, import_mpyc
+from consilium.protocol.identity.party_keys import Credentials
+from consilium.protocol.identity.roster import Roster
 from consilium.tallier.mpc_values import MpcPeerError
 
 import_mpyc()
 from mpyc import asyncoro  # noqa: E402  (imported safely on the line above)
 
-__all__ = ["MpcNetwork", "MpcParty"]
+__all__ = ["MpcNetwork", "MpcParty", "mpc_party"]
 
 log = logging.getLogger("consilium.mpc")
 
@@ -111,6 +113,21 @@ class _FromPeer(bytes):
     in a refusal)."""
 
     sender: str
+
+
+def mpc_party(roster: Roster, credentials: Credentials, listen: tuple[str, int] | None = None) -> MpcParty:
+    """This tallier's place in the MPC, as the roster lists the talliers and pins their certificates; it listens
+    on ``listen`` where that is not the address the roster gives its peers."""
+    names = tuple(roster.talliers)
+    return MpcParty(
+        index=names.index(credentials.name),
+        names=names,
+        addresses=tuple(roster.party(name).mpc_address for name in names),
+        certificates=tuple(roster.party(name).mpc_certificate for name in names),
+        certificate_file=credentials.mpc_certificate_file,
+        key_file=credentials.mpc_key_file,
+        listen=listen,
+    )
 
 
 class MpcNetwork:

@@ -4,16 +4,18 @@
   tallier restarted mid-run must come back with the same key: it opens the boxes of the round that
   was under way, and the hospitals' copies of the key stay good.
 - **The last round it tallied, a digest of the boxes it was given for it, the voters the talliers
-  agreed on, the seed of the noise's signs and places, and how often it tallied it.** It tallies a
+  agreed on, what it kept of the round's output, and how often it tallied it.** It tallies a
   round again only with exactly those boxes, only to count the same voters (saved before anything
-  else of the round is opened), with the noise placed as the first time (saved before any output
-  is computed; ``tallier.mpc`` has the talliers check that their pins agree), at most
-  ``MAX_TALLIES`` times, and never an earlier round. The same inputs give the same labels (every
-  check is opened masked, the noise is placed alike, and the argmax is deterministic), so a repeat
-  shows nothing new; a set
+  else of the round is opened), at most ``MAX_TALLIES`` times, and never an earlier round. Once
+  the round's output began it keeps ``KeptOutput`` (saved before any output is computed;
+  ``tallier.mpc`` has the talliers check that their pins agree): a tally again counts exactly
+  those totals, with no new input a deviating tallier could choose, and gives the same labels
+  (the argmax is deterministic), so a repeat shows nothing new; a set
   that differs by one hospital's ballot would show that ballot's effect, which is why a server may
   not ask for it. The voters are pinned on every tallier, so that one tallier whose state was rolled
   back (an old copy of the file) cannot be given a smaller set: the others refuse to count it.
+- **Whether it saw a deviation** (a failed MAC or tag check): it then tallies nothing more of the
+  run, whatever a server relays (Review 5 of ``docs/explanation/authenticated-labels.md``).
 
 The file is a sealed box (``crypto.sealed_box``) from the tallier to itself: sealed to its own
 long-term box key and signed by its identity, both in its secret key file, with the run's
@@ -33,10 +35,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import msgpack
+import numpy as np
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
@@ -45,12 +48,12 @@ from consilium.crypto.sealed_box import SealedBoxError, certify_key, open_box, s
 from consilium.protocol.run.checkpoint import CheckpointError, write_retrying
 from consilium.training.privacy.durable import replace_file
 
-__all__ = ["MAX_TALLIES", "RUN_STATE_FILE", "RunState", "RunStateFile", "boxes_digest"]
+__all__ = ["MAX_TALLIES", "RUN_STATE_FILE", "KeptOutput", "RunState", "RunStateFile", "boxes_digest"]
 
 RUN_STATE_FILE = "tallier_run.sealed"
 MAX_TALLIES = 5  # of one round: the first, and again after interrupted MPCs (a server's retries and resumes)
 _CONTEXT = b"consilium tallier run state v1|"
-_MAX_FILE_BYTES = 1 << 16
+_MAX_FILE_BYTES = 1 << 25  # the kept totals of the largest round a run may have (10^6 votes), 9 bytes each, and more
 
 log = logging.getLogger("consilium.tallier")
 
@@ -65,6 +68,16 @@ def boxes_digest(boxes: dict[str, bytes]) -> bytes:
 
 
 @dataclass(frozen=True)
+class KeptOutput:
+    """What a tallier keeps of a round once its output begins (``tallier.mpc``, step 5b): a tally again counts this."""
+
+    placement: int  # the seed of the noise's signs and places, never 0
+    voters: tuple[str, ...]  # the counted ones
+    refused: dict[str, str] = field(default_factory=dict)  # voters whose ballots failed a check: why
+    totals: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))  # own shares of the totals
+
+
+@dataclass(frozen=True)
 class RunState:
     run: str  # the run's fingerprint
     box_key: X25519PrivateKey
@@ -73,9 +86,14 @@ class RunState:
     last_boxes: bytes = b""  # boxes_digest of the last round's boxes
     voters: tuple[str, ...] = ()  # the voters the talliers agreed on in the last round, once they have
     tallies: int = 0  # how often the last round was tallied
-    placement: int = 0  # the seed of the last round's noise signs and places, once the talliers agreed on it
-    output_begun: bool = False  # the last round's output computation began (pinned with the placement)
+    kept: KeptOutput | None = None  # what it kept of the last round once its output began
     voided: bool = False  # this tallier signed the last round's void: it never tallies it again
+    deviation: str = ""  # the deviation this tallier saw in the run, if any: it tallies nothing more
+
+    @property
+    def output_begun(self) -> bool:
+        """The last round's output computation began: it is never void, and a tally again counts what was kept."""
+        return self.kept is not None
 
     @classmethod
     def new(cls, run: str, *, identity: PrivateIdentity, context: bytes) -> "RunState":
@@ -85,6 +103,8 @@ class RunState:
 
     def refusal(self, round_number: int, digest: bytes, rounds: int) -> str:
         """Why round ``round_number`` with boxes of ``digest`` may not be tallied now; "" if it may."""
+        if self.deviation:
+            return f"round {round_number}, after a deviation in this run ({self.deviation})"
         if round_number == self.last_round and digest != self.last_boxes:
             return f"round {round_number} again, with other ballots than the first time"
         if round_number == self.last_round and self.tallies >= MAX_TALLIES:
@@ -102,8 +122,7 @@ class RunState:
             last_boxes=digest,
             voters=(),
             tallies=1,
-            placement=0,
-            output_begun=False,
+            kept=None,
             voided=False,
         )
 
@@ -116,12 +135,15 @@ class RunState:
             )
         return replace(self, voters=voters)
 
-    def placed(self, seed: int) -> "RunState":
-        """This round's noise placement, as the talliers agreed on it; ``ValueError`` if it differs from an
-        earlier tally's (the MPC takes the pinned one, so only a tallier out of step sees that)."""
-        if self.placement and seed != self.placement:
-            raise ValueError(f"round {self.last_round} again, placing its noise otherwise than the first time")
-        return replace(self, placement=seed, output_begun=True)
+    def keeping(self, output: KeptOutput) -> "RunState":
+        """This round's output, as its computation begins; ``ValueError`` if one was kept already (the MPC counts a
+        kept one again instead, so only a tallier out of step sees that)."""
+        if self.kept is not None:
+            raise ValueError(f"round {self.last_round} again, computing an output the first tally kept otherwise")
+        return replace(self, kept=output)
+
+    def deviated(self, what: str) -> "RunState":
+        return replace(self, deviation=what)
 
     def void(self) -> "RunState":
         """The last round, voided: it released nothing (``protocol.voting.round_void``). ``ValueError`` once its
@@ -147,9 +169,9 @@ class RunStateFile:
             return None
         except OSError as error:  # never taken for "no state": a new key would replace the run's
             raise CheckpointError(f"cannot read the tallier's run state {self.path}: {error}") from None
+        if len(box) > _MAX_FILE_BYTES:  # never taken for another run's: a new key would replace this run's
+            raise CheckpointError(f"the tallier's run state {self.path} holds {len(box)} bytes, more than one holds")
         try:
-            if len(box) > _MAX_FILE_BYTES:
-                raise SealedBoxError(f"{len(box)} bytes, more than a run state holds")
             fields = msgpack.unpackb(
                 open_box(
                     box,
@@ -167,9 +189,9 @@ class RunStateFile:
                 last_boxes=bytes(fields["last_boxes"]),
                 voters=tuple(str(name) for name in fields["voters"]),
                 tallies=int(fields["tallies"]),
-                placement=int(fields["placement"]),
-                output_begun=bool(fields["output_begun"]),
+                kept=_kept(fields["kept"]),
                 voided=bool(fields["voided"]),
+                deviation=str(fields["deviation"]),
             )
         except (SealedBoxError, ValueError, KeyError, TypeError, msgpack.UnpackException) as error:
             log.warning("%s does not open for run %s (%s); this run starts with a new box key", self.path, run, error)
@@ -187,9 +209,16 @@ class RunStateFile:
             "last_boxes": state.last_boxes,
             "voters": list(state.voters),
             "tallies": state.tallies,
-            "placement": state.placement,
-            "output_begun": state.output_begun,
+            "kept": None
+            if state.kept is None
+            else {
+                "placement": state.kept.placement,
+                "voters": list(state.kept.voters),
+                "refused": state.kept.refused,
+                "totals": np.asarray(state.kept.totals, dtype="<u8").tobytes(),
+            },
             "voided": state.voided,
+            "deviation": state.deviation,
         }
         sealed = seal(
             msgpack.packb(fields),
@@ -208,3 +237,14 @@ class RunStateFile:
 
     def _context(self, run: str) -> bytes:
         return _CONTEXT + self._name.encode() + b"|" + run.encode()
+
+
+def _kept(fields: dict | None) -> KeptOutput | None:
+    if fields is None:
+        return None
+    return KeptOutput(
+        placement=int(fields["placement"]),
+        voters=tuple(str(name) for name in fields["voters"]),
+        refused={str(name): str(why) for name, why in fields["refused"].items()},
+        totals=np.frombuffer(bytes(fields["totals"]), dtype="<u8").astype(np.uint64),
+    )

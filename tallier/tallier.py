@@ -53,8 +53,9 @@ from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.transcript import Transcript
 from consilium.protocol.wire.transport import TransportError
 from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
-from consilium.tallier.mpc import DeviationError, MpcError, TamperError, VoterError, mpc_party, run_round
-from consilium.tallier.run_state import RunState, RunStateFile, boxes_digest
+from consilium.tallier.mpc import DeviationError, MpcError, TamperError, VoterError, run_round
+from consilium.tallier.mpc_network import mpc_party
+from consilium.tallier.run_state import KeptOutput, RunState, RunStateFile, boxes_digest
 from consilium.tallier.tallier_policy import TallierPolicy
 
 __all__ = ["Tallier"]
@@ -138,11 +139,15 @@ class Tallier:
 
     def _no_labels(self, round_number: int, error: VoterError | TamperError | DeviationError | MpcError) -> None:
         """Tell the server why the round has no labels: with a signed void where it failed for too few voters
-        before any output was computed (``protocol.voting.round_void``)."""
+        before any output was computed (``protocol.voting.round_void``). A deviation is kept on disk first: this
+        tallier tallies nothing more of the run, whatever a server relays."""
         log.warning("round %d: no labels: %s", round_number, error)
         if isinstance(error, VoterError) and not self._state.output_begun:
             self._send_void(round_number, str(error))
             return
+        if isinstance(error, (TamperError, DeviationError)):
+            self._state = self._state.deviated(str(error))
+            self._state_file.save(self._state)
         tampered = error.ballots if isinstance(error, TamperError) else ()
         interrupted = isinstance(error, MpcError)  # the server may relay the same round again
         self._channel.send(
@@ -174,10 +179,11 @@ class Tallier:
             TallyFailed(round=round_number, reason=reason, tampered=(), deviated=False, interrupted=False, void=void)
         )
 
-    def _pin_placement(self, seed: int) -> None:
-        """Keep the seed of the round's noise placement, on disk before any output of it is computed: a round
-        tallied again places the noise alike (``ValueError`` if it would not)."""
-        self._state = self._state.placed(seed)
+    def _keep(self, output: KeptOutput) -> None:
+        """Keep the round's output as its computation begins (its placement, counted voters and this tallier's
+        shares of its totals), on disk before any of it is computed: a round tallied again counts exactly this
+        (``ValueError`` if one was kept already)."""
+        self._state = self._state.keeping(output)
         self._state_file.save(self._state)
 
     def _join(self, welcome: VotingWelcome) -> None:
@@ -264,8 +270,8 @@ class Tallier:
                 label_threshold=config.label_threshold,
                 timeout_s=self._mpc_timeout_s,
                 on_voters=self._pin,
-                placement=self._state.placement,
-                on_placement=self._pin_placement,
+                kept=self._state.kept,
+                on_output=self._keep,
             )
         except (VoterError, TamperError, DeviationError, MpcError) as error:
             self._no_labels(message.round, error)

@@ -11,7 +11,7 @@
    MPC was interrupted (a tallier reports it did not finish, or sends nothing: it left),
    ``TallyInterrupted`` names the talliers that did not answer, so that the server can relay the
    same boxes again once they are back (``tally`` does so up to ``MAX_TALLY_ATTEMPTS`` times a
-   round). A deviation (a ballot's tag check or the labels' MAC check failed: a tallier deviated,
+   round). A deviation (a ballot's tag check or a MAC check failed: a tallier deviated,
    or a hospital sent wrong tags), any other failure, or disagreement stops the run, as do
    talliers that count voters or refuse ballots the server did not relay.
 """

@@ -306,7 +306,7 @@ class TallyFailed(Message):
     round: int
     reason: str
     tampered: tuple[str, ...]  # for the log: hospitals whose ballots failed the tag check
-    deviated: bool  # a tallier deviated: a ballot's tag check or the labels' MAC check failed; the run stops
+    deviated: bool  # a tallier deviated: a ballot's tag check or a MAC check failed; the run stops
     interrupted: bool  # the MPC did not finish (a tallier left or went silent): the round may be relayed again
     void: bytes  # its signature that the round released nothing (protocol.voting.round_void), or empty
 

@@ -523,12 +523,12 @@ def _comparisons(config: VotingConfig) -> list[int]:
 
 
 def _per_round(config: VotingConfig) -> int:
-    """How many values a tallier's code opens in a round: the marks, the challenge, the checks, the pins and the
-    barrier; then the totals (``--reveal histogram``), or four per comparison batch, the last check's seed and
-    value, and the labels."""
+    """How many values a tallier's code opens in a round: the marks, the challenge, the checks' MAC check, the
+    checks, the pins and the barrier; then the totals (``--reveal histogram``), or three per comparison batch, the
+    last MAC check and the labels."""
     if config.reveal == "histogram":
-        return len(config.talliers) + 6
-    return len(config.talliers) + 5 + 4 * len(_comparisons(config)) + 3
+        return len(config.talliers) + 7
+    return len(config.talliers) + 6 + 3 * len(_comparisons(config)) + 2
 
 
 def _seeds(talliers: list[dict], config: VotingConfig) -> dict[int, int]:
@@ -594,10 +594,11 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
     config = VotingConfig.from_dict(report["config"])
     classes = config.classes
     # What each tallier's code opened in the MPC, round by round: every tallier's marks of who voted, the
-    # challenge's seed, every ballot's tag check, then its bit, sum and energy checks (masked; zero: all honest),
+    # challenge's seed, the MAC check of the checks' arithmetic (zero), every ballot's tag check, then its
+    # bit, sum and energy checks (masked; zero: all honest),
     # every tallier's pinned placement (none: the round's first tally), the barrier; for each batch of the
-    # argmax's comparisons, a seed, the MAC check (zero), its random bits' squares and the masked differences;
-    # then a seed, the last MAC check (zero), and the labels.
+    # argmax's comparisons, the MAC check (zero), its random bits' squares and the masked differences; then the
+    # last MAC check (zero), and the labels.
     per_round, modulus = _per_round(config), config.field().modulus
     bits = config.field().bit_length - 1
     seeds = _seeds(talliers, config)
@@ -605,17 +606,21 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
         assert len(tallier["opened"]) == 2 * per_round
         for round_number in (1, 2):
             opened = tallier["opened"][(round_number - 1) * per_round : round_number * per_round]
-            *marks, seed, tag_checks, other_checks, pinned, barrier = opened[: len(config.talliers) + 5]
-            arithmetic = opened[len(config.talliers) + 5 :]
+            *marks, seed, checks_mac_check, tag_checks, other_checks, pinned, barrier = opened[
+                : len(config.talliers) + 6
+            ]
+            arithmetic = opened[len(config.talliers) + 6 :]
             for batch, comparisons in enumerate(_comparisons(config)):
-                _, check, squares, masked = arithmetic[4 * batch : 4 * batch + 4]
+                check, squares, masked = arithmetic[3 * batch : 3 * batch + 3]
                 assert len(squares) == bits * comparisons and len(masked) == comparisons and check == [0]
                 assert all(pow(value % modulus, (modulus - 1) // 2, modulus) == 1 for value in squares)
                 assert all(0 <= value < modulus // 2 for value in masked)  # d + 2^k + r: never reduced mod p
             *_, mac_check, labels = arithmetic
             assert mac_check == [0]
             assert all(m == [round_number, *[1] * len(config.hospitals)] for m in marks)
-            assert seed == [seeds[round_number]] and tag_checks == [0] * len(config.hospitals)
+            assert (
+                seed == [seeds[round_number]] and checks_mac_check == [0] and tag_checks == [0] * len(config.hospitals)
+            )
             assert other_checks == [0] * (3 * len(config.hospitals))
             assert pinned == [0] * len(config.talliers) and barrier == [0]
             totals = _noisy_totals(ballots, round_number, config.hospitals, seeds[round_number]).reshape(-1, classes)

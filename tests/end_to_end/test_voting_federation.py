@@ -597,35 +597,45 @@ runpy.run_module("consilium.scripts.tallier", run_name="__main__")
 """
 
 
-# tallier-1 adds 1 to its share of the labels' first pair product (in a comparison's bitwise step) before resharing it
+# tallier-1 adds 1 to its share of one product before resharing it: the ballot checks' first inner product, or the
+# labels' first pair product in a comparison's bitwise step
 _DEVIATING = Path(__file__).parents[1] / "support" / "deviating_tallier.py"
-_DEVIATING_TALLIER = f"""
+_DEVIATING_TALLIER = """
 import runpy, sys
-sys.argv = [{str(_DEVIATING)!r}, "comparison", "consilium.scripts.tallier", *sys.argv[1:]]
+sys.argv = [{script!r}, {where!r}, "consilium.scripts.tallier", *sys.argv[1:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
+_TALLIERS = {
+    "shifts its input": _SHIFTING_TALLIER,
+    "deviates in the ballot checks' arithmetic": _DEVIATING_TALLIER.format(
+        script=str(_DEVIATING), where="ballot-check"
+    ),
+    "deviates in the labels' arithmetic": _DEVIATING_TALLIER.format(script=str(_DEVIATING), where="comparison"),
+}
 
 
 @pytest.mark.parametrize(
     "script, reason",
     [
         ("shifts its input", "fail its tag check: a tallier changed its input"),
+        ("deviates in the ballot checks' arithmetic", "the MAC check of the ballot checks' arithmetic failed"),
         ("deviates in the labels' arithmetic", "the MAC check of the labels' arithmetic failed: a tallier deviated"),
     ],
 )
 def test_a_tallier_that_deviates_is_caught_no_label_is_released_and_the_run_stops(federation, script, reason):
-    """tallier-1 shifts its input (the tag check), or reshares a wrong product (the labels' MAC check)."""
+    """tallier-1 shifts its input (the tag check), or reshares a wrong product (the checks' or the labels' MAC
+    check); no hospital is refused."""
     federation.server("--rounds", "2")
     for index, name in enumerate(federation.roster.hospitals, start=1):
         federation.hospital(name, index)
-    code = {"shifts its input": _SHIFTING_TALLIER, "deviates in the labels' arithmetic": _DEVIATING_TALLIER}[script]
+    code = _TALLIERS[script]
     federation.launch_python(code, "tallier-1", "--name", "tallier-1", "--timeout", "60")
     federation.tallier("tallier-2")
     federation.tallier("tallier-3")
     assert federation.exit_code("server") == 2, federation.log("server")
     report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
     assert report["final"]["queries_labelled"] == 0 and report["finish_reason"].startswith("stopped:")
-    assert reason in report["finish_reason"]
+    assert reason in report["finish_reason"] and "refused" not in report["finish_reason"]
     assert "the run stops" in federation.log("server") and "Traceback" not in federation.log("server")
-    for name in federation.roster.hospitals:  # charged for the round it sent (its output began), and no more
+    for name in federation.roster.hospitals:  # charged for the round it sent (a deviation voids nothing), no more
         assert party_ledger(federation.federation / name).steps == 1

@@ -149,17 +149,19 @@ def test_a_crafted_pickle_in_any_mpc_message_runs_nothing_and_aborts_the_round(t
     """tallier-1 replaces every message of one kind (an input's shares, an opening's, a multiplication's
     reshares, the shutdown's barrier) by a pickle that would run a command; the others run none.
 
-    Once the output began (the shutdown's barrier comes after it), such a message is a deviation: the run
-    stops rather than tally the round again. (A message of the right length whose values all lie in the field
-    would be taken as shares: data, never code. A wrong share of an input or an opening is caught by the
-    checks of ``tallier.mpc`` and ``open_checked``, and one inside the labels' multiplications by their MAC
-    checks, ``tallier.authenticated``; one inside a ballot check's multiplications is not yet.)"""
+    Once the checked arithmetic began (the first resharing is in it, and the shutdown's barrier comes after it),
+    such a message is a deviation: the run stops rather than tally the round again. (A message of the right length
+    whose values all lie in the field would be taken as shares: data, never code. A wrong share of an input or an
+    opening is caught by the checks of ``tallier.mpc`` and ``open_checked``, and one inside a multiplication by the
+    MAC checks, ``tallier.authenticated``.)"""
     marker = tmp_path / "code-ran"
     codes, errors, rogue = _against_a_deviating_tallier(tmp_path, _ROGUE, kind, str(marker))
     assert f"replaced 0 {kind}" not in rogue
     assert not marker.exists()
     stops = (
-        "error: round 1: after the output began, " if kind == "transfer" else "error: the talliers' MPC was aborted: "
+        "error: round 1: once the checked arithmetic began, "
+        if kind in ("transfer", "_reshare")
+        else "error: the talliers' MPC was aborted: "
     )
     aborted = "error: the talliers' MPC was aborted: "  # the other's word, or its peer leaving, may come first
     for name in errors:  # each stops in one line; one that did not receive the pickle sees its peer leave

@@ -179,14 +179,30 @@ def test_an_abstention_is_a_vote_for_no_class_and_adds_to_no_total(tmp_path):
     assert list(outputs[0][0]["reasons"]) == ["its votes are not 1 per query"]
 
 
-def test_a_round_tallied_again_places_the_noise_as_the_first_tally_did(tmp_path):
-    """A server that relays a round again gets the same totals, not a second draw of the placement to average."""
+@pytest.mark.parametrize("deviant", [None, "again-input"])
+def test_a_round_tallied_again_counts_what_the_first_tally_kept(tmp_path, deviant):
+    """A server that relays a round again gets the same totals, not a second draw of the placement to average; and a
+    tallier that inputs other shares in the second tally (as one colluding with a hospital would, to put its noise
+    where the first tally's placement shows it pushes a class) changes nothing: a tally again takes no input."""
     ballots, layout = _random_ballots(40, 5, 30)
-    outputs, codes, errors = _run(tmp_path, ballots, layout, reveal="histogram", rounds=3, repeat=True)
+    outputs, codes, errors = _run(
+        tmp_path, ballots, layout, reveal="histogram", rounds=3, repeat=True, deviant={1: deviant} if deviant else None
+    )
     assert codes == {0: 0, 1: 0, 2: 0}, errors
     for party in outputs.values():
         assert len({str(tally["seed"]) for tally in party}) == 1
         assert all(np.array_equal(tally["totals"], party[0]["totals"]) for tally in party)
+
+
+def test_a_tallier_that_changes_its_kept_shares_of_the_totals_is_caught(tmp_path):
+    ballots, layout = _random_ballots(40, 5, 30)
+    outputs, codes, errors = _run(
+        tmp_path, ballots, layout, reveal="histogram", rounds=2, repeat=True, deviant={1: "again-kept"}
+    )
+    assert all(code != 0 for code in codes.values()), errors
+    for honest in (0, 2):
+        assert "do not lie on one polynomial: a tallier sent a wrong share" in errors[honest], errors
+        assert "a tallier deviated" in errors[honest], errors
 
 
 @pytest.mark.parametrize("reveal", ["labels", "histogram"])
@@ -324,7 +340,10 @@ def test_a_tallier_that_shifts_its_input_is_caught_and_no_label_is_released(tmp_
         ("multiplication", "the MAC check of the labels' arithmetic failed"),
         ("comparison", "the MAC check of the labels' arithmetic failed"),
         ("random-bit", "the MAC check of the labels' arithmetic failed"),
-        ("opening", "after the output began, the talliers' shares of an opened value do not lie on one polynomial"),
+        (
+            "opening",
+            "once the checked arithmetic began, the talliers' shares of an opened value do not lie on one polynomial",
+        ),
     ],
 )
 def test_a_tallier_that_deviates_in_the_labels_arithmetic_is_caught_and_no_label_is_released(tmp_path, where, check):
@@ -336,6 +355,19 @@ def test_a_tallier_that_deviates_in_the_labels_arithmetic_is_caught_and_no_label
     assert outputs == {} and all(code != 0 for code in codes.values()), errors
     named = [h for h in (0, 2) if check in errors[h] and "a tallier deviated" in errors[h]]
     assert named == [0, 2] or (where == "opening" and named), errors
+
+
+@pytest.mark.parametrize("where", ["input-mac", "ballot-check"])
+def test_a_tallier_that_deviates_in_the_ballot_checks_arithmetic_is_caught_and_no_ballot_is_refused(tmp_path, where):
+    """An error in the inputs' MACs, or in a bit check's inner product, would fail an honest ballot's check under
+    plain MPyC; here it fails the checks' MAC check before any check opens: no ballot is refused, no label released,
+    and the run stops."""
+    ballots, layout = _random_ballots(20, 5, 30)
+    outputs, codes, errors = _run(tmp_path, ballots, layout, deviant={1: where})
+    assert outputs == {} and all(code != 0 for code in codes.values()), errors
+    for honest in (0, 2):
+        assert "the MAC check of the ballot checks' arithmetic failed: a tallier deviated" in errors[honest], errors
+        assert "refused" not in errors[honest] and "tag check" not in errors[honest], errors
 
 
 def test_honest_talliers_pass_the_labels_check_round_after_round(tmp_path):
@@ -358,7 +390,8 @@ from consilium.crypto.mpc_field import MpcField
 from consilium.protocol.identity.party_keys import Credentials
 from consilium.protocol.identity.roster import Roster
 from consilium.scripts.bench_tallier import read_layout
-from consilium.tallier.mpc import MpcError, mpc_party, run_round
+from consilium.tallier.mpc import MpcError, run_round
+from consilium.tallier.mpc_network import mpc_party
 root, name, rounds, first_timeout = Path(sys.argv[1]), sys.argv[2], [int(r) for r in sys.argv[3].split(",")], float(sys.argv[5])
 party = mpc_party(Roster.load(root), Credentials.load(root / name))
 with np.load(sys.argv[4], allow_pickle=False) as data:
@@ -458,35 +491,3 @@ def test_fewer_than_three_talliers_or_another_field_are_refused():
             label_threshold=0,
             timeout_s=1,
         )
-
-
-def test_a_check_is_opened_masked_so_a_failing_one_shows_nothing_of_its_value(monkeypatch):
-    """``_Tally.failed`` opens each check times a fresh secret random factor: a failing check of 5 is found,
-    and what is opened is neither 5 nor the same twice (a bare check could carry a hospital's bits)."""
-    import consilium.tallier.mpc as mpc
-    from consilium.crypto.mpc_field import mpyc_runtime
-    from consilium.tallier.mpc_values import harden_mpyc
-
-    runtime = mpyc_runtime([])  # one party: MPyC's arithmetic, no network
-    secint = runtime.SecInt(11)
-    harden_mpyc(secint.field.modulus)  # as every round does first: an earlier test may have set another field's codec
-    tally = mpc._Tally(runtime, secint, layout_for(1, 2, 1), round_number=1)
-    opened = []
-    honest_open = mpc.open_checked
-
-    def recording(rt, x):
-        result = honest_open(rt, x)
-        result.add_done_callback(lambda done: opened.append(done.result()))
-        return result
-
-    monkeypatch.setattr(mpc, "open_checked", recording)
-
-    async def twice():
-        await runtime.start()
-        found = [await tally.failed([secint(5), secint(0)]) for _ in range(2)]
-        await runtime.shutdown()
-        return found
-
-    assert runtime.run(twice()) == [[0], [0]]
-    (first, zero_1), (second, zero_2) = opened
-    assert zero_1 == zero_2 == 0 and 5 not in (first, second) and first != second

@@ -1,45 +1,82 @@
-"""A tallier that deviates in the labels' arithmetic: ``python deviating_tallier.py WHERE MODULE ARGS...``.
+"""A tallier that deviates in the checked arithmetic: ``python deviating_tallier.py WHERE MODULE ARGS...``.
 
 It runs the tallier ``MODULE`` (``consilium.scripts.bench_tallier`` with ``--party``, or
 ``consilium.scripts.tallier``) with ``ARGS`` as an honest tallier would, except that in
-one product of the labels step (``tallier.authenticated``) it adds 1 to its own share of the local
-product before resharing it, as a tallier that sends a wrong resharing does, or to its share of one
+one product of the ballot checks or the labels (``tallier.authenticated``) it adds 1 to its own share of the
+local product before resharing it, as a tallier that sends a wrong resharing does, or to its share of one
 opened value. ``WHERE`` picks which, the first of its kind in the round:
 
+- ``input-mac``: the ballot checks' first product, the inputs' MACs;
+- ``ballot-check``: the ballot checks' first inner product (a bit check);
 - ``multiplication``: an argmax selection (a winner's total and class);
 - ``comparison``: a product of a comparison's bitwise step;
 - ``random-bit``: a comparison's random bits (``u^2`` and ``alpha u``);
 - ``opening``: the share it sends of a comparison's masked difference (off the line of the others').
+
+Or, in a tally of a round again once its output began (``kept``), it deviates in what it brings:
+
+- ``again-input``: 200 more in its share of every ballot's first noise bit, as a tallier that re-chooses a
+  colluding hospital's ballot would input other shares;
+- ``again-kept``: 1 more in each of its kept shares of the totals.
 """
 
 import runpy
 import sys
 
-from consilium.tallier import authenticated
+import numpy as np
+
+from dataclasses import replace
+
+from consilium.tallier import authenticated, mpc
 from consilium.tallier.authenticated import Authenticated
 from mpyc import asyncoro
 
-_TARGETS = {"multiplication": "argmax", "comparison": "less_than_zero", "random-bit": "random_bits", "opening": None}
+_TARGETS = {
+    "input-mac": None,
+    "ballot-check": None,
+    "multiplication": "argmax",
+    "comparison": "less_than_zero",
+    "random-bit": "random_bits",
+    "opening": None,
+    "again-input": None,
+    "again-kept": None,
+}
 _where = sys.argv[1]
 _target = _TARGETS[_where]
 _stack: list[str] = []
 _done = []
-_honest_product = Authenticated.product
+_honest_product, _honest_inner = Authenticated.product, Authenticated.inner
 
 
 def _product(self, a, b):
-    if _done or not _stack or _stack[-1] != _target:
+    if _done or (_where != "input-mac" and (not _stack or _stack[-1] != _target)):
         return _honest_product(self, a, b)
     _done.append(True)
     return _off_by_one(self.runtime, a, b)
 
 
+def _inner(self, a, b):
+    if _done or _where != "ballot-check":
+        return _honest_inner(self, a, b)
+    _done.append(True)
+    return _inner_off_by_one(self.runtime, a, b)
+
+
 @asyncoro.mpc_coro
 async def _off_by_one(runtime, a, b):
-    """MPyC's ``np_multiply`` for two secure arrays of one shape, with 1 added to this tallier's product share."""
-    await runtime.returnType((type(a), a.shape))
+    """MPyC's ``np_multiply`` for two secure arrays (broadcast), with 1 added to this tallier's product share."""
+    await runtime.returnType((type(a), np.broadcast_shapes(a.shape, b.shape)))
     a, b = await runtime.gather(a, b)
     return runtime._reshare(a * b + 1)
+
+
+@asyncoro.mpc_coro
+async def _inner_off_by_one(runtime, a, b):
+    """MPyC's ``np_matmul`` for a secure matrix and vector (``Authenticated.inner_product``: a value and its MAC), with
+    1 added to this tallier's share of each local inner product."""
+    await runtime.returnType((type(a), a.shape[:-1]))
+    a, b = await runtime.gather(a, b)
+    return runtime._reshare(a @ b + 1)
 
 
 def _marked(name):
@@ -66,7 +103,24 @@ def _open(runtime, x):
 
 
 authenticated.open_checked = _open
+_honest_run_round = mpc.run_round
+
+
+def _run_round(party, round_number, shares, **settings):
+    kept = settings.get("kept")
+    if kept is not None and _where == "again-input":
+        start = settings["layout"].parts[0].values  # the noise: the second part
+        shares = {name: share.copy() for name, share in shares.items()}
+        for share in shares.values():
+            share[start] = (int(share[start]) + 200) % settings["field"].modulus
+    if kept is not None and _where == "again-kept":
+        settings["kept"] = replace(kept, totals=(kept.totals.astype(object) + 1).astype(np.uint64))
+    return _honest_run_round(party, round_number, shares, **settings)
+
+
+mpc.run_round = _run_round
 Authenticated.product = _product
+Authenticated.inner = _inner
 for _name in set(_TARGETS.values()) - {None}:
     setattr(Authenticated, _name, _marked(_name))
 sys.argv = sys.argv[2:]

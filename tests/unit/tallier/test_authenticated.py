@@ -72,7 +72,8 @@ def test_the_labels_are_numpy_s_argmax_ties_to_the_lower_class_and_the_threshold
 @pytest.mark.parametrize("which", [1, 2, 3, 4, 8, 20, -3, -2, -1, None])
 def test_an_error_in_any_product_is_caught_before_a_label_opens(monkeypatch, which):
     """An error in one product (counted from the end where negative: the threshold's, then the check's own), or in
-    every one (``None``); the first is the totals' MACs, the next three a comparison's random bits and their check."""
+    every one (``None``); the first is the totals' MACs, the next two a comparison's random bits and their squares' MACs,
+    then the check's own two."""
     honest, calls = Authenticated.product, []
     totals = np.random.default_rng().integers(-100, 101, size=(20, 6))
 
@@ -116,11 +117,11 @@ def test_a_square_shifted_to_another_square_is_caught_before_any_square_or_compa
     totals = np.random.default_rng().integers(-100, 101, size=(20, 6))
     with pytest.raises(DeviationError, match="the MAC check of the labels' arithmetic failed"):
         _labelled(10, totals, product=product, monkeypatch=monkeypatch)
-    assert opened == [1, 1]  # the seed and the check, times a secret factor: no square, no masked difference
+    assert opened == [1]  # the check, times a secret factor: no coefficient, no square, no masked difference
 
 
 @pytest.mark.parametrize("which", [6, 12, 25])  # in a comparison's bitwise step, a selection, a later comparison
-def test_after_an_error_in_a_product_nothing_but_seeds_and_checks_is_opened(monkeypatch, which):
+def test_after_an_error_in_a_product_nothing_but_checks_is_opened(monkeypatch, which):
     """However large, an error could move a later masked difference past its mask and show a total's bits; so
     every product is checked before the next opening of anything a product made (Review 3, finding 1)."""
     honest, calls, opened = Authenticated.product, [], []

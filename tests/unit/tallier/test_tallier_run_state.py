@@ -7,9 +7,22 @@ from cryptography.hazmat.primitives import serialization
 from consilium.crypto.identity import PrivateIdentity
 from consilium.protocol.voting.ballots import tallier_key_context
 from consilium.protocol.run.checkpoint import CheckpointError
-from consilium.tallier.run_state import MAX_TALLIES, RUN_STATE_FILE, RunState, RunStateFile, boxes_digest
+import numpy as np
+from consilium.tallier.run_state import MAX_TALLIES, RUN_STATE_FILE, KeptOutput, RunState, RunStateFile, boxes_digest
 
 RUN = "a" * 64
+KEPT = KeptOutput(
+    placement=-(2**39) + 7,
+    voters=("hospital-1",),
+    refused={"hospital-2": "its bits are not bits"},
+    totals=np.array([0, 1, 2**63 + 5], dtype=np.uint64),
+)
+
+
+def _same(kept: KeptOutput, other: KeptOutput) -> bool:
+    return (kept.placement, kept.voters, kept.refused) == (other.placement, other.voters, other.refused) and (
+        np.array_equal(kept.totals, other.totals)
+    )
 
 
 def _raw(state: RunState) -> bytes:
@@ -22,21 +35,21 @@ def test_the_state_comes_back_whole_and_its_box_key_is_never_on_disk_in_the_clea
     identity = PrivateIdentity.generate()
     files = RunStateFile(tmp_path, name="tallier-1", identity=identity)
     state = RunState.new(RUN, identity=identity, context=tallier_key_context(RUN, "tallier-1"))
-    state = state.tallying(4, boxes_digest({"hospital-1": b"box"})).agreed(("hospital-1",)).placed(2**60 + 7)
-    state = dataclasses.replace(state, voided=True)  # both pins travel, whatever their combination
+    state = state.tallying(4, boxes_digest({"hospital-1": b"box"})).agreed(("hospital-1",)).keeping(KEPT)
+    state = dataclasses.replace(state, voided=True).deviated("a check failed")  # every pin travels, in any mix
     files.save(state)
     on_disk = (tmp_path / RUN_STATE_FILE).read_bytes()
     assert _raw(state) not in on_disk and (tmp_path / RUN_STATE_FILE).stat().st_mode & 0o777 == 0o600
     loaded = files.load(RUN)
     assert _raw(loaded) == _raw(state) and loaded.certified_key == state.certified_key
-    assert (loaded.last_round, loaded.last_boxes, loaded.voters, loaded.tallies, loaded.placement) == (
+    assert (loaded.last_round, loaded.last_boxes, loaded.voters, loaded.tallies) == (
         4,
         state.last_boxes,
         ("hospital-1",),
         1,
-        2**60 + 7,
     )
-    assert loaded.output_begun and loaded.voided
+    assert loaded.output_begun and loaded.voided and _same(loaded.kept, KEPT)
+    assert loaded.deviation == "a check failed" and "after a deviation" in loaded.refusal(5, b"", rounds=9)
     files.delete()
     assert files.load(RUN) is None
 
@@ -77,15 +90,26 @@ def test_a_round_is_tallied_again_only_with_the_same_boxes_and_never_an_earlier_
         assert state.refusal(1, first, rounds=3) == ""
         state = state.tallying(1, first).agreed(("hospital-1", "hospital-2"))
     assert "after 5 tallies" in state.refusal(1, first, rounds=3)
-    state = state.placed(12345)
-    assert state.tallying(1, first).placed(12345).placement == 12345
-    with pytest.raises(ValueError, match="placing its noise otherwise"):
-        state.tallying(1, first).placed(54321)
-    with pytest.raises(ValueError, match="output was being computed"):  # placed: the output began
+    state = state.keeping(KEPT)
+    assert _same(state.tallying(1, first).kept, KEPT)  # a tally again counts what was kept
+    with pytest.raises(ValueError, match="an output the first tally kept otherwise"):
+        state.tallying(1, first).keeping(KEPT)
+    with pytest.raises(ValueError, match="output was being computed"):  # kept: the output began
         state.void()
     state = state.tallying(2, first)
-    assert state.voters == () and state.tallies == 1 and state.placement == 0
+    assert state.voters == () and state.tallies == 1 and state.kept is None
     assert not state.output_begun and state.void().voided  # a new round, nothing computed yet
     assert "after round 2" in state.refusal(1, first, rounds=3)
     assert "after round 2" in state.refusal(4, first, rounds=3)
     assert boxes_digest({"a": b"bc"}) != boxes_digest({"ab": b"c"})
+
+
+def test_the_kept_totals_of_the_largest_round_a_run_may_have_load(tmp_path):
+    """10^6 votes a round (``VotingConfig``'s most): a restarted tallier comes back with its key and what it kept."""
+    identity = PrivateIdentity.generate()
+    files = RunStateFile(tmp_path, name="tallier-1", identity=identity)
+    kept = dataclasses.replace(KEPT, totals=np.full(10**6, 2**64 - 59, dtype=np.uint64))
+    state = RunState.new(RUN, identity=identity, context=b"context").tallying(1, b"d").keeping(kept)
+    files.save(state)
+    loaded = files.load(RUN)
+    assert _raw(loaded) == _raw(state) and _same(loaded.kept, kept)
