@@ -51,9 +51,8 @@ MPyC is honest-majority: ``t = floor((J - 1) / 2)`` corrupt talliers learn nothi
 tallier must stay online; a silent peer ends the round at its deadline (``MpcError``). With
 ``J = 2``, ``t = 0`` and MPyC's shares are the inputs themselves, so three talliers at least, and an
 odd number (``J = 2t + 1``, which the MAC checks assume). From step 4 on, a wrong share or any message
-no honest tallier sends is a deviation, not an interruption. Not covered: a round tallied again takes
-fresh inputs, so a tallier colluding with a hospital may re-choose that hospital's ballot then
-(``docs/explanation/authenticated-labels.md``, "What this leaves open").
+no honest tallier sends is a deviation, not an interruption; and how a round ended stands however the
+shutdown after it goes (a peer that never joins it cannot turn a failed check into an interruption).
 
 The talliers connect with ``tallier.mpc_network`` (pinned certificates, no peer's bytes unpickled:
 ``tallier.mpc_values``); a peer that sends what no honest tallier sends aborts the round (``MpcError``
@@ -232,11 +231,8 @@ async def _protocol(
             labels, revealed = await tally.histogram(totals, label_threshold)
         else:
             labels, revealed = await tally.labels(totals, label_threshold), None
-    except (VoterError, TamperError):
-        await runtime.shutdown()
-        raise
-    except DeviationError as error:
-        tally.deviation = error  # it stands if a peer leaves during the shutdown, or never joins it
+    except (VoterError, TamperError, DeviationError) as error:
+        tally.ended = error  # it stands if a peer leaves during the shutdown, or never joins it (Review 5)
         await runtime.shutdown()
         raise
     sent = sum(peer.protocol.nbytes_sent for peer in runtime.parties if peer.pid != runtime.pid)
@@ -259,7 +255,7 @@ class _Tally:
         self.modulus = secint.field.modulus
         self.ballots: list[CheckedBallot] = []  # each voter's, in the order of the voters
         self.seed = 0  # the round's public challenge, opened once every input is in
-        self.deviation: DeviationError | None = None
+        self.ended: VoterError | TamperError | DeviationError | None = None
         self.checks: BallotChecks | None = None
         self.pairs: Authenticated | None = None  # the round's key and recorded products, from step 4 on
 
@@ -363,13 +359,13 @@ class _Tally:
 
 
 def _failure(error: BaseException, network: MpcNetwork, tally: _Tally, timeout_s: float) -> BaseException:
-    """Why a round failed: a ``DeviationError`` it found (however the shutdown after it ended), or a wrong share
+    """Why a round failed: how it ended here (however the shutdown after it went), or a wrong share
     seen here once the checked arithmetic began (step 4: not a crash, nor another's word; as a retry it would let a
     tallier that saw a check fail escape it, Review 4, finding 3); else the ``MpcError`` that says why (the first
     abort a peer caused, if any), or ``error`` itself."""
     caught = network.caught + ([str(error)] if isinstance(error, MpcPeerError) else [])
-    if tally.deviation is not None or (caught and tally.pairs is not None):
-        return tally.deviation or DeviationError(tally.round, f"once the checked arithmetic began, {caught[0]}")
+    if tally.ended is not None or (caught and tally.pairs is not None):
+        return tally.ended or DeviationError(tally.round, f"once the checked arithmetic began, {caught[0]}")
     if isinstance(error, DrawError):
         return MpcError(str(error))
     aborts = network.aborts

@@ -181,6 +181,11 @@ class RunStateFile:
                 ),
                 max_bin_len=_MAX_FILE_BYTES,
             )
+            if isinstance(fields, dict) and "output_begun" in fields:  # opened for this run: ours, but older
+                raise CheckpointError(
+                    f"the tallier's run state {self.path} was written by an older Consilium: finish its run with that "
+                    "version, or delete the file to leave the run"
+                )
             state = RunState(
                 run=run,
                 box_key=X25519PrivateKey.from_private_bytes(fields["box_key"]),

@@ -179,19 +179,23 @@ def test_an_abstention_is_a_vote_for_no_class_and_adds_to_no_total(tmp_path):
     assert list(outputs[0][0]["reasons"]) == ["its votes are not 1 per query"]
 
 
-@pytest.mark.parametrize("deviant", [None, "again-input"])
-def test_a_round_tallied_again_counts_what_the_first_tally_kept(tmp_path, deviant):
-    """A server that relays a round again gets the same totals, not a second draw of the placement to average; and a
-    tallier that inputs other shares in the second tally (as one colluding with a hospital would, to put its noise
-    where the first tally's placement shows it pushes a class) changes nothing: a tally again takes no input."""
+@pytest.mark.parametrize(
+    "reveal, deviant", [("histogram", None), ("histogram", "again-input"), ("labels", "again-input")]
+)
+def test_a_round_tallied_again_counts_what_the_first_tally_kept(tmp_path, reveal, deviant):
+    """A server that relays a round again gets the same totals (or labels), not a second draw of the placement to
+    average; and a tallier that inputs other shares in the later tallies (as one colluding with a hospital would, to
+    put its noise where the first tally's placement shows it pushes a class) changes nothing: a tally again takes no
+    input."""
     ballots, layout = _random_ballots(40, 5, 30)
     outputs, codes, errors = _run(
-        tmp_path, ballots, layout, reveal="histogram", rounds=3, repeat=True, deviant={1: deviant} if deviant else None
+        tmp_path, ballots, layout, reveal=reveal, rounds=3, repeat=True, deviant={1: deviant} if deviant else None
     )
     assert codes == {0: 0, 1: 0, 2: 0}, errors
+    kept = "totals" if reveal == "histogram" else "labels"
     for party in outputs.values():
         assert len({str(tally["seed"]) for tally in party}) == 1
-        assert all(np.array_equal(tally["totals"], party[0]["totals"]) for tally in party)
+        assert all(np.array_equal(tally[kept], party[0][kept]) for tally in party)
 
 
 def test_a_tallier_that_changes_its_kept_shares_of_the_totals_is_caught(tmp_path):

@@ -143,7 +143,7 @@ def test_after_an_error_in_a_product_nothing_but_checks_is_opened(monkeypatch, w
     assert len(calls) >= which and {size for after, size in opened if after} == {1}
 
 
-def test_an_error_in_the_squares_inner_product_is_caught(monkeypatch):
+def test_an_error_in_the_check_s_own_inner_product_is_caught(monkeypatch):
     honest = Authenticated.inner
     monkeypatch.setattr(Authenticated, "inner", lambda self, a, b: honest(self, a, b) + 1)
     with pytest.raises(DeviationError, match="the MAC check of the labels' arithmetic failed"):

@@ -7,6 +7,8 @@ One party isolates the arithmetic (MPyC reshares nothing with ``t = 0``); an err
 resharing would put it, into a product, without knowing the key. ``tests/integration/test_tallier_mpc.py`` runs three
 real talliers, one of them deviating in these products."""
 
+import types
+
 import numpy as np
 import pytest
 from consilium.crypto.mpc_field import mpyc_runtime
@@ -156,3 +158,46 @@ def test_a_check_is_opened_masked_so_a_failing_one_shows_nothing_of_its_value():
 
     (first, zero_1), (second, zero_2) = runtime.run(twice())
     assert zero_1 == zero_2 == 0 and 5 not in (first, second) and first != second
+
+
+def test_a_failed_tag_check_stands_when_a_peer_leaves_during_the_shutdown(monkeypatch):
+    """A tallier that lets the tag checks open, then leaves (or never answers) the shutdown after them, must not turn
+    the failed check into an interruption, which would have the round tallied again (Review 5): the round still
+    ends as the check said. (The network is left out: one party, whose shutdown fails as a peer's leaving makes it.)"""
+    runtime = mpyc_runtime([])
+    secint = runtime.SecInt(11)
+    harden_mpyc(secint.field.modulus)
+    modulus = secint.field.modulus
+    share = sum(s.astype(object) for s in forged_ballot(_ballot_bits(np.random.default_rng()), 2, modulus)) % modulus
+    tag = LAYOUT.parts[0].entries * LAYOUT.parts[0].bits  # the votes' first tag
+    share[tag] = (share[tag] + 200) % modulus
+    tally = mpc._Tally(runtime, secint, LAYOUT, round_number=4)
+
+    async def leaving(self):
+        raise ConnectionResetError("tallier-3 left the MPC before the round ended")
+
+    async def connected(deadline_s):
+        await runtime.start()
+
+    network = types.SimpleNamespace(connect=connected, caught=[], aborts=[])
+
+    async def tag_check_fails():
+        monkeypatch.setattr(type(runtime), "shutdown", leaving)
+        await mpc._protocol(
+            network,
+            tally,
+            {"hospital-1": np.array(share, dtype=np.uint64)},
+            hospitals=("hospital-1",),
+            quorum=1,
+            reveal="labels",
+            label_threshold=0,
+            timeout_s=30.0,
+            on_voters=lambda voters: None,
+            kept=None,
+            on_output=lambda output: None,
+        )
+
+    with pytest.raises(ConnectionResetError) as left:
+        runtime.run(tag_check_fails())
+    ended = mpc._failure(left.value, network, tally, 30.0)
+    assert isinstance(ended, mpc.TamperError) and "hospital-1's ballot fail its tag check" in str(ended)

@@ -4,7 +4,9 @@ import pytest
 import dataclasses
 from cryptography.hazmat.primitives import serialization
 
+import msgpack
 from consilium.crypto.identity import PrivateIdentity
+from consilium.crypto.sealed_box import seal
 from consilium.protocol.voting.ballots import tallier_key_context
 from consilium.protocol.run.checkpoint import CheckpointError
 import numpy as np
@@ -113,3 +115,28 @@ def test_the_kept_totals_of_the_largest_round_a_run_may_have_load(tmp_path):
     files.save(state)
     loaded = files.load(RUN)
     assert _raw(loaded) == _raw(state) and _same(loaded.kept, kept)
+
+
+def test_a_state_an_older_version_wrote_stops_the_tallier_rather_than_start_afresh(tmp_path):
+    """Before kept outputs, the file pinned a placement and ``output_begun``: taken for no state, it would give the
+    tallier a new box key mid-run and drop its pins (Review 5)."""
+    identity = PrivateIdentity.generate()
+    files = RunStateFile(tmp_path, name="tallier-1", identity=identity)
+    state = RunState.new(RUN, identity=identity, context=b"context")
+    older = {
+        "box_key": _raw(state),
+        "certified_key": state.certified_key,
+        "last_round": 2,
+        "last_boxes": b"",
+        "voters": [],
+        "tallies": 1,
+        "placement": 12345,
+        "output_begun": True,
+        "voided": False,
+    }
+    sealed = seal(
+        msgpack.packb(older), recipient=identity.box.public_key(), sender=identity.signing, context=files._context(RUN)
+    )
+    (tmp_path / RUN_STATE_FILE).write_bytes(sealed)
+    with pytest.raises(CheckpointError, match="written by an older Consilium"):
+        files.load(RUN)
