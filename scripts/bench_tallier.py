@@ -356,8 +356,9 @@ def results_table(measurements: list[Measurement]) -> str:
         f"Command: `{' '.join(['consilium-bench-tallier', *sys.argv[1:]])}`. Each cell is two rounds in J real tallier "
         "processes (MPyC over mutual TLS with pinned certificates, on one machine), H hospitals' ballots (votes and noise "
         "apart, each value's bits under a tag) with the ranges and field of a kNN-DPFL run with 3 hospitals (k = 30, sigma = 15) "
-        "or an AE-DPFL run with 100 (sigma = 20); every round checks every ballot and places its noise before any comparison, "
-        "and the argmax runs over MAC-authenticated pairs, checked before any label opens (tallier/authenticated.py). Time: the slowest "
+        "or an AE-DPFL run with 100 (sigma = 20); every round checks every ballot and places its noise before any comparison; "
+        "the checks and the argmax run over MAC-authenticated pairs, checked before any check or label opens "
+        "(tallier/authenticated.py). Time: the slowest "
         "tallier's whole second round (connecting, agreeing on the voters, the checks, the MPC, shutting down). Bytes: "
         "what one tallier sends to its peers, mean over the talliers.",
         "",
