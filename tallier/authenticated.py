@@ -1,4 +1,4 @@
-"""A round's labels over authenticated pairs: a tallier that deviates in their arithmetic is caught before one opens.
+"""A round's checks and labels over authenticated pairs: a tallier that deviates in their arithmetic is caught.
 
 The MAC compiler of Chida, Genkin, Hamada, Ikarashi, Kikuchi, Lindell and Nof (CRYPTO 2018), over
 MPyC's field, Shamir sharing, resharing and pseudorandom sharing (PRSS); the design and the argument
@@ -6,14 +6,16 @@ for each property are in ``docs/explanation/authenticated-labels.md``.
 
 - A secret key ``[alpha]`` (PRSS: no one knows it) and every secret as a **pair** ``([x], [alpha x])``.
   Sums and public factors act on both halves, locally.
-- A **product** of pairs is ``([x y], [(alpha x) y])``, two products resharing in one message; a value
-  with no MAC yet is **authenticated** by ``[alpha] [x]``. Every product is recorded.
+- A **product** of pairs is ``([x y], [(alpha x) y])``, two products resharing in one message, and an
+  **inner product** ``<x, y>`` likewise; a value with no MAC yet (an input, the totals) is
+  **authenticated** by ``[alpha] [x]``. Every product is recorded. The ballot checks (``tallier.mpc``,
+  step 4) and the labels (step 6) share one key a round.
 - MPyC's resharing is secure up to an additive error at ``J = 2t + 1`` talliers: a tallier that
   reshares a wrong value adds ``e`` to a product and ``f`` to its MAC. The **check**, before every
-  opening of anything a product made, opens a seed drawn after those products are fixed, and then
-  only whether ``sum_k beta_k ([alpha z_k] - [alpha] [z_k])`` is zero (``is_zero``): always for honest
-  talliers, and despite an error with probability about ``2 / p`` (``p >= 2^40``), since passing needs
-  ``f = alpha e`` and ``alpha`` is never opened (``DeviationError``).
+  opening of anything a product made, opens only whether ``sum_k r_k ([alpha z_k] - [alpha] [z_k])``
+  is zero (``is_zero``), for secret PRSS coefficients ``r_k``: always for honest talliers, and despite
+  an error with probability about ``2 / p`` (``p >= 2^40``) whatever the data, since ``r`` and
+  ``alpha`` are never opened (``DeviationError``).
 - **Comparisons** ``[d < 0]``, for ``-2^k <= d < 2^k`` with ``k = l - 1``: ``k`` random bits (``u^2``
   checked, then opened; the bit ``(u / sqrt(u^2) + 1) / 2``), a mask's high part ``s`` of about
   ``kappa`` bits, ``c = d + 2^k + r' + 2^k s`` opened, and ``[c mod 2^k < r']`` from the suffix

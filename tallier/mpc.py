@@ -142,7 +142,10 @@ def run_round(
     with round_loop() as loop:
         runtime, secint = _runtime(party, field, loop)
         network = MpcNetwork(
-            runtime, party, max_message_bytes=message_limit(layout, len(hospitals), field, secint.field.byte_length)
+            runtime,
+            party,
+            max_message_bytes=message_limit(layout, len(hospitals), field, secint.field.byte_length),
+            hospitals=len(hospitals),
         )
         tally = _Tally(runtime, secint, layout, round_number)
         protocol = _protocol(

@@ -24,7 +24,8 @@ This module and ``tallier.mpc_values`` replace those parts, and nothing else of 
 2. **Decodes only data** (``tallier.mpc_values``): where MPyC would pickle, it gets a codec of
    field elements below the round's modulus, or one integer; nothing a peer sends is unpickled.
 3. **Bounds what a peer sends**: a message of at most the round's ``max_message_bytes``, and at
-   most ``_BUFFERED_MESSAGES`` messages (each counted at ``_MESSAGE_COST`` bytes at least) waiting
+   most ``_BUFFERED_MESSAGES`` messages and 16 more a hospital of the run (each counted at ``_MESSAGE_COST``
+   bytes at least) waiting
    unread, within ``_BUFFERED_LIMITS`` of the round's largest messages or ``_BUFFERED_BYTES``,
    whichever is more (a round's inputs, every ballot's bits, make one message far larger than the
    rest).
@@ -37,9 +38,8 @@ This module and ``tallier.mpc_values`` replace those parts, and nothing else of 
    than "a peer left". ``aborts`` holds the reasons; ``tallier.mpc`` reports the first.
 
 What a tallier computes inside MPyC between the inputs and the openings (its part of each
-multiplication's resharing, of the comparisons' random bits) is not checked: MPyC is secure
-against honest-but-curious parties only, and a tallier that deviates there can still change an
-opened label without being caught.
+multiplication's resharing, of the comparisons' random bits) is checked by the MAC checks of
+``tallier.authenticated``, not here.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ logging.getLogger("asyncio").addFilter(_not_a_write_after_a_peer_left)
 _HEADER = struct.Struct("<qI")  # MPyC's framing: program counter, payload size
 _ABORT = -(2**63)  # a program counter MPyC never uses (its counters are hashes): "I abort the round, because..."
 _ABORT_TEXT = 300
-_BUFFERED_MESSAGES = 4096  # an honest round sends each peer about a hundred
+_BUFFERED_MESSAGES = 4096  # and 16 more a hospital: step 4 reshares about ten values a ballot, each its own message
 _BUFFERED_LIMITS = 4
 _BUFFERED_BYTES = 256 << 20
 _MESSAGE_COST = 256  # what a buffered message costs at least, in memory
@@ -133,8 +133,9 @@ def mpc_party(roster: Roster, credentials: Credentials, listen: tuple[str, int] 
 class MpcNetwork:
     """One round's connections among the talliers (the module docstring's points 1, 3 and 5)."""
 
-    def __init__(self, runtime, party: MpcParty, *, max_message_bytes: int) -> None:
+    def __init__(self, runtime, party: MpcParty, *, max_message_bytes: int, hospitals: int = 0) -> None:
         self.runtime, self.party, self.limit = runtime, party, max_message_bytes
+        self.max_messages = _BUFFERED_MESSAGES + 16 * hospitals  # messages a peer may have waiting unread
         self.aborts: list[str] = []
         self.caught: list[str] = []  # what a peer sent that no honest tallier sends, seen here (not told by a peer)
         self.connected = False  # every peer once: from then on a connection that ends ends the round
@@ -227,12 +228,13 @@ class MpcNetwork:
 class _PinnedExchanger(asyncoro.MessageExchanger):
     """MPyC's connection to one peer, which knows for sure which peer that is."""
 
-    __slots__ = ("network", "unread", "counted")
+    __slots__ = ("network", "unread", "stored", "counted")
 
     def __init__(self, network: MpcNetwork, peer_pid: int | None) -> None:
         super().__init__(network.runtime, peer_pid)
         self.network = network
         self.unread = 0  # bytes a peer sent that the protocol has not read yet, each message at _MESSAGE_COST at least
+        self.stored = 0  # messages a peer sent that wait unread (not this tallier's own pending reads, also in buffers)
         self.counted = False  # among the network's strangers
 
     def connection_made(self, transport) -> None:
@@ -280,10 +282,11 @@ class _PinnedExchanger(asyncoro.MessageExchanger):
             elif waiting is None:
                 self.buffers[pc] = payload
                 self.unread += _cost(payload)
+                self.stored += 1
             else:
                 return self._abort(f"{name} sent two MPC messages for one step")
         buffered = max(_BUFFERED_LIMITS * limit, _BUFFERED_BYTES)
-        if len(self.buffers) > _BUFFERED_MESSAGES or self.unread + len(self.bytes) > buffered:
+        if self.stored > self.network.max_messages or self.unread + len(self.bytes) > buffered:
             self._abort(f"{name} sent more MPC messages ahead of the protocol than an honest tallier does")
 
     def receive(self, pc: int):
@@ -293,6 +296,7 @@ class _PinnedExchanger(asyncoro.MessageExchanger):
             payload = self.buffers[pc] = asyncio.Future(loop=self.runtime._loop)
         elif isinstance(payload, bytes):
             self.unread -= _cost(payload)
+            self.stored -= 1
         return payload
 
     def _identify(self) -> bool:

@@ -523,8 +523,8 @@ def _comparisons(config: VotingConfig) -> list[int]:
 
 
 def _per_round(config: VotingConfig) -> int:
-    """How many values a tallier's code opens in a round: the marks, the challenge, the checks' MAC check, the
-    checks, the pins and the barrier; then the totals (``--reveal histogram``), or three per comparison batch, the
+    """How many values a tallier's code opens in a round: the marks, the pins, the challenge, the checks' MAC check,
+    the checks and the barrier; then the totals (``--reveal histogram``), or three per comparison batch, the
     last MAC check and the labels."""
     if config.reveal == "histogram":
         return len(config.talliers) + 7
@@ -532,9 +532,9 @@ def _per_round(config: VotingConfig) -> int:
 
 
 def _seeds(talliers: list[dict], config: VotingConfig) -> dict[int, int]:
-    """Each round's challenge, as the first tallier's code opened it after the marks of who voted."""
+    """Each round's challenge, as the first tallier's code opened it after the marks of who voted and the pins."""
     per_round = _per_round(config)
-    return {r: talliers[0]["opened"][(r - 1) * per_round + len(config.talliers)][0] for r in (1, 2)}
+    return {r: talliers[0]["opened"][(r - 1) * per_round + len(config.talliers) + 1][0] for r in (1, 2)}
 
 
 def _noisy_totals(ballots: list[dict], round_number: int, voters, seed: int) -> np.ndarray:
@@ -593,10 +593,10 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
     ballots = _ballots(secrets)
     config = VotingConfig.from_dict(report["config"])
     classes = config.classes
-    # What each tallier's code opened in the MPC, round by round: every tallier's marks of who voted, the
-    # challenge's seed, the MAC check of the checks' arithmetic (zero), every ballot's tag check, then its
-    # bit, sum and energy checks (masked; zero: all honest),
-    # every tallier's pinned placement (none: the round's first tally), the barrier; for each batch of the
+    # What each tallier's code opened in the MPC, round by round: every tallier's marks of who voted, every
+    # tallier's kept placement (none: the round's first tally), the challenge's seed, the MAC check of the checks'
+    # arithmetic (zero), every ballot's tag check, then its bit, sum and energy checks (masked; zero: all honest),
+    # the barrier; for each batch of the
     # argmax's comparisons, the MAC check (zero), its random bits' squares and the masked differences; then the
     # last MAC check (zero), and the labels.
     per_round, modulus = _per_round(config), config.field().modulus
@@ -606,7 +606,7 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
         assert len(tallier["opened"]) == 2 * per_round
         for round_number in (1, 2):
             opened = tallier["opened"][(round_number - 1) * per_round : round_number * per_round]
-            *marks, seed, checks_mac_check, tag_checks, other_checks, pinned, barrier = opened[
+            *marks, pinned, seed, checks_mac_check, tag_checks, other_checks, barrier = opened[
                 : len(config.talliers) + 6
             ]
             arithmetic = opened[len(config.talliers) + 6 :]
