@@ -15,6 +15,7 @@ of a call's values at once. ``p`` fits in 64 bits, so shares travel as little-en
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -32,6 +33,7 @@ __all__ = [
     "share",
     "share_elements",
     "to_bytes",
+    "uniform_below",
 ]
 
 _MAX_MODULUS_BITS = 64
@@ -113,17 +115,24 @@ def random_elements(count: int, modulus: int) -> list[int]:
 
 
 def random_array(count: int, modulus: int) -> np.ndarray:
-    """``count`` uniform elements of ``Z_p``, ``p`` below ``2^64``, as a ``uint64`` vector: OS random numbers of
-    ``p``'s bit length, those not below ``p`` drawn again."""
+    """``count`` uniform elements of ``Z_p``, ``p`` below ``2^64``, as a ``uint64`` vector, from the OS."""
     if not 1 < modulus < 2**_MAX_MODULUS_BITS:
         raise ShareError(f"uniform draws need a modulus above 1 and below 2^{_MAX_MODULUS_BITS}, got {modulus}")
-    mask = np.uint64((1 << (modulus - 1).bit_length()) - 1)
-    kept = np.empty(0, dtype=np.uint64)
-    while kept.size < count:
-        missing = count - kept.size
-        draws = np.frombuffer(os.urandom(8 * (2 * missing + 8)), dtype="<u8") & mask  # >= half are kept
-        kept = np.concatenate((kept, draws[draws < modulus]))
-    return kept[:count]
+    return uniform_below(modulus, count, os.urandom)
+
+
+def uniform_below(bound: int, count: int, stream: Callable[[int], bytes]) -> np.ndarray:
+    """``count`` uniform values below ``bound`` (at most ``2^64``) as ``uint64``, by rejection: 8-byte words of
+    ``stream(size)`` (the OS, or the first ``size`` bytes of an XOF, so that every caller with one seed gets the same
+    values) cut to ``bound``'s bit length, those not below it skipped; more words where too few were kept."""
+    mask = np.uint64((1 << (bound - 1).bit_length()) - 1)
+    words = count + count // 2 + 16  # at least half are kept
+    while True:
+        draws = np.frombuffer(stream(8 * words), dtype="<u8") & mask
+        kept = draws[draws < bound]
+        if kept.size >= count:
+            return kept[:count]
+        words *= 2
 
 
 def _check_modulus(modulus: int) -> None:

@@ -40,7 +40,7 @@ import hashlib
 import numpy as np
 
 from consilium.crypto.mpc_field import MpcField, import_mpyc
-from consilium.crypto.secret_sharing import random_array
+from consilium.crypto.secret_sharing import random_array, uniform_below
 from consilium.protocol.voting.ballots import BallotLayout
 
 _mpyc_runtime = import_mpyc()
@@ -89,27 +89,15 @@ def _random_split(field, secrets, t: int, m: int):
 
 def _pseudorandom_share(field, m: int, i: int, prfs: dict, uci: bytes, n: int):
     """``thresha.np_pseudorandom_share``: party ``i``'s Shamir shares of ``n`` pseudorandom values (PRSS), each key's
-    values drawn in NumPy by rejection from its SHAKE-128 stream (``_prf_values``) instead of one Python integer at a
+    values drawn in NumPy by rejection from its SHAKE-128 stream (``uniform_below``) instead of one Python integer at a
     time, for a prime field and bounds below 2^64; MPyC's own for any other."""
     if not isinstance(field.modulus, int) or any(prf.max >= 2**64 for prf in prfs.values()):
         return _mpyc_pseudorandom_share(field, m, i, prfs, uci, n)
     total = np.zeros(n, dtype=object)
     for subset, prf in prfs.items():
-        total = total + _prf_values(prf.key + uci, prf.max, n).astype(object) * thresha._f_S_i(field, m, i, subset)
+        values = uniform_below(prf.max, n, lambda size, seed=prf.key + uci: hashlib.shake_128(seed).digest(size))
+        total = total + values.astype(object) * thresha._f_S_i(field, m, i, subset)
     return field.array(total)
-
-
-def _prf_values(seed: bytes, bound: int, n: int) -> np.ndarray:
-    """``n`` values below ``bound`` (at most 2^64) from SHAKE-128 of ``seed``, as ``uint64``: 8-byte words of the stream
-    cut to ``bound``'s bit length, those not below it skipped. The same ``seed`` gives every party the same values."""
-    mask = np.uint64((1 << (bound - 1).bit_length()) - 1)
-    words = n + n // 2 + 16
-    while True:
-        stream = np.frombuffer(hashlib.shake_128(seed).digest(8 * words), dtype="<u8") & mask
-        kept = stream[stream < bound]
-        if kept.size >= n:
-            return kept[:n]
-        words *= 2
 
 
 @asyncoro.mpc_coro
