@@ -2,8 +2,8 @@
 
 The three hospitals' real votes on the built-in digits' public pool (kNN-DPFL: k = 30 on the public PCA of 30
 dimensions; AE-DPFL: each hospital's teacher, 30 epochs), as a default run casts them, hospital-3 playing one
-strategy; then many draws of every hospital's noise and of the talliers' signs and places, as
-``tallier.ballot_checks`` applies them, at the run's defaults (3 hospitals, quorum 3, 90 queries a round;
+strategy; then many draws of every hospital's noise and of the round's seed, from which
+``tallier.ballot_checks.noise_placement`` (imported, not copied) signs and places each hospital's noise, at the run's defaults (3 hospitals, quorum 3, 90 queries a round;
 kNN-DPFL sigma 15, AE-DPFL sigma 1). The noise's range and energy cap are the run's own
 (``VotingSettings.noise_range``, ``VotingSettings.energy_cap``). Strategies of hospital-3:
 
@@ -17,10 +17,14 @@ kNN-DPFL sigma 15, AE-DPFL sigma 1). The noise's range and energy cap are the ru
   moves the labels, for sizes from 1 to ``R``.
 
 Printed: the share of labels that are class 3 and the label accuracy, each a mean over the draws with its
-standard error. Run: ``python results/vote_pushing/simulate.py`` (about 20 s on 2 cores).
+standard error. Run: ``python results/vote_pushing/simulate.py`` (about 3 minutes on 2 cores).
 """
 
+import secrets
+
 import numpy as np
+from consilium.crypto.mpc_field import MpcField
+from consilium.tallier.ballot_checks import noise_placement
 from consilium.training.data.datasets import load_dataset
 from consilium.training.data.partition import partition
 from consilium.training.models.build import describe_model, input_statistics
@@ -50,6 +54,7 @@ def simulate(method: str, sigma: float, k: int) -> None:
     radius = settings.noise_range(queries=QUERIES, classes=10)
     cap = settings.energy_cap(queries=QUERIES, classes=10)
     mu, count = settings.share_mu, QUERIES * 10
+    modulus = MpcField.for_bound(3 * (k + radius) + 1).modulus  # any field above the totals: the same permutations
     votes, truth = real_votes(method)
     pushed = np.zeros_like(votes[2])
     pushed[:, PUSHED] = k
@@ -87,9 +92,11 @@ def simulate(method: str, sigma: float, k: int) -> None:
         shares, accuracies = [], []
         for _ in range(DRAWS):
             totals = (votes[0] + votes[1] + third).reshape(-1).astype(np.int64)
+            seed = 1 + secrets.randbelow(modulus - 1)  # the round's seed, opened once every ballot is in
             for h, n in enumerate((honest_noise(), honest_noise(), noise())):
                 if placed or h < 2:
-                    n = rng.choice([-1, 1], count) * n[rng.permutation(count)]
+                    signs, places = noise_placement(seed, f"hospital-{h + 1}", count, modulus)
+                    n = signs * n[places]
                 totals = totals + n
             labels = totals.reshape(QUERIES, 10).argmax(axis=1)
             shares.append(np.mean(labels == PUSHED))

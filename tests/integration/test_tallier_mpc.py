@@ -198,17 +198,22 @@ def test_a_round_tallied_again_counts_what_the_first_tally_kept(tmp_path, reveal
         assert all(np.array_equal(tally[kept], party[0][kept]) for tally in party)
 
 
-def test_a_tallier_that_changes_its_kept_shares_of_the_totals_is_caught(tmp_path):
-    """Its shares of the totals are off the line of the honest talliers' at the first opening: a deviation, which the
-    first honest tallier to see it names (the other may hear of it from that one first)."""
+@pytest.mark.parametrize("reveal", ["labels", "histogram"])
+def test_a_tallier_that_changes_its_kept_shares_of_the_totals_is_caught(tmp_path, reveal):
+    """Its share of a total is off the line of the honest talliers' where the totals are opened, and an error the
+    labels' MAC check catches where they are authenticated (``[alpha] [T]``) and compared: a deviation either way,
+    which the first honest tallier to see it names (the other may hear of it from that one first)."""
     ballots, layout = _random_ballots(40, 5, 30)
     outputs, codes, errors = _run(
-        tmp_path, ballots, layout, reveal="histogram", rounds=2, repeat=True, deviant={1: "again-kept"}
+        tmp_path, ballots, layout, reveal=reveal, rounds=2, repeat=True, deviant={1: "again-kept"}
     )
     assert all(code != 0 for code in codes.values()), errors
-    named = [h for h in (0, 2) if "do not lie on one polynomial" in errors[h] and "a tallier deviated" in errors[h]]
+    check = (
+        "do not lie on one polynomial" if reveal == "histogram" else "the MAC check of the labels' arithmetic failed"
+    )
+    named = [h for h in (0, 2) if check in errors[h] and "a tallier deviated" in errors[h]]
     assert named, errors  # the first honest tallier to see it may end the round for the other before it does
-    assert all("do not lie on one polynomial" in errors[h] for h in (0, 2)), errors
+    assert all(check in errors[h] for h in (0, 2)), errors
 
 
 @pytest.mark.parametrize("reveal", ["labels", "histogram"])

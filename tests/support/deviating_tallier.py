@@ -17,7 +17,10 @@ Or, in a tally of a round again once its output began (``kept``), it deviates in
 
 - ``again-input``: 200 more in its share of every ballot's first noise bit, as a tallier that re-chooses a
   colluding hospital's ballot would input other shares;
-- ``again-kept``: 1 more in each of its kept shares of the totals.
+- ``again-kept``: 1 more in its kept share of the first query's first total.
+
+It opens values without checking the others' shares (it never aborts a round itself, as a deviant that hides
+would not): so that an honest tallier is the one that catches it.
 """
 
 import runpy
@@ -27,9 +30,9 @@ import numpy as np
 
 from dataclasses import replace
 
-from consilium.tallier import authenticated, mpc
+from consilium.tallier import authenticated, mpc, mpc_values
 from consilium.tallier.authenticated import Authenticated
-from mpyc import asyncoro
+from mpyc import asyncoro, thresha
 
 _TARGETS = {
     "input-mac": None,
@@ -92,17 +95,35 @@ def _marked(name):
     return step
 
 
-_honest_open = authenticated.open_checked
-
-
 def _open(runtime, x):
-    if _done or _where != "opening" or _stack[-1:] != ["less_than_zero"]:
-        return _honest_open(runtime, x)
-    _done.append(True)
-    return _honest_open(runtime, x + 1)  # 1 added to this tallier's share alone
+    shift = 0
+    if not _done and _where == "opening" and _stack[-1:] == ["less_than_zero"]:
+        _done.append(True)
+        shift = 1  # added to the share it sends alone
+    return _open_unchecked(runtime, x, shift)
 
 
-authenticated.open_checked = _open
+@asyncoro.mpc_coro
+async def _open_unchecked(runtime, x, shift):
+    """``mpc_values.open_checked`` as this tallier runs it: it sends its share plus ``shift``, and takes the value
+    from its own share and the next ``t`` talliers' without checking the rest."""
+    await runtime.returnType(asyncoro.Future)
+    field = x.sectype.field
+    (own,) = await runtime.gather([x])
+    own = own.value.reshape(-1)
+    codec = mpc_values._mpyc_runtime.pickle
+    others = [pid for pid in range(len(runtime.parties)) if pid != runtime.pid]
+    payload = codec.dumps((own + shift) % field.modulus)
+    for pid in others:
+        runtime._send_message(pid, payload)
+    received = await runtime.gather([runtime._receive_message(pid) for pid in others])
+    points = [(runtime.pid + 1, own)] + [(pid + 1, codec.loads(data)) for pid, data in zip(others, received)]
+    value = thresha.np_recombine(field, points[: runtime.threshold + 1]).value
+    half = field.modulus // 2
+    return [int(v) - field.modulus if int(v) > half else int(v) for v in value]
+
+
+authenticated.open_checked = mpc.open_checked = _open
 _honest_run_round = mpc.run_round
 
 
@@ -114,7 +135,9 @@ def _run_round(party, round_number, shares, **settings):
         for share in shares.values():
             share[start] = (int(share[start]) + 200) % settings["field"].modulus
     if kept is not None and _where == "again-kept":
-        settings["kept"] = replace(kept, totals=(kept.totals.astype(object) + 1).astype(np.uint64))
+        totals = kept.totals.astype(object)
+        totals[0] = (totals[0] + 1) % settings["field"].modulus
+        settings["kept"] = replace(kept, totals=totals.astype(np.uint64))
     return _honest_run_round(party, round_number, shares, **settings)
 
 
