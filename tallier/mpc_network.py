@@ -35,7 +35,8 @@ This module and ``tallier.mpc_values`` replace those parts, and nothing else of 
 5. **Ends a round on the first failure, and says whose**: a peer that breaks 2 or 3, leaves before
    the round is over, or whose message makes one of MPyC's steps fail, stops the event loop at
    once; this tallier then tells its peers why (``_ABORT``), so that each names the cause rather
-   than "a peer left". ``aborts`` holds the reasons; ``tallier.mpc`` reports the first.
+   than "a peer left". ``aborts`` holds the reasons; ``tallier.mpc`` reports the first. A fault of this
+   machine's in a step (``_LOCAL_FAULTS``: out of memory, say) is told as its own, never as a peer's.
 
 What a tallier computes inside MPyC between the inputs and the openings (its part of each
 multiplication's resharing, of the comparisons' random bits) is checked by the MAC checks of
@@ -76,6 +77,7 @@ logging.getLogger("asyncio").addFilter(_not_a_write_after_a_peer_left)
 _HEADER = struct.Struct("<qI")  # MPyC's framing: program counter, payload size
 _ABORT = -(2**63)  # a program counter MPyC never uses (its counters are hashes): "I abort the round, because..."
 _ABORT_TEXT = 300
+_LOCAL_FAULTS = (MemoryError, OSError, RecursionError)  # this machine's: a peer's bytes are bounded, decoded as data
 _BUFFERED_MESSAGES = 4096  # and 16 more a hospital: step 4 reshares about ten values a ballot, each its own message
 _BUFFERED_LIMITS = 4
 _BUFFERED_BYTES = 256 << 20
@@ -212,11 +214,13 @@ class MpcNetwork:
     def _exception(self, loop, context: dict) -> None:
         """An exception in one of MPyC's steps (which MPyC would print as a traceback) ends the round;
         one about a single connection (say, out of descriptors on accept) is logged and does not."""
-        error = context.get("exception")
+        error, in_a_step = context.get("exception"), "mpc_coro" in str(context.get("message"))
         if isinstance(error, MpcPeerError):
             self.caught.append(str(error))
             self.stop(str(error))
-        elif error is not None and "mpc_coro" in str(context.get("message")):  # one of MPyC's coroutines failed
+        elif in_a_step and isinstance(error, _LOCAL_FAULTS):  # a peer's message never makes these: not its deviation
+            self.stop(f"this tallier failed in a step of the MPC: {error!r}")
+        elif error is not None and in_a_step:  # one of MPyC's coroutines failed
             self.caught.append(f"a step of the MPC failed on a peer's message (of the wrong size?): {error!r}")
             self.stop(self.caught[-1])
         elif error is not None:

@@ -368,6 +368,18 @@ def test_a_tallier_that_deviates_in_the_labels_arithmetic_is_caught_and_no_label
     assert named == [0, 2] or (where == "opening" and named), errors
 
 
+def test_a_tallier_that_runs_out_of_memory_in_the_labels_interrupts_the_round_and_no_one_is_named(tmp_path):
+    """A fault of a tallier's own machine in one of MPyC's steps, once the checked arithmetic began, is an
+    interruption (the round may be tallied again), never taken for a deviation that would stop the run."""
+    ballots, layout = _random_ballots(20, 5, 30)
+    outputs, codes, errors = _run(tmp_path, ballots, layout, deviant={1: "local-fault"})
+    assert outputs == {} and all(code != 0 for code in codes.values()), errors
+    assert all("deviated" not in error and "Traceback" not in error for error in errors.values()), errors
+    assert all("the talliers' MPC was aborted" in error for error in errors.values()), errors  # an interruption
+    # Its own error names its fault; an honest tallier may see a peer leave first, one that ended on its notice.
+    assert "this tallier failed in a step of the MPC: MemoryError" in errors[1], errors
+
+
 @pytest.mark.parametrize("where", ["input-mac", "ballot-check"])
 def test_a_tallier_that_deviates_in_the_ballot_checks_arithmetic_is_caught_and_no_ballot_is_refused(tmp_path, where):
     """An error in the inputs' MACs, or in a bit check's inner product, would fail an honest ballot's check under

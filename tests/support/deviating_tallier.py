@@ -11,7 +11,9 @@ opened value. ``WHERE`` picks which, the first of its kind in the round:
 - ``multiplication``: an argmax selection (a winner's total and class);
 - ``comparison``: a product of a comparison's bitwise step;
 - ``random-bit``: a comparison's random bits (``u^2`` and ``alpha u``);
-- ``opening``: the share it sends of a comparison's masked difference (off the line of the others').
+- ``opening``: the share it sends of a comparison's masked difference (off the line of the others');
+- ``local-fault``: not a deviation: a ``MemoryError`` of its own in a comparison's product, as on a machine out of
+  memory.
 
 Or, in a tally of a round again once its output began (``kept``), it deviates in what it brings:
 
@@ -41,6 +43,7 @@ _TARGETS = {
     "comparison": "less_than_zero",
     "random-bit": "random_bits",
     "opening": None,
+    "local-fault": "less_than_zero",
     "again-input": None,
     "again-kept": None,
 }
@@ -55,7 +58,7 @@ def _product(self, a, b):
     if _done or (_where != "input-mac" and (not _stack or _stack[-1] != _target)):
         return _honest_product(self, a, b)
     _done.append(True)
-    return _off_by_one(self.runtime, a, b)
+    return (_out_of_memory if _where == "local-fault" else _off_by_one)(self.runtime, a, b)
 
 
 def _inner(self, a, b):
@@ -71,6 +74,13 @@ async def _off_by_one(runtime, a, b):
     await runtime.returnType((type(a), np.broadcast_shapes(a.shape, b.shape)))
     a, b = await runtime.gather(a, b)
     return runtime._reshare(a * b + 1)
+
+
+@asyncoro.mpc_coro
+async def _out_of_memory(runtime, a, b):
+    await runtime.returnType((type(a), np.broadcast_shapes(a.shape, b.shape)))
+    await runtime.gather(a, b)
+    raise MemoryError("the machine is out of memory")
 
 
 @asyncoro.mpc_coro
