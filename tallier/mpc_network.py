@@ -77,7 +77,7 @@ logging.getLogger("asyncio").addFilter(_not_a_write_after_a_peer_left)
 _HEADER = struct.Struct("<qI")  # MPyC's framing: program counter, payload size
 _ABORT = -(2**63)  # a program counter MPyC never uses (its counters are hashes): "I abort the round, because..."
 _ABORT_TEXT = 300
-_LOCAL_FAULTS = (MemoryError, OSError, RecursionError)  # this machine's: a peer's bytes are bounded, decoded as data
+_LOCAL_FAULTS = (MemoryError, OSError, RecursionError)  # this machine's own (a peer's bytes are bounded data)
 _BUFFERED_MESSAGES = 4096  # and 16 more a hospital: step 4 reshares about ten values a ballot, each its own message
 _BUFFERED_LIMITS = 4
 _BUFFERED_BYTES = 256 << 20
@@ -218,7 +218,7 @@ class MpcNetwork:
         if isinstance(error, MpcPeerError):
             self.caught.append(str(error))
             self.stop(str(error))
-        elif in_a_step and isinstance(error, _LOCAL_FAULTS):  # a peer's message never makes these: not its deviation
+        elif in_a_step and isinstance(error, _LOCAL_FAULTS):  # a retry, as silence would have: not a deviation
             self.stop(f"this tallier failed in a step of the MPC: {error!r}")
         elif error is not None and in_a_step:  # one of MPyC's coroutines failed
             self.caught.append(f"a step of the MPC failed on a peer's message (of the wrong size?): {error!r}")

@@ -54,7 +54,7 @@ def simulate(method: str, sigma: float, k: int) -> None:
     radius = settings.noise_range(queries=QUERIES, classes=10)
     cap = settings.energy_cap(queries=QUERIES, classes=10)
     mu, count = settings.share_mu, QUERIES * 10
-    modulus = MpcField.for_bound(3 * (k + radius) + 1).modulus  # any field above the totals: the same permutations
+    modulus = MpcField.for_bound(3 * (k + radius) + 1).modulus  # the run's field at both defaults
     votes, truth = real_votes(method)
     pushed = np.zeros_like(votes[2])
     pushed[:, PUSHED] = k

@@ -172,17 +172,22 @@ def test_a_crafted_pickle_in_any_mpc_message_runs_nothing_and_aborts_the_round(t
 
 _LIAR = """
 import runpy, sys
+import numpy as np
 from consilium.crypto.mpc_field import import_mpyc
 
 module = import_mpyc()
 original = module.Runtime._send_message
+how = sys.argv.pop(1)
 
 
 def send(self, peer, data):
     if sys._getframe(1).f_code.co_name == "open_checked" and peer == 1:  # a wrong share, to tallier-2 only
         codec = module.pickle
         values = codec.loads(data)
-        values[0] = (int(values[0]) + 1) % codec.modulus
+        if how == "longer":
+            values = np.concatenate([values, values[:1]])
+        else:
+            values[0] = (int(values[0]) + 1) % codec.modulus
         data = codec.dumps(values)
     original(self, peer, data)
 
@@ -194,12 +199,20 @@ runpy.run_module("consilium.scripts.bench_tallier", run_name="__main__")
 
 
 @pytest.mark.slow
-def test_a_wrong_share_of_an_opened_value_is_caught_by_the_tallier_that_receives_it(tmp_path):
-    """tallier-1 sends tallier-2 a share of an opening that is off by one; MPyC's own output would take it (from
-    ``t + 1`` shares), ``open_checked`` sees the three shares off one line and ends the round."""
-    codes, errors, _ = _against_a_deviating_tallier(tmp_path, _LIAR)
+@pytest.mark.parametrize(
+    "how, caught",
+    [
+        ("shifted", "do not lie on one polynomial: a tallier sent a wrong share"),
+        ("longer", "a tallier sent a share of an opened value of the wrong length"),
+    ],
+)
+def test_a_wrong_share_of_an_opened_value_is_caught_by_the_tallier_that_receives_it(tmp_path, how, caught):
+    """tallier-1 sends tallier-2 a share of an opening that is off by one, or one value longer; MPyC's own output
+    would take the first (from ``t + 1`` shares): ``open_checked`` sees the three shares off one line, or the longer
+    one's length before it decodes it, and ends the round."""
+    codes, errors, _ = _against_a_deviating_tallier(tmp_path, _LIAR, how)
     assert codes == {"tallier-2": 2, "tallier-3": 2}, errors
-    assert "do not lie on one polynomial: a tallier sent a wrong share" in errors["tallier-2"], errors
+    assert caught in errors["tallier-2"], errors
     assert not list(tmp_path.glob("out-tallier-*")), "no tallier may finish the round"
 
 
