@@ -115,8 +115,9 @@ async def open_checked(runtime, x):  # no return annotation: MPyC would take it 
     for pid in others:
         runtime._send_message(pid, payload)
     received = await runtime.gather([runtime._receive_message(pid) for pid in others])
-    if any(len(data) != len(payload) for data in received):  # refused before it is decoded (about 9x its size)
-        raise MpcPeerError("a tallier sent a share of an opened value of the wrong length")
+    for data in received:  # refused before it is decoded (about 9x its size)
+        if len(data) != len(payload):
+            raise MpcPeerError(f"{_sender(data)} sent a share of an opened value of the wrong length")
     points = sorted([(runtime.pid + 1, own)] + [(pid + 1, codec.loads(data)) for pid, data in zip(others, received)])
     if any(len(share) != len(own) for _, share in points):
         raise MpcPeerError("a tallier sent a share of an opened value of the wrong length")

@@ -15,8 +15,9 @@ shared, under a tag the talliers check inside the MPC), one after the other (``B
 The hospital seals share ``j`` to tallier ``j`` (``crypto.sealed_box``): to a box key the tallier
 made for this run alone and certified with its identity (``tallier_key_context``), signed by the
 hospital, and bound to the run, the round, the hospital and the tallier (``_share_context``). The
-server relays the boxes; it can check their length and nothing else. A tallier opens only its own,
-and a box replayed into another round, from another hospital or to another tallier does not open.
+server relays the boxes; it checks their length and that the hospital signed each for its tallier's
+key, the run and the round (``verify_ballot``), and can check nothing else. A tallier opens only its
+own, and a box replayed into another round, from another hospital or to another tallier does not open.
 
 Any ``J - 1`` shares are uniform and independent of the votes and the noise, so a tallier (or the
 server, were it to open a box) learns nothing from what it holds; only all ``J`` together give them.
@@ -32,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from consilium.crypto.checked_shares import CheckedLayout, share_checked
 from consilium.training.voting.vote_privacy import VotingSettings
 from consilium.crypto.mpc_field import MpcField
-from consilium.crypto.sealed_box import OVERHEAD_BYTES, SealedBoxError, open_box, seal
+from consilium.crypto.sealed_box import OVERHEAD_BYTES, SealedBoxError, open_box, seal, verify_box
 from consilium.crypto.secret_sharing import ShareError, from_bytes, to_bytes
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "seal_ballot",
     "share_ballot",
     "tallier_key_context",
+    "verify_ballot",
 ]
 
 
@@ -196,6 +198,25 @@ def open_share(
         return from_bytes(plaintext, values, field.modulus)
     except (SealedBoxError, ShareError) as error:
         raise BallotError(f"the share from {hospital} for round {round_number} is refused: {error}") from None
+
+
+def verify_ballot(
+    boxes: dict[str, bytes],
+    *,
+    tallier_keys: dict[str, X25519PublicKey],
+    hospital_key: Ed25519PublicKey,
+    run: str,
+    round_number: int,
+    hospital: str,
+) -> None:
+    """``BallotError`` unless ``hospital`` signed each box for its tallier's key, the run and this round: what a
+    relay can check without opening one (a box that passes and still does not open is the hospital's doing)."""
+    for tallier, box in boxes.items():
+        context = _share_context(run, round_number, hospital, tallier)
+        try:
+            verify_box(box, recipient=tallier_keys[tallier], sender=hospital_key, context=context)
+        except SealedBoxError as error:
+            raise BallotError(f"its box to {tallier} for round {round_number} is refused: {error}") from None
 
 
 def _share_context(run: str, round_number: int, hospital: str, tallier: str) -> bytes:

@@ -2,7 +2,8 @@
 
 1. ``collect_ballots``: each active hospital sends one sealed box per tallier (``protocol.voting.ballots``),
    of the length its noisy votes make; the server can open none of them. A hospital that sends none
-   in time is dropped.
+   in time is dropped; one that sends a box it did not sign for its tallier, the run and the round
+   (``BallotSeals``) is expelled, named, and its ballot is not relayed.
 2. The server relays each tallier its boxes (``Shares``); ``collect_labels`` then waits for every
    tallier's answer. Every tallier must report the same voters, refused hospitals (whose ballots
    failed a check inside the MPC), labels and totals. If every one reports the same failure of
@@ -24,7 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from consilium.protocol.voting.ballots import box_bytes
+from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
+from consilium.protocol.identity.roster import Roster
+from consilium.protocol.voting.ballots import BallotError, box_bytes, tallier_key_context, verify_ballot
 from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, RoundVoid, Shares, TallyFailed
 from consilium.protocol.run.participants import Participants
 from consilium.protocol.voting.tallier_keys import TallierKeys
@@ -63,11 +66,43 @@ class RoundRecord:
     reason: str = ""
 
 
+class BallotSeals:
+    """What the server checks of a ballot's boxes, besides their length: that the hospital signed each for its
+    tallier's box key of the run (as each tallier certified it), the run and the round (``verify_ballot``)."""
+
+    def __init__(self, roster: Roster, run: str, certified_keys: dict[str, bytes]) -> None:
+        self.talliers, self._roster, self._run = tuple(certified_keys), roster, run
+        try:
+            self._keys = {
+                name: verify_certified_key(
+                    key, signer=roster.party(name).identity.signing, context=tallier_key_context(run, name)
+                )
+                for name, key in certified_keys.items()
+            }
+        except SealedBoxError as error:  # the hospitals refuse such a key too, before any round
+            raise ProtocolError(f"a tallier's box key is not certified by it for this run: {error}") from None
+
+    def refusal(self, hospital: str, round_number: int, boxes: dict[str, bytes]) -> str:
+        """Why ``hospital``'s boxes of ``round_number`` are refused, or "" if every one verifies."""
+        try:
+            verify_ballot(
+                boxes,
+                tallier_keys=self._keys,
+                hospital_key=self._roster.party(hospital).identity.signing,
+                run=self._run,
+                round_number=round_number,
+                hospital=hospital,
+            )
+        except BallotError as error:
+            return str(error)
+        return ""
+
+
 def collect_ballots(
-    participants: Participants, round_number: int, talliers: tuple[str, ...], values: int, timeout_s: float
+    participants: Participants, round_number: int, seals: BallotSeals, values: int, timeout_s: float
 ) -> dict[str, dict[str, bytes]]:
-    """Each active hospital's boxes, one per tallier of the length a share of ``values`` field elements makes;
-    the late are dropped."""
+    """Each active hospital's boxes, one per tallier of the length a share of ``values`` field elements makes,
+    each signed by it (``seals``); the late are dropped, and a hospital whose box is not its own is expelled."""
     parties = participants.parties
     ballots: dict[str, dict[str, bytes]] = {}
     deadline = time.monotonic() + timeout_s
@@ -82,8 +117,10 @@ def collect_ballots(
             parties.reject(sender, message, f"expected a ballot for round {round_number}")
         elif sender in ballots:
             parties.reject(sender, message, f"second ballot for round {round_number}")
-        elif set(message.boxes) != set(talliers) or any(len(box) != length for box in message.boxes.values()):
+        elif set(message.boxes) != set(seals.talliers) or any(len(box) != length for box in message.boxes.values()):
             parties.reject(sender, message, f"a ballot needs one box of {length} bytes for each tallier")
+        elif refusal := seals.refusal(sender, round_number, message.boxes):
+            participants.expel(sender, f"round {round_number}: {refusal}")  # no honest hospital sends it
         else:
             ballots[sender] = message.boxes
     for name in set(participants.active) - set(ballots):

@@ -46,7 +46,7 @@ from consilium.protocol.voting.tallier_keys import TallierKeys
 from consilium.protocol.voting.voting_config import VotingConfig
 from consilium.protocol.voting.voting_ledgers import VotingLedgers, ledger_paths
 from consilium.protocol.voting.voting_report import final_figures, run_report
-from consilium.protocol.voting.voting_round import RoundRecord, collect_ballots, tally
+from consilium.protocol.voting.voting_round import BallotSeals, RoundRecord, collect_ballots, tally
 from consilium.training.data.datasets import Split
 from consilium.training.voting.votes import train_student
 
@@ -270,7 +270,7 @@ class VotingServer:
         ballots = collect_ballots(
             self._participants,
             round_number,
-            self._config.talliers,
+            BallotSeals(self._roster, self._run, self._talliers.keys),
             self._config.ballot_layout().values,
             self._timeouts.round_s,
         )

@@ -418,8 +418,9 @@ class _BadVoter:
             roster.server_address, roster.server.curve_public, self.credentials.curve, 1 << 26
         )
 
-    def vote(self, make_shares):
-        """``make_shares(config)``: the three share vectors to seal, one per tallier."""
+    def vote(self, make_shares, sealed_for=lambda round_number, tallier: round_number):
+        """``make_shares(config)``: the three share vectors to seal, one per tallier, each for the round
+        ``sealed_for`` says."""
         self.transport.send(encode(Hello()))
         welcome = decode(self.transport.receive(60), accept=TO_VOTING_HOSPITAL, max_bytes=1 << 26)
         assert isinstance(welcome, VotingWelcome)
@@ -444,7 +445,7 @@ class _BadVoter:
                     to_bytes(s),
                     recipient=keys[t],
                     sender=self.credentials.identity.signing,
-                    context=_share_context(run, request.round, self.name, t),
+                    context=_share_context(run, sealed_for(request.round, t), self.name, t),
                 )
                 for t, s in zip(config.talliers, make_shares(config))
             }
@@ -481,7 +482,7 @@ def _forged(extra):
     return make_shares
 
 
-def _run_with_a_bad_voter(federation, make_shares, *server_args, hospital_args=()):
+def _run_with_a_bad_voter(federation, make_shares, *server_args, hospital_args=(), sealed_for=None):
     federation.server(*server_args)
     federation.hospital("hospital-1", 1, *hospital_args)
     federation.hospital("hospital-2", 2, *hospital_args)
@@ -489,7 +490,7 @@ def _run_with_a_bad_voter(federation, make_shares, *server_args, hospital_args=(
         federation.tallier(name)
     bad = _BadVoter(federation, "hospital-3")
     try:
-        bad.vote(make_shares)
+        bad.vote(make_shares, *([sealed_for] if sealed_for else []))
         assert federation.exit_code("server") == 0, federation.log("server")
     finally:
         bad.close()
@@ -505,6 +506,24 @@ def test_a_share_outside_the_field_leaves_its_hospital_out_of_every_tallier_s_co
     assert "share from hospital-3 for round 1 is refused: a share value lies outside the field" in federation.log(
         "tallier-2"
     )
+
+
+def test_a_box_its_hospital_did_not_seal_for_the_round_is_not_relayed_and_the_hospital_is_expelled_named(federation):
+    """hospital-3 seals tallier-2's share for the next round (as a box replayed from another round would be): the
+    server verifies every box's signature before it relays any, so the talliers never see it, no tallier can be
+    blamed for it, and the round goes on with the two others (a quorum of 2)."""
+    report = _run_with_a_bad_voter(
+        federation,
+        lambda config: share_ballot(*_all_for_class_3(config), config.ballot_layout(), 3, config.field().modulus),
+        "--quorum",
+        "2",
+        sealed_for=lambda round_number, tallier: round_number + (tallier == "tallier-2"),
+    )
+    assert report["finish_reason"] == "completed all rounds" and report["final"]["queries_labelled"] == 20
+    assert report["rounds"][0]["voters"] == ["hospital-1", "hospital-2"]
+    assert report["departures"]["hospital-3"].startswith("round 1: its box to tallier-2 for round 1 is refused")
+    assert "hospital-3" in report["expelled"]
+    assert "hospital-3" not in federation.log("tallier-2")  # never relayed
 
 
 @pytest.mark.parametrize("forge", [_outside_the_field, _forged(200)], ids=["outside-the-field", "not-bits"])

@@ -203,7 +203,7 @@ runpy.run_module("consilium.scripts.bench_tallier", run_name="__main__")
     "how, caught",
     [
         ("shifted", "do not lie on one polynomial: a tallier sent a wrong share"),
-        ("longer", "a tallier sent a share of an opened value of the wrong length"),
+        ("longer", "tallier-1 sent a share of an opened value of the wrong length"),
     ],
 )
 def test_a_wrong_share_of_an_opened_value_is_caught_by_the_tallier_that_receives_it(tmp_path, how, caught):
