@@ -115,12 +115,10 @@ async def open_checked(runtime, x):  # no return annotation: MPyC would take it 
     for pid in others:
         runtime._send_message(pid, payload)
     received = await runtime.gather([runtime._receive_message(pid) for pid in others])
-    for data in received:  # refused before it is decoded (about 9x its size)
-        if len(data) != len(payload):
-            raise MpcPeerError(f"{_sender(data)} sent a share of an opened value of the wrong length")
+    for data in received:  # refused before it is decoded (about 9x its size); an integer can be as long
+        if len(data) != len(payload) or data[:1] != _ARRAY:
+            raise MpcPeerError(f"{_sender(data)} sent a share of an opened value of the wrong length or kind")
     points = sorted([(runtime.pid + 1, own)] + [(pid + 1, codec.loads(data)) for pid, data in zip(others, received)])
-    if any(len(share) != len(own) for _, share in points):
-        raise MpcPeerError("a tallier sent a share of an opened value of the wrong length")
     base, rest = points[: runtime.threshold + 1], points[runtime.threshold + 1 :]
     rebuilt = thresha.np_recombine(field, base, x_rs=[0] + [at for at, _ in rest]).value
     for row, (_, share) in zip(rebuilt[1:], rest):

@@ -33,7 +33,15 @@ from consilium.protocol.run.participants import Participants
 from consilium.protocol.voting.tallier_keys import TallierKeys
 from consilium.protocol.voting.voting_config import VotingConfig
 
-__all__ = ["MAX_TALLY_ATTEMPTS", "RoundRecord", "TallyInterrupted", "collect_ballots", "collect_labels", "tally"]
+__all__ = [
+    "MAX_TALLY_ATTEMPTS",
+    "BallotSeals",
+    "RoundRecord",
+    "TallyInterrupted",
+    "collect_ballots",
+    "collect_labels",
+    "tally",
+]
 
 MAX_TALLY_ATTEMPTS = 3  # per round: the first, and two more after interrupted MPCs
 
@@ -72,15 +80,13 @@ class BallotSeals:
 
     def __init__(self, roster: Roster, run: str, certified_keys: dict[str, bytes]) -> None:
         self.talliers, self._roster, self._run = tuple(certified_keys), roster, run
-        try:
-            self._keys = {
-                name: verify_certified_key(
-                    key, signer=roster.party(name).identity.signing, context=tallier_key_context(run, name)
-                )
-                for name, key in certified_keys.items()
-            }
-        except SealedBoxError as error:  # the hospitals refuse such a key too, before any round
-            raise ProtocolError(f"a tallier's box key is not certified by it for this run: {error}") from None
+        self._keys = {}
+        for name, key in certified_keys.items():
+            try:
+                signer = roster.party(name).identity.signing
+                self._keys[name] = verify_certified_key(key, signer=signer, context=tallier_key_context(run, name))
+            except SealedBoxError as error:  # the hospitals refuse such a key too, before any round
+                raise ProtocolError(f"{name}'s box key is not certified by it for this run: {error}") from None
 
     def refusal(self, hospital: str, round_number: int, boxes: dict[str, bytes]) -> str:
         """Why ``hospital``'s boxes of ``round_number`` are refused, or "" if every one verifies."""

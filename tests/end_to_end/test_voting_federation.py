@@ -517,13 +517,16 @@ def test_a_box_its_hospital_did_not_seal_for_the_round_is_not_relayed_and_the_ho
         lambda config: share_ballot(*_all_for_class_3(config), config.ballot_layout(), 3, config.field().modulus),
         "--quorum",
         "2",
+        "--rounds",
+        "2",
         sealed_for=lambda round_number, tallier: round_number + (tallier == "tallier-2"),
     )
-    assert report["finish_reason"] == "completed all rounds" and report["final"]["queries_labelled"] == 20
-    assert report["rounds"][0]["voters"] == ["hospital-1", "hospital-2"]
+    assert report["finish_reason"] == "completed all rounds" and report["final"]["queries_labelled"] == 40
+    assert [r["voters"] for r in report["rounds"]] == [["hospital-1", "hospital-2"]] * 2  # out for good
+    assert all(r["refused"] == [] for r in report["rounds"])  # no tallier saw its box
     assert report["departures"]["hospital-3"].startswith("round 1: its box to tallier-2 for round 1 is refused")
     assert "hospital-3" in report["expelled"]
-    assert "hospital-3" not in federation.log("tallier-2")  # never relayed
+    assert all("hospital-3" not in federation.log(name) for name in federation.roster.talliers)
 
 
 @pytest.mark.parametrize("forge", [_outside_the_field, _forged(200)], ids=["outside-the-field", "not-bits"])

@@ -186,9 +186,11 @@ def send(self, peer, data):
         values = codec.loads(data)
         if how == "longer":
             values = np.concatenate([values, values[:1]])
-        else:
+        elif how != "another kind":
             values[0] = (int(values[0]) + 1) % codec.modulus
         data = codec.dumps(values)
+        if how == "another kind":  # as long as a share, marked as an integer (one is, at a 9-byte share)
+            data = b"I" + data[1:]
     original(self, peer, data)
 
 
@@ -203,13 +205,14 @@ runpy.run_module("consilium.scripts.bench_tallier", run_name="__main__")
     "how, caught",
     [
         ("shifted", "do not lie on one polynomial: a tallier sent a wrong share"),
-        ("longer", "tallier-1 sent a share of an opened value of the wrong length"),
+        ("longer", "tallier-1 sent a share of an opened value of the wrong length or kind"),
+        ("another kind", "tallier-1 sent a share of an opened value of the wrong length or kind"),
     ],
 )
 def test_a_wrong_share_of_an_opened_value_is_caught_by_the_tallier_that_receives_it(tmp_path, how, caught):
-    """tallier-1 sends tallier-2 a share of an opening that is off by one, or one value longer; MPyC's own output
-    would take the first (from ``t + 1`` shares): ``open_checked`` sees the three shares off one line, or the longer
-    one's length before it decodes it, and ends the round."""
+    """tallier-1 sends tallier-2 a share of an opening that is off by one, one value longer, or marked as an
+    integer; MPyC's own output would take the first (from ``t + 1`` shares): ``open_checked`` sees the three shares
+    off one line, or the others' length or kind before it decodes them, and ends the round."""
     codes, errors, _ = _against_a_deviating_tallier(tmp_path, _LIAR, how)
     assert codes == {"tallier-2": 2, "tallier-3": 2}, errors
     assert caught in errors["tallier-2"], errors

@@ -13,6 +13,7 @@ from consilium.protocol.voting.ballots import (
     open_share,
     seal_ballot,
     share_ballot,
+    verify_ballot,
 )
 from consilium.crypto.secret_sharing import ShareError, reconstruct
 from consilium.crypto.mpc_field import MpcField
@@ -96,3 +97,32 @@ def test_a_share_opened_for_another_round_hospital_run_or_length_is_refused(ball
 def test_a_box_for_another_tallier_does_not_open(ballot):
     with pytest.raises(BallotError, match="refused"):
         _open(ballot, "tallier-1", box=ballot[3]["tallier-2"])
+
+
+def _verify(ballot, boxes=None, **changes):
+    _, keys, hospital, sealed = ballot
+    settings = dict(run="run:abc", round_number=3, hospital="hospital-1", hospital_key=hospital.public.signing)
+    settings.update(changes)
+    verify_ballot(boxes or sealed, tallier_keys={n: k.public_key() for n, k in keys.items()}, **settings)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"round_number": 4},
+        {"hospital": "hospital-2"},
+        {"run": "run:abd"},
+        {"hospital_key": PrivateIdentity.generate().public.signing},
+    ],
+    ids=["round", "hospital", "run", "signer"],
+)
+def test_a_relay_verifies_a_ballot_only_for_its_hospital_run_and_round(ballot, changes):
+    _verify(ballot)  # what the server checks before it relays a ballot
+    with pytest.raises(BallotError, match="its box to tallier-1 for round .* is refused"):
+        _verify(ballot, **changes)
+
+
+def test_a_relay_refuses_boxes_swapped_between_talliers(ballot):
+    boxes = ballot[3]
+    with pytest.raises(BallotError, match="its box to tallier-1 .* is refused"):
+        _verify(ballot, boxes={**boxes, "tallier-1": boxes["tallier-2"], "tallier-2": boxes["tallier-1"]})
