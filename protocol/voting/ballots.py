@@ -33,8 +33,10 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from consilium.crypto.checked_shares import CheckedLayout, share_checked
 from consilium.training.voting.vote_privacy import VotingSettings
 from consilium.crypto.mpc_field import MpcField
-from consilium.crypto.sealed_box import OVERHEAD_BYTES, SealedBoxError, open_box, seal, verify_box
+from consilium.crypto.sealed_box import OVERHEAD_BYTES, SealedBoxError, open_box, seal, verify_box, verify_certified_key
 from consilium.crypto.secret_sharing import ShareError, from_bytes, to_bytes
+from consilium.protocol.identity.roster import Roster
+from consilium.protocol.wire.messages import ProtocolError
 
 __all__ = [
     "BallotError",
@@ -43,6 +45,7 @@ __all__ = [
     "open_share",
     "seal_ballot",
     "share_ballot",
+    "tallier_box_keys",
     "tallier_key_context",
     "verify_ballot",
 ]
@@ -198,6 +201,19 @@ def open_share(
         return from_bytes(plaintext, values, field.modulus)
     except (SealedBoxError, ShareError) as error:
         raise BallotError(f"the share from {hospital} for round {round_number} is refused: {error}") from None
+
+
+def tallier_box_keys(certified: dict[str, bytes], *, roster: Roster, run: str) -> dict[str, X25519PublicKey]:
+    """Each tallier's box key for ``run``, as it certified it with its identity in the roster (``ProtocolError``
+    naming the first that is not its tallier's): what a hospital seals to and a relay verifies boxes against."""
+    keys = {}
+    for name, key in certified.items():
+        try:
+            signer = roster.party(name).identity.signing
+            keys[name] = verify_certified_key(key, signer=signer, context=tallier_key_context(run, name))
+        except SealedBoxError as error:
+            raise ProtocolError(f"the box key given for {name} is not {name}'s for this run: {error}") from None
+    return keys
 
 
 def verify_ballot(

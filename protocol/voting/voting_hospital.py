@@ -31,8 +31,7 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
-from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
-from consilium.protocol.voting.ballots import seal_ballot, tallier_key_context
+from consilium.protocol.voting.ballots import seal_ballot, tallier_box_keys
 from consilium.protocol.voting.round_void import VoidError, check_void
 from consilium.protocol.run.site_policy import DECLINED, MISFIT, Declined, Misfit, Offer
 from consilium.protocol.wire.channel import ServerChannel
@@ -255,17 +254,8 @@ class VotingHospital:
             raise ProtocolError(
                 f"the server relays box keys for {sorted(tallier_keys)}, not for the talliers {list(config.talliers)}"
             )
-        keys = {}
-        for name in config.talliers:
-            try:
-                keys[name] = verify_certified_key(
-                    tallier_keys[name],
-                    signer=self._roster.party(name).identity.signing,
-                    context=tallier_key_context(self._run, name),
-                )
-            except SealedBoxError as error:
-                raise ProtocolError(f"the box key the server relays for {name} is not {name}'s: {error}") from None
-        return keys
+        in_order = {name: tallier_keys[name] for name in config.talliers}
+        return tallier_box_keys(in_order, roster=self._roster, run=self._run)
 
     def _vote(self, request: VoteRequest) -> str:
         """Send this round's ballot, or withdraw for the budget; returns why it stops voting, or ""."""

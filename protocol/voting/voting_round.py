@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
 from consilium.protocol.identity.roster import Roster
-from consilium.protocol.voting.ballots import BallotError, box_bytes, tallier_key_context, verify_ballot
+from consilium.protocol.voting.ballots import BallotError, box_bytes, tallier_box_keys, verify_ballot
 from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, RoundVoid, Shares, TallyFailed
 from consilium.protocol.run.participants import Participants
 from consilium.protocol.voting.tallier_keys import TallierKeys
@@ -80,13 +79,7 @@ class BallotSeals:
 
     def __init__(self, roster: Roster, run: str, certified_keys: dict[str, bytes]) -> None:
         self.talliers, self._roster, self._run = tuple(certified_keys), roster, run
-        self._keys = {}
-        for name, key in certified_keys.items():
-            try:
-                signer = roster.party(name).identity.signing
-                self._keys[name] = verify_certified_key(key, signer=signer, context=tallier_key_context(run, name))
-            except SealedBoxError as error:  # the hospitals refuse such a key too, before any round
-                raise ProtocolError(f"{name}'s box key is not certified by it for this run: {error}") from None
+        self._keys = tallier_box_keys(certified_keys, roster=roster, run=run)  # as the hospitals seal to them
 
     def refusal(self, hospital: str, round_number: int, boxes: dict[str, bytes]) -> str:
         """Why ``hospital``'s boxes of ``round_number`` are refused, or "" if every one verifies."""
