@@ -17,6 +17,12 @@ fresh X25519 key, ``certify_key`` signs it with the recipient's Ed25519 identity
 (e.g. one run), the sender checks it with ``verify_certified_key`` and seals to it, and the
 recipient forgets the private half once the box is open. A later leak of every long-term key then
 opens no stored box.
+
+A sender that must be able to show, later, what one box holds keeps its ephemeral secret
+(``seal_revealable``). Revealed, ``e`` opens that box and no other (``open_with_ephemeral``): ``E`` and
+``R`` are in the key derivation, and anyone checks ``public(e) = E`` and derives ``k`` exactly as the
+recipient does, so a sender that encrypted under a key of its own making cannot pass the box off as
+one the recipient should have opened.
 """
 
 from __future__ import annotations
@@ -40,7 +46,9 @@ __all__ = [
     "certify_key",
     "open_box",
     "open_with_box_key",
+    "open_with_ephemeral",
     "seal",
+    "seal_revealable",
     "verify_box",
     "verify_certified_key",
 ]
@@ -61,17 +69,48 @@ class SealedBoxError(ConsiliumError, ValueError):
 
 
 def seal(plaintext: bytes, *, recipient: X25519PublicKey, sender: Ed25519PrivateKey, context: bytes) -> bytes:
+    return seal_revealable(plaintext, recipient=recipient, sender=sender, context=context)[0]
+
+
+def seal_revealable(
+    plaintext: bytes, *, recipient: X25519PublicKey, sender: Ed25519PrivateKey, context: bytes
+) -> tuple[bytes, bytes]:
+    """The box ``seal`` makes, and its ephemeral secret ``e`` (32 bytes), which opens it and no other box
+    (``open_with_ephemeral``): keep it secret, and reveal it only to show what this one box holds."""
     ephemeral = X25519PrivateKey.generate()
     ephemeral_public = _raw(ephemeral.public_key())
     recipient_public = _raw(recipient)
-    try:
-        shared = ephemeral.exchange(recipient)
-    except ValueError:  # a low-order point: every shared secret would be zero
-        raise SealedBoxError("the recipient's key is a low-order point, not a usable X25519 key") from None
-    key = _derive_key(shared, ephemeral_public, recipient_public)
+    key = _derive_key(_exchange(ephemeral, recipient), ephemeral_public, recipient_public)
     nonce = os.urandom(_NONCE_BYTES)
     body = _VERSION + ephemeral_public + nonce + ChaCha20Poly1305(key).encrypt(nonce, plaintext, context)
-    return body + sender.sign(_signed_message(body, context, recipient_public))
+    secret = ephemeral.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    return body + sender.sign(_signed_message(body, context, recipient_public)), secret
+
+
+def open_with_ephemeral(
+    box: bytes, *, ephemeral: bytes, recipient: X25519PublicKey, sender: Ed25519PublicKey, context: bytes
+) -> bytes:
+    """The contents of a box ``sender`` sealed to ``recipient`` for ``context``, opened with the ephemeral secret
+    its sender revealed: ``SealedBoxError`` unless ``ephemeral``'s public half is the box's ``E`` and the box opens
+    under the key the recipient derives from it."""
+    verify_box(box, recipient=recipient, sender=sender, context=context)
+    if len(ephemeral) != _KEY_BYTES:
+        raise SealedBoxError(f"an ephemeral secret has {_KEY_BYTES} bytes, not {len(ephemeral)}")
+    secret = X25519PrivateKey.from_private_bytes(ephemeral)
+    ephemeral_public = box[len(_VERSION) : len(_VERSION) + _KEY_BYTES]
+    if _raw(secret.public_key()) != ephemeral_public:
+        raise SealedBoxError("the revealed ephemeral secret is not the box's: its public half differs")
+    key = _derive_key(_exchange(secret, recipient), ephemeral_public, _raw(recipient))
+    return open_with_box_key(box, key=key, recipient=recipient, sender=sender, context=context)
+
+
+def _exchange(private: X25519PrivateKey, public: X25519PublicKey) -> bytes:
+    try:
+        return private.exchange(public)
+    except ValueError:  # a low-order point: every shared secret would be zero
+        raise SealedBoxError("the recipient's key is a low-order point, not a usable X25519 key") from None
 
 
 def open_box(box: bytes, *, recipient: X25519PrivateKey, sender: Ed25519PublicKey, context: bytes) -> bytes:

@@ -330,6 +330,7 @@ def play_party(source: str, target: str, federation: str, name: str) -> None:
                 field=field,
                 reveal=reveal,
                 timeout_s=timeout,
+                bad={},
                 kept=kept[0] if kept and repeat else None,
                 on_output=kept.append,
             )

@@ -4,10 +4,11 @@ Tallier ``j`` holds one share of each voting hospital's ballot (``protocol.votin
 votes, its noise and a slack, each as checked shares, modulo the prime ``p`` of MPyC's
 ``SecInt(l)``, ``crypto.mpc_field``). A round, on one screen:
 
-1. **Voters.** Each tallier inputs the round number and a 0/1 mark for each hospital of the run:
-   whether it holds a valid share from it. All inputs are opened (who sent what is no secret: the
-   server relayed it), every tallier checks that all name the same round, and the voters are the
-   hospitals every tallier holds a share from. Fewer than the quorum: no label (``VoterError``).
+1. **Voters** (``tallier.voter_marks``). Each tallier inputs the round number and its mark of each
+   hospital's box (OK, NONE, or BAD with the box's digest); all are opened. The voters are the
+   hospitals every tallier holds a share from; one whose box more than ``t`` talliers could not open
+   is refused and named; a box fewer marked BAD is disputed, and one some talliers say they do not
+   hold voids the round. Fewer voters than the quorum: no label (``VoterError``).
 2. **Inputs.** Each tallier inputs its shares of every voter's bits and keys (MPyC Shamir-shares
    them among all talliers: nobody learns them), and waits until every tallier's inputs are in.
 3. **Challenge.** Each tallier inputs a random field element; their sum, opened, is the round's
@@ -77,6 +78,7 @@ from consilium.tallier.round_loop import round_loop
 from consilium.tallier.run_state import KeptOutput
 from consilium.tallier.ballot_checks import REFUSALS, BallotChecks, CheckedBallot
 from consilium.tallier.mpc_values import MpcPeerError, harden_mpyc, message_limit, open_checked
+from consilium.tallier.voter_marks import VoterError, Voters, decide, marks_input
 from consilium.training.voting.vote_privacy import REVEAL_MODES
 
 __all__ = ["DeviationError", "MpcError", "MpcParty", "MpcResult", "TamperError", "VoterError", "run_round"]
@@ -84,10 +86,6 @@ __all__ = ["DeviationError", "MpcError", "MpcParty", "MpcResult", "TamperError",
 
 class MpcError(ConsiliumError, RuntimeError):
     """The MPC could not finish: a tallier left, or did not answer before the deadline."""
-
-
-class VoterError(RuntimeError):
-    """The talliers do not agree on the round, or hold shares from fewer valid voters than the quorum."""
 
 
 class TamperError(RuntimeError):
@@ -104,7 +102,7 @@ class TamperError(RuntimeError):
 @dataclass(frozen=True)
 class MpcResult:
     voters: tuple[str, ...]  # whose votes the labels count, in the run's order
-    refused: dict[str, str]  # voters whose ballots failed a check, left out of the count: why
+    refused: dict[str, str]  # hospitals whose boxes or ballots failed a check, left out of the count: why
     labels: np.ndarray  # (Q,) int64: a class, or C where the label is withheld
     totals: np.ndarray | None  # (Q, C) int64, only when revealed
     bytes_sent: int  # by this tallier, to all others
@@ -123,21 +121,21 @@ def run_round(
     reveal: str,
     label_threshold: int,
     timeout_s: float,
+    bad: dict[str, bytes],
     on_voters: Callable[[tuple[str, ...]], None] = lambda voters: None,
     kept: KeptOutput | None = None,
     on_output: Callable[[KeptOutput], None] = lambda output: None,
 ) -> MpcResult:
-    """One round of the protocol above for this tallier, holding ``shares`` (checked shares, by hospital).
-
-    ``on_voters`` is given the agreed voters before anything else of the round is opened (a tallier
-    pins them: ``tallier.run_state``); a ``ValueError`` from it ends the round. ``kept`` is what this tallier
-    kept of the round when its output began in an earlier tally (None if it did not): it is counted again, with no
-    input; else ``on_output`` is given what to keep before any output is computed. ``MpcError`` if it does not finish in time, or a peer deviates where it can be seen before the
-    checks began; ``VoterError`` if the talliers disagree on the round or count fewer voters than ``quorum`` (or
-    ``on_voters`` refuses them); ``TamperError`` if a voter's tag check fails; ``DeviationError`` if a MAC
-    check fails, or a peer sends what no honest tallier sends once the checks began (the run stops: a
-    deviating tallier must not get a retry with fresh masks)."""
-    _check_inputs(shares, hospitals=hospitals, layout=layout, reveal=reveal)
+    """One round of the protocol above for this tallier, holding ``shares`` (checked shares, by hospital) and
+    ``bad`` (the digests of the boxes hospitals signed for it that do not open to a share). ``on_voters`` is given
+    the agreed voters before anything else of the round is opened (a tallier pins them: ``tallier.run_state``); a
+    ``ValueError`` from it ends the round. ``kept`` is what this tallier kept of the round when its output began in an
+    earlier tally (None if it did not): it is counted again, with no input; else ``on_output`` is given what to keep
+    before any output is computed. ``MpcError`` if it does not finish in time, or a peer deviates before the checks
+    began; ``VoterError`` if the talliers disagree on the round or the voters (``DisputeError``: a disputed box), or
+    count fewer than ``quorum``; ``TamperError`` if a voter's tag check fails; ``DeviationError`` if a MAC check fails,
+    or a peer sends what no honest tallier sends once the checks began (the run stops: no retry with fresh masks)."""
+    _check_inputs(shares, bad, hospitals=hospitals, layout=layout, reveal=reveal)
     harden_mpyc(field.modulus)
     with round_loop() as loop:
         runtime, secint = _runtime(party, field, loop)
@@ -147,11 +145,12 @@ def run_round(
             max_message_bytes=message_limit(layout, len(hospitals), field, secint.field.byte_length),
             hospitals=len(hospitals),
         )
-        tally = _Tally(runtime, secint, layout, round_number)
+        tally = _Tally(runtime, secint, layout, round_number, party.names)
         protocol = _protocol(
             network,
             tally,
             shares,
+            bad,
             hospitals=hospitals,
             quorum=quorum,
             reveal=reveal,
@@ -173,12 +172,19 @@ def run_round(
 
 
 def _check_inputs(
-    shares: dict[str, np.ndarray], *, hospitals: tuple[str, ...], layout: BallotLayout, reveal: str
+    shares: dict[str, np.ndarray],
+    bad: dict[str, bytes],
+    *,
+    hospitals: tuple[str, ...],
+    layout: BallotLayout,
+    reveal: str,
 ) -> None:
     if reveal not in REVEAL_MODES:
         raise ValueError(f"unknown reveal mode {reveal!r}; choose from {', '.join(REVEAL_MODES)}")
-    if not set(shares) <= set(hospitals):
-        raise ValueError(f"shares from {sorted(set(shares) - set(hospitals))}, not hospitals of the run")
+    if not set(shares) | set(bad) <= set(hospitals):
+        raise ValueError(f"boxes from {sorted(set(shares) | set(bad) - set(hospitals))}, not hospitals of the run")
+    if set(shares) & set(bad):
+        raise ValueError(f"{sorted(set(shares) & set(bad))} both sent a valid share and a box that does not open")
     if any(len(vector) != layout.values for vector in shares.values()):
         raise ValueError(f"every share must hold {layout.values} values, a ballot's")
 
@@ -201,6 +207,7 @@ async def _protocol(
     network: MpcNetwork,
     tally: _Tally,
     shares: dict[str, np.ndarray],
+    bad: dict[str, bytes],
     *,
     hospitals: tuple[str, ...],
     quorum: int,
@@ -216,15 +223,15 @@ async def _protocol(
     runtime = tally.runtime
     await network.connect(timeout_s)
     try:
-        voters = await tally.agree_on_voters(hospitals, shares, quorum)
+        agreed = await tally.agree_on_voters(hospitals, shares, bad, quorum)
         try:
-            on_voters(voters)
+            on_voters(agreed.voters)
         except ValueError as error:
             raise VoterError(str(error)) from None
         if await tally.agree_on_placement(kept.placement if kept else 0):  # the output began in an earlier tally
             output, totals = kept, tally.kept_totals(kept)
         else:
-            output, totals = await tally.output(shares, voters, quorum)
+            output, totals = await tally.output(shares, agreed, quorum)
             try:
                 on_output(output)  # the tallier keeps it: no void from here on, and a tally again counts it
             except ValueError as error:
@@ -253,8 +260,9 @@ async def _protocol(
 class _Tally:
     """Steps 1 to 6 of the module docstring, for one round of one tallier."""
 
-    def __init__(self, runtime, secint, layout: BallotLayout, round_number: int) -> None:
+    def __init__(self, runtime, secint, layout: BallotLayout, round_number: int, talliers: tuple[str, ...]) -> None:
         self.runtime, self.secint, self.layout, self.round = runtime, secint, layout, round_number
+        self.talliers = talliers
         self.modulus = secint.field.modulus
         self.ballots: list[CheckedBallot] = []  # each voter's, in the order of the voters
         self.seed = 0  # the round's public challenge, opened once every input is in
@@ -271,17 +279,10 @@ class _Tally:
         arrays = self.inputs(values)
         return sum(arrays[1:], arrays[0])
 
-    async def agree_on_voters(self, hospitals: tuple[str, ...], shares: dict, quorum: int) -> tuple[str, ...]:
-        marks = [self.round] + [int(name in shares) for name in hospitals]
-        opened = [await open_checked(self.runtime, vector) for vector in self.inputs(marks)]
-        if {vector[0] for vector in opened} != {self.round}:
-            raise VoterError(f"the talliers are not all in round {self.round}: {sorted({v[0] for v in opened})}")
-        voters = tuple(name for i, name in enumerate(hospitals, start=1) if all(v[i] for v in opened))
-        if len(voters) < quorum:
-            raise VoterError(
-                f"the talliers share valid votes from {len(voters)} hospitals, fewer than the quorum of {quorum}"
-            )
-        return voters
+    async def agree_on_voters(self, hospitals: tuple[str, ...], shares: dict, bad: dict, quorum: int) -> Voters:
+        inputs = self.inputs(marks_input(self.round, hospitals, shares, bad))
+        rows = [await open_checked(self.runtime, vector) for vector in inputs]
+        return decide(rows, round_number=self.round, hospitals=hospitals, talliers=self.talliers, quorum=quorum)
 
     async def check(self, shares: list[np.ndarray], voters: tuple[str, ...]) -> tuple[list[int], dict[str, str]]:
         """Steps 2 to 4: the indices of the voters whose ballots count, and why each refused one is. Every product of
@@ -325,10 +326,12 @@ class _Tally:
             raise VoterError(f"the talliers kept different outputs of round {self.round}")
         return opened.pop()
 
-    async def output(self, shares: dict[str, np.ndarray], voters: tuple[str, ...], quorum: int):
+    async def output(self, shares: dict[str, np.ndarray], agreed: Voters, quorum: int):
         """Steps 2 to 5: what this tallier keeps of the round (its noise placed by this tally's challenge), and the
         secret ``(Q, C)`` totals of the counted voters' votes and their noise, signed and placed."""
-        counted, refused = await self.check([shares[name] for name in voters], voters)
+        voters = agreed.voters
+        counted, checked = await self.check([shares[name] for name in voters], voters)
+        refused = {**agreed.refused, **checked}
         if len(counted) < quorum:
             raise VoterError(
                 f"{len(counted)} of the {len(voters)} voters' ballots pass their checks, fewer than the quorum of "

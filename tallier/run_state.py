@@ -88,6 +88,7 @@ class RunState:
     tallies: int = 0  # how often the last round was tallied
     kept: KeptOutput | None = None  # what it kept of the last round once its output began
     voided: bool = False  # this tallier signed the last round's void: it never tallies it again
+    disputes: dict[str, bytes] = field(default_factory=dict)  # its signed disputes of that void, sent with it again
     deviation: str = ""  # the deviation this tallier saw in the run, if any: it tallies nothing more
 
     @property
@@ -124,6 +125,7 @@ class RunState:
             tallies=1,
             kept=None,
             voided=False,
+            disputes={},
         )
 
     def agreed(self, voters: tuple[str, ...]) -> "RunState":
@@ -145,12 +147,12 @@ class RunState:
     def deviated(self, what: str) -> "RunState":
         return replace(self, deviation=what)
 
-    def void(self) -> "RunState":
-        """The last round, voided: it released nothing (``protocol.voting.round_void``). ``ValueError`` once its
-        output computation began."""
+    def void(self, disputes: dict[str, bytes]) -> "RunState":
+        """The last round, voided: it released nothing (``protocol.voting.round_void``), with this tallier's signed
+        disputes of it (``protocol.voting.box_dispute``). ``ValueError`` once its output computation began."""
         if self.output_begun:
             raise ValueError(f"round {self.last_round}'s output was being computed: it is not void")
-        return replace(self, voided=True)
+        return replace(self, voided=True, disputes=disputes)
 
 
 class RunStateFile:
@@ -196,6 +198,7 @@ class RunStateFile:
                 tallies=int(fields["tallies"]),
                 kept=_kept(fields["kept"]),
                 voided=bool(fields["voided"]),
+                disputes={str(key): bytes(signature) for key, signature in fields["disputes"].items()},
                 deviation=str(fields["deviation"]),
             )
         except (SealedBoxError, ValueError, KeyError, TypeError, msgpack.UnpackException) as error:
@@ -223,6 +226,7 @@ class RunStateFile:
                 "totals": np.asarray(state.kept.totals, dtype="<u8").tobytes(),
             },
             "voided": state.voided,
+            "disputes": state.disputes,
             "deviation": state.deviation,
         }
         sealed = seal(

@@ -5,12 +5,15 @@ It joins like a hospital (Hello over CurveZMQ, enrolled in the roster), checks t
 party number), and sends a box key made for this run alone and certified with its identity. A run
 it refuses gets ``TallyFailed`` for round 0, with the reason, instead.
 
-Per ``Shares`` it opens each hospital's box (``protocol.voting.ballots``), refusing, with a logged reason,
-a box that does not open or holds no valid share (wrong length, outside the field), or one from a
-party that is not a hospital of the run; it then runs the round's MPC with the other talliers
-(``tallier.mpc``), which checks every ballot and counts exactly the hospitals every tallier holds
-a valid share from and whose ballot passes its range check, and sends the server the labels and
-the hospitals refused (or, in histogram mode, the noisy totals too). A ballot whose tag check fails
+Per ``Shares`` it marks each hospital's box (``protocol.voting.ballots.mark_box``): OK, NONE (not one
+the hospital signed for it) or BAD (signed, and it does not open to a share), with a logged reason,
+and refuses one from a party that is not a hospital of the run; it then runs the round's MPC with
+the other talliers (``tallier.mpc``), which agrees on the marks (``tallier.voter_marks``), checks every
+ballot and counts exactly the hospitals every tallier holds a valid share from and whose ballot
+passes its checks, and sends the server the labels and the hospitals refused (or, in histogram
+mode, the noisy totals too). A box that 1 to ``t`` talliers marked BAD voids the round, and the
+tallier signs the dispute over it (``protocol.voting.box_dispute``); the server's ``Verdict`` then
+shows who was at fault, and a tallier found to have lied is kept as a deviation. A ballot whose tag check fails
 (a tallier changed its input, or its hospital sent wrong tags) gets no label released, and the
 server stops the run. Too few agreed voters only costs the round.
 
@@ -34,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from consilium.protocol.voting.ballots import BallotError, open_share, tallier_key_context
+from consilium.protocol.voting.ballots import BAD, OK, mark_box, tallier_key_context
+from consilium.protocol.voting.box_dispute import dispute_key, judge, sign_dispute
 from consilium.protocol.voting.round_void import sign_void
 from consilium.protocol.wire.channel import STOPPED, ServerChannel
 from consilium.protocol.run.rules import ConfigError
@@ -46,6 +50,7 @@ from consilium.protocol.wire.messages import (
     RunKey,
     Shares,
     TallyFailed,
+    Verdict,
     VotingWelcome,
 )
 from consilium.protocol.identity.party_keys import Credentials
@@ -54,6 +59,7 @@ from consilium.protocol.wire.transcript import Transcript
 from consilium.protocol.wire.transport import TransportError
 from consilium.protocol.voting.voting_config import VotingConfig, welcomed_run
 from consilium.tallier.mpc import DeviationError, MpcError, TamperError, VoterError, run_round
+from consilium.tallier.voter_marks import DisputeError
 from consilium.tallier.mpc_network import mpc_party
 from consilium.tallier.run_state import KeptOutput, RunState, RunStateFile, boxes_digest
 from consilium.tallier.tallier_policy import TallierPolicy
@@ -116,9 +122,12 @@ class Tallier:
     def _rounds_loop(self) -> str:
         """Tally each round the server relays; returns why the run ended."""
         while True:
-            message = self._channel.expect(Shares, Finish)
+            message = self._channel.expect(Shares, Verdict, Finish)
             if isinstance(message, Finish):
                 return message.reason
+            if isinstance(message, Verdict):
+                self._take_verdict(message)
+                continue
             digest = boxes_digest(message.boxes)
             if message.round == self._state.last_round and self._state.voided and digest == self._state.last_boxes:
                 self._send_void(message.round, "it released nothing, and is void", pin=False)  # the same void again
@@ -142,8 +151,9 @@ class Tallier:
         before any output was computed (``protocol.voting.round_void``). A deviation is kept on disk first: this
         tallier tallies nothing more of the run, whatever a server relays."""
         log.warning("round %d: no labels: %s", round_number, error)
+        disputes = self._disputes(round_number, error.disputes) if isinstance(error, DisputeError) else {}
         if isinstance(error, VoterError) and not self._state.output_begun:
-            self._send_void(round_number, str(error))
+            self._send_void(round_number, str(error), disputes=disputes)
             return
         if isinstance(error, (TamperError, DeviationError)):
             self._state = self._state.deviated(str(error))
@@ -158,14 +168,38 @@ class Tallier:
                 deviated=isinstance(error, (TamperError, DeviationError)),
                 interrupted=interrupted,
                 void=b"",
+                disputes=disputes,
             )
         )
 
-    def _send_void(self, round_number: int, reason: str, *, pin: bool = True) -> None:
+    def _disputes(self, round_number: int, disputes: tuple[tuple[str, str, bytes | None], ...]) -> dict[str, bytes]:
+        """This tallier's signature of each dispute the talliers opened in step 1 (``protocol.voting.box_dispute``)."""
+        keys = [dispute_key(*dispute) for dispute in disputes]
+        signing = self._credentials.identity.signing
+        return {key: sign_dispute(signing, run=self._run, round_number=round_number, key=key) for key in keys}
+
+    def _take_verdict(self, verdict: Verdict) -> None:
+        """Judge a settled dispute as the server did, from what the verdict carries alone; a tallier found to have
+        lied is kept as a deviation, on disk: this tallier tallies nothing more of the run."""
+        try:
+            finding = judge(verdict, roster=self._roster, config=self._config, run=self._run)
+        except ProtocolError as error:
+            self._channel.rejections.reject("the server", verdict.TYPE, str(error))
+            return
+        if finding.named == verdict.tallier:
+            log.error("%s", finding.reason)
+            self._state = self._state.deviated(finding.reason)
+            self._state_file.save(self._state)
+        else:
+            log.warning("%s", finding.reason)
+
+    def _send_void(
+        self, round_number: int, reason: str, *, pin: bool = True, disputes: dict[str, bytes] | None = None
+    ) -> None:
         """Pin the round void, on disk before the signature leaves (it is never tallied again), unless it is
         pinned already, and send the signed void with the reason (``protocol.voting.round_void``)."""
-        if pin:
-            self._state = self._state.void()
+        if pin:  # its disputes with it: a void sent again (a retry, a resumed server) still carries them
+            self._state = self._state.void(disputes or {})
             self._state_file.save(self._state)
         void = sign_void(
             self._credentials.identity.signing,
@@ -176,7 +210,15 @@ class Tallier:
         )
         log.warning("round %d released nothing: this tallier signs its void", round_number)
         self._channel.send(
-            TallyFailed(round=round_number, reason=reason, tampered=(), deviated=False, interrupted=False, void=void)
+            TallyFailed(
+                round=round_number,
+                reason=reason,
+                tampered=(),
+                deviated=False,
+                interrupted=False,
+                void=void,
+                disputes=self._state.disputes,
+            )
         )
 
     def _keep(self, output: KeptOutput) -> None:
@@ -192,7 +234,15 @@ class Tallier:
         except ProtocolError as refusal:  # said, so that the server stops now, not when it gives up on the box key
             with contextlib.suppress(TransportError):  # the refusal is the error to report, not the send
                 self._channel.send(
-                    TallyFailed(round=0, reason=str(refusal), tampered=(), deviated=False, interrupted=False, void=b"")
+                    TallyFailed(
+                        round=0,
+                        reason=str(refusal),
+                        tampered=(),
+                        deviated=False,
+                        interrupted=False,
+                        void=b"",
+                        disputes={},
+                    )
                 )
             raise
         if self._state is None:
@@ -226,36 +276,39 @@ class Tallier:
             )
         return config, run
 
-    def _open_shares(self, message: Shares) -> dict[str, np.ndarray]:
-        """This tallier's share of each hospital's ballot; a box that does not open is rejected, its hospital
-        left out."""
+    def _marked_boxes(self, message: Shares) -> tuple[dict[str, np.ndarray], dict[str, bytes]]:
+        """This tallier's share of each hospital's ballot whose box it marks OK, and the digest of each it marks BAD;
+        a box marked NONE, or from a party that is not a hospital of the run, is rejected, its hospital left out."""
         config, layout = self._config, self._config.ballot_layout()
-        shares = {}
+        shares, bad = {}, {}
         for hospital, box in message.boxes.items():
             if hospital not in config.hospitals:
                 self._channel.rejections.reject(
                     "the server", message.TYPE, f"a share from {hospital!r}, not a hospital of the run"
                 )
                 continue
-            try:
-                shares[hospital] = open_share(
-                    box,
-                    recipient=self._state.box_key,
-                    hospital_key=self._roster.party(hospital).identity.signing,
-                    field=self._field,
-                    values=layout.values,
-                    run=self._run,
-                    round_number=message.round,
-                    hospital=hospital,
-                    tallier=self._name,
-                )
-            except BallotError as error:
-                self._channel.rejections.reject("the server", message.TYPE, str(error))
-        return shares
+            marked = mark_box(
+                box,
+                recipient=self._state.box_key,
+                hospital_key=self._roster.party(hospital).identity.signing,
+                field=self._field,
+                values=layout.values,
+                run=self._run,
+                round_number=message.round,
+                hospital=hospital,
+                tallier=self._name,
+            )
+            if marked.mark == OK:
+                shares[hospital] = marked.share
+                continue
+            if marked.mark == BAD:
+                bad[hospital] = marked.digest
+            self._channel.rejections.reject("the server", message.TYPE, marked.reason)
+        return shares, bad
 
     def _tally(self, message: Shares) -> None:
         config, layout, started = self._config, self._config.ballot_layout(), time.perf_counter()
-        shares = self._open_shares(message)
+        shares, bad = self._marked_boxes(message)
         log.info("round %d: valid shares from %d hospitals; the MPC starts", message.round, len(shares))
         try:
             result = run_round(
@@ -272,6 +325,7 @@ class Tallier:
                 on_voters=self._pin,
                 kept=self._state.kept,
                 on_output=self._keep,
+                bad=bad,
             )
         except (VoterError, TamperError, DeviationError, MpcError) as error:
             self._no_labels(message.round, error)

@@ -12,7 +12,7 @@ import numpy as np
 
 from consilium.protocol.run.config import RunConfig
 from consilium.protocol.secure_round.statement import state_digest
-from consilium.protocol.wire.messages import float32_values
+from consilium.protocol.wire.codec import float32_values
 from consilium.training.methods.registry import SharedState, TrainingMethod, ledger_release
 from consilium.training.models.build import build_model, get_flat_parameters, set_flat_parameters
 from consilium.training.privacy.accounting import Release

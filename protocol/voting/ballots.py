@@ -18,12 +18,19 @@ hospital, and bound to the run, the round, the hospital and the tallier (``_shar
 server relays the boxes; it checks their length and that the hospital signed each for its tallier's
 key, the run and the round (``verify_ballot``), and can check nothing else. A tallier opens only its
 own, and a box replayed into another round, from another hospital or to another tallier does not open.
+It marks each box it was given (``mark_box``): OK, NONE (not a box the hospital signed for it, this
+run and this round) or BAD (signed by the hospital, and yet it does not open to a share); the talliers
+agree on the marks before anything is counted (``tallier.voter_marks``). The hospital keeps each box's
+ephemeral secret, in memory, until its next ballot (``protocol.voting.box_dispute``): revealed, it
+shows what that one box holds.
 
 Any ``J - 1`` shares are uniform and independent of the votes and the noise, so a tallier (or the
 server, were it to open a box) learns nothing from what it holds; only all ``J`` together give them.
 """
 
 from __future__ import annotations
+
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,16 +40,30 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from consilium.crypto.checked_shares import CheckedLayout, share_checked
 from consilium.training.voting.vote_privacy import VotingSettings
 from consilium.crypto.mpc_field import MpcField
-from consilium.crypto.sealed_box import OVERHEAD_BYTES, SealedBoxError, open_box, seal, verify_box, verify_certified_key
+from consilium.crypto.sealed_box import (
+    OVERHEAD_BYTES,
+    SealedBoxError,
+    open_box,
+    open_with_ephemeral,
+    seal_revealable,
+    verify_box,
+    verify_certified_key,
+)
 from consilium.crypto.secret_sharing import ShareError, from_bytes, to_bytes
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.wire.messages import ProtocolError
 
 __all__ = [
+    "BAD",
+    "NONE",
+    "OK",
     "BallotError",
     "BallotLayout",
+    "MarkedBox",
     "box_bytes",
-    "open_share",
+    "box_digest",
+    "mark_box",
+    "revealed_share",
     "seal_ballot",
     "share_ballot",
     "tallier_box_keys",
@@ -51,8 +72,21 @@ __all__ = [
 ]
 
 
+NONE, OK, BAD = 0, 1, 2  # a tallier's mark of the box it holds from a hospital in a round
+
+
 class BallotError(ValueError):
     """A sealed share that does not open, or holds no valid share of this round."""
+
+
+@dataclass(frozen=True)
+class MarkedBox:
+    """What a tallier makes of one hospital's box: its mark, the box's SHA-256, its share if OK, why if not."""
+
+    mark: int
+    digest: bytes
+    share: np.ndarray | None = None
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -168,19 +202,25 @@ def seal_ballot(
     run: str,
     round_number: int,
     hospital: str,
-) -> dict[str, bytes]:
+) -> tuple[dict[str, bytes], dict[str, bytes]]:
     """``votes`` and ``noise`` (``share_ballot``) in shares among the talliers (in the order of ``tallier_keys``),
-    each share sealed to its tallier."""
+    each share sealed to its tallier; and each box's ephemeral secret, which the hospital keeps to settle a
+    dispute over that box (``protocol.voting.box_dispute``) and reveals for nothing else."""
     shares = share_ballot(votes, noise, layout, len(tallier_keys), field.modulus)
-    return {
-        tallier: seal(
+    sealed = {
+        tallier: seal_revealable(
             to_bytes(vector), recipient=key, sender=sender, context=_share_context(run, round_number, hospital, tallier)
         )
         for (tallier, key), vector in zip(tallier_keys.items(), shares, strict=True)
     }
+    return {t: box for t, (box, _) in sealed.items()}, {t: secret for t, (_, secret) in sealed.items()}
 
 
-def open_share(
+def box_digest(box: bytes) -> bytes:
+    return hashlib.sha256(box).digest()
+
+
+def mark_box(
     box: bytes,
     *,
     recipient: X25519PrivateKey,
@@ -191,16 +231,54 @@ def open_share(
     round_number: int,
     hospital: str,
     tallier: str,
-) -> np.ndarray:
-    """The share ``hospital`` sealed to ``tallier`` for this round: ``values`` elements of the field (a checked
-    share's), or ``BallotError``."""
+) -> MarkedBox:
+    """``tallier``'s mark of the box ``hospital`` sent it for this round: OK with its share (``values`` elements of the
+    field, a checked share's), NONE where ``hospital`` did not sign it for this tallier's key, the run and the round
+    (only a server could relay that: it verified every box), BAD where it did and the box does not open to a share
+    (only the hospital could have made that)."""
+    context, digest = _share_context(run, round_number, hospital, tallier), box_digest(box)
     try:
-        plaintext = open_box(
-            box, recipient=recipient, sender=hospital_key, context=_share_context(run, round_number, hospital, tallier)
-        )
-        return from_bytes(plaintext, values, field.modulus)
+        verify_box(box, recipient=recipient.public_key(), sender=hospital_key, context=context)
+    except SealedBoxError as error:
+        return MarkedBox(NONE, digest, reason=f"the box from {hospital} for round {round_number} is not its: {error}")
+    try:
+        plaintext = open_box(box, recipient=recipient, sender=hospital_key, context=context)
+        return MarkedBox(OK, digest, from_bytes(plaintext, values, field.modulus))
     except (SealedBoxError, ShareError) as error:
-        raise BallotError(f"the share from {hospital} for round {round_number} is refused: {error}") from None
+        return MarkedBox(BAD, digest, reason=f"the share from {hospital} for round {round_number} is refused: {error}")
+
+
+def revealed_share(
+    box: bytes,
+    *,
+    ephemeral: bytes,
+    tallier_key: X25519PublicKey,
+    hospital_key: Ed25519PublicKey,
+    field: MpcField,
+    values: int,
+    run: str,
+    round_number: int,
+    hospital: str,
+    tallier: str,
+) -> str:
+    """Why the box ``hospital`` signed for ``tallier`` does not open to a share with the ephemeral secret it revealed
+    (its own doing), or "" if it does (the tallier that marked it BAD lied). ``BallotError`` if ``hospital`` did not
+    sign this box for ``tallier``'s key, the run and the round: then it shows nothing about either."""
+    context = _share_context(run, round_number, hospital, tallier)
+    try:
+        verify_box(box, recipient=tallier_key, sender=hospital_key, context=context)
+    except SealedBoxError as error:
+        raise BallotError(
+            f"the box is not one {hospital} sealed to {tallier} for round {round_number}: {error}"
+        ) from None
+    try:
+        plaintext = open_with_ephemeral(
+            box, ephemeral=ephemeral, recipient=tallier_key, sender=hospital_key, context=context
+        )
+        from_bytes(plaintext, values, field.modulus)
+    except (SealedBoxError, ShareError) as error:
+        return str(error)
+    return ""
 
 
 def tallier_box_keys(certified: dict[str, bytes], *, roster: Roster, run: str) -> dict[str, X25519PublicKey]:

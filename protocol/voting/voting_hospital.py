@@ -32,12 +32,14 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from consilium.protocol.voting.ballots import seal_ballot, tallier_box_keys
+from consilium.protocol.voting.box_dispute import SealedBallot, reveal_for
 from consilium.protocol.voting.round_void import VoidError, check_void
 from consilium.protocol.run.site_policy import DECLINED, MISFIT, Declined, Misfit, Offer
 from consilium.protocol.wire.channel import ServerChannel
 from consilium.protocol.wire.messages import (
     TO_VOTING_HOSPITAL,
     Ballot,
+    Dispute,
     Finish,
     ProtocolError,
     RoundVoid,
@@ -105,6 +107,7 @@ class VotingHospital:
         self._config: VotingConfig | None = None
         self._last_round = 0  # the last round this hospital was charged for: it votes only in later ones
         self._sealed: tuple[int, dict[str, X25519PublicKey]] = (0, {})  # its last ballot's round and box keys
+        self._ballot: SealedBallot | None = None  # its last ballot's boxes and their secrets, for a dispute
         self._ledger: PrivacyLedger | None = None
 
     def run(self) -> dict:
@@ -146,11 +149,14 @@ class VotingHospital:
     def _rounds_loop(self) -> str:
         """Vote in each round after the last one this hospital's ledger charged; returns why it stopped."""
         while True:
-            message = self._channel.expect(VoteRequest, RoundVoid, Finish)
+            message = self._channel.expect(VoteRequest, RoundVoid, Dispute, Finish)
             if isinstance(message, Finish):
                 return message.reason
             if isinstance(message, RoundVoid):
                 self._void(message)
+                continue
+            if isinstance(message, Dispute):
+                self._reveal(message)
                 continue
             if not self._last_round < message.round <= self._config.rounds:
                 raise ProtocolError(
@@ -162,6 +168,25 @@ class VotingHospital:
                 self._ledger.finish_run(self._config.run_id)
             if finish_reason:
                 return finish_reason
+
+    def _reveal(self, dispute: Dispute) -> None:
+        """Reveal the disputed box's ephemeral secret where ``t + 1`` talliers attest it (``protocol.voting.box_dispute``);
+        otherwise reveal nothing, and say why."""
+        try:
+            reveal = reveal_for(
+                dispute,
+                self._ballot,
+                signing=self._credentials.identity.signing,
+                hospital=self._name,
+                roster=self._roster,
+                config=self._config,
+                run=self._run,
+            )
+        except ProtocolError as refusal:
+            log.warning("%s reveals nothing: %s", self._name, refusal)
+            return
+        log.warning("%s reveals its box to %s of round %d, disputed", self._name, dispute.tallier, dispute.round)
+        self._channel.send(reveal)
 
     def _void(self, message: RoundVoid) -> None:
         """Cancel the charge of the round this hospital last voted in, on every tallier's proof that it released
@@ -282,7 +307,7 @@ class VotingHospital:
         noise = noise_share(
             mechanism, radius=layout.noise_range, energy_cap=layout.energy_cap, generator=self._generator
         )
-        boxes = seal_ballot(
+        boxes, secrets = seal_ballot(
             layout.with_abstentions(votes),
             noise,
             tallier_keys=self._tallier_keys,
@@ -294,6 +319,7 @@ class VotingHospital:
             hospital=self._name,
         )
         self._sealed = (request.round, dict(self._tallier_keys))  # a void of this round must name these keys
+        self._ballot = SealedBallot(request.round, boxes, secrets)  # kept past a void: a dispute comes after it
         self._channel.send(Ballot(round=request.round, boxes=boxes))
         self._rounds.append({"round": request.round, "epsilon": self._ledger.epsilons(self._budget.delta)})
         return ""

@@ -15,6 +15,9 @@
    round). A deviation (a ballot's tag check or a MAC check failed: a tallier deviated,
    or a hospital sent wrong tags), any other failure, or disagreement stops the run, as do
    talliers that count voters or refuse ballots the server did not relay.
+3. A round that failed with disputed boxes (a box 1 to ``t`` talliers marked BAD) has them settled
+   before it ends, however it failed (``protocol.voting.box_dispute``): the hospital reveals that
+   box's secret, and the tallier or the hospital at fault is named.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.voting.ballots import BallotError, box_bytes, tallier_box_keys, verify_ballot
+from consilium.protocol.voting.box_dispute import BoxDisputes
 from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, RoundVoid, Shares, TallyFailed
 from consilium.protocol.run.participants import Participants
 from consilium.protocol.voting.tallier_keys import TallierKeys
@@ -64,6 +68,7 @@ class RoundRecord:
     refused: list[str] = field(default_factory=list)  # ballots that failed the talliers' checks, left out
     refused_because: list[str] = field(default_factory=list)  # the check each failed
     void: dict[str, str] = field(default_factory=dict)  # every tallier's signed void (hex), if it released nothing
+    disputes: list[str] = field(default_factory=list)  # what became of each disputed box (who was at fault)
     label_accuracy: float | None = None  # of the released labels
     labels_withheld: int = 0  # queries whose noisy top total was below the label threshold
     epsilon: dict[str, dict[str, float]] = field(default_factory=dict)  # level -> view -> epsilon
@@ -134,10 +139,13 @@ def tally(
     record: RoundRecord,
     ballots: dict[str, dict[str, bytes]],
     timeout_s: float,
+    disputes: BoxDisputes,
 ) -> np.ndarray | None:
     """Relay each tallier its boxes and take the labels (``collect_labels``), relaying the same boxes again
     after an interrupted MPC once every silent tallier is back; then check that the talliers counted a
-    quorum of the relayed ballots and refused only ballots they left out."""
+    quorum of the relayed ballots and refused only ballots they left out. A failed round's disputed boxes
+    are settled (``disputes``) before it ends."""
+    claims: dict[str, dict[str, bytes]] = {}
     for attempt in range(1, MAX_TALLY_ATTEMPTS + 1):
         record.tally_attempts = attempt
         talliers.relayed()
@@ -145,18 +153,23 @@ def tally(
             shares = Shares(round=record.round, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()})
             participants.parties.send(tallier, shares)
         try:
-            labels = collect_labels(participants, config, record, timeout_s, talliers.rejoined)
+            labels = collect_labels(participants, config, record, timeout_s, talliers.rejoined, claims)
             break
         except TallyInterrupted as interrupted:
             if attempt == MAX_TALLY_ATTEMPTS:
+                record.disputes = disputes.settle(participants, record.round, ballots, claims, timeout_s)
                 raise ProtocolError(f"{interrupted}; tried {attempt} times, the run stops") from None
             log.warning("%s; the same boxes go to the talliers again once every one is back", interrupted)
             talliers.await_back(set(interrupted.silent), record.round)
+        except ProtocolError:  # a tallier that answers otherwise than the others does not escape its dispute
+            record.disputes = disputes.settle(participants, record.round, ballots, claims, timeout_s)
+            raise
     if labels is None:
         if record.void:
             void = RoundVoid(round=record.round, signatures={n: bytes.fromhex(s) for n, s in record.void.items()})
             for hospital in ballots:
                 participants.parties.send(hospital, void)
+        record.disputes = disputes.settle(participants, record.round, ballots, claims, timeout_s)
         return None
     if set(record.voters) - set(ballots) or len(record.voters) < config.voting.quorum:
         raise ProtocolError(
@@ -177,13 +190,17 @@ def collect_labels(
     record: RoundRecord,
     timeout_s: float,
     rejoined: set[str] = frozenset(),
+    claims: dict[str, dict[str, bytes]] | None = None,
 ) -> np.ndarray | None:
     """The labels every tallier reports alike; None if every tallier reports that it could not tally
     (too few agreed voters: the round is lost); ``TallyInterrupted`` if the MPC did not finish;
     ``ProtocolError`` for anything else, which stops the run. ``rejoined`` (filled while this waits)
-    holds the talliers that said Hello again since they were sent the boxes: they will not answer."""
+    holds the talliers that said Hello again since they were sent the boxes: they will not answer.
+    ``claims`` is given each tallier's signed disputes, whatever the outcome."""
     round_number = record.round
     answers = _answers(participants, config, round_number, timeout_s, rejoined)
+    if claims is not None:
+        claims.update({name: a.disputes for name, a in answers.items() if isinstance(a, TallyFailed)})
     failures = {name: a.reason for name, a in answers.items() if isinstance(a, TallyFailed)}
     missing = sorted(set(config.talliers) - set(answers))
     interrupted = {name for name, a in answers.items() if isinstance(a, TallyFailed) and a.interrupted}

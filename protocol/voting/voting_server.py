@@ -2,9 +2,9 @@
 
 It holds the public pool (unlabeled records; their true labels only to measure the label accuracy
 of the run, as a simulation can) and a test split. It never sees a vote, a share or a total: it
-relays each tallier only the boxes sealed to it (``protocol.voting.ballots``), and the talliers send
-back the labels (``tallier.mpc``). Its transcript keeps whole messages: the boxes in them open only
-with the talliers' per-run keys, which never leave the tallier processes' memory.
+relays each tallier only the boxes sealed to it (``protocol.voting.ballots``), the talliers send back
+the labels (``tallier.mpc``), and its transcript's boxes open only with their per-run keys (one
+disputed box, with the secret its hospital revealed: ``protocol.voting.box_dispute``).
 
 A run: every hospital and tallier says Hello (all talliers must: the MPC needs each of them); the
 talliers get the run's ``VotingWelcome`` and answer with a certified box key
@@ -46,6 +46,7 @@ from consilium.protocol.voting.tallier_keys import TallierKeys
 from consilium.protocol.voting.voting_config import VotingConfig
 from consilium.protocol.voting.voting_ledgers import VotingLedgers, ledger_paths
 from consilium.protocol.voting.voting_report import final_figures, run_report
+from consilium.protocol.voting.box_dispute import BoxDisputes
 from consilium.protocol.voting.voting_round import BallotSeals, RoundRecord, collect_ballots, tally
 from consilium.training.data.datasets import Split
 from consilium.training.voting.votes import train_student
@@ -187,8 +188,6 @@ class VotingServer:
         self._student = student
         return finish_reason
 
-    # -- phases ---------------------------------------------------------------------------------
-
     def _join(self) -> None:
         config = self._config
         joined = self._hellos(set(config.hospitals) | set(config.talliers))
@@ -289,7 +288,10 @@ class VotingServer:
     def _tally(self, record: RoundRecord, indices: np.ndarray, ballots: dict[str, dict[str, bytes]]) -> None:
         """The talliers' labels for the round's ballots (``protocol.voting.voting_round.tally``), charged and kept."""
         started = time.perf_counter()
-        labels = tally(self._participants, self._talliers, self._config, record, ballots, self._timeouts.round_s)
+        settled = BoxDisputes(self._roster, self._config, self._run, self._talliers.keys)
+        labels = tally(
+            self._participants, self._talliers, self._config, record, ballots, self._timeouts.round_s, settled
+        )
         record.seconds["tally"] = time.perf_counter() - started
         self._pending = None
         if labels is None:
@@ -317,8 +319,6 @@ class VotingServer:
             self._pool.x[unlabelled],
             epochs=self._student_epochs,
         )
-
-    # -- checkpoint -----------------------------------------------------------------------------
 
     def _save_checkpoint(self, *, required: bool = False) -> None:
         """Write the checkpoint. If the system refuses, the one before stands: the run goes on and says so,
@@ -362,8 +362,6 @@ class VotingServer:
                     reason="interrupted: the server stopped before this round's ballots were in",
                 )
             )
-
-    # -- helpers --------------------------------------------------------------------------------
 
     def _abort(self, record: RoundRecord, reason: str) -> None:
         record.reason = reason

@@ -14,10 +14,11 @@ import typing
 from dataclasses import fields
 
 import msgpack
+import numpy as np
 
 from consilium.protocol.wire.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Message, MessageError
 
-__all__ = ["MAX_TEXT_LENGTH", "decode", "encode"]
+__all__ = ["MAX_TEXT_LENGTH", "decode", "encode", "float32_values"]
 
 _MAX_ARRAY_ITEMS = 1 << 17
 _MAX_MAP_ITEMS = 1 << 14
@@ -128,3 +129,11 @@ def _conform(value, annotation, where: str):
             raise MessageError(f"{where} must be a map")
         return {_conform(k, key, f"{where} key"): _conform(v, item, f"{where}[]") for k, v in value.items()}
     raise TypeError(f"no wire rule for {annotation!r}")
+
+
+def float32_values(payload: bytes, count: int, what: str) -> np.ndarray:
+    """A float32 field (parameters, an optimizer state, a mean gradient) as ``count`` finite values, or MessageError."""
+    values = np.frombuffer(payload, dtype="<f4") if len(payload) % 4 == 0 else np.empty(0, dtype="<f4")
+    if values.size != count or not np.all(np.isfinite(values)):
+        raise MessageError(f"{what} is not {count} finite float32 values")
+    return values.copy()

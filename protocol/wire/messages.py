@@ -29,9 +29,12 @@ A voting run (AE-DPFL, kNN-DPFL; T = each tallier)::
     per round r:
     S  -> H  VoteRequest(r, queries)        H  -> S  Ballot(r, a sealed share for each tallier) | Withdraw(r, reason)
     S  -> T  Shares(r, its sealed share from each voter)
-    T  -> S  Labels(r, voters, refused and why, labels)  | TallyFailed(r, reason, tampered, deviated, interrupted, void)
+    T  -> S  Labels(r, voters, refused and why, labels)
+             | TallyFailed(r, reason, tampered, deviated, interrupted, void, disputes)
              (interrupted: once every tallier is back, S relays the same Shares(r) again)
     S  -> H  RoundVoid(r, every tallier's void)   (too few voters, nothing computed: the charge is cancelled)
+    S  -> H  Dispute(r, tallier, box, signatures)    H  -> S  Reveal(r, tallier, the box's secret, signature)
+    S  -> T  Verdict(the Dispute and the Reveal)     (a box 1 to t talliers marked BAD: protocol.voting.box_dispute)
     S  -> H, T  Finish(reason)
 
 A coordinator's admin (A; docs/explanation/site-services.md), one question, one answer::
@@ -53,22 +56,20 @@ import hashlib
 import typing
 from dataclasses import dataclass
 
-import numpy as np
-
 from consilium.errors import ConsiliumError
 
 # fmt: off
 __all__ = [
     "PROTOCOL_VERSION", "TO_ADMIN", "TO_COORDINATOR", "TO_HOSPITAL", "TO_SERVER", "TO_TALLIER", "TO_VOTING_HOSPITAL",
-    "TO_VOTING_SERVER", "AdminAnswer", "Aggregate", "Ballot", "BoxKey", "Confirmed", "Endorsement", "Endorsements",
-    "Finish", "Hello", "Labels", "Message", "MessageError", "Proof", "Proofs", "ProtocolError", "Refused", "Release",
-    "Releases", "RoundAbort", "RoundStart", "RoundVoid", "RunKey", "RunLog", "Shares", "Status", "StopRun", "Submit",
-    "TallyFailed", "Update", "VoteRequest", "VotingWelcome", "Welcome", "Withdraw", "float32_values",
-    "release_digest",
+    "TO_VOTING_SERVER", "AdminAnswer", "Aggregate", "Ballot", "BoxKey", "Confirmed", "Dispute", "Endorsement",
+    "Endorsements", "Finish", "Hello", "Labels", "Message", "MessageError", "Proof", "Proofs", "ProtocolError",
+    "Refused", "Release", "Releases", "Reveal", "RoundAbort", "RoundStart", "RoundVoid", "RunKey", "RunLog", "Shares",
+    "Status", "StopRun", "Submit", "TallyFailed", "Update", "Verdict", "VoteRequest", "VotingWelcome", "Welcome",
+    "Withdraw", "release_digest",
 ]
 # fmt: on
 
-PROTOCOL_VERSION = 3  # 3: TallyFailed.deviated
+PROTOCOL_VERSION = 4  # 3: TallyFailed.deviated; 4: box disputes (Dispute, Reveal, Verdict)
 
 
 class MessageError(ValueError):
@@ -309,6 +310,38 @@ class TallyFailed(Message):
     deviated: bool  # a tallier deviated: a ballot's tag check or a MAC check failed; the run stops
     interrupted: bool  # the MPC did not finish (a tallier left or went silent): the round may be relayed again
     void: bytes  # its signature that the round released nothing (protocol.voting.round_void), or empty
+    disputes: dict[str, bytes]  # "hospital|tallier|box SHA-256 hex" -> its signature that the tallier marked it BAD
+
+
+@dataclass(frozen=True)
+class Dispute(Message):  # protocol.voting.box_dispute, as are Reveal and Verdict
+    TYPE = "dispute"
+    round: int
+    tallier: str  # who marked the hospital's box BAD
+    box: bytes  # the box the hospital sealed to it, as the server verified and relayed it
+    signatures: dict[str, bytes]  # by tallier: its statement that ``tallier`` marked this box BAD
+
+
+@dataclass(frozen=True)
+class Reveal(Message):
+    TYPE = "reveal"
+    round: int
+    tallier: str
+    ephemeral: bytes  # the box's ephemeral secret: it opens that box and no other
+    signature: bytes  # the hospital's, over the run, the round, the box's digest and the secret
+
+
+@dataclass(frozen=True)
+class Verdict(Message):  # a Dispute and its Reveal, with the box key the tallier certified for the run
+    TYPE = "verdict"
+    round: int
+    hospital: str
+    tallier: str
+    tallier_key: bytes
+    box: bytes
+    signatures: dict[str, bytes]
+    ephemeral: bytes
+    reveal_signature: bytes
 
 
 @dataclass(frozen=True)
@@ -351,23 +384,15 @@ class AdminAnswer(Message):
 # What each role accepts: a message of another type is refused by ``decode``.
 TO_SERVER = frozenset({Hello, BoxKey, Update, Withdraw, Endorsement, Proof, Release, Confirmed, Refused})
 TO_HOSPITAL = frozenset({Welcome, RoundStart, Aggregate, Endorsements, Proofs, Releases, RoundAbort, Finish})
-TO_VOTING_SERVER = frozenset({Hello, RunKey, Ballot, Withdraw, Labels, TallyFailed})
-TO_VOTING_HOSPITAL = frozenset({VotingWelcome, VoteRequest, RoundVoid, Finish})
-TO_TALLIER = frozenset({VotingWelcome, Shares, Finish})
+TO_VOTING_SERVER = frozenset({Hello, RunKey, Ballot, Withdraw, Labels, TallyFailed, Reveal})
+TO_VOTING_HOSPITAL = frozenset({VotingWelcome, VoteRequest, RoundVoid, Dispute, Finish})
+TO_TALLIER = frozenset({VotingWelcome, Shares, Verdict, Finish})
 TO_COORDINATOR = frozenset({Submit, Status, StopRun, RunLog})  # from an admin, between runs or during one
 TO_ADMIN = frozenset({AdminAnswer})
 MESSAGE_TYPES = {
     cls.TYPE: cls
     for cls in TO_SERVER | TO_HOSPITAL | TO_VOTING_SERVER | TO_VOTING_HOSPITAL | TO_TALLIER | TO_COORDINATOR | TO_ADMIN
 }
-
-
-def float32_values(payload: bytes, count: int, what: str) -> np.ndarray:
-    """A float32 field (parameters, an optimizer state, a mean gradient) as ``count`` finite values, or MessageError."""
-    values = np.frombuffer(payload, dtype="<f4") if len(payload) % 4 == 0 else np.empty(0, dtype="<f4")
-    if values.size != count or not np.all(np.isfinite(values)):
-        raise MessageError(f"{what} is not {count} finite float32 values")
-    return values.copy()
 
 
 def release_digest(round_number: int, mean_gradient: bytes) -> bytes:

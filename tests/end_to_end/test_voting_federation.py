@@ -11,15 +11,17 @@ import numpy as np
 import pytest
 
 from conftest import child_environment, free_port, launcher, party_ledger, run_launcher
-from consilium.crypto.sealed_box import seal, verify_certified_key
+from consilium.crypto.sealed_box import seal_revealable, verify_certified_key
 from consilium.crypto.secret_sharing import to_bytes
 from consilium.protocol.voting.ballots import _share_context, box_bytes, share_ballot, tallier_key_context
+from consilium.protocol.voting.box_dispute import SealedBallot, reveal_for
 from consilium.protocol.voting.round_void import MAX_VOIDS
 from consilium.protocol.wire.messages import (
     TO_TALLIER,
     TO_VOTING_HOSPITAL,
     TO_VOTING_SERVER,
     Ballot,
+    Dispute,
     Finish,
     Hello,
     Labels,
@@ -408,7 +410,8 @@ def test_a_tallier_killed_mid_run_and_started_again_rejoins_with_its_key_and_the
 
 
 class _BadVoter:
-    """A hospital that seals each tallier a share of its own making (correctly sealed: only the talliers can tell)."""
+    """A hospital that seals each tallier a share of its own making (correctly sealed: only the talliers can tell), and
+    reveals a disputed box's secret as an honest hospital does."""
 
     def __init__(self, federation, name):
         roster = federation.roster
@@ -434,14 +437,20 @@ class _BadVoter:
             )
             for t in config.talliers
         }
+        sealed = None
         while True:  # a bad ballot in every round, until the run ends
             request = decode(self.transport.receive(60), accept=TO_VOTING_HOSPITAL, max_bytes=1 << 26)
             if isinstance(request, Finish):
                 return
+            if isinstance(request, Dispute):
+                signing, settings = self.credentials.identity.signing, dict(roster=self.roster, config=config, run=run)
+                self.transport.send(
+                    encode(reveal_for(request, sealed, signing=signing, hospital=self.name, **settings))
+                )
             if not isinstance(request, VoteRequest):
                 continue  # a RoundVoid: its ledger is not this test's concern
             boxes = {
-                t: seal(
+                t: seal_revealable(
                     to_bytes(s),
                     recipient=keys[t],
                     sender=self.credentials.identity.signing,
@@ -449,7 +458,10 @@ class _BadVoter:
                 )
                 for t, s in zip(config.talliers, make_shares(config))
             }
-            self.transport.send(encode(Ballot(round=request.round, boxes=boxes)))
+            sealed = SealedBallot(
+                request.round, {t: b for t, (b, _) in boxes.items()}, {t: e for t, (_, e) in boxes.items()}
+            )
+            self.transport.send(encode(Ballot(round=request.round, boxes=sealed.boxes)))
 
     def close(self):
         self.transport.close()
@@ -463,9 +475,11 @@ def _all_for_class_3(config):
     return votes, np.zeros(layout.queries * layout.classes, dtype=np.int64)
 
 
-def _outside_the_field(config):
+def _outside_the_field(config, talliers=(1, 2)):
+    """Valid shares, but those of ``talliers`` (0-based; more than t by default) outside the field."""
     shares = share_ballot(*_all_for_class_3(config), config.ballot_layout(), 3, config.field().modulus)
-    shares[1] = np.full(config.ballot_layout().values, config.field().modulus, dtype=np.uint64)  # outside Z_p
+    for tallier in talliers:
+        shares[tallier] = np.full(config.ballot_layout().values, config.field().modulus, dtype=np.uint64)  # outside Z_p
     return shares
 
 
@@ -498,11 +512,13 @@ def _run_with_a_bad_voter(federation, make_shares, *server_args, hospital_args=(
 
 
 def test_a_share_outside_the_field_leaves_its_hospital_out_of_every_tallier_s_count(federation):
-    """With a quorum of 2 the others' votes are counted."""
+    """Its shares to two talliers (t + 1) lie outside the field: it is refused and named, and with a quorum of 2 the
+    others' votes are counted."""
     report = _run_with_a_bad_voter(federation, _outside_the_field, "--quorum", "2")
     assert report["finish_reason"] == "completed all rounds"
     assert report["final"]["queries_labelled"] == 20
     assert report["rounds"][0]["voters"] == ["hospital-1", "hospital-2"]
+    assert report["rounds"][0]["refused"] == ["hospital-3"] and report["rounds"][0]["disputes"] == []
     assert "share from hospital-3 for round 1 is refused: a share value lies outside the field" in federation.log(
         "tallier-2"
     )

@@ -246,16 +246,26 @@ def test_the_voters_are_the_hospitals_every_tallier_holds_a_share_from(tmp_path)
     ballots, layout = _votes_only(totals, 1)
     first = ballots["hospital-1"][0]
     ballots["hospital-2"] = (np.eye(4, dtype=np.int64)[(first.argmax(axis=1) + 1) % 4], ballots["hospital-2"][1])
-    outputs, codes, errors = _run(tmp_path, ballots, layout, quorum=1, withheld={(1, "hospital-2")})
+    withheld = {(party, "hospital-2") for party in range(3)}
+    outputs, codes, errors = _run(tmp_path, ballots, layout, quorum=1, withheld=withheld)
     assert codes == {0: 0, 1: 0, 2: 0}, errors
     for output in (party[0] for party in outputs.values()):
         assert list(output["voters"]) == ["hospital-1"]
         assert np.array_equal(output["labels"], first.argmax(axis=1))  # hospital-2's shares were left out everywhere
 
 
+def test_a_tallier_that_says_it_holds_no_share_the_others_hold_cannot_leave_its_hospital_out(tmp_path):
+    """tallier-2 withholds hospital-2's share (it could say the box never reached it): no label is released, every
+    tallier says why, and hospital-2 is not quietly dropped from a count (``tallier.voter_marks``)."""
+    ballots, layout = _random_ballots(5, 3, 1)
+    outputs, codes, errors = _run(tmp_path, ballots, layout, quorum=1, withheld={(1, "hospital-2")})
+    assert outputs == {} and codes == {0: 2, 1: 2, 2: 2}
+    assert all("tallier-2 says it holds no box from hospital-2" in error for error in errors.values())
+
+
 def test_fewer_shared_voters_than_the_quorum_release_no_label(tmp_path):
     ballots, layout = _random_ballots(5, 3, 1)
-    outputs, codes, errors = _run(tmp_path, ballots, layout, withheld={(2, "hospital-1")})
+    outputs, codes, errors = _run(tmp_path, ballots, layout, withheld={(party, "hospital-1") for party in range(3)})
     assert outputs == {} and codes == {0: 2, 1: 2, 2: 2}
     assert all("from 1 hospitals, fewer than the quorum of 2" in error for error in errors.values())
 
@@ -425,7 +435,7 @@ for round_number in rounds:
     try:
         result = run_round(
             party, round_number, shares, hospitals=("hospital-1", "hospital-2"), quorum=2, layout=layout,
-            field=field, reveal="labels", label_threshold=0, timeout_s=first_timeout if round_number == 1 else 60.0,
+            field=field, reveal="labels", label_threshold=0, timeout_s=first_timeout if round_number == 1 else 60.0, bad={},
         )
         print(f"round {round_number}: labels {result.labels.tolist()}", flush=True)
     except MpcError as error:
@@ -513,4 +523,5 @@ def test_fewer_than_three_talliers_or_another_field_are_refused():
             reveal="labels",
             label_threshold=0,
             timeout_s=1,
+            bad={},
         )

@@ -21,6 +21,12 @@ Or, in a tally of a round again once its output began (``kept``), it deviates in
   colluding hospital's ballot would input other shares;
 - ``again-kept``: 1 more in its kept share of the first query's first total.
 
+Or, in step 1 (``tallier.voter_marks``), it marks hospital-1's box, which opens, otherwise in every round:
+
+- ``mark-bad``: BAD (with the box's true digest), as a tallier that would leave an honest hospital out;
+- ``mark-bad-interrupted``: BAD, and it then tells the server its MPC did not finish (no dispute of its own);
+- ``mark-none``: NONE, as a tallier that says it was given no box.
+
 It opens values without checking the others' shares (it never aborts a round itself, as a deviant that hides
 would not): so that an honest tallier is the one that catches it.
 """
@@ -32,7 +38,9 @@ import numpy as np
 
 from dataclasses import replace
 
+from consilium.protocol.voting.ballots import BAD, NONE, MarkedBox
 from consilium.tallier import authenticated, mpc, mpc_values
+from consilium.tallier import tallier as tallier_module
 from consilium.tallier.authenticated import Authenticated
 from mpyc import asyncoro, thresha
 
@@ -46,6 +54,9 @@ _TARGETS = {
     "local-fault": "less_than_zero",
     "again-input": None,
     "again-kept": None,
+    "mark-bad": None,
+    "mark-bad-interrupted": None,
+    "mark-none": None,
 }
 _where = sys.argv[1]
 _target = _TARGETS[_where]
@@ -148,10 +159,26 @@ def _run_round(party, round_number, shares, **settings):
         totals = kept.totals.astype(object)
         totals[0] = (totals[0] + 1) % settings["field"].modulus
         settings["kept"] = replace(kept, totals=totals.astype(np.uint64))
-    return _honest_run_round(party, round_number, shares, **settings)
+    try:
+        return _honest_run_round(party, round_number, shares, **settings)
+    except mpc.VoterError as error:
+        if _where == "mark-bad-interrupted":
+            raise mpc.MpcError(f"pretending the MPC did not finish ({error})") from None
+        raise
 
 
-mpc.run_round = _run_round
+mpc.run_round = tallier_module.run_round = _run_round  # the tallier module took its name when imported above
+_honest_mark_box = tallier_module.mark_box
+
+
+def _mark_box(box, **settings):
+    marked = _honest_mark_box(box, **settings)
+    if _where.startswith("mark-") and settings["hospital"] == "hospital-1":
+        return MarkedBox(NONE if _where == "mark-none" else BAD, marked.digest, reason=f"{_where}, deviating")
+    return marked
+
+
+tallier_module.mark_box = _mark_box
 Authenticated.product = _product
 Authenticated.inner = _inner
 for _name in set(_TARGETS.values()) - {None}:

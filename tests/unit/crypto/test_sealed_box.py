@@ -128,3 +128,49 @@ def test_a_low_order_point_is_refused_as_a_certified_key_as_a_recipient_and_in_a
         verify_box(box, recipient=recipient_public, sender=sender.public.signing, context=CONTEXT)
     with pytest.raises(SealedBoxError):  # a one-line reason, not a ValueError from inside cryptography
         _open(box, sender, recipient)
+
+
+def test_a_sender_s_kept_ephemeral_secret_opens_its_box_and_no_other(parties):
+    """Revealed, ``e`` opens the box it sealed and no other box of the same sender to the same recipient."""
+    from consilium.crypto.sealed_box import open_with_ephemeral, seal_revealable
+
+    sender, recipient, _ = parties
+    sealed = [
+        seal_revealable(b"share " + i, recipient=recipient.public.box, sender=sender.signing, context=CONTEXT)
+        for i in (b"1", b"2")
+    ]
+    shown = dict(recipient=recipient.public.box, sender=sender.public.signing, context=CONTEXT)
+    assert open_with_ephemeral(sealed[0][0], ephemeral=sealed[0][1], **shown) == b"share 1"
+    assert _open(sealed[1][0], sender, recipient) == b"share 2"  # the recipient opens it as any box
+    with pytest.raises(SealedBoxError, match="not the box's"):
+        open_with_ephemeral(sealed[1][0], ephemeral=sealed[0][1], **shown)
+    with pytest.raises(SealedBoxError, match="32 bytes"):
+        open_with_ephemeral(sealed[0][0], ephemeral=sealed[0][1][:31], **shown)
+
+
+def test_a_box_its_sender_encrypted_under_a_key_of_its_own_does_not_open_with_its_ephemeral_secret(parties):
+    """A sender that signs a box encrypted under a key of its own making (which the recipient cannot derive) cannot
+    show it as one the recipient should have opened: the revealed ``e`` gives the recipient's key, not its own."""
+    import os
+
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+    from consilium.crypto.sealed_box import open_with_ephemeral
+
+    sender, recipient, _ = parties
+    ephemeral, own_key, nonce = X25519PrivateKey.generate(), os.urandom(32), os.urandom(12)
+    public = ephemeral.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    body = _VERSION + public + nonce + ChaCha20Poly1305(own_key).encrypt(nonce, b"a share", CONTEXT)
+    recipient_raw = recipient.public.box.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    box = body + sender.signing.sign(_signed_message(body, CONTEXT, recipient_raw))
+    secret = ephemeral.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    verify_box(box, recipient=recipient.public.box, sender=sender.public.signing, context=CONTEXT)  # it is the sender's
+    with pytest.raises(SealedBoxError, match="does not decrypt"):
+        _open(box, sender, recipient)
+    with pytest.raises(SealedBoxError, match="does not decrypt"):
+        open_with_ephemeral(
+            box, ephemeral=secret, recipient=recipient.public.box, sender=sender.public.signing, context=CONTEXT
+        )

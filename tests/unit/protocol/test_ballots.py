@@ -7,14 +7,20 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from consilium.crypto.identity import PrivateIdentity
 from consilium.protocol.voting.ballots import (
+    BAD,
+    NONE,
+    OK,
     BallotError,
     BallotLayout,
+    _share_context,
     box_bytes,
-    open_share,
+    mark_box,
+    revealed_share,
     seal_ballot,
     share_ballot,
     verify_ballot,
 )
+from consilium.crypto.sealed_box import seal_revealable
 from consilium.crypto.secret_sharing import ShareError, reconstruct
 from consilium.crypto.mpc_field import MpcField
 
@@ -30,7 +36,7 @@ def ballot():
     generator = np.random.default_rng()
     votes = generator.multinomial(5, [0.2, 0.3, 0.5], size=4)
     noise = generator.integers(-28, 29, size=12)
-    boxes = seal_ballot(
+    boxes, secrets = seal_ballot(
         votes,
         noise,
         tallier_keys={n: k.public_key() for n, k in keys.items()},
@@ -41,20 +47,26 @@ def ballot():
         round_number=3,
         hospital="hospital-1",
     )
-    return (votes, noise), keys, hospital, boxes
+    return (votes, noise), keys, hospital, boxes, secrets
 
 
-def _open(ballot, tallier="tallier-1", box=None, **changes):
-    votes, keys, hospital, boxes = ballot
-    settings = dict(
-        field=FIELD, values=LAYOUT.values, run="run:abc", round_number=3, hospital="hospital-1", tallier=tallier
-    )
-    settings.update(changes)
-    return open_share(box or boxes[tallier], recipient=keys[tallier], hospital_key=hospital.public.signing, **settings)
+SETTINGS = dict(field=FIELD, values=LAYOUT.values, run="run:abc", round_number=3, hospital="hospital-1")
+
+
+def _mark(ballot, tallier="tallier-1", box=None, **changes):
+    _, keys, hospital, boxes, _ = ballot
+    settings = {**SETTINGS, "tallier": tallier, **changes}
+    return mark_box(box or boxes[tallier], recipient=keys[tallier], hospital_key=hospital.public.signing, **settings)
+
+
+def _open(ballot, tallier="tallier-1"):
+    marked = _mark(ballot, tallier)
+    assert marked.mark == OK, marked.reason
+    return marked.share
 
 
 def test_the_talliers_shares_add_up_to_the_votes_the_noise_and_the_slack_in_bits(ballot):
-    (votes, noise), _, _, boxes = ballot
+    (votes, noise), _, _, boxes, _ = ballot
     assert all(len(box) == box_bytes(LAYOUT.values) for box in boxes.values())
     whole = reconstruct([_open(ballot, name) for name in TALLIERS], FIELD.modulus)
     rebuilt = [
@@ -84,23 +96,38 @@ def test_an_abstaining_ballot_carries_no_class_in_a_last_column():
     assert layout.parts[0].entries == 8 and layout.parts[1].entries == 6
 
 
-@pytest.mark.parametrize(
-    "changes",
-    [{"round_number": 4}, {"hospital": "hospital-2"}, {"run": "run:abd"}, {"values": LAYOUT.values + 1}],
-    ids=str,
-)
-def test_a_share_opened_for_another_round_hospital_run_or_length_is_refused(ballot, changes):
-    with pytest.raises(BallotError, match="refused"):
-        _open(ballot, **changes)
+@pytest.mark.parametrize("changes", [{"round_number": 4}, {"hospital": "hospital-2"}, {"run": "run:abd"}], ids=str)
+def test_a_box_marked_for_another_round_hospital_or_run_is_marked_none_not_its_hospital_s(ballot, changes):
+    marked = _mark(ballot, **changes)
+    assert marked.mark == NONE and marked.share is None and "is not its" in marked.reason
 
 
-def test_a_box_for_another_tallier_does_not_open(ballot):
-    with pytest.raises(BallotError, match="refused"):
-        _open(ballot, "tallier-1", box=ballot[3]["tallier-2"])
+def test_a_box_for_another_tallier_is_marked_none(ballot):
+    assert _mark(ballot, "tallier-1", box=ballot[3]["tallier-2"]).mark == NONE
+
+
+def test_a_box_its_hospital_signed_that_holds_no_share_is_marked_bad_and_its_secret_shows_it(ballot):
+    """Only the hospital could have made it: it verifies, and does not open to a share (another length, or a value
+    outside the field); its revealed secret opens it to the same failure, and a good box's to a share."""
+    _, keys, hospital, boxes, secrets = ballot
+    assert _mark(ballot, values=LAYOUT.values + 1).mark == BAD  # read as another length
+    context = _share_context("run:abc", 3, "hospital-1", "tallier-2")
+    garbage, secret = seal_revealable(
+        b"\xff" * 8 * LAYOUT.values, recipient=keys["tallier-2"].public_key(), sender=hospital.signing, context=context
+    )
+    marked = _mark(ballot, "tallier-2", box=garbage)
+    assert marked.mark == BAD and "outside the field" in marked.reason
+    shown = dict(hospital_key=hospital.public.signing, tallier="tallier-2", **SETTINGS)
+    key = keys["tallier-2"].public_key()
+    assert "outside the field" in revealed_share(garbage, ephemeral=secret, tallier_key=key, **shown)
+    assert revealed_share(boxes["tallier-2"], ephemeral=secrets["tallier-2"], tallier_key=key, **shown) == ""
+    assert "not the box's" in revealed_share(boxes["tallier-2"], ephemeral=secret, tallier_key=key, **shown)
+    with pytest.raises(BallotError, match="not one hospital-1 sealed to tallier-2"):
+        revealed_share(boxes["tallier-1"], ephemeral=secrets["tallier-1"], tallier_key=key, **shown)
 
 
 def _verify(ballot, boxes=None, **changes):
-    _, keys, hospital, sealed = ballot
+    _, keys, hospital, sealed, _ = ballot
     settings = dict(run="run:abc", round_number=3, hospital="hospital-1", hospital_key=hospital.public.signing)
     settings.update(changes)
     verify_ballot(boxes or sealed, tallier_keys={n: k.public_key() for n, k in keys.items()}, **settings)

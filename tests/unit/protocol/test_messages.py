@@ -30,16 +30,18 @@ from consilium.protocol.wire.messages import (
     RunKey,
     Shares,
     TallyFailed,
+    Dispute,
+    Reveal,
+    Verdict,
     Update,
     VoteRequest,
     VotingWelcome,
     Welcome,
     Withdraw,
-    float32_values,
     release_digest,
 )
 
-from consilium.protocol.wire.codec import decode, encode
+from consilium.protocol.wire.codec import decode, encode, float32_values
 
 LIMIT = 1 << 20
 SAMPLES = [
@@ -90,8 +92,28 @@ SAMPLES = [
         mpc_microseconds=10,
         mpc_bytes=5,
     ),
-    TallyFailed(round=1, reason="too few voters", tampered=(), deviated=False, interrupted=False, void=b"s" * 64),
+    TallyFailed(
+        round=1,
+        reason="too few voters",
+        tampered=(),
+        deviated=False,
+        interrupted=False,
+        void=b"s" * 64,
+        disputes={"hospital-1|tallier-2|" + "ab" * 32: b"s" * 64},
+    ),
     RoundVoid(round=1, signatures={"tallier-1": b"s" * 64}),
+    Dispute(round=1, tallier="tallier-2", box=b"b" * 200, signatures={"tallier-1": b"s" * 64}),
+    Reveal(round=1, tallier="tallier-2", ephemeral=b"e" * 32, signature=b"s" * 64),
+    Verdict(
+        round=1,
+        hospital="hospital-1",
+        tallier="tallier-2",
+        tallier_key=b"k" * 96,
+        box=b"b" * 200,
+        signatures={"tallier-1": b"s" * 64},
+        ephemeral=b"e" * 32,
+        reveal_signature=b"s" * 64,
+    ),
 ]
 
 
@@ -179,7 +201,7 @@ def test_a_message_of_millions_of_tiny_objects_is_refused_before_they_are_all_ma
 
 @pytest.mark.parametrize("flag", [1, 0, "true", None])
 def test_a_boolean_is_only_a_boolean(flag):
-    failed = dict(round=1, reason="x", tampered=[], deviated=False, interrupted=flag, void=b"")
+    failed = dict(round=1, reason="x", tampered=[], deviated=False, interrupted=flag, void=b"", disputes={})
     with pytest.raises(MessageError, match="must be a boolean"):
         decode(_raw(v=PROTOCOL_VERSION, type="tally_failed", **failed), accept=TO_VOTING_SERVER, max_bytes=LIMIT)
 

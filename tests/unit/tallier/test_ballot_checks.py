@@ -44,7 +44,7 @@ def _checked(parts_bits: list[list[np.ndarray]], monkeypatch=None, **patches):
     harden_mpyc(secint.field.modulus)
     modulus = secint.field.modulus
     shares = [sum(share.astype(object) for share in forged_ballot(bits, 2, modulus)) % modulus for bits in parts_bits]
-    tally = mpc._Tally(runtime, secint, LAYOUT, round_number=1)
+    tally = mpc._Tally(runtime, secint, LAYOUT, round_number=1, talliers=("tallier-1",))
     opened, honest_open = [], mpc.open_checked
 
     def recording(rt, x):
@@ -171,7 +171,7 @@ def test_a_failed_tag_check_stands_when_a_peer_leaves_during_the_shutdown(monkey
     share = sum(s.astype(object) for s in forged_ballot(_ballot_bits(np.random.default_rng()), 2, modulus)) % modulus
     tag = LAYOUT.parts[0].entries * LAYOUT.parts[0].bits  # the votes' first tag
     share[tag] = (share[tag] + 200) % modulus
-    tally = mpc._Tally(runtime, secint, LAYOUT, round_number=4)
+    tally = mpc._Tally(runtime, secint, LAYOUT, round_number=4, talliers=("tallier-1",))
 
     async def leaving(self):
         raise ConnectionResetError("tallier-3 left the MPC before the round ended")
@@ -187,6 +187,7 @@ def test_a_failed_tag_check_stands_when_a_peer_leaves_during_the_shutdown(monkey
             network,
             tally,
             {"hospital-1": np.array(share, dtype=np.uint64)},
+            {},
             hospitals=("hospital-1",),
             quorum=1,
             reveal="labels",

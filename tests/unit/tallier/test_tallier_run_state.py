@@ -38,7 +38,8 @@ def test_the_state_comes_back_whole_and_its_box_key_is_never_on_disk_in_the_clea
     files = RunStateFile(tmp_path, name="tallier-1", identity=identity)
     state = RunState.new(RUN, identity=identity, context=tallier_key_context(RUN, "tallier-1"))
     state = state.tallying(4, boxes_digest({"hospital-1": b"box"})).agreed(("hospital-1",)).keeping(KEPT)
-    state = dataclasses.replace(state, voided=True).deviated("a check failed")  # every pin travels, in any mix
+    disputes = {"hospital-1|tallier-2|none": b"s" * 64}  # sent again with the void (a retry, a resumed server)
+    state = dataclasses.replace(state, voided=True, disputes=disputes).deviated("a check failed")  # every pin travels
     files.save(state)
     on_disk = (tmp_path / RUN_STATE_FILE).read_bytes()
     assert _raw(state) not in on_disk and (tmp_path / RUN_STATE_FILE).stat().st_mode & 0o777 == 0o600
@@ -50,7 +51,7 @@ def test_the_state_comes_back_whole_and_its_box_key_is_never_on_disk_in_the_clea
         ("hospital-1",),
         1,
     )
-    assert loaded.output_begun and loaded.voided and _same(loaded.kept, KEPT)
+    assert loaded.output_begun and loaded.voided and _same(loaded.kept, KEPT) and loaded.disputes == disputes
     assert loaded.deviation == "a check failed" and "after a deviation" in loaded.refusal(5, b"", rounds=9)
     files.delete()
     assert files.load(RUN) is None
@@ -97,10 +98,12 @@ def test_a_round_is_tallied_again_only_with_the_same_boxes_and_never_an_earlier_
     with pytest.raises(ValueError, match="an output the first tally kept otherwise"):
         state.tallying(1, first).keeping(KEPT)
     with pytest.raises(ValueError, match="output was being computed"):  # kept: the output began
-        state.void()
+        state.void({})
     state = state.tallying(2, first)
     assert state.voters == () and state.tallies == 1 and state.kept is None
-    assert not state.output_begun and state.void().voided  # a new round, nothing computed yet
+    voided = state.void({"hospital-1|tallier-2|none": b"s" * 64})
+    assert not state.output_begun and voided.voided  # a new round, nothing computed yet
+    assert voided.tallying(2, first).disputes == voided.disputes and voided.tallying(3, first).disputes == {}
     assert "after round 2" in state.refusal(1, first, rounds=3)
     assert "after round 2" in state.refusal(4, first, rounds=3)
     assert boxes_digest({"a": b"bc"}) != boxes_digest({"ab": b"c"})
