@@ -320,10 +320,10 @@ class _Tally:
 
     async def agree_on_placement(self, pinned: int) -> int:
         """The placement every tallier kept of this round in an earlier tally, whose output began (``pinned``, this
-        tallier's), or 0 if none did; ``VoterError`` if their pins differ."""
+        tallier's), or 0 if none did; ``DeviationError`` if their pins differ (never a void)."""
         opened = set(await open_checked(self.runtime, self.runtime.np_concatenate(self.inputs([pinned]))))
         if len(opened) > 1:
-            raise VoterError(f"the talliers kept different outputs of round {self.round}")
+            raise DeviationError(self.round, "the talliers kept different outputs of it (one lost or changed its pin)")
         return opened.pop()
 
     async def output(self, shares: dict[str, np.ndarray], agreed: Voters, quorum: int):

@@ -172,7 +172,7 @@ class Tallier:
             )
         )
 
-    def _disputes(self, round_number: int, disputes: tuple[tuple[str, str, bytes | None], ...]) -> dict[str, bytes]:
+    def _disputes(self, round_number: int, disputes: tuple[tuple[str, str, int, bytes], ...]) -> dict[str, bytes]:
         """This tallier's signature of each dispute the talliers opened in step 1 (``protocol.voting.box_dispute``)."""
         keys = [dispute_key(*dispute) for dispute in disputes]
         signing = self._credentials.identity.signing

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from consilium.protocol.voting.ballots import BAD, NONE, OK
 from consilium.tallier.authenticated import DeviationError
 
-__all__ = ["DIGEST_BYTES", "DisputeError", "VoterError", "Voters", "decide", "marks_input"]
+__all__ = ["DIGEST_BYTES", "MARKS", "DisputeError", "VoterError", "Voters", "decide", "marks_input"]
 
 DIGEST_BYTES = 32  # a box's SHA-256, one field element a byte (the smallest field exceeds 2^8)
+MARKS = {NONE: "NONE", OK: "OK", BAD: "BAD"}
 
 
 class VoterError(RuntimeError):
@@ -41,16 +42,18 @@ class VoterError(RuntimeError):
 
 
 class DisputeError(VoterError):
-    """Boxes that 1 to ``t`` talliers marked BAD, or some NONE beside OKs: the round is void, and each such mark is
-    disputed (``protocol.voting.box_dispute``)."""
+    """A hospital whose box the talliers marked differently (and not ``t + 1`` of them BAD): the round is void, and
+    every mark of that box is disputed (``protocol.voting.box_dispute``)."""
 
-    def __init__(self, round_number: int, disputes: tuple[tuple[str, str, bytes | None], ...]) -> None:
-        self.disputes = disputes  # (hospital, the tallier that marked its box, the box's SHA-256 if BAD, None if NONE)
+    def __init__(self, round_number: int, disputes: tuple[tuple[str, str, int, bytes], ...]) -> None:
+        self.disputes = disputes  # (hospital, tallier, its mark, the box's SHA-256 if BAD, else zeros)
+        hospitals = dict.fromkeys(hospital for hospital, *_ in disputes)
         named = "; ".join(
-            f"{tallier} marked {hospital}'s box BAD" if digest else f"{tallier} says it holds no box from {hospital}"
-            for hospital, tallier, digest in disputes
+            f"{hospital}'s box: "
+            + ", ".join(f"{tallier} {MARKS[mark]}" for h, tallier, mark, _ in disputes if h == hospital)
+            for hospital in hospitals
         )
-        super().__init__(f"round {round_number}: {named}, beside the other talliers: the round is void and disputed")
+        super().__init__(f"round {round_number}: the talliers' marks differ ({named}): the round is void and disputed")
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,8 @@ def decide(
 ) -> Voters:
     """The voters and the refused hospitals from every tallier's opened input (``rows``, in party order), by the rules
     above; ``DisputeError``, ``VoterError`` or ``DeviationError`` where the round cannot go on."""
-    if {row[0] for row in rows} != {round_number}:
-        raise VoterError(f"the talliers are not all in round {round_number}: {sorted({row[0] for row in rows})}")
+    if {row[0] for row in rows} != {round_number}:  # never a void: no tallier may void a round unnamed
+        raise DeviationError(round_number, f"the talliers are not all in round {round_number}")
     corrupt = (len(rows) - 1) // 2
     width = 1 + DIGEST_BYTES
     voters, refused, disputes = [], {}, []
@@ -96,8 +99,9 @@ def decide(
         elif len(bad) > corrupt:
             refused[name] = f"its boxes to {', '.join(talliers[j] for j in bad)} do not open to a share"
         else:
-            disputes += [(name, talliers[j], bytes(rows[j][start + 1 : start + width])) for j in bad]
-            disputes += [(name, talliers[j], None) for j, mark in enumerate(marks) if mark == NONE]
+            disputes += [
+                (name, talliers[j], marks[j], bytes(rows[j][start + 1 : start + width])) for j in range(len(rows))
+            ]
     if disputes:
         raise DisputeError(round_number, tuple(disputes))
     if len(voters) < quorum:

@@ -38,7 +38,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from consilium.crypto.sealed_box import SealedBoxError, verify_certified_key
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.run.participants import Participants
-from consilium.protocol.voting.ballots import BallotError, box_digest, revealed_share, tallier_key_context
+from consilium.protocol.voting.ballots import (
+    BAD,
+    NONE,
+    OK,
+    BallotError,
+    box_digest,
+    revealed_share,
+    tallier_key_context,
+)
 from consilium.protocol.voting.voting_config import VotingConfig
 from consilium.protocol.wire.messages import Dispute, ProtocolError, Reveal, Verdict
 
@@ -62,7 +70,8 @@ log = logging.getLogger("consilium.voting_server")
 class AttestedDispute:
     hospital: str
     tallier: str  # who marked the hospital's box
-    digest: bytes | None  # the box's SHA-256, as the talliers opened it, if marked BAD; None if NONE
+    mark: int  # OK, NONE or BAD (protocol.voting.ballots)
+    digest: bytes  # the box's SHA-256 as the talliers opened it, if marked BAD; else empty
     signatures: dict[str, bytes]  # by tallier, each verified: t + 1 or more
 
 
@@ -82,9 +91,12 @@ class Finding:
     reason: str
 
 
-def dispute_key(hospital: str, tallier: str, digest: bytes | None) -> str:
-    """How ``TallyFailed.disputes`` names one dispute: a BAD mark with its box's digest, or a NONE."""
-    return f"{hospital}|{tallier}|{'none' if digest is None else digest.hex()}"
+_SPELLINGS = {OK: "ok", NONE: "none"}  # a BAD mark is spelt with its box's digest
+
+
+def dispute_key(hospital: str, tallier: str, mark: int, digest: bytes = b"") -> str:
+    """How ``TallyFailed.disputes`` names one disputed mark: OK, NONE, or BAD with its box's digest."""
+    return f"{hospital}|{tallier}|{digest.hex() if mark == BAD else _SPELLINGS[mark]}"
 
 
 def sign_dispute(signing: Ed25519PrivateKey, *, run: str, round_number: int, key: str) -> bytes:
@@ -139,8 +151,7 @@ def reveal_for(
         raise ProtocolError(f"the disputed box is not the one this hospital sealed to {dispute.tallier!r}")
     if len(sealed.revealed | {dispute.tallier}) > _corrupt(config):
         raise ProtocolError(f"a dispute over more than {_corrupt(config)} boxes of round {dispute.round}")
-    digest = box_digest(dispute.box)
-    key = dispute_key(hospital, dispute.tallier, digest)
+    key = dispute_key(hospital, dispute.tallier, BAD, box_digest(dispute.box))
     _attested(key, dispute.signatures, roster=roster, config=config, run=run, round_number=dispute.round)
     secret = sealed.secrets[dispute.tallier]
     sealed.revealed.add(dispute.tallier)
@@ -155,7 +166,7 @@ def judge(verdict: Verdict, *, roster: Roster, config: VotingConfig, run: str) -
     hospital, tallier, r = verdict.hospital, verdict.tallier, verdict.round
     if hospital not in config.hospitals or tallier not in config.talliers:
         raise ProtocolError(f"a verdict over {hospital!r} and {tallier!r}, not a hospital and a tallier of the run")
-    key = dispute_key(hospital, tallier, box_digest(verdict.box))
+    key = dispute_key(hospital, tallier, BAD, box_digest(verdict.box))
     _attested(key, verdict.signatures, roster=roster, config=config, run=run, round_number=r)
     hospital_key = roster.party(hospital).identity.signing
     try:
@@ -211,7 +222,7 @@ class BoxDisputes:
         disputes = attested_disputes(claims, round_number=round_number, **settings)
         if liars := unrelayed_marks(disputes, ballots, round_number):
             raise ProtocolError("; ".join(liars) + "; the run stops")
-        asked = {(d.hospital, d.tallier): d for d in disputes if d.digest and d.hospital in participants.active}
+        asked = {(d.hospital, d.tallier): d for d in disputes if d.mark == BAD and d.hospital in participants.active}
         for (hospital, tallier), dispute in asked.items():
             box = ballots[hospital][tallier]
             participants.parties.send(
@@ -257,16 +268,18 @@ class BoxDisputes:
 def unrelayed_marks(
     disputes: list[AttestedDispute], ballots: dict[str, dict[str, bytes]], round_number: int
 ) -> list[str]:
-    """The attested marks the server knows to be false, from what it verified and relayed (``ballots``): a NONE for a
-    box it relayed, a BAD for one it did not, or a BAD whose digest is not the relayed box's."""
+    """The attested marks the server knows to be false, from what it verified and relayed (``ballots``): an OK or a BAD
+    of a box it did not relay, a NONE of one it did, or a BAD whose digest is not the relayed box's."""
     false = []
     for dispute in disputes:
         hospital, tallier = dispute.hospital, dispute.tallier
         relayed = ballots.get(hospital, {}).get(tallier)
-        if dispute.digest is None and relayed is not None:
+        if dispute.mark == NONE and relayed is not None:
             false.append(f"{tallier} said it holds no box from {hospital}, which the server verified and relayed to it")
-        elif dispute.digest is not None and (relayed is None or box_digest(relayed) != dispute.digest):
-            false.append(f"{tallier} marked BAD a box from {hospital} that the server did not relay to it")
+        elif dispute.mark != NONE and relayed is None:
+            false.append(f"{tallier} marked a box from {hospital} that the server did not relay to it")
+        elif dispute.mark == BAD and box_digest(relayed) != dispute.digest:
+            false.append(f"{tallier} marked BAD a box from {hospital} that is not the one the server relayed to it")
     return [f"round {round_number}: {what}: it deviated" for what in false]
 
 
@@ -301,12 +314,13 @@ def _attested(
     parts = key.split("|")
     if len(parts) != 3 or parts[1] not in config.talliers or parts[0] not in config.hospitals:
         raise ProtocolError(f"{key!r} names no box of a hospital to a tallier of the run")
+    mark = {spelling: mark for mark, spelling in _SPELLINGS.items()}.get(parts[2], BAD)
     try:
-        digest = None if parts[2] == "none" else bytes.fromhex(parts[2])
+        digest = bytes.fromhex(parts[2]) if mark == BAD else b""
     except ValueError:
-        digest = b""
-    if digest == b"" or (digest is not None and len(digest) != 32) or dispute_key(parts[0], parts[1], digest) != key:
-        raise ProtocolError(f"{key!r} names no box digest")  # one spelling of each dispute: signatures of it add up
+        digest = b"?"
+    if (mark == BAD and len(digest) != 32) or dispute_key(parts[0], parts[1], mark, digest) != key:
+        raise ProtocolError(f"{key!r} names no mark of a box")  # one spelling of each dispute: signatures of it add up
     statement = _dispute_statement(run, round_number, key)
     valid = {}
     for tallier, signature in signatures.items():
@@ -321,7 +335,7 @@ def _attested(
             f"{len(valid)} talliers of the run signed the dispute over {parts[0]}'s box to {parts[1]} in round "
             f"{round_number}; it takes {_corrupt(config) + 1}"
         )
-    return AttestedDispute(parts[0], parts[1], digest, valid)
+    return AttestedDispute(parts[0], parts[1], mark, digest, valid)
 
 
 def _corrupt(config: VotingConfig) -> int:

@@ -98,10 +98,10 @@ class TallierKeys:
         log.warning("%s is back in the run with its box key", sender)
         return True
 
-    def await_back(self, silent: set[str], round_number: int) -> None:
+    def await_back(self, silent: set[str], round_number: int, claims: dict[str, dict[str, bytes]]) -> None:
         """Wait until every tallier in ``silent`` is ready for the round again: back with its box key, or
-        alive after all (its answer arrives late). ``ProtocolError`` after twice the round timeout (a
-        tallier waits out its own MPC timeout before it answers)."""
+        alive after all (its answer arrives late, and its signed disputes go to ``claims``). ``ProtocolError``
+        after twice the round timeout (a tallier waits out its own MPC timeout before it answers)."""
         late: set[str] = set()
 
         def waiting() -> bool:
@@ -118,6 +118,8 @@ class TallierKeys:
                 and not (isinstance(message, TallyFailed) and message.deviated)
             ):
                 late.add(sender)
+                if isinstance(message, TallyFailed) and message.disputes:
+                    claims[sender] = message.disputes
             elif isinstance(message, TallyFailed) and message.deviated and message.round == round_number:
                 raise ProtocolError(f"round {round_number}: no labels: {message.reason}; the run stops")
             else:

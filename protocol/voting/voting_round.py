@@ -145,25 +145,12 @@ def tally(
     after an interrupted MPC once every silent tallier is back; then check that the talliers counted a
     quorum of the relayed ballots and refused only ballots they left out. A failed round's disputed boxes
     are settled (``disputes``) before it ends."""
-    claims: dict[str, dict[str, bytes]] = {}
-    for attempt in range(1, MAX_TALLY_ATTEMPTS + 1):
-        record.tally_attempts = attempt
-        talliers.relayed()
-        for tallier in config.talliers:
-            shares = Shares(round=record.round, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()})
-            participants.parties.send(tallier, shares)
-        try:
-            labels = collect_labels(participants, config, record, timeout_s, talliers.rejoined, claims)
-            break
-        except TallyInterrupted as interrupted:
-            if attempt == MAX_TALLY_ATTEMPTS:
-                record.disputes = disputes.settle(participants, record.round, ballots, claims, timeout_s)
-                raise ProtocolError(f"{interrupted}; tried {attempt} times, the run stops") from None
-            log.warning("%s; the same boxes go to the talliers again once every one is back", interrupted)
-            talliers.await_back(set(interrupted.silent), record.round)
-        except ProtocolError:  # a tallier that answers otherwise than the others does not escape its dispute
-            record.disputes = disputes.settle(participants, record.round, ballots, claims, timeout_s)
-            raise
+    claims: dict[str, dict[str, bytes]] = {}  # each tallier's signed disputes, from its latest answer
+    try:
+        labels = _tally_attempts(participants, talliers, config, record, ballots, timeout_s, claims)
+    except ProtocolError:  # a tallier that answers otherwise than the others, or late, does not escape its dispute
+        record.disputes = disputes.settle(participants, record.round, ballots, claims, timeout_s)
+        raise
     if labels is None:
         if record.void:
             void = RoundVoid(round=record.round, signatures={n: bytes.fromhex(s) for n, s in record.void.items()})
@@ -182,6 +169,32 @@ def tally(
     ):
         raise ProtocolError(f"round {record.round}: the talliers refused {record.refused}, not ballots they left out")
     return labels
+
+
+def _tally_attempts(
+    participants: Participants,
+    talliers: TallierKeys,
+    config: VotingConfig,
+    record: RoundRecord,
+    ballots: dict[str, dict[str, bytes]],
+    timeout_s: float,
+    claims: dict[str, dict[str, bytes]],
+) -> np.ndarray | None:
+    """``collect_labels`` for the relayed boxes, relaying them again after an interrupted MPC once every silent
+    tallier is back, up to ``MAX_TALLY_ATTEMPTS`` times."""
+    while True:
+        record.tally_attempts += 1
+        talliers.relayed()
+        for tallier in config.talliers:
+            shares = Shares(round=record.round, boxes={voter: boxes[tallier] for voter, boxes in ballots.items()})
+            participants.parties.send(tallier, shares)
+        try:
+            return collect_labels(participants, config, record, timeout_s, talliers.rejoined, claims)
+        except TallyInterrupted as interrupted:
+            if record.tally_attempts == MAX_TALLY_ATTEMPTS:
+                raise ProtocolError(f"{interrupted}; tried {record.tally_attempts} times, the run stops") from None
+            log.warning("%s; the same boxes go to the talliers again once every one is back", interrupted)
+            talliers.await_back(set(interrupted.silent), record.round, claims)
 
 
 def collect_labels(
@@ -204,7 +217,9 @@ def collect_labels(
     failures = {name: a.reason for name, a in answers.items() if isinstance(a, TallyFailed)}
     missing = sorted(set(config.talliers) - set(answers))
     interrupted = {name for name, a in answers.items() if isinstance(a, TallyFailed) and a.interrupted}
-    if (interrupted or missing) and not set(failures) - interrupted:
+    voided = {name for name, a in answers.items() if isinstance(a, TallyFailed) and a.void}
+    if (interrupted or missing) and not set(failures) - interrupted - (voided if missing else set()):
+        # with talliers missing, one that signed a void signs it again, with its disputes, when relayed the same boxes
         said = "; ".join(f"{name}: {failures[name]}" for name in sorted(interrupted))
         silent = f"{', '.join(missing)} sent nothing" + (
             "" if set(missing) <= set(rejoined) else f" within {timeout_s:g} s"

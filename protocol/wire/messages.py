@@ -310,7 +310,7 @@ class TallyFailed(Message):
     deviated: bool  # a tallier deviated: a ballot's tag check or a MAC check failed; the run stops
     interrupted: bool  # the MPC did not finish (a tallier left or went silent): the round may be relayed again
     void: bytes  # its signature that the round released nothing (protocol.voting.round_void), or empty
-    disputes: dict[str, bytes]  # "hospital|tallier|box SHA-256 hex" -> its signature that the tallier marked it BAD
+    disputes: dict[str, bytes]  # "hospital|tallier|ok, none or the BAD box's SHA-256" -> its signature of that mark
 
 
 @dataclass(frozen=True)

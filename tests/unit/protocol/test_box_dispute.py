@@ -11,7 +11,15 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from consilium.crypto.identity import PrivateIdentity
 from consilium.crypto.sealed_box import certify_key, seal_revealable
-from consilium.protocol.voting.ballots import _share_context, box_digest, seal_ballot, tallier_key_context
+from consilium.protocol.voting.ballots import (
+    BAD,
+    NONE,
+    OK,
+    _share_context,
+    box_digest,
+    seal_ballot,
+    tallier_key_context,
+)
 from consilium.protocol.voting.box_dispute import (
     AttestedDispute,
     SealedBallot,
@@ -61,7 +69,7 @@ def federation():
 
 
 def _signed(federation, box, signers, *, tallier="tallier-2", round_number=2):
-    key = dispute_key("hospital-1", tallier, box_digest(box))
+    key = dispute_key("hospital-1", tallier, BAD, box_digest(box))
     signing = federation.identities
     return {name: sign_dispute(signing[name].signing, run=RUN, round_number=round_number, key=key) for name in signers}
 
@@ -101,7 +109,7 @@ def _verdict(federation, dispute, reveal, **changes):
 
 def test_t_plus_1_talliers_signatures_attest_a_dispute_and_fewer_do_not(federation):
     box = federation.boxes["tallier-2"]
-    key = dispute_key("hospital-1", "tallier-2", box_digest(box))
+    key = dispute_key("hospital-1", "tallier-2", BAD, box_digest(box))
     signed = _signed(federation, box, TALLIERS)
     claims = {name: {key: signature} for name, signature in signed.items()}
     (attested,) = attested_disputes(claims, roster=federation.roster, config=CONFIG, run=RUN, round_number=2)
@@ -188,30 +196,34 @@ def test_a_secret_the_hospital_signed_that_is_not_the_box_s_names_the_hospital(f
 
 
 def test_the_server_names_a_tallier_whose_attested_mark_contradicts_what_it_relayed(federation):
-    """A NONE for a box the server verified and relayed to it, a BAD for a box it did not relay, or a BAD whose digest
-    is not the relayed box's; a BAD of the box it relayed, or a NONE where it relayed none, names no one yet."""
+    """A NONE for a box the server verified and relayed to it, an OK or a BAD for a box it did not relay, or a BAD whose
+    digest is not the relayed box's; a BAD or an OK of the box it relayed, or a NONE where it relayed none, names no
+    one yet."""
     box = federation.boxes["tallier-2"]
     ballots = {"hospital-1": federation.boxes}
     marks = [
-        AttestedDispute("hospital-1", "tallier-2", None, {}),
-        AttestedDispute("hospital-2", "tallier-2", box_digest(b""), {}),  # a hospital whose ballot was not relayed
-        AttestedDispute("hospital-1", "tallier-3", box_digest(box), {}),  # tallier-2's box, claimed by tallier-3
-        AttestedDispute("hospital-1", "tallier-2", box_digest(box), {}),
-        AttestedDispute("hospital-2", "tallier-2", None, {}),
+        AttestedDispute("hospital-1", "tallier-2", NONE, b"", {}),
+        AttestedDispute("hospital-2", "tallier-2", BAD, box_digest(b""), {}),  # a hospital whose ballot was not relayed
+        AttestedDispute("hospital-2", "tallier-1", OK, b"", {}),
+        AttestedDispute("hospital-1", "tallier-3", BAD, box_digest(box), {}),  # tallier-2's box, claimed by tallier-3
+        AttestedDispute("hospital-1", "tallier-2", BAD, box_digest(box), {}),
+        AttestedDispute("hospital-1", "tallier-1", OK, b"", {}),
+        AttestedDispute("hospital-2", "tallier-2", NONE, b"", {}),
     ]
     assert unrelayed_marks(marks, ballots, 2) == [
         "round 2: tallier-2 said it holds no box from hospital-1, which the server verified and relayed to it: it deviated",
-        "round 2: tallier-2 marked BAD a box from hospital-2 that the server did not relay to it: it deviated",
-        "round 2: tallier-3 marked BAD a box from hospital-1 that the server did not relay to it: it deviated",
+        "round 2: tallier-2 marked a box from hospital-2 that the server did not relay to it: it deviated",
+        "round 2: tallier-1 marked a box from hospital-2 that the server did not relay to it: it deviated",
+        "round 2: tallier-3 marked BAD a box from hospital-1 that is not the one the server relayed to it: it deviated",
     ]
 
 
 def test_a_none_mark_is_attested_as_any_dispute_and_a_flood_of_claims_counts_for_nothing(federation):
-    key = dispute_key("hospital-1", "tallier-2", None)
+    key = dispute_key("hospital-1", "tallier-2", NONE)
     signing = federation.identities
     claims = {name: {key: sign_dispute(signing[name].signing, run=RUN, round_number=2, key=key)} for name in TALLIERS}
     (attested,) = attested_disputes(claims, roster=federation.roster, config=CONFIG, run=RUN, round_number=2)
-    assert attested.digest is None and key.endswith("|none")
+    assert attested.mark == NONE and key.endswith("|none") and dispute_key("h", "t", OK) == "h|t|ok"
     flood = {f"hospital-1|tallier-2|{i:064x}": b"s" * 64 for i in range(10)}  # more than 3 x 3 marks
     flooded = {**claims, "tallier-1": {**claims["tallier-1"], **flood}}
     assert attested_disputes(flooded, roster=federation.roster, config=CONFIG, run=RUN, round_number=2)[

@@ -5,7 +5,7 @@ import pytest
 
 from consilium.protocol.voting.ballots import BAD, NONE, OK
 from consilium.tallier.authenticated import DeviationError
-from consilium.tallier.voter_marks import DIGEST_BYTES, DisputeError, VoterError, decide, marks_input
+from consilium.tallier.voter_marks import DIGEST_BYTES, MARKS, DisputeError, VoterError, decide, marks_input
 
 HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
 TALLIERS = ("tallier-1", "tallier-2", "tallier-3")
@@ -38,29 +38,40 @@ def test_a_box_more_than_t_talliers_mark_bad_refuses_its_hospital_named_and_the_
 
 
 @pytest.mark.parametrize("third", [OK, NONE], ids=["beside-ok", "beside-none"])
-def test_a_box_t_talliers_mark_bad_voids_the_round_and_is_disputed_with_its_digest(third):
-    with pytest.raises(DisputeError, match="tallier-2 marked hospital-3's box BAD") as caught:
+def test_a_box_t_talliers_mark_bad_voids_the_round_and_every_mark_of_it_is_disputed(third):
+    """Every mark of it, OK and NONE too: the server names a tallier whose mark contradicts what it relayed."""
+    with pytest.raises(
+        DisputeError, match=f"hospital-3's box: tallier-1 OK, tallier-2 BAD, tallier-3 {MARKS[third]}"
+    ) as caught:
         _decide(_rows((OK, OK, OK), (OK, OK, BAD), (OK, OK, third)))
-    nones = (("hospital-3", "tallier-3", None),) if third == NONE else ()  # disputed too: the server names it
-    assert caught.value.disputes == (("hospital-3", "tallier-2", DIGEST), *nones)
+    zeros = bytes(DIGEST_BYTES)
+    assert caught.value.disputes == (
+        ("hospital-3", "tallier-1", OK, zeros),
+        ("hospital-3", "tallier-2", BAD, DIGEST),
+        ("hospital-3", "tallier-3", third, zeros),
+    )
     assert isinstance(caught.value, VoterError)  # void: before any output
 
 
-def test_a_tallier_that_says_it_holds_no_box_beside_others_that_hold_it_voids_the_round_and_is_disputed():
-    """It cannot leave an honest hospital out of the count: the round is void, and its NONE is disputed (the server,
-    which relayed the box, names it)."""
-    with pytest.raises(DisputeError, match="tallier-2 says it holds no box from hospital-1") as caught:
-        _decide(_rows((OK, OK, OK), (NONE, OK, OK), (OK, OK, OK)))
-    assert caught.value.disputes == (("hospital-1", "tallier-2", None),)
+@pytest.mark.parametrize("marks", [(NONE, OK, OK), (OK, NONE, NONE)], ids=["one-none", "one-ok"])
+def test_a_tallier_whose_mark_of_a_box_differs_from_the_others_voids_the_round_and_every_mark_is_disputed(marks):
+    """It cannot leave an honest hospital out of the count (one NONE), nor void the round unnamed by an OK of a box
+    that was not relayed: the server, which knows what it relayed, names whoever contradicts it."""
+    rows = _rows(*[(mark, OK, OK) for mark in marks])
+    with pytest.raises(DisputeError, match="the talliers' marks differ") as caught:
+        _decide(rows)
+    assert [(h, t, m) for h, t, m, _ in caught.value.disputes] == [
+        ("hospital-1", t, m) for t, m in zip(TALLIERS, marks)
+    ]
 
 
-def test_a_mark_that_is_no_mark_names_its_tallier_and_talliers_in_other_rounds_void_it():
+def test_a_mark_that_is_no_mark_names_its_tallier_and_talliers_in_other_rounds_stop_the_run():
     rows = _rows((OK, OK, OK), (OK, OK, OK), (OK, OK, OK))
     rows[2][1] = 3
     with pytest.raises(DeviationError, match="tallier-3 marked hospital-1's box with what is no mark"):
         _decide(rows)
     rows = _rows((OK, OK, OK), (OK, OK, OK)) + _rows((OK, OK, OK), round_number=5)
-    with pytest.raises(VoterError, match="not all in round 4"):
+    with pytest.raises(DeviationError, match="not all in round 4"):  # never a void, which one tallier could force
         _decide(rows)
 
 
