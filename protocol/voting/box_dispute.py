@@ -216,8 +216,8 @@ class BoxDisputes:
         claims: dict[str, dict[str, bytes]],
         timeout_s: float,
     ) -> list[str]:
-        """What became of each attested dispute of the round (a hospital expelled or dropped), after every tallier
-        got its verdict; ``ProtocolError`` naming each tallier found to have lied, which stops the run."""
+        """What became of each attested dispute of the round (its hospital named, or expelled as silent), once every
+        tallier got its verdict; ``ProtocolError`` naming each tallier found to have lied, which stops the run."""
         settings = {"roster": self._roster, "config": self._config, "run": self._run}
         disputes = attested_disputes(claims, round_number=round_number, **settings)
         if liars := unrelayed_marks(disputes, ballots, round_number):

@@ -44,6 +44,7 @@ from consilium.protocol.wire.messages import TO_SERVER, TO_TALLIER, TO_VOTING_SE
 from consilium.protocol.secure_round.statement import released_from
 from consilium.protocol.wire.transcript import read_messages
 from consilium.protocol.voting.voting_config import VotingConfig
+from consilium.tallier.voter_marks import marks_input
 from consilium.training.privacy.accounting import release_of
 from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.methods.dopamine import DopamineSettings, NoisyGradientStep
@@ -532,7 +533,7 @@ def _per_round(config: VotingConfig) -> int:
 
 
 def _seeds(talliers: list[dict], config: VotingConfig) -> dict[int, int]:
-    """Each round's challenge, as the first tallier's code opened it after the marks of who voted and the pins."""
+    """Each round's challenge, as the first tallier's code opened it after the marks of the boxes and the pins."""
     per_round = _per_round(config)
     return {r: talliers[0]["opened"][(r - 1) * per_round + len(config.talliers) + 1][0] for r in (1, 2)}
 
@@ -593,7 +594,7 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
     ballots = _ballots(secrets)
     config = VotingConfig.from_dict(report["config"])
     classes = config.classes
-    # What each tallier's code opened in the MPC, round by round: every tallier's marks of who voted, every
+    # What each tallier's code opened in the MPC, round by round: every tallier's marks of the boxes, every
     # tallier's kept placement (none: the round's first tally), the challenge's seed, the MAC check of the checks'
     # arithmetic (zero), every ballot's tag check, then its bit, sum and energy checks (masked; zero: all honest),
     # the barrier; for each batch of the
@@ -617,7 +618,8 @@ def test_only_the_winning_labels_leave_the_talliers(voting):
                 assert all(0 <= value < modulus // 2 for value in masked)  # d + 2^k + r: never reduced mod p
             *_, mac_check, labels = arithmetic
             assert mac_check == [0]
-            assert all(m == [round_number, *[1] * len(config.hospitals)] for m in marks)
+            every_box_ok = marks_input(round_number, config.hospitals, set(config.hospitals), {})  # tallier.voter_marks
+            assert all(m == every_box_ok for m in marks)
             assert (
                 seed == [seeds[round_number]] and checks_mac_check == [0] and tag_checks == [0] * len(config.hospitals)
             )
