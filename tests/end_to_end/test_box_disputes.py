@@ -87,3 +87,19 @@ def test_a_hospital_whose_box_one_tallier_cannot_open_is_named_once_it_reveals_i
     assert second["status"] == "labelled" and second["voters"] == ["hospital-1", "hospital-2"]
     for name in federation.roster.talliers:
         assert "hospital-3's box to tallier-2 does not open to a share" in federation.log(name)
+
+
+def test_a_hospital_that_does_not_reveal_its_disputed_box_is_expelled_as_silent_and_no_tallier_is_named(federation):
+    """hospital-3's share to tallier-2 alone lies outside the field, and it does not answer the dispute: after the
+    server's round timeout it is expelled (never readmitted), no tallier is named, and the run goes on without it."""
+    report = _run_with_a_bad_voter(
+        federation,
+        lambda config: _outside_the_field(config, talliers=(1,)),
+        *("--quorum", "2", "--rounds", "2", "--round-timeout", "30"),
+        reveals=False,
+    )
+    assert report["finish_reason"] == "completed all rounds" and report["final"]["queries_labelled"] == 20
+    first, second = report["rounds"]
+    assert first["disputes"] == ["hospital-3 round 1: did not reveal its box to tallier-2 within 30 s"]
+    assert "hospital-3" in report["expelled"] and second["voters"] == ["hospital-1", "hospital-2"]
+    assert all("deviated" not in federation.log(name) for name in federation.roster.talliers)

@@ -413,9 +413,9 @@ class _BadVoter:
     """A hospital that seals each tallier a share of its own making (correctly sealed: only the talliers can tell), and
     reveals a disputed box's secret as an honest hospital does."""
 
-    def __init__(self, federation, name):
+    def __init__(self, federation, name, reveals=True):
         roster = federation.roster
-        self.name, self.roster = name, roster
+        self.name, self.roster, self.reveals = name, roster, reveals  # reveals: answers a dispute, or not at all
         self.credentials = Credentials.load(federation.federation / name)
         self.transport = ClientTransport(
             roster.server_address, roster.server.curve_public, self.credentials.curve, 1 << 26
@@ -442,7 +442,7 @@ class _BadVoter:
             request = decode(self.transport.receive(60), accept=TO_VOTING_HOSPITAL, max_bytes=1 << 26)
             if isinstance(request, Finish):
                 return
-            if isinstance(request, Dispute):
+            if isinstance(request, Dispute) and self.reveals:
                 signing, settings = self.credentials.identity.signing, dict(roster=self.roster, config=config, run=run)
                 self.transport.send(
                     encode(reveal_for(request, sealed, signing=signing, hospital=self.name, **settings))
@@ -496,13 +496,13 @@ def _forged(extra):
     return make_shares
 
 
-def _run_with_a_bad_voter(federation, make_shares, *server_args, hospital_args=(), sealed_for=None):
+def _run_with_a_bad_voter(federation, make_shares, *server_args, hospital_args=(), sealed_for=None, reveals=True):
     federation.server(*server_args)
     federation.hospital("hospital-1", 1, *hospital_args)
     federation.hospital("hospital-2", 2, *hospital_args)
     for name in federation.roster.talliers:
         federation.tallier(name)
-    bad = _BadVoter(federation, "hospital-3")
+    bad = _BadVoter(federation, "hospital-3", reveals)
     try:
         bad.vote(make_shares, *([sealed_for] if sealed_for else []))
         assert federation.exit_code("server") == 0, federation.log("server")
