@@ -6,7 +6,8 @@ its own records, kNN-DPFL takes the public feature map the server sent (``traini
 
 Per ``VoteRequest`` it charges its own durable ledger, before anything leaves, for the least noise
 the talliers' totals can carry (a quorum's, at the record level: one of its records changes,
-``training.voting.vote_privacy``), refusing once that would take it over its budget. It then adds its
+``training.voting.vote_privacy``), refusing once that would take it over its budget, or once the run
+has had ``MAX_VOIDS`` void rounds (no void could cancel another charge). It then adds its
 Skellam share of the noise to its votes, splits them into one checked share per tallier (each count
 as bits under a tag, within the run's range: ``crypto.checked_shares``) and sends each sealed to
 its tallier (``protocol.voting.ballots``). Round numbers only go up, to the run's number of rounds,
@@ -33,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from consilium.protocol.voting.ballots import seal_ballot, tallier_box_keys
 from consilium.protocol.voting.box_dispute import SealedBallot, reveal_for
-from consilium.protocol.voting.round_void import VoidError, check_void
+from consilium.protocol.voting.round_void import MAX_VOIDS, VoidError, check_void
 from consilium.protocol.run.site_policy import DECLINED, MISFIT, Declined, Misfit, Offer
 from consilium.protocol.wire.channel import ServerChannel
 from consilium.protocol.wire.messages import (
@@ -283,7 +284,7 @@ class VotingHospital:
         return tallier_box_keys(in_order, roster=self._roster, run=self._run)
 
     def _vote(self, request: VoteRequest) -> str:
-        """Send this round's ballot, or withdraw for the budget; returns why it stops voting, or ""."""
+        """Send this round's ballot, or withdraw (for the budget, or past the cap on void rounds); returns why it stops voting, or ""."""
         config = self._config
         queries = (
             np.frombuffer(request.queries, dtype="<f4") if len(request.queries) % 4 == 0 else np.empty(0, dtype="<f4")
@@ -293,7 +294,9 @@ class VotingHospital:
                 f"round {request.round}: the queries are not {config.queries_per_round} finite records of {config.features} values"
             )
         least_noise = _charge(config, len(self._roster.hospitals))
-        refusal = self._budget.refusal(self._ledger, least_noise, request.round)
+        refusal = self._budget.refusal(self._ledger, least_noise, request.round) or _past_the_void_cap(
+            self._ledger.voids(config.run_id)
+        )
         if refusal:
             log.warning("%s withdraws: %s", self._name, refusal)
             self._channel.send(Withdraw(round=request.round, reason=refusal))
@@ -323,6 +326,15 @@ class VotingHospital:
         self._channel.send(Ballot(round=request.round, boxes=boxes))
         self._rounds.append({"round": request.round, "epsilon": self._ledger.epsilons(self._budget.delta)})
         return ""
+
+
+def _past_the_void_cap(voids: int) -> str:
+    """Why this hospital votes no more in a run with ``voids`` void rounds, or "": past the cap no void could
+    cancel a round's charge, so a round that released nothing would charge it (docs/explanation/void-rounds.md,
+    "After the cap")."""
+    if voids < MAX_VOIDS:
+        return ""
+    return f"{voids} rounds of this run were void, the most a run may cancel; this hospital votes no more in it"
 
 
 def _charge(config: VotingConfig, consortium: int) -> Release:

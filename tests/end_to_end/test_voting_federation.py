@@ -546,21 +546,24 @@ def test_a_box_its_hospital_did_not_seal_for_the_round_is_not_relayed_and_the_ho
 
 
 @pytest.mark.parametrize("forge", [_outside_the_field, _forged(200)], ids=["outside-the-field", "not-bits"])
-def test_rounds_that_a_refused_ballot_leaves_without_a_quorum_are_void_and_charge_no_honest_ledger_up_to_the_cap(
+def test_rounds_that_a_refused_ballot_leaves_without_a_quorum_are_void_and_after_the_cap_no_honest_hospital_votes(
     federation, forge
 ):
     """With a quorum of 3, every round hospital-3 spoils ends for too few voters before anything is computed:
     every tallier signs its void and the honest hospitals' charges are cancelled, for the first MAX_VOIDS
-    rounds of the run; the fourth stays charged (docs/explanation/void-rounds.md)."""
-    report = _run_with_a_bad_voter(federation, forge, "--quorum", "3", "--rounds", str(MAX_VOIDS + 1))
-    assert report["finish_reason"] == "completed all rounds" and report["final"]["queries_labelled"] == 0
-    assert all(r["status"] == "aborted" and set(r["void"]) == set(federation.roster.talliers) for r in report["rounds"])
+    rounds of the run; in the next the honest hospitals withdraw, so no round that released nothing charges them
+    (docs/explanation/void-rounds.md, "After the cap")."""
+    report = _run_with_a_bad_voter(federation, forge, "--quorum", "3", "--rounds", str(MAX_VOIDS + 2))
+    assert report["final"]["queries_labelled"] == 0
+    voided = report["rounds"][:MAX_VOIDS]
+    assert all(r["status"] == "aborted" and set(r["void"]) == set(federation.roster.talliers) for r in voided)
     assert "VOID: every tallier signed that it released nothing" in federation.log("server")
     for name in ("hospital-1", "hospital-2"):
         assert federation.exit_code(name) == 0, federation.log(name)
         ledger = party_ledger(federation.federation / name)
-        assert ledger.voids(report["config"]["run_id"]) == MAX_VOIDS and ledger.steps == 1  # the last round's
-        assert f"{MAX_VOIDS} rounds of this run were void already" in federation.log(name)
+        assert ledger.voids(report["config"]["run_id"]) == MAX_VOIDS and ledger.steps == 0, federation.log(name)
+        assert f"{MAX_VOIDS} rounds of this run were void, the most a run may cancel" in federation.log(name)
+        assert report["departures"][name].startswith(f"withdrew: {MAX_VOIDS} rounds of this run were void")
 
 
 def test_a_round_a_hospital_withdraws_from_below_the_quorum_is_void_and_charges_no_ledger(federation):
