@@ -149,8 +149,8 @@ def reveal_for(
         raise ProtocolError(f"a dispute over round {dispute.round}, not over this hospital's last ballot")
     if sealed.boxes.get(dispute.tallier) != dispute.box:
         raise ProtocolError(f"the disputed box is not the one this hospital sealed to {dispute.tallier!r}")
-    if len(sealed.revealed | {dispute.tallier}) > _corrupt(config):
-        raise ProtocolError(f"a dispute over more than {_corrupt(config)} boxes of round {dispute.round}")
+    if len(sealed.revealed | {dispute.tallier}) > config.corrupt_talliers:
+        raise ProtocolError(f"a dispute over more than {config.corrupt_talliers} boxes of round {dispute.round}")
     key = dispute_key(hospital, dispute.tallier, BAD, box_digest(dispute.box))
     _attested(key, dispute.signatures, roster=roster, config=config, run=run, round_number=dispute.round)
     secret = sealed.secrets[dispute.tallier]
@@ -330,17 +330,12 @@ def _attested(
                 valid[tallier] = signature
             except InvalidSignature:
                 continue
-    if len(valid) <= _corrupt(config):
+    if len(valid) <= config.corrupt_talliers:
         raise ProtocolError(
             f"{len(valid)} talliers of the run signed the dispute over {parts[0]}'s box to {parts[1]} in round "
-            f"{round_number}; it takes {_corrupt(config) + 1}"
+            f"{round_number}; it takes {config.corrupt_talliers + 1}"
         )
     return AttestedDispute(parts[0], parts[1], mark, digest, valid)
-
-
-def _corrupt(config: VotingConfig) -> int:
-    """``t``: the talliers that may deviate together (an honest majority of ``J = 2t + 1``)."""
-    return (len(config.talliers) - 1) // 2
 
 
 def _dispute_statement(run: str, round_number: int, key: str) -> bytes:

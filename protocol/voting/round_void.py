@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
-__all__ = ["MAX_VOIDS", "VoidError", "check_void", "sign_void"]
+__all__ = ["MAX_VOIDS", "VoidError", "check_void", "sign_void", "void_signers"]
 
 # Voided rounds a hospital accepts in one run: a corrupt tallier can make any round fail for too few voters,
 # and without a cap a server working with it would have the hospitals vote on its queries for free.
@@ -54,14 +54,34 @@ def check_void(
         raise VoidError(f"{MAX_VOIDS} rounds of this run were void already")
     if set(signatures) != set(identities) or set(box_keys) != set(identities):
         raise VoidError(f"signed by {sorted(signatures)}, not by every tallier of the run {sorted(identities)}")
+    signers = void_signers(signatures, run=run, round_number=round_number, identities=identities, box_keys=box_keys)
+    if unverified := sorted(set(identities) - signers):
+        raise VoidError(
+            f"{', '.join(unverified)}'s signature does not verify for round {round_number} of this run under the box "
+            "key this hospital sealed to"
+        )
+
+
+def void_signers(
+    signatures: dict[str, bytes],
+    *,
+    run: str,
+    round_number: int,
+    identities: dict[str, Ed25519PublicKey],
+    box_keys: dict[str, X25519PublicKey],
+) -> set[str]:
+    """The talliers whose signature in ``signatures`` verifies, under their identity, as their void of round
+    ``round_number`` of ``run`` naming their box key in ``box_keys``: what a hospital and the server check alike."""
+    signers = set()
     for tallier, signature in signatures.items():
+        if tallier not in identities or tallier not in box_keys:
+            continue
         try:
             identities[tallier].verify(signature, _statement(run, round_number, tallier, box_keys[tallier]))
         except InvalidSignature:
-            raise VoidError(
-                f"{tallier}'s signature does not verify for round {round_number} of this run under the box key "
-                "this hospital sealed to"
-            ) from None
+            continue
+        signers.add(tallier)
+    return signers
 
 
 def _statement(run: str, round_number: int, tallier: str, box_key: X25519PublicKey) -> bytes:

@@ -109,6 +109,11 @@ class VotingConfig:
         return self.voting.quorum * self.voting.votes_per_query
 
     @property
+    def corrupt_talliers(self) -> int:
+        """``t``: the talliers that may deviate together, an honest majority of ``J = 2t + 1`` being the rest."""
+        return (len(self.talliers) - 1) // 2
+
+    @property
     def votes_per_round(self) -> int:
         return self.queries_per_round * self.classes
 

@@ -8,7 +8,8 @@
    tallier's answer. Every tallier must report the same voters, refused hospitals (whose ballots
    failed a check inside the MPC), labels and totals. If every one reports the same failure of
    too few agreed voters (fewer ballots than the quorum are relayed too, to end so), the round is
-   lost and the run goes on, and where every tallier signed its void the hospitals get it. If the
+   lost and the run goes on, and where every tallier's void verifies the hospitals get it (a tallier
+   that withholds a void ``t + 1`` others signed is named, and the run stops). If the
    MPC was interrupted (a tallier reports it did not finish, or sends nothing: it left),
    ``TallyInterrupted`` names the talliers that did not answer, so that the server can relay the
    same boxes again once they are back (``tally`` does so up to ``MAX_TALLY_ATTEMPTS`` times a
@@ -31,6 +32,7 @@ import numpy as np
 from consilium.protocol.identity.roster import Roster
 from consilium.protocol.voting.ballots import BallotError, box_bytes, tallier_box_keys, verify_ballot
 from consilium.protocol.voting.box_dispute import BoxDisputes
+from consilium.protocol.voting.round_void import void_signers
 from consilium.protocol.wire.messages import Ballot, Labels, ProtocolError, RoundVoid, Shares, TallyFailed
 from consilium.protocol.run.participants import Participants
 from consilium.protocol.voting.tallier_keys import TallierKeys
@@ -101,6 +103,17 @@ class BallotSeals:
             return str(error)
         return ""
 
+    def void_signers(self, signatures: dict[str, bytes], round_number: int) -> set[str]:
+        """The talliers whose void of ``round_number`` verifies under the box key the boxes were sealed to, as a
+        hospital checks it (``protocol.voting.round_void``)."""
+        return void_signers(
+            signatures,
+            run=self._run,
+            round_number=round_number,
+            identities=self._roster.identities(self.talliers),
+            box_keys=self._keys,
+        )
+
 
 def collect_ballots(
     participants: Participants, round_number: int, seals: BallotSeals, values: int, timeout_s: float
@@ -140,11 +153,13 @@ def tally(
     ballots: dict[str, dict[str, bytes]],
     timeout_s: float,
     disputes: BoxDisputes,
+    seals: BallotSeals,
 ) -> np.ndarray | None:
     """Relay each tallier its boxes and take the labels (``collect_labels``), relaying the same boxes again
     after an interrupted MPC once every silent tallier is back; then check that the talliers counted a
     quorum of the relayed ballots and refused only ballots they left out. A failed round's disputed boxes
-    are settled (``disputes``) before it ends."""
+    are settled (``disputes``) before it ends. It is void where every tallier's void verifies (``seals``);
+    a tallier that withholds a void ``t + 1`` others signed is named, and the run stops."""
     claims: dict[str, dict[str, bytes]] = {}  # each tallier's signed disputes, from its latest answer
     try:
         labels = _tally_attempts(participants, talliers, config, record, ballots, timeout_s, claims)
@@ -152,11 +167,18 @@ def tally(
         record.disputes = disputes.settle(participants, record.round, ballots, claims, timeout_s)
         raise
     if labels is None:
-        if record.void:
-            void = RoundVoid(round=record.round, signatures={n: bytes.fromhex(s) for n, s in record.void.items()})
+        offered = {name: bytes.fromhex(signature) for name, signature in record.void.items()}
+        signers = seals.void_signers(offered, record.round)
+        record.void = record.void if signers == set(config.talliers) else {}
+        if record.void:  # nothing was computed: the hospitals' charges are cancelled
             for hospital in ballots:
-                participants.parties.send(hospital, void)
+                participants.parties.send(hospital, RoundVoid(round=record.round, signatures=offered))
         record.disputes = disputes.settle(participants, record.round, ballots, claims, timeout_s)
+        if len(signers) > config.corrupt_talliers and (withheld := sorted(set(config.talliers) - signers)):
+            raise ProtocolError(  # t + 1 voids hold an honest tallier's: every honest tallier signs that round alike
+                f"round {record.round}: {', '.join(withheld)} sent no valid void of a round that "
+                f"{', '.join(sorted(signers))} voided: it withheld it; the run stops"
+            )
         return None
     if set(record.voters) - set(ballots) or len(record.voters) < config.voting.quorum:
         raise ProtocolError(
@@ -234,8 +256,7 @@ def collect_labels(
         record.reason = f"no labels: {next(iter(failures.values()))}"
         if any(a.deviated for a in answers.values()):  # someone deviated: the consortium must find out who first
             raise ProtocolError(f"{record.reason}; the run stops")
-        if all(a.void for a in answers.values()):  # nothing was computed: the hospitals' charges are cancelled
-            record.void = {name: a.void.hex() for name, a in answers.items()}
+        record.void = {name: a.void.hex() for name, a in answers.items() if a.void}  # as offered: tally verifies
         return None
     if failures or missing:
         said = "; ".join(f"{name} could not tally round {round_number}: {reason}" for name, reason in failures.items())

@@ -289,8 +289,9 @@ class VotingServer:
         """The talliers' labels for the round's ballots (``protocol.voting.voting_round.tally``), charged and kept."""
         started = time.perf_counter()
         settled = BoxDisputes(self._roster, self._config, self._run, self._talliers.keys)
+        seals = BallotSeals(self._roster, self._run, self._talliers.keys)
         labels = tally(
-            self._participants, self._talliers, self._config, record, ballots, self._timeouts.round_s, settled
+            self._participants, self._talliers, self._config, record, ballots, self._timeouts.round_s, settled, seals
         )
         record.seconds["tally"] = time.perf_counter() - started
         self._pending = None

@@ -566,6 +566,34 @@ def test_rounds_that_a_refused_ballot_leaves_without_a_quorum_are_void_and_after
         assert report["departures"][name].startswith(f"withdrew: {MAX_VOIDS} rounds of this run were void")
 
 
+def test_a_tallier_that_withholds_its_void_is_named_and_the_run_stops(federation):
+    """Every round hospital-3 spoils at a quorum of 3 is void, but tallier-1 answers with bytes that are no signature
+    for its void: the server, which verifies each void, names tallier-1 and stops the run after that round (which
+    stays charged, once), instead of going on with rounds charged and never voided (docs/explanation/void-rounds.md,
+    "A tallier that withholds its void")."""
+    federation.server("--quorum", "3", "--rounds", "3")
+    federation.hospital("hospital-1", 1)
+    federation.hospital("hospital-2", 2)
+    code = _DEVIATING_TALLIER.format(script=str(_DEVIATING), where="no-void")
+    federation.launch_python(code, "tallier-1", "--name", "tallier-1", "--timeout", "60")
+    federation.tallier("tallier-2")
+    federation.tallier("tallier-3")
+    bad = _BadVoter(federation, "hospital-3")
+    try:
+        bad.vote(_forged(200))
+        assert federation.exit_code("server") == 2, federation.log("server")
+    finally:
+        bad.close()
+    report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
+    named = "round 1: tallier-1 sent no valid void of a round that tallier-2, tallier-3 voided: it withheld it"
+    assert named in report["finish_reason"] and report["final"]["queries_labelled"] == 0
+    assert all(not record.get("void") for record in report["rounds"])  # the run stopped in round 1
+    assert "VOID" not in federation.log("server")
+    for name in ("hospital-1", "hospital-2"):
+        ledger = party_ledger(federation.federation / name)
+        assert ledger.steps == 1 and ledger.voids(report["config"]["run_id"]) == 0, federation.log(name)
+
+
 def test_a_round_a_hospital_withdraws_from_below_the_quorum_is_void_and_charges_no_ledger(federation):
     """At the default quorum (every hospital), hospital-3 withdraws for its budget in round 1: the two ballots are
     relayed all the same, the talliers end the round before anything is computed and sign its void, and the two

@@ -27,6 +27,11 @@ Or, in step 1 (``tallier.voter_marks``), it marks hospital-1's box, which opens,
 - ``mark-bad-interrupted``: BAD, and it then tells the server its MPC did not finish (no dispute of its own);
 - ``mark-none``: NONE, as a tallier that says it was given no box.
 
+Or, in a round every tallier fails for too few voters before its output began:
+
+- ``no-void``: it answers with the others' reason, but 64 bytes that are no signature for its void, as a tallier
+  that would keep the hospitals charged for a round that released nothing.
+
 It opens values without checking the others' shares (it never aborts a round itself, as a deviant that hides
 would not): so that an honest tallier is the one that catches it.
 """
@@ -57,6 +62,7 @@ _TARGETS = {
     "mark-bad": None,
     "mark-bad-interrupted": None,
     "mark-none": None,
+    "no-void": None,
 }
 _where = sys.argv[1]
 _target = _TARGETS[_where]
@@ -179,6 +185,8 @@ def _mark_box(box, **settings):
 
 
 tallier_module.mark_box = _mark_box
+if _where == "no-void":
+    tallier_module.sign_void = lambda signing, **statement: bytes(64)
 Authenticated.product = _product
 Authenticated.inner = _inner
 for _name in set(_TARGETS.values()) - {None}:

@@ -2,7 +2,7 @@
 
 import pytest
 from consilium.crypto.identity import PrivateIdentity
-from consilium.protocol.voting.round_void import MAX_VOIDS, VoidError, check_void, sign_void
+from consilium.protocol.voting.round_void import MAX_VOIDS, VoidError, check_void, sign_void, void_signers
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 TALLIERS = ("tallier-1", "tallier-2", "tallier-3")
@@ -60,3 +60,17 @@ def test_a_void_of_another_run_or_round_from_fewer_talliers_or_under_other_box_k
     forged["tallier-3"] = _signatures(talliers)["tallier-1"]
     with pytest.raises(VoidError, match="tallier-3's signature"):
         _check(talliers, forged)
+
+
+def test_the_server_counts_as_signers_only_the_talliers_whose_void_verifies(talliers):
+    identities, box_keys = talliers
+    public = {name: identity.public.signing for name, identity in identities.items()}
+    signatures = _signatures(talliers)
+    settings = dict(run="run:abc", round_number=2, identities=public, box_keys=box_keys)
+    assert void_signers(signatures, **settings) == set(TALLIERS)
+    withheld = {**signatures, "tallier-1": bytes(64)}  # no signature: bytes of its length
+    del withheld["tallier-2"]
+    assert void_signers(withheld, **settings) == {"tallier-3"}
+    swapped = {"tallier-1": signatures["tallier-2"], "tallier-2": signatures["tallier-1"], "stranger": b"x"}
+    assert void_signers(swapped, **settings) == set()  # each signs its own statement only
+    assert void_signers(signatures, **{**settings, "round_number": 3}) == set()
