@@ -175,10 +175,7 @@ def tally(
                 participants.parties.send(hospital, RoundVoid(round=record.round, signatures=offered))
         record.disputes = disputes.settle(participants, record.round, ballots, claims, timeout_s)
         if len(signers) > config.corrupt_talliers and (withheld := sorted(set(config.talliers) - signers)):
-            raise ProtocolError(  # t + 1 voids hold an honest tallier's: every honest tallier signs that round alike
-                f"round {record.round}: {', '.join(withheld)} sent no valid void of a round that "
-                f"{', '.join(sorted(signers))} voided: it withheld it; the run stops"
-            )
+            raise ProtocolError(_withheld_void(record, withheld, signers))
         return None
     if set(record.voters) - set(ballots) or len(record.voters) < config.voting.quorum:
         raise ProtocolError(
@@ -191,6 +188,16 @@ def tally(
     ):
         raise ProtocolError(f"round {record.round}: the talliers refused {record.refused}, not ballots they left out")
     return labels
+
+
+def _withheld_void(record: RoundRecord, withheld: list[str], signers: set[str]) -> str:
+    """Why the run stops where ``t + 1`` talliers (``signers``) voided the round and the others (``withheld``) did
+    not: in a round tallied once, honest talliers sign alike, so those others withheld it; tallied again, an honest
+    tallier may have begun its output in an earlier tally and rightly sign nothing, so no one is named."""
+    voided = f"round {record.round}: {', '.join(sorted(signers))} voided it, and {', '.join(withheld)}"
+    if record.tally_attempts == 1:
+        return f"{voided} sent no valid void: it withheld it; the run stops"
+    return f"{voided} did not, after {record.tally_attempts} tallies (an earlier one may have begun an output); the run stops"
 
 
 def _tally_attempts(

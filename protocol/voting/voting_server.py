@@ -172,7 +172,8 @@ class VotingServer:
         self._save_checkpoint(required=True)
         if self._pending is not None:
             round_number, ballots = self._pending
-            self._tally(RoundRecord(round=round_number, status="aborted"), self._queries(round_number), ballots)
+            resumed = RoundRecord(round=round_number, status="aborted", tally_attempts=1)  # relayed before, maybe
+            self._tally(resumed, self._queries(round_number), ballots)
         quorum = self._config.voting.quorum
         finish_reason = "completed all rounds"
         for round_number in range(self._rounds_started + 1, self._config.rounds + 1):
