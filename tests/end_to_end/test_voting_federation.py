@@ -644,24 +644,30 @@ def test_a_hospital_that_adds_votes_beyond_its_range_is_left_out_named_and_the_l
 
 def _twice_k_votes(config):
     """All its k votes for class 3 and k more for class 4 in every query: each count within [0, k], valid bits and
-    tags, and counts that sum to 2k."""
+    tags, and counts that sum to 2k (AE-DPFL, k = 1: two classes in one query)."""
     layout = config.ballot_layout()
     votes, noise = _all_for_class_3(config)
     votes[:, 4] = layout.votes_per_query
     return forged_ballot(ballot_bits(layout, votes, noise, layout.energy_cap), 3, config.field().modulus)
 
 
-def test_a_ballot_whose_counts_sum_to_more_than_k_is_refused_named_and_the_round_goes_on(federation):
-    """Votes checked as votes in a whole federation: hospital-3's ballot, 2k votes a query, is left out and named
-    with the check it failed, and with a quorum of 2 the other two hospitals' labels are released, in every round."""
+@pytest.mark.parametrize("method, k", [("knn-dpfl", 30), ("ae-dpfl", 1)])
+def test_a_ballot_whose_counts_sum_to_more_than_k_is_refused_named_and_the_round_goes_on(federation, method, k):
+    """Votes checked as votes in a whole federation: hospital-3's ballot, 2k votes a query (in AE-DPFL two classes
+    in one query), is left out and named with the check it failed, and with a quorum of 2 the other two hospitals'
+    labels are released, in every round."""
     report = _run_with_a_bad_voter(
-        federation, _twice_k_votes, "--quorum", "2", "--rounds", "2", hospital_args=("--epsilon-budget", "1000000")
+        federation,
+        _twice_k_votes,
+        *("--method", method, "--quorum", "2", "--rounds", "2"),
+        hospital_args=("--method", method, "--epsilon-budget", "1000000"),
     )
     assert report["finish_reason"] == "completed all rounds"
+    why = f"its votes are not {k} per query"
     for record in report["rounds"]:
         assert record["status"] == "labelled" and record["voters"] == ["hospital-1", "hospital-2"], record
-        assert record["refused"] == ["hospital-3"] and record["refused_because"] == ["its votes are not 30 per query"]
-    assert "REFUSED: hospital-3 (its votes are not 30 per query)" in federation.log("server")
+        assert record["refused"] == ["hospital-3"] and record["refused_because"] == [why]
+    assert f"REFUSED: hospital-3 ({why})" in federation.log("server")
 
 
 _SHIFTING_TALLIER = """
