@@ -173,7 +173,8 @@ class VotingServer:
         if self._pending is not None:
             round_number, ballots = self._pending
             resumed = RoundRecord(round=round_number, status="aborted", tally_attempts=1)  # relayed before, maybe
-            self._tally(resumed, self._queries(round_number), ballots)
+            seals = BallotSeals(self._roster, self._run, self._talliers.keys)
+            self._tally(resumed, self._queries(round_number), ballots, seals)
         quorum = self._config.voting.quorum
         finish_reason = "completed all rounds"
         for round_number in range(self._rounds_started + 1, self._config.rounds + 1):
@@ -267,12 +268,9 @@ class VotingServer:
         for name in self._participants.active:
             self._participants.parties.send(name, VoteRequest(round=round_number, queries=queries))
         self._participants.begin_round()
+        seals = BallotSeals(self._roster, self._run, self._talliers.keys)  # what the boxes and any void are checked by
         ballots = collect_ballots(
-            self._participants,
-            round_number,
-            BallotSeals(self._roster, self._run, self._talliers.keys),
-            self._config.ballot_layout().values,
-            self._timeouts.round_s,
+            self._participants, round_number, seals, self._config.ballot_layout().values, self._timeouts.round_s
         )
         record.seconds["ballots"] = time.perf_counter() - started
         record.voters = sorted(ballots, key=self._config.hospitals.index)
@@ -284,13 +282,14 @@ class VotingServer:
         self._pending = (round_number, ballots)
         self._save_checkpoint()  # a server resumed from here tallies these ballots, asking no hospital again
         log.info("round %d: %d ballots in; relaying them to the talliers", round_number, len(ballots))
-        self._tally(record, indices, ballots)
+        self._tally(record, indices, ballots, seals)
 
-    def _tally(self, record: RoundRecord, indices: np.ndarray, ballots: dict[str, dict[str, bytes]]) -> None:
+    def _tally(
+        self, record: RoundRecord, indices: np.ndarray, ballots: dict[str, dict[str, bytes]], seals: BallotSeals
+    ) -> None:
         """The talliers' labels for the round's ballots (``protocol.voting.voting_round.tally``), charged and kept."""
         started = time.perf_counter()
         settled = BoxDisputes(self._roster, self._config, self._run, self._talliers.keys)
-        seals = BallotSeals(self._roster, self._run, self._talliers.keys)
         labels = tally(
             self._participants, self._talliers, self._config, record, ballots, self._timeouts.round_s, settled, seals
         )
