@@ -81,7 +81,12 @@ COMMON_FLAGS = (
     ),
     Flag("--fix-model", bool, False, "apply Opacus's fixes to a model of your own (GroupNorm for BatchNorm)"),
     Flag("--hidden", widths, (48,), "MLP hidden widths, comma-separated (empty for a linear model)"),
-    Flag("--quorum", positive_int, None, "K_min: contributions a round needs (default: all hospitals)"),
+    Flag(
+        "--quorum",
+        positive_int,
+        None,
+        "K_min: contributions a round needs (default: all hospitals; private voting among 11 or more: all but one)",
+    ),
 )
 
 

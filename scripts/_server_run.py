@@ -31,7 +31,7 @@ from consilium.training.models.evaluation import Selection
 from consilium.training.models.build import use_model_code
 from consilium.training.models.own_code import is_reference
 from consilium.training.data.datasets import Dataset, Split, load_dataset
-from consilium.training.voting.vote_privacy import VOTING_METHODS, VotingSettings
+from consilium.training.voting.vote_privacy import VOTING_METHODS, VotingSettings, default_quorum
 from consilium.training.voting.votes import PcaFeatures, split_public_pool
 
 
@@ -224,7 +224,7 @@ def _voting_config(
             voting=VotingSettings(
                 method=args.method,
                 noise_std=args.vote_noise,
-                quorum=args.quorum or len(roster.hospitals),
+                quorum=args.quorum or default_quorum(len(roster.hospitals)),
                 neighbours=args.neighbours,
             ),
             reveal=args.reveal,

@@ -33,6 +33,7 @@ SETTINGS = {
         "spec": RunSpec(
             method="ae-dpfl",
             hospitals=100,
+            quorum=100,  # every agent votes, as in the paper (the default for 100 would be 99)
             hospitals_per_process=50,
             partition="label_skew",
             classes_per_part=6,

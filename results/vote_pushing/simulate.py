@@ -14,10 +14,15 @@ kNN-DPFL sigma 15, AE-DPFL sigma 1). The noise's range and energy cap are the ru
 - ``aimed, unplaced``: the same ballot were the talliers not to sign and place the noise (the design without it);
 - ``shaped a``: every vote for class 3 (or, ``honest, shaped a``, its own votes), and ``E_max / a^2``
   noise values of size ``a``, the rest 0: how the size of its noise, the one thing it still chooses,
-  moves the labels, for sizes from 1 to ``R``.
+  moves the labels, for sizes from 1 to ``R``;
+- ``ones at the honest mean``: every vote for class 3, and as many values of 1 as an honest share's mean energy
+  (``2 mu Q C``): the same noise energy as honest noise, in another shape.
+
+Last, AE-DPFL again with the same 180 queries in one round, whose cap lies closer to the honest energy's mean
+(the tail of a sum of more values).
 
 Printed: the share of labels that are class 3 and the label accuracy, each a mean over the draws with its
-standard error. Run: ``python results/vote_pushing/simulate.py`` (about 3 minutes on 2 cores).
+standard error. Run: ``python results/vote_pushing/simulate.py`` (about 4 minutes on 2 cores).
 """
 
 import secrets
@@ -31,14 +36,15 @@ from consilium.training.models.build import describe_model, input_statistics
 from consilium.training.voting.vote_privacy import VotingSettings
 from consilium.training.voting.votes import PcaFeatures, knn_votes, split_public_pool, teacher_votes, train_classifier
 
-QUERIES, DRAWS, PUSHED = 90, 2000, 3
+DRAWS, PUSHED = 2000, 3
 rng = np.random.default_rng()
 
 
-def real_votes(method: str) -> tuple[list[np.ndarray], np.ndarray]:
+def real_votes(method: str, queries: int) -> tuple[list[np.ndarray], np.ndarray]:
     dataset = load_dataset("digits")
     pool, _ = split_public_pool(dataset.validation, 0.5, seed=0)
-    queries, truth = pool.x[:QUERIES], pool.y[:QUERIES]
+    truth = pool.y[:queries]
+    queries = pool.x[:queries]
     parts = partition(dataset.train.y, 3, "iid", seed=0)
     if method == "knn-dpfl":
         features = PcaFeatures.fit(pool.x, 30)
@@ -49,13 +55,13 @@ def real_votes(method: str) -> tuple[list[np.ndarray], np.ndarray]:
     return [teacher_votes(t, queries, 10, min_confidence=0.0) for t in teachers], truth
 
 
-def simulate(method: str, sigma: float, k: int) -> None:
+def simulate(method: str, sigma: float, k: int, queries: int = 90, sizes=(1, 2, 3, 5, 8, 13, 20, 30, 50)) -> None:
     settings = VotingSettings(method=method, noise_std=sigma, quorum=3, neighbours=k)
-    radius = settings.noise_range(queries=QUERIES, classes=10)
-    cap = settings.energy_cap(queries=QUERIES, classes=10)
-    mu, count = settings.share_mu, QUERIES * 10
+    radius = settings.noise_range(queries=queries, classes=10)
+    cap = settings.energy_cap(queries=queries, classes=10)
+    mu, count = settings.share_mu, queries * 10
     modulus = MpcField.for_bound(3 * (k + radius) + 1).modulus  # the run's field at both defaults
-    votes, truth = real_votes(method)
+    votes, truth = real_votes(method, queries)
     pushed = np.zeros_like(votes[2])
     pushed[:, PUSHED] = k
 
@@ -66,14 +72,14 @@ def simulate(method: str, sigma: float, k: int) -> None:
                 return n
 
     def aimed():
-        n = np.zeros((QUERIES, 10), dtype=np.int64)
-        n[:, PUSHED] = min(radius, int(np.sqrt(cap / QUERIES)))
+        n = np.zeros((queries, 10), dtype=np.int64)
+        n[:, PUSHED] = min(radius, int(np.sqrt(cap / queries)))
         return n.reshape(-1)
 
-    def shaped(size: int):
+    def shaped(size: int, energy: int = cap):
         def draw():
             n = np.zeros(count, dtype=np.int64)
-            n[: min(count, cap // size**2)] = size
+            n[: min(count, energy // size**2)] = size
             return n
 
         return draw
@@ -84,10 +90,13 @@ def simulate(method: str, sigma: float, k: int) -> None:
         "aimed": (pushed, aimed, True),
         "aimed, unplaced": (pushed, aimed, False),
     }
-    for size in sorted({1, 2, 3, 5, 8, 13, 20, 30, 50, radius} - {s for s in range(radius + 1, 99)}):
+    strategies["ones at the honest mean"] = (pushed, shaped(1, round(2 * mu * count)), True)
+    for size in sorted({*sizes, radius} - {s for s in range(radius + 1, 99)}):
         strategies[f"shaped {size}"] = (pushed, shaped(size), True)
         strategies[f"honest, shaped {size}"] = (votes[2], shaped(size), True)
-    print(f"\n{method}, sigma {sigma:g}, k {k}: R = {radius}, E_max = {cap} (honest mean {2 * mu * count:.0f})")
+    print(
+        f"\n{method}, sigma {sigma:g}, k {k}, {queries} queries a round: R = {radius}, E_max = {cap} (honest mean {2 * mu * count:.0f})"
+    )
     for name, (third, noise, placed) in strategies.items():
         shares, accuracies = [], []
         for _ in range(DRAWS):
@@ -98,7 +107,7 @@ def simulate(method: str, sigma: float, k: int) -> None:
                     signs, places = noise_placement(seed, f"hospital-{h + 1}", count, modulus)
                     n = signs * n[places]
                 totals = totals + n
-            labels = totals.reshape(QUERIES, 10).argmax(axis=1)
+            labels = totals.reshape(queries, 10).argmax(axis=1)
             shares.append(np.mean(labels == PUSHED))
             accuracies.append(np.mean(labels == truth))
         se = lambda x: np.std(x) / np.sqrt(len(x))  # noqa: E731
@@ -111,3 +120,4 @@ def simulate(method: str, sigma: float, k: int) -> None:
 if __name__ == "__main__":
     simulate("knn-dpfl", 15.0, 30)
     simulate("ae-dpfl", 1.0, 1)
+    simulate("ae-dpfl", 1.0, 1, queries=180, sizes=(1, 2, 3))  # the same queries in one round: a tighter cap

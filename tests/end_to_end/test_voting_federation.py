@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -155,10 +156,11 @@ class _Federation:
             *args,
         )
 
-    def hospital(self, name, part, *args):
+    def hospital(self, name, part, *args, code=None):
+        """A hospital process, or one that runs ``code`` (``launch_python``) with the same flags."""
         parts = str(len(self.roster.hospitals))
-        return self.launch(
-            "hospital",
+        start = partial(self.launch_python, code) if code else partial(self.launch, "hospital")
+        return start(
             name,
             "--name",
             name,
@@ -592,6 +594,48 @@ def test_a_tallier_that_withholds_its_void_is_named_and_the_run_stops(federation
         assert ledger.steps == 1 and ledger.voids(report["config"]["run_id"]) == 0, federation.log(name)
         assert "keeps round 1's charge" not in federation.log(name)  # no RoundVoid came, not even one it refuses
         assert "round 1 released nothing" not in federation.log(name)
+
+
+_NOISE_OVER_ITS_CAP = """
+import runpy, sys
+sys.path.insert(0, {support!r})
+import numpy as np
+import consilium.protocol.voting.ballots as ballots
+from tally_inputs import ballot_bits, forged_ballot
+
+
+def over_its_cap(votes, noise, layout, parties, modulus):
+    edge = np.full(layout.queries * layout.classes, layout.noise_range)  # each value in its range, no slack left
+    return forged_ballot(ballot_bits(layout, votes, edge, 0), parties, modulus)
+
+
+ballots.share_ballot = over_its_cap
+sys.argv = ["hospital", *sys.argv[1:]]
+runpy.run_module("consilium.scripts.hospital", run_name="__main__")
+"""
+
+
+def test_a_round_in_which_every_ballot_is_refused_releases_nothing_and_charges_no_ledger(federation):
+    """Every hospital is a real hospital process whose ballot's noise is over its energy cap (valid bits and tags):
+    the talliers refuse and name all three, the round is void, signed by every tallier, and each hospital's charge
+    for it is cancelled by that void: nothing released, nothing charged (docs/explanation/void-rounds.md)."""
+    federation.server("--quorum", "2")
+    code = _NOISE_OVER_ITS_CAP.format(support=str(_DEVIATING.parent))
+    for part, name in enumerate(federation.roster.hospitals, start=1):
+        federation.hospital(name, part, code=code)
+    for name in federation.roster.talliers:
+        federation.tallier(name)
+    federation.exit_code("server")
+    report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
+    first = report["rounds"][0]
+    assert first["status"] == "aborted" and set(first["void"]) == set(federation.roster.talliers), first
+    assert "0 of the 3 voters' ballots pass their checks" in first["reason"], first
+    for name in federation.roster.hospitals:  # a void round's refusals are named in its reason
+        assert f"{name} (its noise's energy exceeds the cap)" in first["reason"], first
+    assert report["final"]["queries_labelled"] == 0
+    for name in federation.roster.hospitals:
+        ledger = party_ledger(federation.federation / name)
+        assert ledger.voids(report["config"]["run_id"]) == 1 and ledger.steps == 0, federation.log(name)
 
 
 def test_a_round_a_hospital_withdraws_from_below_the_quorum_is_void_and_charges_no_ledger(federation):

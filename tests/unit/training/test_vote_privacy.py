@@ -7,7 +7,7 @@ from scipy import optimize, special
 
 from consilium.training.privacy.ledger import PrivacyLedger
 from consilium.training.privacy.rdp import ORDERS, rdp_to_epsilon
-from consilium.training.voting.vote_privacy import VotingSettings
+from consilium.training.voting.vote_privacy import VotingSettings, default_quorum
 
 
 def test_agent_level_ae_dpfl_matches_the_closed_form():
@@ -51,6 +51,20 @@ def test_the_server_view_gains_from_every_voter_and_collusion_keeps_one_share():
     assert np.allclose(five.rdp("collusion"), two.rdp("collusion"))
     with pytest.raises(ValueError, match="fewer than the quorum"):
         settings.release(queries=50, classes=10, contributors=1, coalition=1, level="record")
+
+
+@pytest.mark.parametrize("hospitals", [1, 2, 3, 10, 11, 100])
+def test_the_default_quorum_leaves_one_hospital_out_where_a_full_round_is_at_most_10_percent_over_noised(hospitals):
+    quorum = default_quorum(hospitals)
+    settings = VotingSettings(method="ae-dpfl", noise_std=20.0, quorum=quorum)
+    full_round_variance = hospitals * 2 * settings.share_mu  # every hospital votes: n shares of the quorum's part
+    assert full_round_variance <= 1.1 * settings.noise_std**2 + 1e-9
+    if hospitals >= 11:
+        assert quorum == hospitals - 1  # a round goes on without one refused or missing hospital
+        settings.release(queries=50, classes=10, contributors=hospitals - 1, coalition=1, level="hospital")
+    else:
+        assert quorum == hospitals  # one left out would cost a full round (n / (n - 1)) more than 10% more noise
+        assert hospitals == 1 or hospitals / (hospitals - 1) > 1.1
 
 
 def test_a_round_of_votes_is_charged_in_a_hospital_ledger(tmp_path):
