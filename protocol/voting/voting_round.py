@@ -64,7 +64,7 @@ class TallyInterrupted(ProtocolError):
 @dataclass
 class RoundRecord:
     round: int
-    status: str  # "labelled" or "aborted"
+    status: str  # "labelled", "aborted", or "stopped" (the run stopped in it)
     tally_attempts: int = 0  # how often the talliers were given the round's boxes (more after an interrupted MPC)
     voters: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # ballots that failed the talliers' checks, left out

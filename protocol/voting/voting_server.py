@@ -157,7 +157,7 @@ class VotingServer:
             finish=lambda reason: self._participants.finish(reason, others=self._config.talliers),
             report=self._report,
             write_outputs=self._write_outputs,
-            close=self._close,
+            close=self._connections.close,
         )
 
     def _run_all(self) -> str:
@@ -290,9 +290,12 @@ class VotingServer:
         """The talliers' labels for the round's ballots (``protocol.voting.voting_round.tally``), charged and kept."""
         started = time.perf_counter()
         settled = BoxDisputes(self._roster, self._config, self._run, self._talliers.keys)
-        labels = tally(
-            self._participants, self._talliers, self._config, record, ballots, self._timeouts.round_s, settled, seals
-        )
+        parties, timeout = (self._participants, self._talliers), self._timeouts.round_s
+        try:
+            labels = tally(*parties, self._config, record, ballots, timeout, settled, seals)
+        except ProtocolError as error:  # the run stops: the report shows the round; the checkpoint keeps it pending
+            self._rounds.append(dataclasses.replace(record, status="stopped", reason=str(error)))
+            raise
         record.seconds["tally"] = time.perf_counter() - started
         self._pending = None
         if labels is None:
@@ -393,6 +396,3 @@ class VotingServer:
 
     def _write_outputs(self, report: dict) -> None:
         write_retrying(lambda: write_report(self._out_dir, report), "the server's report")
-
-    def _close(self) -> None:
-        self._connections.close()

@@ -777,6 +777,10 @@ def test_a_tallier_that_deviates_is_caught_no_label_is_released_and_the_run_stop
     report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
     assert report["final"]["queries_labelled"] == 0 and report["finish_reason"].startswith("stopped:")
     assert reason in report["finish_reason"] and "refused" not in report["finish_reason"]
+    assert [(r["round"], r["status"]) for r in report["rounds"]] == [(1, "stopped")]  # the round it stopped in
+    assert reason in report["rounds"][0]["reason"] and report["rounds"][0]["voters"] == list(
+        federation.roster.hospitals
+    )
     assert "the run stops" in federation.log("server") and "Traceback" not in federation.log("server")
     for name in federation.roster.hospitals:  # charged for the round it sent (a deviation voids nothing), no more
         assert party_ledger(federation.federation / name).steps == 1
