@@ -59,7 +59,7 @@ class RunSpec:
     model: str | None = None  # mlp, cnn or an own model's reference (default: cnn for images, mlp for other data)
     hidden: tuple[int, ...] = _COMMON["hidden"]
     fix_model: bool = _COMMON["fix_model"]  # an own model with Opacus's fixes
-    quorum: int | None = None  # default: every hospital
+    quorum: int | None = None  # default: every hospital (private voting: training.voting.vote_privacy.default_quorum)
     epsilon_budget: float | None = None  # default: the method's (the target, where one is given)
     target_epsilon: float | None = None  # the noise calibrated to spend this on budget_view (orchestration.planning)
     budget_view: str = (

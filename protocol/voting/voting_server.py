@@ -294,7 +294,9 @@ class VotingServer:
         try:
             labels = tally(*parties, self._config, record, ballots, timeout, settled, seals)
         except ProtocolError as error:  # the run stops: the report shows the round; the checkpoint keeps it pending
-            self._rounds.append(dataclasses.replace(record, status="stopped", reason=str(error)))
+            relayed = sorted(ballots, key=self._config.hospitals.index)  # not the talliers' claims, maybe refused
+            stopped = dict(status="stopped", reason=str(error), voters=relayed, refused=[], refused_because=[])
+            self._rounds.append(dataclasses.replace(record, **stopped))
             raise
         record.seconds["tally"] = time.perf_counter() - started
         self._pending = None

@@ -16,7 +16,10 @@ kNN-DPFL sigma 15, AE-DPFL sigma 1). The noise's range and energy cap are the ru
   noise values of size ``a``, the rest 0: how the size of its noise, the one thing it still chooses,
   moves the labels, for sizes from 1 to ``R``;
 - ``ones at the honest mean``: every vote for class 3, and as many values of 1 as an honest share's mean energy
-  (``2 mu Q C``): the same noise energy as honest noise, in another shape.
+  (``2 mu Q C``): the same noise energy as honest noise, in another shape;
+- ``shape-checked``: every vote for class 3, and the most energy in values of 2 and 1 that would pass, besides
+  the energy cap, a cap on how many values are not 0 and one on how many are above 1, each at its honest
+  2^-40 tail (``count_cap``): what checks of the noise's shape, which the talliers do not make, would leave.
 
 Last, AE-DPFL again with the same 180 queries in one round, whose cap lies closer to the honest energy's mean
 (the tail of a sum of more values).
@@ -25,9 +28,11 @@ Printed: the share of labels that are class 3 and the label accuracy, each a mea
 standard error. Run: ``python results/vote_pushing/simulate.py`` (about 4 minutes on 2 cores).
 """
 
+import math
 import secrets
 
 import numpy as np
+from scipy import optimize, special
 from consilium.crypto.mpc_field import MpcField
 from consilium.tallier.ballot_checks import noise_placement
 from consilium.training.data.datasets import load_dataset
@@ -38,6 +43,22 @@ from consilium.training.voting.votes import PcaFeatures, knn_votes, split_public
 
 DRAWS, PUSHED = 2000, 3
 rng = np.random.default_rng()
+
+
+def count_cap(mu: float, radius: int, count: int, above: int) -> int:
+    """The least ``c`` for which Chernoff's bound proves that fewer than ``c`` of ``count`` honest ``Sk(mu)`` values
+    (in ``[-R, R]``) have ``|n| > above`` but with probability below 2^-40: what a check of that count would allow."""
+    values = np.arange(-radius, radius + 1)
+    log_pmf = np.log(special.ive(np.abs(values), 2 * mu))
+    p = float(np.exp(special.logsumexp(log_pmf[np.abs(values) > above]) - special.logsumexp(log_pmf)))
+    bound = optimize.minimize_scalar(
+        lambda log_rate: (
+            (count * math.log1p(p * math.expm1(math.exp(log_rate))) + 40 * math.log(2)) / math.exp(log_rate)
+        ),
+        bounds=(math.log(1e-6), math.log(1e3)),
+        method="bounded",
+    ).fun
+    return math.ceil(bound)
 
 
 def real_votes(method: str, queries: int) -> tuple[list[np.ndarray], np.ndarray]:
@@ -91,11 +112,24 @@ def simulate(method: str, sigma: float, k: int, queries: int = 90, sizes=(1, 2, 
         "aimed, unplaced": (pushed, aimed, False),
     }
     strategies["ones at the honest mean"] = (pushed, shaped(1, round(2 * mu * count)), True)
+    # Were the talliers also to cap how many values are not 0, and how many are above 1, each at its own 2^-40 tail:
+    nonzero, above_one = count_cap(mu, radius, count, 0), count_cap(mu, radius, count, 1)
+    twos = min(above_one, cap // 4)
+    ones = max(0, min(nonzero - twos, cap - 4 * twos))
+
+    def shape_checked():
+        n = np.zeros(count, dtype=np.int64)
+        n[:twos], n[twos : twos + ones] = 2, 1
+        return n
+
+    strategies[f"shape-checked, {twos} of 2, {ones} of 1"] = (pushed, shape_checked, True)
     for size in sorted({*sizes, radius} - {s for s in range(radius + 1, 99)}):
         strategies[f"shaped {size}"] = (pushed, shaped(size), True)
         strategies[f"honest, shaped {size}"] = (votes[2], shaped(size), True)
     print(
-        f"\n{method}, sigma {sigma:g}, k {k}, {queries} queries a round: R = {radius}, E_max = {cap} (honest mean {2 * mu * count:.0f})"
+        f"\n{method}, sigma {sigma:g}, k {k}, {queries} queries a round: R = {radius}, E_max = {cap} (honest mean "
+        f"{2 * mu * count:.0f}, {cap / (2 * mu * count):.2f} times); at 2^-40 at most {nonzero} values not 0 and "
+        f"{above_one} above 1"
     )
     for name, (third, noise, placed) in strategies.items():
         shares, accuracies = [], []

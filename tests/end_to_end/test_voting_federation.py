@@ -625,7 +625,9 @@ def test_a_round_in_which_every_ballot_is_refused_releases_nothing_and_charges_n
         federation.hospital(name, part, code=code)
     for name in federation.roster.talliers:
         federation.tallier(name)
-    federation.exit_code("server")
+    assert federation.exit_code("server") == 0, federation.log("server")
+    for name in federation.roster.hospitals:  # each has written the void's cancellation when it leaves
+        assert federation.exit_code(name) == 0, federation.log(name)
     report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
     first = report["rounds"][0]
     assert first["status"] == "aborted" and set(first["void"]) == set(federation.roster.talliers), first
@@ -648,7 +650,9 @@ def test_a_round_a_hospital_withdraws_from_below_the_quorum_is_void_and_charges_
     federation.hospital("hospital-3", 3, "--epsilon-budget", "0.001")
     for name in federation.roster.talliers:
         federation.tallier(name)
-    federation.exit_code("server")
+    assert federation.exit_code("server") == 0, federation.log("server")
+    for name in federation.roster.hospitals:  # each has written the void's cancellation when it leaves
+        assert federation.exit_code(name) == 0, federation.log(name)
     report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
     first = report["rounds"][0]
     assert first["status"] == "aborted" and set(first["void"]) == set(federation.roster.talliers), first

@@ -128,7 +128,8 @@ _MAX_NOISE_STD = 1e4  # far beyond any useful vote; the energy cap's pmf has som
 
 def default_quorum(hospitals: int) -> int:
     """The quorum of a voting run of ``hospitals`` unless its server is given one: every hospital but one where
-    that costs a full round at most 10% more noise than it is charged, every hospital otherwise.
+    that costs a full round at most 10% more noise variance than it is charged (5% in standard deviation), every
+    hospital otherwise. ``hospitals`` is the roster's count: a run that fewer join keeps this quorum.
 
     With a quorum of ``n - 1`` a round goes on without one hospital whose ballot is refused, that withdraws or
     that does not answer. The accounting allows any quorum: each hospital's share is the quorum's part of
