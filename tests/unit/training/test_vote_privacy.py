@@ -63,7 +63,9 @@ def test_the_default_quorum_leaves_one_hospital_out_where_a_full_round_is_at_mos
         assert quorum == hospitals - 1  # a round goes on without one refused or missing hospital
         settings.release(queries=50, classes=10, contributors=hospitals - 1, coalition=1, level="hospital")
     else:
-        assert quorum == hospitals  # one left out would cost a full round (n / (n - 1)) more than 10% more noise variance
+        assert (
+            quorum == hospitals
+        )  # one left out would cost a full round (n / (n - 1)) more than 10% more noise variance
         assert hospitals == 1 or hospitals / (hospitals - 1) > 1.1
 
 
