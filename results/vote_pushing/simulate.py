@@ -22,10 +22,11 @@ kNN-DPFL sigma 15, AE-DPFL sigma 1). The noise's range and energy cap are the ru
   2^-40 tail (``count_cap``): what checks of the noise's shape, which the talliers do not make, would leave.
 
 Last, AE-DPFL again with the same 180 queries in one round, whose cap lies closer to the honest energy's mean
-(the tail of a sum of more values).
+(the tail of a sum of more values); and with a design that is not built: each hospital sends 4 (or 8) times the
+round's ``Q C`` noise values, checked over them all, of which the talliers place a random ``Q C``.
 
 Printed: the share of labels that are class 3 and the label accuracy, each a mean over the draws with its
-standard error. Run: ``python results/vote_pushing/simulate.py`` (about 4 minutes on 2 cores).
+standard error. Run: ``python results/vote_pushing/simulate.py`` (about 6 minutes on 2 cores).
 """
 
 import math
@@ -76,11 +77,15 @@ def real_votes(method: str, queries: int) -> tuple[list[np.ndarray], np.ndarray]
     return [teacher_votes(t, queries, 10, min_confidence=0.0) for t in teachers], truth
 
 
-def simulate(method: str, sigma: float, k: int, queries: int = 90, sizes=(1, 2, 3, 5, 8, 13, 20, 30, 50)) -> None:
+def simulate(
+    method: str, sigma: float, k: int, queries: int = 90, sizes=(1, 2, 3, 5, 8, 13, 20, 30, 50), pool: int = 1
+) -> None:
+    """``pool`` > 1: each hospital's noise is ``pool`` times the round's ``Q C`` values, checked over them all, and
+    the talliers place a random ``Q C`` of them (a design not built, tried here for what it would leave)."""
     settings = VotingSettings(method=method, noise_std=sigma, quorum=3, neighbours=k)
-    radius = settings.noise_range(queries=queries, classes=10)
-    cap = settings.energy_cap(queries=queries, classes=10)
-    mu, count = settings.share_mu, queries * 10
+    radius = settings.noise_range(queries=queries * pool, classes=10)
+    cap = settings.energy_cap(queries=queries * pool, classes=10)
+    mu, count, sent = settings.share_mu, queries * 10, queries * 10 * pool
     modulus = MpcField.for_bound(3 * (k + radius) + 1).modulus  # the run's field at both defaults
     votes, truth = real_votes(method, queries)
     pushed = np.zeros_like(votes[2])
@@ -88,7 +93,7 @@ def simulate(method: str, sigma: float, k: int, queries: int = 90, sizes=(1, 2, 
 
     def honest_noise():
         while True:
-            n = rng.poisson(mu, count) - rng.poisson(mu, count)
+            n = rng.poisson(mu, sent) - rng.poisson(mu, sent)
             if np.abs(n).max() <= radius and n @ n <= cap:
                 return n
 
@@ -99,8 +104,8 @@ def simulate(method: str, sigma: float, k: int, queries: int = 90, sizes=(1, 2, 
 
     def shaped(size: int, energy: int = cap):
         def draw():
-            n = np.zeros(count, dtype=np.int64)
-            n[: min(count, energy // size**2)] = size
+            n = np.zeros(sent, dtype=np.int64)
+            n[: min(sent, energy // size**2)] = size
             return n
 
         return draw
@@ -111,9 +116,11 @@ def simulate(method: str, sigma: float, k: int, queries: int = 90, sizes=(1, 2, 
         "aimed": (pushed, aimed, True),
         "aimed, unplaced": (pushed, aimed, False),
     }
-    strategies["ones at the honest mean"] = (pushed, shaped(1, round(2 * mu * count)), True)
+    if pool > 1:
+        strategies = {"class": strategies["class"]}
+    strategies["ones at the honest mean"] = (pushed, shaped(1, round(2 * mu * sent)), True)
     # Were the talliers also to cap how many values are not 0, and how many are above 1, each at its own 2^-40 tail:
-    nonzero, above_one = count_cap(mu, radius, count, 0), count_cap(mu, radius, count, 1)
+    nonzero, above_one = count_cap(mu, radius, sent, 0), count_cap(mu, radius, sent, 1)
     twos = min(above_one, cap // 4)
     ones = max(0, min(nonzero - twos, cap - 4 * twos))
 
@@ -122,13 +129,16 @@ def simulate(method: str, sigma: float, k: int, queries: int = 90, sizes=(1, 2, 
         n[:twos], n[twos : twos + ones] = 2, 1
         return n
 
-    strategies[f"shape-checked, {twos} of 2, {ones} of 1"] = (pushed, shape_checked, True)
+    if pool == 1:
+        strategies[f"shape-checked, {twos} of 2, {ones} of 1"] = (pushed, shape_checked, True)
     for size in sorted({*sizes, radius} - {s for s in range(radius + 1, 99)}):
         strategies[f"shaped {size}"] = (pushed, shaped(size), True)
-        strategies[f"honest, shaped {size}"] = (votes[2], shaped(size), True)
+        if pool == 1:
+            strategies[f"honest, shaped {size}"] = (votes[2], shaped(size), True)
+    pooled = f", the noise {pool} times the values, {count} of them placed" if pool > 1 else ""
     print(
-        f"\n{method}, sigma {sigma:g}, k {k}, {queries} queries a round: R = {radius}, E_max = {cap} (honest mean "
-        f"{2 * mu * count:.0f}, {cap / (2 * mu * count):.2f} times); at 2^-40 at most {nonzero} values not 0 and "
+        f"\n{method}, sigma {sigma:g}, k {k}, {queries} queries a round{pooled}: R = {radius}, E_max = {cap} (honest "
+        f"mean {2 * mu * sent:.0f}, {cap / (2 * mu * sent):.2f} times); at 2^-40 at most {nonzero} values not 0 and "
         f"{above_one} above 1"
     )
     for name, (third, noise, placed) in strategies.items():
@@ -138,8 +148,8 @@ def simulate(method: str, sigma: float, k: int, queries: int = 90, sizes=(1, 2, 
             seed = 1 + secrets.randbelow(modulus - 1)  # the round's seed, opened once every ballot is in
             for h, n in enumerate((honest_noise(), honest_noise(), noise())):
                 if placed or h < 2:
-                    signs, places = noise_placement(seed, f"hospital-{h + 1}", count, modulus)
-                    n = signs * n[places]
+                    signs, places = noise_placement(seed, f"hospital-{h + 1}", sent, modulus)
+                    n = signs[:count] * n[places[:count]]
                 totals = totals + n
             labels = totals.reshape(queries, 10).argmax(axis=1)
             shares.append(np.mean(labels == PUSHED))
@@ -155,3 +165,5 @@ if __name__ == "__main__":
     simulate("knn-dpfl", 15.0, 30)
     simulate("ae-dpfl", 1.0, 1)
     simulate("ae-dpfl", 1.0, 1, queries=180, sizes=(1, 2, 3))  # the same queries in one round: a tighter cap
+    for pool in (4, 8):
+        simulate("ae-dpfl", 1.0, 1, sizes=(1, 2, 3), pool=pool)
