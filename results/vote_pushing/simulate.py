@@ -22,11 +22,12 @@ kNN-DPFL sigma 15, AE-DPFL sigma 1). The noise's range and energy cap are the ru
   2^-40 tail (``count_cap``): what checks of the noise's shape, which the talliers do not make, would leave.
 
 Last, AE-DPFL again with the same 180 queries in one round, whose cap lies closer to the honest energy's mean
-(the tail of a sum of more values); and with a design that is not built: each hospital sends 4 (or 8) times the
-round's ``Q C`` noise values, checked over them all, of which the talliers place a random ``Q C``.
+(the tail of a sum of more values). Then ``pooled``: change 4 of ``docs/explanation/checked-votes.md``, a design
+not built, in which each hospital's noise is a pool of ``M`` times the round's values, checked over them all, of
+which the talliers place a random ``Q C``, measured by the labels changed from the honest run's.
 
 Printed: the share of labels that are class 3 and the label accuracy, each a mean over the draws with its
-standard error. Run: ``python results/vote_pushing/simulate.py`` (about 6 minutes on 2 cores).
+standard error. Run: ``python results/vote_pushing/simulate.py`` (about 10 minutes on 2 cores).
 """
 
 import math
@@ -62,7 +63,7 @@ def count_cap(mu: float, radius: int, count: int, above: int) -> int:
     return math.ceil(bound)
 
 
-def real_votes(method: str, queries: int) -> tuple[list[np.ndarray], np.ndarray]:
+def real_votes(method: str, queries: int, seed: int | None = None) -> tuple[list[np.ndarray], np.ndarray]:
     dataset = load_dataset("digits")
     pool, _ = split_public_pool(dataset.validation, 0.5, seed=0)
     truth = pool.y[:queries]
@@ -73,19 +74,16 @@ def real_votes(method: str, queries: int) -> tuple[list[np.ndarray], np.ndarray]
         return [knn_votes(features, dataset.train.subset(p), queries, neighbours=30, classes=10) for p in parts], truth
     mean, std = input_statistics(pool.x)
     spec = describe_model("mlp", dataset.input_shape, 10, input_mean=mean, input_std=std, classes=dataset.classes)
-    teachers = [train_classifier(spec, dataset.train.subset(p), epochs=30) for p in parts]
+    seeds = [None if seed is None else 3 * seed + h for h in range(3)]
+    teachers = [train_classifier(spec, dataset.train.subset(p), epochs=30, seed=s) for p, s in zip(parts, seeds)]
     return [teacher_votes(t, queries, 10, min_confidence=0.0) for t in teachers], truth
 
 
-def simulate(
-    method: str, sigma: float, k: int, queries: int = 90, sizes=(1, 2, 3, 5, 8, 13, 20, 30, 50), pool: int = 1
-) -> None:
-    """``pool`` > 1: each hospital's noise is ``pool`` times the round's ``Q C`` values, checked over them all, and
-    the talliers place a random ``Q C`` of them (a design not built, tried here for what it would leave)."""
+def simulate(method: str, sigma: float, k: int, queries: int = 90, sizes=(1, 2, 3, 5, 8, 13, 20, 30, 50)) -> None:
     settings = VotingSettings(method=method, noise_std=sigma, quorum=3, neighbours=k)
-    radius = settings.noise_range(queries=queries * pool, classes=10)
-    cap = settings.energy_cap(queries=queries * pool, classes=10)
-    mu, count, sent = settings.share_mu, queries * 10, queries * 10 * pool
+    radius = settings.noise_range(queries=queries, classes=10)
+    cap = settings.energy_cap(queries=queries, classes=10)
+    mu, count = settings.share_mu, queries * 10
     modulus = MpcField.for_bound(3 * (k + radius) + 1).modulus  # the run's field at both defaults
     votes, truth = real_votes(method, queries)
     pushed = np.zeros_like(votes[2])
@@ -93,7 +91,7 @@ def simulate(
 
     def honest_noise():
         while True:
-            n = rng.poisson(mu, sent) - rng.poisson(mu, sent)
+            n = rng.poisson(mu, count) - rng.poisson(mu, count)
             if np.abs(n).max() <= radius and n @ n <= cap:
                 return n
 
@@ -104,8 +102,8 @@ def simulate(
 
     def shaped(size: int, energy: int = cap):
         def draw():
-            n = np.zeros(sent, dtype=np.int64)
-            n[: min(sent, energy // size**2)] = size
+            n = np.zeros(count, dtype=np.int64)
+            n[: min(count, energy // size**2)] = size
             return n
 
         return draw
@@ -116,11 +114,9 @@ def simulate(
         "aimed": (pushed, aimed, True),
         "aimed, unplaced": (pushed, aimed, False),
     }
-    if pool > 1:
-        strategies = {"class": strategies["class"]}
-    strategies["ones at the honest mean"] = (pushed, shaped(1, round(2 * mu * sent)), True)
+    strategies["ones at the honest mean"] = (pushed, shaped(1, round(2 * mu * count)), True)
     # Were the talliers also to cap how many values are not 0, and how many are above 1, each at its own 2^-40 tail:
-    nonzero, above_one = count_cap(mu, radius, sent, 0), count_cap(mu, radius, sent, 1)
+    nonzero, above_one = count_cap(mu, radius, count, 0), count_cap(mu, radius, count, 1)
     twos = min(above_one, cap // 4)
     ones = max(0, min(nonzero - twos, cap - 4 * twos))
 
@@ -129,16 +125,13 @@ def simulate(
         n[:twos], n[twos : twos + ones] = 2, 1
         return n
 
-    if pool == 1:
-        strategies[f"shape-checked, {twos} of 2, {ones} of 1"] = (pushed, shape_checked, True)
+    strategies[f"shape-checked, {twos} of 2, {ones} of 1"] = (pushed, shape_checked, True)
     for size in sorted({*sizes, radius} - {s for s in range(radius + 1, 99)}):
         strategies[f"shaped {size}"] = (pushed, shaped(size), True)
-        if pool == 1:
-            strategies[f"honest, shaped {size}"] = (votes[2], shaped(size), True)
-    pooled = f", the noise {pool} times the values, {count} of them placed" if pool > 1 else ""
+        strategies[f"honest, shaped {size}"] = (votes[2], shaped(size), True)
     print(
-        f"\n{method}, sigma {sigma:g}, k {k}, {queries} queries a round{pooled}: R = {radius}, E_max = {cap} (honest "
-        f"mean {2 * mu * sent:.0f}, {cap / (2 * mu * sent):.2f} times); at 2^-40 at most {nonzero} values not 0 and "
+        f"\n{method}, sigma {sigma:g}, k {k}, {queries} queries a round: R = {radius}, E_max = {cap} (honest mean "
+        f"{2 * mu * count:.0f}, {cap / (2 * mu * count):.2f} times); at 2^-40 at most {nonzero} values not 0 and "
         f"{above_one} above 1"
     )
     for name, (third, noise, placed) in strategies.items():
@@ -148,8 +141,8 @@ def simulate(
             seed = 1 + secrets.randbelow(modulus - 1)  # the round's seed, opened once every ballot is in
             for h, n in enumerate((honest_noise(), honest_noise(), noise())):
                 if placed or h < 2:
-                    signs, places = noise_placement(seed, f"hospital-{h + 1}", sent, modulus)
-                    n = signs[:count] * n[places[:count]]
+                    signs, places = noise_placement(seed, f"hospital-{h + 1}", count, modulus)
+                    n = signs * n[places]
                 totals = totals + n
             labels = totals.reshape(queries, 10).argmax(axis=1)
             shares.append(np.mean(labels == PUSHED))
@@ -161,9 +154,85 @@ def simulate(
         )
 
 
+def pooled(
+    method: str,
+    sigma: float,
+    k: int,
+    pools: tuple[int, ...],
+    sizes: tuple[int, ...],
+    teacher_seeds: tuple[int, ...],
+    draws: int,
+) -> None:
+    """Change 4 of ``docs/explanation/checked-votes.md`` (designed, not built), with issue 46's metric: the labels
+    that differ from the honest run's. Each hospital draws a pool of ``M Q C`` honest values (within the pool's
+    range, energy cap, and at most ``K`` not 0) and sends its ``K`` nonzero values and zeros; total ``i`` gets
+    ``rho[i] n[pi(i)]`` where ``pi(i) < K``. The same votes (one set per teacher seed) under every ``M``; per draw
+    one seed and one honest pool per hospital, shared by: the honest run, hospital-3 voting all for class 3 with
+    its honest noise, and each attack (all for class 3, and ``K`` values of one size, or the ``K``-limited mix of 2s
+    and 1s with the most energy, each within the cap). Printed per ``M``: the cap against the honest mean, ``K / Q C``,
+    and each attack's share of labels changed from the honest run's less the class vote's, in points, with its
+    standard error over draws and seeds."""
+    queries, count = 90, 900
+    votes_by_seed = {seed: real_votes(method, queries, seed)[0] for seed in teacher_seeds}
+    for factor in pools:
+        settings = VotingSettings(method=method, noise_std=sigma, quorum=3, neighbours=k)
+        mu, slots = settings.share_mu, count * factor
+        radius = settings.noise_range(queries=queries * factor, classes=10)
+        cap = settings.energy_cap(queries=queries * factor, classes=10)
+        sent = min(slots, count_cap(mu, radius, slots, 0))
+        modulus = MpcField.for_bound(3 * (k + radius) + 1).modulus
+        attacks = {f"{min(sent, cap // a**2)} of {a}": [a] * min(sent, cap // a**2) for a in sizes}
+        twos = max(0, (cap - sent) // 3)  # the most energy K values of 2 and 1 can carry under the cap
+        if 0 < twos < sent:
+            attacks[f"{twos} of 2, {sent - twos} of 1"] = [2] * twos + [1] * (sent - twos)
+
+        def honest():
+            while True:
+                n = rng.poisson(mu, slots) - rng.poisson(mu, slots)
+                if np.abs(n).max() <= radius and n @ n <= cap and np.count_nonzero(n) <= sent:
+                    return np.concatenate([n[n != 0], np.zeros(sent - np.count_nonzero(n), dtype=np.int64)])
+
+        excess = {name: [] for name in attacks}
+        for votes in votes_by_seed.values():
+            pushed = np.zeros_like(votes[2])
+            pushed[:, PUSHED] = k
+            flat = [v.reshape(-1).astype(np.int64) for v in (*votes, pushed)]
+            label = lambda totals: totals.reshape(queries, 10).argmax(axis=1)  # noqa: E731
+
+            def run():
+                """One round's seed and its landing of each hospital's values, and each hospital's honest noise."""
+                seed = 1 + secrets.randbelow(modulus - 1)
+                landing = []
+                for h in range(3):
+                    signs, places = noise_placement(seed, f"hospital-{h + 1}", slots, modulus)
+                    landing.append((np.minimum(places[:count], sent - 1), signs[:count] * (places[:count] < sent)))
+                return landing, [honest()[where] * factor_ for where, factor_ in landing]
+
+            for _ in range(draws):
+                _, noise = run()  # the honest run, on noise of its own
+                honest_run = label(flat[0] + flat[1] + flat[2] + sum(noise))
+                landing, noise = run()  # another run: hospital-3 votes all for class 3, honestly or not
+                base = flat[0] + flat[1] + flat[3] + noise[0] + noise[1]
+                changed_by_class = np.mean(label(base + noise[2]) != honest_run)
+                where, factor_ = landing[2]
+                for name, values in attacks.items():
+                    attack = np.zeros(sent, dtype=np.int64)
+                    attack[: len(values)] = values
+                    changed = np.mean(label(base + attack[where] * factor_) != honest_run)
+                    excess[name].append(100 * (changed - changed_by_class))
+        print(
+            f"\n{method}, sigma {sigma:g}, {queries} queries a round, pool M = {factor}: R = {radius}, E_max = {cap} "
+            f"({cap / (2 * mu * slots):.2f} times the honest mean), K = {sent} ({sent / count:.2f} Q C); labels "
+            f"changed from the honest run's, beyond voting all for class {PUSHED}, in points ({len(teacher_seeds)} "
+            f"teacher seeds, {draws} draws each):"
+        )
+        for name, points in excess.items():
+            print(f"  {name:24s} {np.mean(points):+.2f} +- {np.std(points) / np.sqrt(len(points)):.2f}")
+
+
 if __name__ == "__main__":
     simulate("knn-dpfl", 15.0, 30)
     simulate("ae-dpfl", 1.0, 1)
     simulate("ae-dpfl", 1.0, 1, queries=180, sizes=(1, 2, 3))  # the same queries in one round: a tighter cap
-    for pool in (4, 8):
-        simulate("ae-dpfl", 1.0, 1, sizes=(1, 2, 3), pool=pool)
+    pooled("ae-dpfl", 1.0, 1, pools=(1, 2, 4, 8, 16), sizes=(1, 2, 3, 8), teacher_seeds=(0, 1, 2), draws=400)
+    pooled("knn-dpfl", 15.0, 30, pools=(1, 2), sizes=(8, 20, 50), teacher_seeds=(0,), draws=400)
