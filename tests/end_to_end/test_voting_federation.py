@@ -596,6 +596,19 @@ def test_a_tallier_that_withholds_its_void_is_named_and_the_run_stops(federation
         assert "round 1 released nothing" not in federation.log(name)
 
 
+def _void_first_round(federation):
+    """The report of a run whose first round every tallier voided, once every party has left (each hospital has
+    written the void's cancellation by then), and that round's record."""
+    assert federation.exit_code("server") == 0, federation.log("server")
+    for name in federation.roster.hospitals:  # each has written the void's cancellation when it leaves
+        assert federation.exit_code(name) == 0, federation.log(name)
+    report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
+    first = report["rounds"][0]
+    assert first["status"] == "aborted" and set(first["void"]) == set(federation.roster.talliers), first
+    assert report["final"]["queries_labelled"] == 0
+    return report, first
+
+
 _NOISE_OVER_ITS_CAP = """
 import runpy, sys
 sys.path.insert(0, {support!r})
@@ -625,16 +638,10 @@ def test_a_round_in_which_every_ballot_is_refused_releases_nothing_and_charges_n
         federation.hospital(name, part, code=code)
     for name in federation.roster.talliers:
         federation.tallier(name)
-    assert federation.exit_code("server") == 0, federation.log("server")
-    for name in federation.roster.hospitals:  # each has written the void's cancellation when it leaves
-        assert federation.exit_code(name) == 0, federation.log(name)
-    report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
-    first = report["rounds"][0]
-    assert first["status"] == "aborted" and set(first["void"]) == set(federation.roster.talliers), first
+    report, first = _void_first_round(federation)
     assert "0 of the 3 voters' ballots pass their checks" in first["reason"], first
     for name in federation.roster.hospitals:  # a void round's refusals are named in its reason
         assert f"{name} (its noise's energy exceeds the cap)" in first["reason"], first
-    assert report["final"]["queries_labelled"] == 0
     for name in federation.roster.hospitals:
         ledger = party_ledger(federation.federation / name)
         assert ledger.voids(report["config"]["run_id"]) == 1 and ledger.steps == 0, federation.log(name)
@@ -650,13 +657,7 @@ def test_a_round_a_hospital_withdraws_from_below_the_quorum_is_void_and_charges_
     federation.hospital("hospital-3", 3, "--epsilon-budget", "0.001")
     for name in federation.roster.talliers:
         federation.tallier(name)
-    assert federation.exit_code("server") == 0, federation.log("server")
-    for name in federation.roster.hospitals:  # each has written the void's cancellation when it leaves
-        assert federation.exit_code(name) == 0, federation.log(name)
-    report = json.loads((federation.tmp / "out" / "server_report.json").read_text())
-    first = report["rounds"][0]
-    assert first["status"] == "aborted" and set(first["void"]) == set(federation.roster.talliers), first
-    assert report["final"]["queries_labelled"] == 0
+    report, first = _void_first_round(federation)
     for name in ("hospital-1", "hospital-2"):
         ledger = party_ledger(federation.federation / name)
         assert ledger.voids(report["config"]["run_id"]) == 1 and ledger.steps == 0, federation.log(name)
