@@ -27,7 +27,7 @@ not built, in which each hospital's noise is a pool of ``M`` times the round's v
 which the talliers place a random ``Q C``, measured by the labels changed from the honest run's.
 
 Printed: the share of labels that are class 3 and the label accuracy, each a mean over the draws with its
-standard error. Run: ``python results/vote_pushing/simulate.py`` (about 10 minutes on 2 cores).
+standard error. Run: ``python results/vote_pushing/simulate.py`` (about 6 minutes on 2 cores).
 """
 
 import math
@@ -167,9 +167,9 @@ def pooled(
     that differ from the honest run's. Each hospital draws a pool of ``M Q C`` honest values (within the pool's
     range, energy cap, and at most ``K`` not 0) and sends its ``K`` nonzero values and zeros; total ``i`` gets
     ``rho[i] n[pi(i)]`` where ``pi(i) < K``. The same votes (one set per teacher seed) under every ``M``; per draw
-    one seed and one honest pool per hospital, shared by: the honest run, hospital-3 voting all for class 3 with
-    its honest noise, and each attack (all for class 3, and ``K`` values of one size, or the ``K``-limited mix of 2s
-    and 1s with the most energy, each within the cap). Printed per ``M``: the cap against the honest mean, ``K / Q C``,
+    an honest run on a seed and pools of its own, and another seed and honest pools shared by hospital-3 voting
+    all for class 3 with its honest noise and by each attack (all for class 3, and as many values of one size as
+    K and the cap allow, or the ``K``-limited mix of 2s and 1s with the most energy). Printed per ``M``: the cap against the honest mean, ``K / Q C``,
     and each attack's share of labels changed from the honest run's less the class vote's, in points, with its
     standard error over draws and seeds."""
     queries, count = 90, 900
