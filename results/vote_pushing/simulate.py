@@ -169,13 +169,17 @@ def pooled(
     ``rho[i] n[pi(i)]`` where ``pi(i) < K``. The same votes (one set per teacher seed) under every ``M``; per draw
     an honest run on a seed and pools of its own, and another seed and honest pools shared by hospital-3 voting
     all for class 3 with its honest noise and by each attack (all for class 3, and as many values of one size as
-    K and the cap allow, or the ``K``-limited mix of 2s and 1s with the most energy). Printed per ``M``: the cap against the honest mean, ``K / Q C``,
-    and each attack's share of labels changed from the honest run's less the class vote's, in points, with its
-    standard error over draws and seeds."""
+    K and the cap allow, or the ``K``-limited mix of 2s and 1s with the most energy). Printed per ``M``: the cap
+    against the honest mean, ``K / Q C``, and each attack's share of labels changed from the honest run's less the
+    class vote's, in points, with its standard error over draws and seeds."""
     queries, count = 90, 900
+    settings = VotingSettings(method=method, noise_std=sigma, quorum=3, neighbours=k)
     votes_by_seed = {seed: real_votes(method, queries, seed)[0] for seed in teacher_seeds}
+
+    def label(totals):
+        return totals.reshape(queries, 10).argmax(axis=1)
+
     for factor in pools:
-        settings = VotingSettings(method=method, noise_std=sigma, quorum=3, neighbours=k)
         mu, slots = settings.share_mu, count * factor
         radius = settings.noise_range(queries=queries * factor, classes=10)
         cap = settings.energy_cap(queries=queries * factor, classes=10)
@@ -185,6 +189,7 @@ def pooled(
         twos = max(0, (cap - sent) // 3)  # the most energy K values of 2 and 1 can carry under the cap
         if 0 < twos < sent:
             attacks[f"{twos} of 2, {sent - twos} of 1"] = [2] * twos + [1] * (sent - twos)
+        sent_values = {name: np.pad(np.array(v, dtype=np.int64), (0, sent - len(v))) for name, v in attacks.items()}
 
         def honest():
             while True:
@@ -197,7 +202,6 @@ def pooled(
             pushed = np.zeros_like(votes[2])
             pushed[:, PUSHED] = k
             flat = [v.reshape(-1).astype(np.int64) for v in (*votes, pushed)]
-            label = lambda totals: totals.reshape(queries, 10).argmax(axis=1)  # noqa: E731
 
             def run():
                 """One round's seed and its landing of each hospital's values, and each hospital's honest noise."""
@@ -215,9 +219,7 @@ def pooled(
                 base = flat[0] + flat[1] + flat[3] + noise[0] + noise[1]
                 changed_by_class = np.mean(label(base + noise[2]) != honest_run)
                 where, factor_ = landing[2]
-                for name, values in attacks.items():
-                    attack = np.zeros(sent, dtype=np.int64)
-                    attack[: len(values)] = values
+                for name, attack in sent_values.items():
                     changed = np.mean(label(base + attack[where] * factor_) != honest_run)
                     excess[name].append(100 * (changed - changed_by_class))
         print(
