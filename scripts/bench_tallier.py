@@ -61,7 +61,9 @@ VOTINGS = {
 _BASE = {"queries": 500, "classes": 10, "talliers": 3, "hospitals": 3}
 _TARGET_MS = 10.0
 _TIMEOUT_S = 600.0
-_LAYOUT_FIELDS = ("queries", "classes", "votes_per_query", "abstains", "noise_range", "energy_cap")
+_LAYOUT_FIELDS = (
+    "queries", "classes", "votes_per_query", "abstains", "noise_range", "energy_cap", "pool_factor"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -189,9 +191,7 @@ def _write_cell_input(path: Path, queries: int, classes: int, talliers: int, hos
     ballots = {
         name: (
             rng.multinomial(layout.votes_per_query, np.full(classes, 1 / classes), size=queries),
-            noise_share(
-                mechanism, radius=layout.noise_range, energy_cap=layout.energy_cap, generator=secure_generator()
-            ),
+            noise_share(mechanism, layout.noise_pool, generator=secure_generator()),
         )
         for name in names
     }

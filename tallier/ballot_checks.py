@@ -1,7 +1,7 @@
 """What the talliers make of one ballot inside the MPC: its checks, its votes, and its noise signed and placed.
 
 A ballot (``protocol.voting.ballots``) is three checked vectors: the votes ``v`` (``Q`` rows of
-``s`` votes), the noise ``n`` (``Q C`` values in ``[-R, R]``) and the slack ``e = E_max - sum n^2``.
+``s`` votes), the noise ``n`` (``M Q C`` values in ``[-R, R]``) and the slack ``e = E_max - sum n^2``.
 Once every tallier's inputs of every ballot's bits and keys are in, the talliers open a jointly
 random seed, and from it public coefficients (``crypto.checked_shares.challenge``):
 
@@ -19,11 +19,12 @@ random seed, and from it public coefficients (``crypto.checked_shares.challenge`
   (``BallotLayout.energy_bound``, checked when a run is configured). One inner product; no
   comparison.
 
-A ballot that passes enters the totals as ``v[:, :C] + rho * n[pi]`` (``noise_placement``): its
-noise signed by public random signs and placed by a public random permutation, both drawn from
-the seed, which no one knew when the ballot was sealed. The hospital chose the noise's sizes (in
-the range, under the cap), not where they land nor which way they point. Honest noise is i.i.d.
-and symmetric, so its signed and permuted copy has the same distribution.
+A ballot that passes enters the totals as ``v[:, :C] + rho * n[pi[:Q C]]`` (``pool_placement``):
+of its noise, a pool of ``M Q C`` values, the first ``Q C`` of a public random permutation, signed
+by public random signs, both drawn from the seed, which no one knew when the ballot was sealed.
+The hospital chose the noise's sizes (in the range, under the cap), not where they land, which of
+them land (each with probability ``1 / M``) nor which way they point. An honest pool is
+exchangeable and symmetric, so the values placed have its law: ``Sk(mu)`` in every total.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from consilium.crypto.checked_shares import challenge, tag_combination
 from consilium.protocol.voting.ballots import BallotLayout
 from consilium.tallier.authenticated import Authenticated, pair_difference, pair_part, pair_sum
 
-__all__ = ["REFUSALS", "BallotChecks", "CheckedBallot", "noise_placement"]
+__all__ = ["REFUSALS", "BallotChecks", "CheckedBallot", "noise_placement", "pool_placement"]
 
 # Why a ballot is refused, by the check it failed (a ``CheckedBallot`` field), in the order they are opened.
 REFUSALS = {
@@ -114,18 +115,27 @@ class BallotChecks:
 
     def placed(self, ballot: CheckedBallot, voter: str, placement: int):
         """``v[:, :C] + rho * n[pi]``, flattened: what ``voter``'s ballot adds to the round's ``Q C`` totals, its
-        noise signed and placed by ``placement``, a seed opened after every ballot was in."""
+        noise signed and placed by ``placement``, a seed opened after every ballot was in (``pool_placement``): a
+        gather and public signs, so no communication."""
         runtime, layout = self.runtime, self.layout
         rows = runtime.np_reshape(ballot.votes, (layout.queries, layout.vote_columns))
         votes = runtime.np_reshape(rows[:, : layout.classes], (-1,))
-        signs, places = noise_placement(placement, voter, layout.queries * layout.classes, self.modulus)
-        return votes + ballot.noise[places] * self.public(signs)
+        signs, slots = pool_placement(placement, voter, layout, self.modulus)
+        return votes + ballot.noise[slots] * self.public(signs)
+
+
+def pool_placement(seed: int, voter: str, layout: BallotLayout, modulus: int) -> tuple[np.ndarray, np.ndarray]:
+    """How ``voter``'s noise enters the round's ``N = Q C`` totals: total ``i`` gets ``signs[i] n[slots[i]]``, the
+    first ``N`` of a uniform permutation of its pool's ``M N`` slots (``noise_placement``)."""
+    signs, places = noise_placement(seed, voter, layout.pool_values, modulus)
+    return signs[: layout.totals], places[: layout.totals]
 
 
 def noise_placement(seed: int, voter: str, count: int, modulus: int) -> tuple[np.ndarray, np.ndarray]:
-    """The public signs (``+1`` or ``-1``) and places with which ``voter``'s noise enters a round's ``count`` totals:
-    total ``i`` gets ``signs[i] n[places[i]]``. Drawn from the round's jointly random ``seed``: a uniform
-    permutation (the order of uniform keys, ties below ``count^2 / p``) and uniform signs (within ``1/p``)."""
+    """The public signs (``+1`` or ``-1``) and a permutation of ``count`` pool slots with which ``voter``'s noise
+    enters a round: total ``i`` gets ``signs[i] n[places[i]]`` for ``i`` below the round's totals. Drawn from the
+    round's jointly random ``seed``: a uniform permutation (the order of uniform keys of two field elements each,
+    ties below ``count^2 / p^2``) and uniform signs (within ``1/p``)."""
     signs = np.array(challenge(seed, count, modulus, f"noise-signs/{voter}"), dtype=np.uint64) & 1  # p < 2^64
-    keys = np.array(challenge(seed, count, modulus, f"noise-places/{voter}"), dtype=np.uint64)
-    return 1 - 2 * signs.astype(np.int64), np.argsort(keys, kind="stable")
+    keys = [np.array(challenge(seed, count, modulus, f"noise-places/{voter}/{k}"), dtype=np.uint64) for k in (0, 1)]
+    return 1 - 2 * signs.astype(np.int64), np.lexsort((keys[1], keys[0]))

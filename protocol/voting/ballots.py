@@ -7,8 +7,9 @@ shared, under a tag the talliers check inside the MPC), one after the other (``B
 - the **votes**, ``Q`` rows of counts in ``[0, s]``: a one-hot row per query for AE-DPFL (with a
   last column for "no class" where its teachers may abstain), the ``k`` neighbours' label counts
   for kNN-DPFL. The talliers check that each row sums to ``s``, so the votes are votes;
-- the **noise**, ``Q C`` values in ``[-R, R]``, the hospital's ``Sk(mu)`` share, which the talliers
-  sign and place at random after the fact (``tallier.mpc``);
+- the **noise**, ``M Q C`` values in ``[-R, R]``: the hospital's ``Sk(mu)`` share drawn as a pool
+  (``training.voting.vote_privacy.NoisePool``), of which the talliers sign and place the round's
+  ``Q C`` at random after the fact (``tallier.ballot_checks``);
 - the **slack**, ``E_max - sum n^2`` in ``[0, E_max]``: the talliers check that it and the noise's
   energy add up to ``E_max``, which bounds the energy without a secure comparison.
 
@@ -38,7 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from consilium.crypto.checked_shares import CheckedLayout, share_checked
-from consilium.training.voting.vote_privacy import VotingSettings
+from consilium.training.voting.vote_privacy import NoisePool, VotingSettings
 from consilium.crypto.mpc_field import MpcField
 from consilium.crypto.sealed_box import (
     OVERHEAD_BYTES,
@@ -99,21 +100,39 @@ class BallotLayout:
     abstains: bool  # a last vote column per query, "no class" (AE-DPFL with a teacher confidence)
     noise_range: int  # R
     energy_cap: int  # E_max
+    pool_factor: int = 1  # M: the noise is a pool of M Q C values (training.voting.vote_privacy.NoisePool)
 
     PARTS = ("votes", "noise", "slack")
 
     @classmethod
     def for_round(cls, voting: VotingSettings, *, queries: int, classes: int, abstains: bool) -> "BallotLayout":
-        """The ballot of a round of ``queries`` over ``classes`` under ``voting``: its noise within
-        ``VotingSettings.noise_range`` and under ``VotingSettings.energy_cap``."""
-        shape = {"queries": queries, "classes": classes}
+        """The ballot of a round of ``queries`` over ``classes`` under ``voting``: its noise from
+        ``VotingSettings.noise_pool``."""
+        pool = voting.noise_pool(queries=queries, classes=classes)
         return cls(
-            **shape,
+            queries=queries,
+            classes=classes,
             votes_per_query=voting.votes_per_query,
             abstains=abstains,
-            noise_range=voting.noise_range(**shape),
-            energy_cap=voting.energy_cap(**shape),
+            noise_range=pool.radius,
+            energy_cap=pool.energy_cap,
+            pool_factor=pool.factor,
         )
+
+    @property
+    def totals(self) -> int:
+        """``N = Q C``: the round's noisy totals."""
+        return self.queries * self.classes
+
+    @property
+    def pool_values(self) -> int:
+        """``M N``: the values of a hospital's noise pool, all in its ballot, of which the round's ``N`` are placed."""
+        return self.pool_factor * self.totals
+
+    @property
+    def noise_pool(self) -> NoisePool:
+        """What a hospital draws its noise under (``training.voting.votes.noise_share``)."""
+        return NoisePool(self.pool_factor, self.noise_range, self.energy_cap)
 
     @property
     def vote_columns(self) -> int:
@@ -124,7 +143,7 @@ class BallotLayout:
         """The votes, the noise and the slack, in that order."""
         return (
             CheckedLayout(self.queries * self.vote_columns, 0, self.votes_per_query),
-            CheckedLayout(self.queries * self.classes, -self.noise_range, self.noise_range),
+            CheckedLayout(self.pool_values, -self.noise_range, self.noise_range),
             CheckedLayout(1, 0, self.energy_cap),
         )
 
@@ -159,13 +178,13 @@ class BallotLayout:
     @property
     def energy_bound(self) -> int:
         """The largest ``sum n^2 + slack`` bits can rebuild: the field must exceed it for the energy check to be exact."""
-        return self.queries * self.classes * self.noise_range**2 + self.energy_cap
+        return self.pool_values * self.noise_range**2 + self.energy_cap
 
 
 def share_ballot(
     votes: np.ndarray, noise: np.ndarray, layout: BallotLayout, parties: int, modulus: int
 ) -> list[np.ndarray]:
-    """``parties`` shares of a ballot: ``votes`` (``Q`` rows of ``layout.vote_columns``) and ``noise`` (``Q C``).
+    """``parties`` shares of a ballot: ``votes`` (``Q`` rows of ``layout.vote_columns``) and ``noise`` (``M Q C``).
 
     ``ShareError`` unless the votes are in ``[0, s]``, ``s`` to a row, and the noise is in its range and under its cap."""
     votes = np.asarray(votes, dtype=np.int64)

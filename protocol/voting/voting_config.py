@@ -123,8 +123,9 @@ class VotingConfig:
         return tolerated_coalition(len(self.hospitals) // 2 + 1, consortium)
 
     def ballot_layout(self) -> BallotLayout:
-        """A hospital's ballot: its votes, its noise within ``VotingSettings.noise_range`` and under
-        ``VotingSettings.energy_cap``, and the slack (``protocol.voting.ballots``)."""
+        """A hospital's ballot: its votes, its noise from ``VotingSettings.noise_pool`` (``M``, ``K``, ``R`` and
+        ``E_max``, which ``to_dict`` carries and ``from_dict`` compares with its own), and the slack
+        (``protocol.voting.ballots``)."""
         return BallotLayout.for_round(
             self.voting,
             queries=self.queries_per_round,
@@ -174,6 +175,7 @@ class VotingConfig:
             "teacher_epochs": self.teacher_epochs,
             "teacher_confidence": self.teacher_confidence,
             "feature_dimensions": self.feature_dimensions,
+            "ballot": self.ballot_layout().noise_pool.to_dict(),  # derived: announced so that every party compares
         }
 
     @classmethod
@@ -213,9 +215,13 @@ class VotingConfig:
             raise
         except ValueError as error:
             raise ConfigError(f"malformed voting configuration: {error}") from None
-        if set(values) != set(config.to_dict()):
+        derived = config.to_dict()
+        if set(values) != set(derived):
+            raise ConfigError(f"malformed voting configuration: unexpected fields {sorted(set(values) - set(derived))}")
+        if values["ballot"] != derived["ballot"]:  # parties that derived other figures would refuse honest ballots
             raise ConfigError(
-                f"malformed voting configuration: unexpected fields {sorted(set(values) - set(config.to_dict()))}"
+                f"the configuration's ballot figures {values['ballot']} are not the {derived['ballot']} this party "
+                "derives from its settings: another version or platform, refusing the run"
             )
         return config
 

@@ -307,9 +307,7 @@ class VotingHospital:
         votes = self._votes(queries.reshape(config.queries_per_round, *config.model.input_shape).copy())
         mechanism = config.voting.mechanism(queries=config.queries_per_round, classes=config.classes, level="record")
         layout = config.ballot_layout()
-        noise = noise_share(
-            mechanism, radius=layout.noise_range, energy_cap=layout.energy_cap, generator=self._generator
-        )
+        noise = noise_share(mechanism, layout.noise_pool, generator=self._generator)
         boxes, secrets = seal_ballot(
             layout.with_abstentions(votes),
             noise,

@@ -29,6 +29,7 @@ def run_report(config: VotingConfig, finish_reason: str, fingerprint: str, round
             "abstains": layout.abstains,
             "noise_range": [-layout.noise_range, layout.noise_range],
             "energy_cap": layout.energy_cap,
+            "noise_pool_factor": layout.pool_factor,
         },
         "totals_bound": config.totals_bound(),
         "finish_reason": finish_reason,

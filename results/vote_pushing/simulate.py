@@ -4,8 +4,9 @@ The three hospitals' real votes on the built-in digits' public pool (kNN-DPFL: k
 dimensions; AE-DPFL: each hospital's teacher, 30 epochs), as a default run casts them, hospital-3 playing one
 strategy; then many draws of every hospital's noise and of the round's seed, from which
 ``tallier.ballot_checks.noise_placement`` (imported, not copied) signs and places each hospital's noise, at the run's defaults (3 hospitals, quorum 3, 90 queries a round;
-kNN-DPFL sigma 15, AE-DPFL sigma 1). The noise's range and energy cap are the run's own
-(``VotingSettings.noise_range``, ``VotingSettings.energy_cap``). Strategies of hospital-3:
+kNN-DPFL sigma 15, AE-DPFL sigma 1). The noise's range and energy cap are those of a pool of one round's values
+(``VotingSettings.noise_range``, ``VotingSettings.energy_cap``): the checks before change 4 below, which
+``simulate`` measures. Strategies of hospital-3:
 
 - ``honest``: its own votes, honest noise;
 - ``class``: every vote for class 3, honest noise: its influence through its votes alone;
@@ -22,9 +23,12 @@ kNN-DPFL sigma 15, AE-DPFL sigma 1). The noise's range and energy cap are the ru
   2^-40 tail (``count_cap``): what checks of the noise's shape, which the talliers do not make, would leave.
 
 Last, AE-DPFL again with the same 180 queries in one round, whose cap lies closer to the honest energy's mean
-(the tail of a sum of more values). Then ``pooled``: change 4 of ``docs/explanation/checked-votes.md``, a design
-not built, in which each hospital's noise is a pool of ``M`` times the round's values, checked over them all, of
-which the talliers place a random ``Q C``, measured by the labels changed from the honest run's.
+(the tail of a sum of more values). Then ``pooled``: change 4 of ``docs/explanation/checked-votes.md`` as
+designed, in which each hospital's noise is a pool of ``M`` times the round's values, checked over them all, of
+which the talliers place a random ``Q C``, measured by the labels changed from the honest run's; the design sent
+only the pool's values that are not 0 (``K`` of them), which its review found a leak: as built
+(``tallier.ballot_checks.pool_placement``), every value is sent, and ``tests/end_to_end/test_vote_pushing.py``
+measures it on a real federation's votes.
 
 Printed: the share of labels that are class 3 and the label accuracy, each a mean over the draws with its
 standard error. Run: ``python results/vote_pushing/simulate.py`` (about 6 minutes on 2 cores).
@@ -81,8 +85,8 @@ def real_votes(method: str, queries: int, seed: int | None = None) -> tuple[list
 
 def simulate(method: str, sigma: float, k: int, queries: int = 90, sizes=(1, 2, 3, 5, 8, 13, 20, 30, 50)) -> None:
     settings = VotingSettings(method=method, noise_std=sigma, quorum=3, neighbours=k)
-    radius = settings.noise_range(queries=queries, classes=10)
-    cap = settings.energy_cap(queries=queries, classes=10)
+    radius = settings.noise_range(values=queries * 10)
+    cap = settings.energy_cap(values=queries * 10)
     mu, count = settings.share_mu, queries * 10
     modulus = MpcField.for_bound(3 * (k + radius) + 1).modulus  # the run's field at both defaults
     votes, truth = real_votes(method, queries)
@@ -181,8 +185,8 @@ def pooled(
 
     for factor in pools:
         mu, slots = settings.share_mu, count * factor
-        radius = settings.noise_range(queries=queries * factor, classes=10)
-        cap = settings.energy_cap(queries=queries * factor, classes=10)
+        radius = settings.noise_range(values=slots)
+        cap = settings.energy_cap(values=slots)
         sent = min(slots, count_cap(mu, radius, slots, 0))
         modulus = MpcField.for_bound(3 * (k + radius) + 1).modulus
         attacks = {f"{min(sent, cap // a**2)} of {a}": [a] * min(sent, cap // a**2) for a in sizes}

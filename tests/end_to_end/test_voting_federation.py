@@ -474,7 +474,7 @@ def _all_for_class_3(config):
     layout = config.ballot_layout()
     votes = np.zeros((layout.queries, layout.vote_columns), dtype=np.int64)
     votes[:, 3] = layout.votes_per_query
-    return votes, np.zeros(layout.queries * layout.classes, dtype=np.int64)
+    return votes, np.zeros(layout.pool_values, dtype=np.int64)
 
 
 def _outside_the_field(config, talliers=(1, 2)):
@@ -618,7 +618,7 @@ from tally_inputs import ballot_bits, forged_ballot
 
 
 def over_its_cap(votes, noise, layout, parties, modulus):
-    edge = np.full(layout.queries * layout.classes, layout.noise_range)  # each value in its range, no slack left
+    edge = np.full(layout.pool_values, layout.noise_range)  # each value in its range, no slack left
     return forged_ballot(ballot_bits(layout, votes, edge, 0), parties, modulus)
 
 

@@ -108,13 +108,13 @@ def _votes_only(totals, votes_per_query):
     return dict(zip(HOSPITALS, ((votes, zero) for votes in split_totals(totals, votes_per_query)))), layout
 
 
-def _random_ballots(queries, classes, votes_per_query, noise_range=40):
+def _random_ballots(queries, classes, votes_per_query, noise_range=40, **pool):
     generator = np.random.default_rng()
-    layout = layout_for(queries, classes, votes_per_query, noise_range=noise_range)
+    layout = layout_for(queries, classes, votes_per_query, noise_range=noise_range, **pool)
     return {
         name: (
             generator.multinomial(votes_per_query, np.full(classes, 1 / classes), size=queries),
-            generator.integers(-noise_range, noise_range + 1, size=queries * classes),
+            generator.integers(-noise_range, noise_range + 1, size=layout.pool_values),
         )
         for name in HOSPITALS
     }, layout
@@ -144,7 +144,8 @@ def test_the_mpc_argmax_is_the_plaintext_argmax_ties_included(tmp_path):
 
 
 def test_each_voter_s_noise_enters_the_totals_signed_and_placed_anew_each_round(tmp_path):
-    ballots, layout = _random_ballots(40, 5, 30)
+    """From a pool of 3 N values: what lands where, as ``pool_placement`` says, in every tallier's totals."""
+    ballots, layout = _random_ballots(40, 5, 30, pool_factor=3)
     outputs, codes, errors = _run(tmp_path, ballots, layout, reveal="histogram", rounds=2)
     assert codes == {0: 0, 1: 0, 2: 0}, errors
     modulus = share_ballots(ballots, TALLIERS, layout)[1].modulus
@@ -155,7 +156,7 @@ def test_each_voter_s_noise_enters_the_totals_signed_and_placed_anew_each_round(
             expected = placed_totals(ballots, layout, seed, modulus)
             assert np.array_equal(round_output["totals"], expected)
             assert np.array_equal(round_output["labels"], expected.argmax(axis=1))
-    plain = sum(votes + noise.reshape(votes.shape) for votes, noise in ballots.values())
+    plain = sum(votes + np.resize(noise, votes.shape) for votes, noise in ballots.values())
     assert not np.array_equal(outputs[0][0]["totals"], plain)  # the noise did not land where it was sent
 
 

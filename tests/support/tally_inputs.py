@@ -4,7 +4,7 @@ talliers should reach from them."""
 import numpy as np
 from consilium.crypto.checked_shares import _share_bits
 from consilium.protocol.voting.ballots import BallotLayout
-from consilium.tallier.ballot_checks import noise_placement
+from consilium.tallier.ballot_checks import pool_placement
 
 
 def layout_for(
@@ -15,10 +15,12 @@ def layout_for(
     noise_range: int = 40,
     energy_cap: int | None = None,
     abstains: bool = False,
+    pool_factor: int = 1,
 ):
-    """A ballot layout whose energy cap binds nothing unless ``energy_cap`` is given."""
-    cap = queries * classes * noise_range**2 if energy_cap is None else energy_cap
-    return BallotLayout(queries, classes, votes_per_query, abstains, noise_range, cap)
+    """A ballot layout whose energy cap binds nothing unless ``energy_cap`` is given, its noise a pool of
+    ``pool_factor`` times the round's values."""
+    cap = pool_factor * queries * classes * noise_range**2 if energy_cap is None else energy_cap
+    return BallotLayout(queries, classes, votes_per_query, abstains, noise_range, cap, pool_factor)
 
 
 def split_totals(totals: np.ndarray, votes_per_query: int) -> tuple[np.ndarray, np.ndarray]:
@@ -38,11 +40,10 @@ def placed_totals(
 ) -> np.ndarray:
     """The ``(Q, C)`` totals the talliers compute from ``ballots``: each voter's votes plus its noise, signed and
     placed by the round's ``seed``."""
-    count = layout.queries * layout.classes
-    totals = np.zeros(count, dtype=np.int64)
+    totals = np.zeros(layout.totals, dtype=np.int64)
     for voter, (votes, noise) in ballots.items():
-        signs, places = noise_placement(seed, voter, count, modulus)
-        totals += np.asarray(votes)[:, : layout.classes].reshape(-1) + signs * np.asarray(noise).reshape(-1)[places]
+        signs, slots = pool_placement(seed, voter, layout, modulus)
+        totals += np.asarray(votes)[:, : layout.classes].reshape(-1) + signs * np.asarray(noise).reshape(-1)[slots]
     return totals.reshape(layout.queries, layout.classes)
 
 

@@ -110,9 +110,10 @@ class SkellamMechanism:
             f"an example of norm above the clipping bound could not be rounded within {self.l2_sensitivity:.1f}"
         )
 
-    def noise_share(self, generator: np.random.Generator) -> np.ndarray:
-        """One hospital's noise: ``Sk(mu)`` in every coordinate."""
-        return generator.poisson(self.share_mu, self.dimension) - generator.poisson(self.share_mu, self.dimension)
+    def noise_share(self, generator: np.random.Generator, *, values: int | None = None) -> np.ndarray:
+        """One hospital's noise: ``Sk(mu)`` in every coordinate, or in each of ``values`` values (a pool of them)."""
+        count = self.dimension if values is None else values
+        return generator.poisson(self.share_mu, count) - generator.poisson(self.share_mu, count)
 
     def mu(self, contributors: int, known_shares: int = 0) -> float:
         """The Skellam parameter of a sum of ``contributors`` shares to someone who knows ``known_shares`` of them."""

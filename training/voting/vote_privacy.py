@@ -45,21 +45,23 @@ label is released. What it buys is labels the hospitals agreed on: fewer, and mo
 
 **A ballot's ranges.** A hospital sends its votes and its noise apart (``protocol.voting.ballots``),
 and the talliers check each inside the MPC: every count of its votes in ``[0, s]`` (``s`` the
-votes per query) with ``s`` per query in all, and every value of its noise ``Sk(mu)`` in
-``[-R, R]`` (``noise_range``: Bernstein's inequality on each tail, a union bound over the ``Q C``
-values, so that an honest draw leaves it with probability below ``2^-40``) with ``sum n^2`` at
-most ``E_max`` (``energy_cap``: a Chernoff bound on the exact distribution, below ``2^-40`` too).
-The talliers then sign and place the noise by public random signs and a public random permutation
-drawn after every ballot is in, so a hospital chooses only the sizes of its noise, never where
-they land nor their signs. A hospital redraws noise that misses either bound: that conditions
-each round's output on an event of probability at least ``1 - 2^-39``, moving it by a total
-variation below ``2^-39`` per hospital and round, so a run's ``delta`` grows by at most
-``(1 + e^epsilon) 2^-39 H R`` over ``R`` rounds of ``H`` hospitals, ``epsilon`` the run's. The
-accountant does not add that term: it is 2.4e-7 at kNN-DPFL's defaults (epsilon 10, 3 hospitals, 2
-rounds), passes 1e-5 once epsilon passes about 14 there, and says nothing at AE-DPFL's default
-epsilon in the hundreds (``docs/limitations.md``). Skellam noise is
-symmetric and i.i.d., so the signed and permuted noise is ``Sk(mu)`` in every count again: the
-mechanism above is unchanged.
+votes per query) with ``s`` per query in all; its noise is a pool of ``M`` times the round's
+``N = Q C`` values of ``Sk(mu)`` (``NoisePool``, which says why and how ``M`` is chosen), every
+value in ``[-R, R]`` (``noise_range``: Bernstein's inequality on each tail, a union bound over the
+``M N`` values, so that an honest draw leaves it with probability below ``2^-40``) and ``sum n^2``
+at most ``E_max`` (``energy_cap``: a Chernoff bound on the exact distribution, below ``2^-40``
+too). The talliers then sign the noise and place the round's ``N`` values from a public random
+permutation of the pool drawn after every ballot is in, so a hospital chooses only the sizes of
+its noise, never where they land, their signs, or which of them land. A hospital redraws noise
+that misses either bound: that conditions each round's output on an event of probability at
+least ``1 - 2^-39``, moving it by a total variation below ``2^-39`` per hospital and round, so a
+run's ``delta`` grows by at most ``(1 + e^epsilon) 2^-39 H R`` over ``R`` rounds of ``H``
+hospitals, ``epsilon`` the run's. The accountant does not add that term: it is 2.4e-7 at
+kNN-DPFL's defaults (epsilon 10, 3 hospitals, 2 rounds), passes 1e-5 once epsilon passes about
+14 there, and says nothing at AE-DPFL's default epsilon in the hundreds (``docs/limitations.md``).
+The conditioned pool is exchangeable and symmetric (its events depend on the values' sizes
+alone), so its signed and placed values are ``Sk(mu)`` in every count again, up to that total
+variation: the mechanism above is unchanged.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ __all__ = [
     "VOTING_DEFAULTS",
     "VOTING_FLAGS",
     "VOTING_METHODS",
+    "NoisePool",
     "VotingSettings",
     "default_quorum",
 ]
@@ -123,6 +126,11 @@ VOTING_DEFAULTS = {
 # The fewest hospitals whose default quorum leaves one out: n / (n - 1) <= 1.1 from 11 on (``default_quorum``).
 _FEWEST_TO_LEAVE_ONE_OUT = 11
 _WRAP_LOG_PROBABILITY = -40 * math.log(2)
+# A noise pool's factor M (``NoisePool``): 1, 2, 4 or 8 (a ballot's noise values, its cost), the pool at most 2^22
+# values, and the attacker's extra energy at most 7.5% of the round's noise where one of them allows.
+_POOL_FACTORS = (1, 2, 4, 8)
+_MAX_POOL_VALUES = 2**22
+_SPOIL_SHARE = 0.075
 _MAX_NOISE_STD = 1e4  # far beyond any useful vote; the energy cap's pmf has some 10^6 values at most
 
 
@@ -141,6 +149,40 @@ def default_quorum(hospitals: int) -> int:
     if hospitals < 1:
         raise ValueError(f"a voting run needs at least one hospital, got {hospitals}")
     return hospitals - 1 if hospitals >= _FEWEST_TO_LEAVE_ONE_OUT else hospitals
+
+
+@dataclass(frozen=True)
+class NoisePool:
+    """One hospital's noise over a round of ``N = Q C`` totals: a pool of ``M N`` values of ``Sk(mu)``, redrawn
+    until every value lies in ``[-R, R]`` and their energy ``sum n^2`` is at most ``E_max`` (each bound misses with
+    probability below 2^-40), all of which the ballot carries, in the order drawn. The talliers place the round's
+    ``N`` from a uniform permutation of the ``M N``, drawn after every ballot is in (``tallier.ballot_checks``), so
+    each value sent lands with probability ``1 / M``.
+
+    **Why a pool.** The checks bound a hospital's noise by its range and energy, and within them it may
+    choose sizes that push labels: as much energy as ``E_max``, the 2^-40 tail, against an honest
+    share's mean ``2 mu N``. Over ``M N`` values that tail is relatively nearer the mean, and only
+    ``1 / M`` of what is sent lands: the energy that lands is on average ``E_max / M``, whatever
+    the sizes chosen. The attacker's extra noise, as a share of the round's, is about
+    ``(E_max / (2 mu M N) - 1) / quorum``.
+
+    **Why every value is sent.** Which of the pool's slots land is public. Were the ballot to carry only
+    the values that are not 0, the slots it left out would be known zeros, and every tallier would
+    know which totals a hospital's noise left untouched (most of them, for AE-DPFL's sparse noise).
+
+    **The rule for M**: the smallest of 1, 2, 4 and 8 that puts that share at most 0.075, the largest
+    if none does, the pool at most 2^22 values. At 0.07 and 0.06 (AE-DPFL's and kNN-DPFL's defaults,
+    ``M = 8`` and ``M = 4``) the worst attacks tried change about 1 percentage point of labels beyond
+    the attacker's own votes, at 0.09 up to 2.6 (``tests/end_to_end/test_vote_pushing.py``,
+    ``docs/explanation/checked-votes.md``). A ballot's noise part is ``M`` times the round's values.
+    """
+
+    factor: int  # M
+    radius: int  # R
+    energy_cap: int  # E_max
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -208,30 +250,43 @@ class VotingSettings:
         mechanism = self.mechanism(queries=queries, classes=classes, level=level)
         return release_of(mechanism, sample_rate=1.0, contributors=contributors, coalition=coalition)
 
-    def noise_range(self, *, queries: int, classes: int) -> int:
-        """``R``: every value of one hospital's ``Sk(mu)`` share over a round lies in ``[-R, R]``, but with
+    def noise_range(self, *, values: int) -> int:
+        """``R``: every one of ``values`` values of one hospital's ``Sk(mu)`` noise lies in ``[-R, R]``, but with
         probability below 2^-40.
 
         The share is a sum of unit jumps of variance ``2 mu``; Bernstein's inequality bounds each
-        tail, and a union bound covers both tails of all ``Q C`` values.
+        tail, and a union bound covers both tails of all ``values``.
         """
-        log_inverse = -_WRAP_LOG_PROBABILITY + math.log(2 * queries * classes)
+        log_inverse = -_WRAP_LOG_PROBABILITY + math.log(2 * values)
         return math.ceil(bernstein_deviation(2 * self.share_mu, log_inverse))
 
-    def energy_cap(self, *, queries: int, classes: int) -> int:
-        """``E_max``: ``sum n^2`` over one hospital's round of ``Sk(mu)`` noise, redrawn into ``[-R, R]``, exceeds
-        it with probability below 2^-40.
+    def energy_cap(self, *, values: int) -> int:
+        """``E_max``: ``sum n^2`` over ``values`` values of one hospital's ``Sk(mu)`` noise, redrawn into ``[-R, R]``,
+        exceeds it with probability below 2^-40.
 
         Chernoff: ``P(sum n^2 >= E) <= exp(-lambda E) M(lambda)^N`` for every ``lambda > 0``, with
         ``M(lambda) = E[exp(lambda n^2) | |n| <= R]`` computed on the exact pmf of ``Sk(mu)``,
-        ``e^-2mu I_|x|(2 mu)``, and ``N = Q C``. Any ``lambda`` gives a valid bound; the least one
+        ``e^-2mu I_|x|(2 mu)``, and ``N = values``. Any ``lambda`` gives a valid bound; the least one
         Brent's method finds is taken, rounded up to 10 significant bits: parties whose floating point
         differs in the last places then derive the same cap unless the bound lies within that
         difference of a step (about 10^-9 of configurations), and a cap that differed would refuse
-        honest ballots, loudly, not pass a wrong one.
+        honest ballots, loudly, not pass a wrong one (the welcome carries the figures, and every party
+        compares them with its own: ``protocol.voting.voting_config``).
         """
-        radius = self.noise_range(queries=queries, classes=classes)
-        return _energy_cap(self.share_mu, radius, queries * classes)
+        return _energy_cap(self.share_mu, self.noise_range(values=values), values)
+
+    def noise_pool(self, *, queries: int, classes: int) -> NoisePool:
+        """The pool one hospital draws its noise of a round of ``queries`` over ``classes`` from
+        (``training.voting.votes.noise_share``), and its bounds: see ``NoisePool`` for why, and for ``M``'s rule."""
+        values, pool = queries * classes, None
+        for factor in _POOL_FACTORS:
+            if factor * values > _MAX_POOL_VALUES and pool is not None:
+                break
+            pooled = factor * values
+            pool = NoisePool(factor, self.noise_range(values=pooled), self.energy_cap(values=pooled))
+            if (pool.energy_cap / (pooled * 2 * self.share_mu) - 1) / self.quorum <= _SPOIL_SHARE:
+                break
+        return pool
 
     @property
     def share_mu(self) -> float:

@@ -10,7 +10,7 @@
   listed first, a fixed order: what the record-level sensitivity in ``training.voting.vote_privacy``
   needs.
 
-``noise_share`` draws the hospital's Skellam share of a round's noise, which it sends beside its
+``noise_share`` draws the hospital's Skellam share of a round's noise as a pool, which it sends beside its
 votes, from a ChaCha20 generator keyed by the OS (``training.privacy.secure_random``).
 ``train_student`` is the server's side: a model on the labelled queries and the rest of the pool.
 """
@@ -30,7 +30,7 @@ from consilium.training.models.build import build_model
 from consilium.training.models.spec import ModelSpec
 from consilium.training.privacy.secure_random import require_cryptographic
 from consilium.training.privacy.skellam import SkellamMechanism
-from consilium.training.voting.vote_privacy import MAX_FEATURE_DIMENSIONS
+from consilium.training.voting.vote_privacy import MAX_FEATURE_DIMENSIONS, NoisePool
 
 __all__ = [
     "FeatureMap",
@@ -281,15 +281,14 @@ def _on_grid(features: np.ndarray) -> np.ndarray:
     return np.round(np.clip(features.astype(np.float64), -_FEATURE_BOUND, _FEATURE_BOUND) * _GRID_STEPS_PER_UNIT)
 
 
-def noise_share(
-    mechanism: SkellamMechanism, *, radius: int, energy_cap: int, generator: np.random.Generator
-) -> np.ndarray:
-    """This hospital's ``Sk(mu)`` share of the round's noise, ``Q C`` values drawn until every one lies in
-    ``[-radius, radius]`` and their squares sum to at most ``energy_cap`` (each bound misses with probability
-    below 2^-40: ``training.voting.vote_privacy``)."""
+def noise_share(mechanism: SkellamMechanism, pool: NoisePool, *, generator: np.random.Generator) -> np.ndarray:
+    """This hospital's ``Sk(mu)`` share of the round's noise as its ballot carries it: a pool of ``M`` times the
+    mechanism's ``Q C`` values, in the order drawn, drawn until every one lies in ``[-R, R]`` and their squares
+    sum to at most ``E_max`` (each bound misses with probability below 2^-40:
+    ``training.voting.vote_privacy.NoisePool``). The talliers place the round's values from it."""
     generator = require_cryptographic(generator)
     for _ in range(_MAX_NOISE_DRAWS):
-        noise = mechanism.noise_share(generator)
-        if noise.size == 0 or (int(np.abs(noise).max()) <= radius and int(noise @ noise) <= energy_cap):
+        noise = mechanism.noise_share(generator, values=pool.factor * mechanism.dimension)
+        if int(np.abs(noise).max()) <= pool.radius and int(noise @ noise) <= pool.energy_cap:
             return noise
     raise RuntimeError(f"{_MAX_NOISE_DRAWS} draws of noise all missed their bounds: the bounds do not fit the noise")

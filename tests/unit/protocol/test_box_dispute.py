@@ -54,7 +54,7 @@ def federation():
     votes[:, 0] = layout.votes_per_query
     boxes, secrets = seal_ballot(
         votes,
-        np.zeros(layout.queries * layout.classes, dtype=np.int64),
+        np.zeros(layout.pool_values, dtype=np.int64),
         tallier_keys={name: key.public_key() for name, key in box_keys.items()},
         field=CONFIG.field(),
         layout=layout,

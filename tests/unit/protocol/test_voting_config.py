@@ -36,6 +36,20 @@ def test_the_configuration_survives_the_wire_and_names_its_feature_map():
     assert config.fingerprint(b"a") != config.fingerprint(b"b") != _config(rounds=3).fingerprint(b"b")
 
 
+@pytest.mark.parametrize("figure", ["factor", "radius", "energy_cap"])
+def test_a_party_refuses_a_configuration_whose_ballot_figures_are_not_those_it_derives(figure):
+    """The welcome carries the noise pool's figures (``NoisePool``); a party whose own derivation differs (another
+    version, another platform's floating point) refuses the run, rather than refuse honest ballots in it."""
+    values = _config().to_dict()
+    assert values["ballot"] == dataclasses.asdict(_config().ballot_layout().noise_pool)
+    values["ballot"] = {**values["ballot"], figure: values["ballot"][figure] + 1}
+    with pytest.raises(ConfigError, match="ballot figures .* are not the .* this party derives"):
+        VotingConfig.from_dict(values)
+    del values["ballot"]
+    with pytest.raises(ConfigError, match="malformed"):
+        VotingConfig.from_dict(values)
+
+
 def test_a_label_threshold_the_quorum_can_reach_survives_narrowing_the_run_to_the_hospitals_that_joined():
     config = _config(voting=VotingSettings("knn-dpfl", noise_std=15.0, quorum=2, neighbours=30), label_threshold=60)
     assert dataclasses.replace(config, hospitals=config.hospitals[:2]).label_threshold == 60

@@ -23,7 +23,7 @@ VOTERS = ("hospital-1", "hospital-2", "hospital-3")
 
 def _ballot_bits(generator) -> list[np.ndarray]:
     votes = np.eye(LAYOUT.vote_columns, dtype=np.int64)[generator.integers(0, LAYOUT.classes, LAYOUT.queries)]
-    noise = generator.integers(-LAYOUT.noise_range, LAYOUT.noise_range + 1, LAYOUT.queries * LAYOUT.classes)
+    noise = generator.integers(-LAYOUT.noise_range, LAYOUT.noise_range + 1, LAYOUT.pool_values)
     return ballot_bits(LAYOUT, votes, noise, LAYOUT.energy_cap - int(noise @ noise))
 
 

@@ -14,7 +14,7 @@ from consilium.training.voting.votes import (
     train_classifier,
     train_student,
 )
-from consilium.training.voting.vote_privacy import VotingSettings
+from consilium.training.voting.vote_privacy import NoisePool, VotingSettings
 from consilium.training.privacy.secure_random import secure_generator
 
 
@@ -109,22 +109,26 @@ def test_jitter_moves_each_image_by_its_own_small_map_and_only_images():
         train_classifier(ModelSpec("mlp", (64,), 10), load_dataset("digits").train, epochs=1, jitter=True)
 
 
-def test_a_noise_share_is_skellam_within_its_bounds_and_needs_the_cryptographic_generator():
+def test_a_noise_share_is_a_skellam_pool_within_its_bounds_and_needs_the_cryptographic_generator():
     mechanism = VotingSettings(method="ae-dpfl", noise_std=10.0, quorum=2).mechanism(
         queries=3, classes=4, level="hospital"
     )
-    # Sk(mu) with 2 mu = sigma^2 / quorum = 50: the noise is there, at its variance.
-    noise = np.concatenate(
-        [noise_share(mechanism, radius=100, energy_cap=10**6, generator=secure_generator()) for _ in range(500)]
-    )
+
+    def share(factor, radius, energy_cap):
+        return noise_share(mechanism, NoisePool(factor, radius, energy_cap), generator=secure_generator())
+
+    # Sk(mu) with 2 mu = sigma^2 / quorum = 50: the noise is there, at its variance, M Q C values.
+    noise = np.concatenate([share(1, 100, 10**6) for _ in range(500)])
     assert noise.dtype == np.int64 and abs(noise.var() / 50 - 1) < 0.1 and abs(noise.mean()) < 0.5
+    pooled = [share(4, 100, 10**6) for _ in range(200)]
+    assert all(len(n) == 48 for n in pooled) and abs(np.concatenate(pooled).var() / 50 - 1) < 0.1
     # Drawn again where a value falls outside (about 6% of draws here) or the energy exceeds the cap (about 15%).
-    bounded = [noise_share(mechanism, radius=20, energy_cap=900, generator=secure_generator()) for _ in range(200)]
+    bounded = [share(1, 20, 900) for _ in range(200)]
     assert all(np.abs(n).max() <= 20 and n @ n <= 900 for n in bounded)
     with pytest.raises(RuntimeError, match="8 draws of noise all missed their bounds"):
-        noise_share(mechanism, radius=1, energy_cap=0, generator=secure_generator())
+        share(1, 1, 0)
     with pytest.raises(TypeError, match="cryptographic generator"):
-        noise_share(mechanism, radius=100, energy_cap=10**6, generator=np.random.default_rng(0))
+        noise_share(mechanism, NoisePool(1, 100, 10**6), generator=np.random.default_rng(0))
 
 
 def test_the_feature_map_survives_the_wire_and_refuses_a_wrong_size():
