@@ -57,7 +57,7 @@ class CheckedBallot:
     sum: tuple
     energy: tuple
     votes: object  # (Q vote_columns,)
-    noise: object  # (Q C,)
+    noise: object  # (M Q C,): the pool
 
 
 class BallotChecks:

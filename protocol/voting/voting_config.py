@@ -123,8 +123,8 @@ class VotingConfig:
         return tolerated_coalition(len(self.hospitals) // 2 + 1, consortium)
 
     def ballot_layout(self) -> BallotLayout:
-        """A hospital's ballot: its votes, its noise from ``VotingSettings.noise_pool`` (``M``, ``K``, ``R`` and
-        ``E_max``, which ``to_dict`` carries and ``from_dict`` compares with its own), and the slack
+        """A hospital's ballot: its votes, its noise from ``VotingSettings.noise_pool`` (``M``, ``R`` and ``E_max``,
+        which ``to_dict`` carries and ``from_dict`` compares with its own), and the slack
         (``protocol.voting.ballots``)."""
         return BallotLayout.for_round(
             self.voting,

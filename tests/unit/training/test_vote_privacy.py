@@ -132,27 +132,30 @@ def test_the_pool_is_the_smallest_that_puts_the_attackers_extra_energy_at_most_7
         cap = settings.energy_cap(values=factor * totals)
         return (cap / (2 * settings.share_mu * factor * totals) - 1) / settings.quorum
 
-    ae = [("ae-dpfl", s, q, n) for s in (0.5, 1.0, 4.0, 40.0) for q in (3, 10, 100) for n in (30, 90, 500)]
-    knn = [("knn-dpfl", s, q, n) for s in (5.0, 15.0) for q in (3, 10) for n in (30, 90, 500)]
+    ae = [("ae-dpfl", s, q, n) for s in (0.5, 1.0, 4.0, 40.0) for q in (3, 10, 100) for n in (10, 90, 500, 5000)]
+    knn = [("knn-dpfl", s, q, n) for s in (5.0, 15.0) for q in (3, 10) for n in (10, 90, 500)]
     for method, sigma, quorum, queries in ae + knn:
         k = 1 if method == "ae-dpfl" else 30
         settings = VotingSettings(method=method, noise_std=sigma, quorum=quorum, neighbours=k)
         pool, totals = settings.noise_pool(queries=queries, classes=10), queries * 10
         values = pool.factor * totals
-        assert pool.factor in (1, 2, 4, 8)
+        budget = min(max(8 * totals, 2**16), 2**22)  # the pool's values
+        assert pool.factor in (1, 2, 4, 8, 16, 32, 64) and (values <= budget or pool.factor == 1)
         assert (pool.radius, pool.energy_cap) == (
             settings.noise_range(values=values),
             settings.energy_cap(values=values),
         )
-        assert all(share(settings, m, totals) > 0.075 for m in (1, 2, 4) if m < pool.factor)  # the smallest
-        assert share(settings, pool.factor, totals) <= 0.075 or pool.factor == 8  # else the largest
+        assert all(share(settings, m, totals) > 0.075 for m in (1, 2, 4, 8, 16, 32) if m < pool.factor)  # the smallest
+        # Where it does not meet the 7.5%, the largest within budget.
+        assert share(settings, pool.factor, totals) <= 0.075 or pool.factor == 64 or 2 * values > budget
     defaults = {
         "ae": VotingSettings(method="ae-dpfl", noise_std=1.0, quorum=3),
         "knn": VotingSettings(method="knn-dpfl", noise_std=15.0, quorum=3, neighbours=30),
         "mnist": VotingSettings(method="ae-dpfl", noise_std=20.0, quorum=100),
     }
     factors = {name: settings.noise_pool(queries=90, classes=10).factor for name, settings in defaults.items()}
-    assert factors == {"ae": 8, "knn": 4, "mnist": 1}  # measured: 1.0 and 1.2 points (test_vote_pushing.py)
+    assert factors == {"ae": 8, "knn": 4, "mnist": 1}  # measured: up to 1.5 and 1.4 points (test_vote_pushing.py)
+    assert defaults["ae"].noise_pool(queries=10, classes=10).factor == 64  # a small round, a large pool
 
 
 @pytest.mark.parametrize(
