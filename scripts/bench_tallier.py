@@ -74,6 +74,7 @@ class Measurement:
     hospitals: int
     reveal: str
     bit_length: int
+    pool_factor: int  # M: each ballot's noise is a pool of M Q C values (VotingSettings.noise_pool)
     seconds: float  # the slowest tallier's round
     bytes_per_tallier: float  # mean over the talliers, sent to all peers
 
@@ -176,6 +177,7 @@ def _measure(work: Path, queries: int, classes: int, talliers: int, hospitals: i
         hospitals=hospitals,
         reveal=reveal,
         bit_length=field.bit_length,
+        pool_factor=VOTINGS[hospitals].noise_pool(queries=queries, classes=classes).factor,
         seconds=max(float(r["seconds"]) for r in results),
         bytes_per_tallier=statistics.fmean(int(r["bytes_sent"]) for r in results),
     )
@@ -361,17 +363,18 @@ def results_table(measurements: list[Measurement]) -> str:
         "the checks and the argmax run over MAC-authenticated pairs, checked before any check or label opens "
         "(tallier/authenticated.py). Time: the slowest "
         "tallier's whole second round (connecting, agreeing on the voters, the checks, the MPC, shutting down). Bytes: "
-        "what one tallier sends to its peers, mean over the talliers.",
+        "what one tallier sends to its peers, mean over the talliers. M: each ballot's noise is a pool of M times the "
+        "round's values, as the run's settings choose (training/voting/vote_privacy.py, NoisePool).",
         "",
-        "| Q | C | J | H | field bits | argmax: ms per query | argmax: kB per tallier | histogram: ms per query "
+        "| Q | C | J | H | field bits | M | argmax: ms per query | argmax: kB per tallier | histogram: ms per query "
         "| histogram: kB per tallier | argmax / histogram time |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_cell = {(m.queries, m.classes, m.talliers, m.hospitals, m.reveal): m for m in measurements}
     for cell in dict.fromkeys((m.queries, m.classes, m.talliers, m.hospitals) for m in measurements):
         labels, histogram = by_cell[(*cell, "labels")], by_cell[(*cell, "histogram")]
         lines.append(
-            f"| {' | '.join(map(str, cell))} | {labels.bit_length} | {labels.ms_per_query:.2f} "
+            f"| {' | '.join(map(str, cell))} | {labels.bit_length} | {labels.pool_factor} | {labels.ms_per_query:.2f} "
             f"| {labels.bytes_per_tallier / 1000:,.0f} | {histogram.ms_per_query:.2f} "
             f"| {histogram.bytes_per_tallier / 1000:,.0f} | {labels.seconds / histogram.seconds:.1f}x |"
         )
