@@ -218,24 +218,33 @@ def _excess(config, layout, votes, round_numbers, modulus, draws):
     class_votes[:, 3] = layout.votes_per_query
     generator = secure_generator()
 
-    def noise(hospital, values=None):
-        """A hospital's noise as the talliers place it on a fresh seed: an honest pool's, or ``values``."""
-        coefficients, slots = pool_placement(1 + secrets.randbelow(modulus - 1), hospital, layout, modulus)
-        sent_values = noise_share(mechanism, layout.noise_pool, generator=generator) if values is None else values
-        return (coefficients * sent_values[slots]).reshape(layout.queries, layout.classes)
+    def placement(hospital):
+        """Where the talliers place a hospital's pool, on a fresh seed: ``(signs, slots)``."""
+        return pool_placement(1 + secrets.randbelow(modulus - 1), hospital, layout, modulus)
+
+    def placed(values, where):
+        signs, slots = where
+        return (signs * values[slots]).reshape(layout.queries, layout.classes)
+
+    def honest(hospital):
+        return placed(noise_share(mechanism, layout.noise_pool, generator=generator), placement(hospital))
 
     excess = dict.fromkeys([*attacks, "aimed, unplaced"], 0.0)
     for round_number in round_numbers:
         own = [votes[f"hospital-{h}"][round_number][:, : layout.classes] for h in (1, 2, 3)]
         for _ in range(draws):
-            honest_run = (sum(own) + sum(noise(f"hospital-{h}") for h in (1, 2, 3))).argmax(axis=1)
-            others = own[0] + own[1] + class_votes + noise("hospital-1") + noise("hospital-2")
-            by_class = np.mean((others + noise("hospital-3")).argmax(axis=1) != honest_run)
+            honest_run = (sum(own) + sum(honest(f"hospital-{h}") for h in (1, 2, 3))).argmax(axis=1)
+            others = own[0] + own[1] + class_votes + honest("hospital-1") + honest("hospital-2")
+            where = placement("hospital-3")  # one round's seed, whatever hospital-3 sent: paired
+            by_class = np.mean(
+                (others + placed(noise_share(mechanism, layout.noise_pool, generator=generator), where)).argmax(axis=1)
+                != honest_run
+            )
             for name, values in [*attacks.items(), ("aimed, unplaced", None)]:
                 if values is None:  # the aimed values where they were sent, were there no placement
                     pushed = np.pad(attacks["aimed"], (0, layout.totals))[: layout.totals].reshape(others.shape)
                 else:
-                    pushed = noise("hospital-3", values)
+                    pushed = placed(values, where)
                 changed = np.mean((others + pushed).argmax(axis=1) != honest_run)
                 excess[name] += 100 * (changed - by_class) / (draws * len(round_numbers))
     return {name: round(float(points), 2) for name, points in excess.items()}

@@ -128,12 +128,12 @@ _FEWEST_TO_LEAVE_ONE_OUT = 11
 _WRAP_LOG_PROBABILITY = -40 * math.log(2)
 # A noise pool's factor M (``NoisePool``): a power of two up to 64, the pool at most 8 times the round's values or
 # 2^16 values (a ballot's noise values, its cost), and 2^22 (the draw's memory); the attacker's extra energy at
-# most 7.5% of the round's noise where one of them allows.
+# most 6.5% of the round's noise where one of them allows.
 _POOL_FACTORS = (1, 2, 4, 8, 16, 32, 64)
 _POOL_COST = 8
 _SMALL_POOL_VALUES = 2**16
 _MAX_POOL_VALUES = 2**22
-_SPOIL_SHARE = 0.075
+_SPOIL_SHARE = 0.065
 _MAX_NOISE_STD = 1e4  # far beyond any useful vote; the energy cap's pmf has some 10^6 values at most
 
 
@@ -173,11 +173,11 @@ class NoisePool:
     the values that are not 0, the slots it left out would be known zeros, and every tallier would
     know which totals a hospital's noise left untouched (most of them, for AE-DPFL's sparse noise).
 
-    **The rule for M**: the smallest power of two up to 64 that puts that share at most 0.075, within a
+    **The rule for M**: the smallest power of two up to 64 that puts that share at most 0.065, within a
     budget of ``M N <= max(8 N, 2^16)`` (a ballot's noise part is ``M N`` values: its cost) and
-    ``M N <= 2^22``; the largest within budget if none does. At 0.07 and 0.06 (AE-DPFL's and
-    kNN-DPFL's defaults, ``M = 8`` and ``M = 4``) the worst attacks tried change up to 1.5 and 1.4
-    percentage points of labels beyond the attacker's own votes, at 0.09 up to 2.6
+    ``M N <= 2^22``; the largest within budget if none does. At 0.049 and 0.062 (AE-DPFL's and
+    kNN-DPFL's defaults, ``M = 16`` and ``M = 4``) the worst attacks tried change up to 1.0 and 1.4
+    percentage points of labels beyond the attacker's own votes, at 0.071 up to 1.7, at 0.09 up to 2.6
     (``tests/end_to_end/test_vote_pushing.py``, ``docs/explanation/checked-votes.md``). Small rounds
     need large pools (AE-DPFL's defaults at 10 queries: ``M = 64``), which the budget's ``2^16``
     leaves them.

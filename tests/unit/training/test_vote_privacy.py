@@ -125,7 +125,7 @@ def test_the_energy_cap_is_an_upper_tail_of_honest_noise_at_2_to_the_minus_40_an
     assert energy.max() < cap < 3.5 * mean  # honest draws stay well under it; the review's figure: 1.4x and 3.2x
 
 
-def test_the_pool_is_the_smallest_that_puts_the_attackers_extra_energy_at_most_7_5_percent_of_the_noise():
+def test_the_pool_is_the_smallest_that_puts_the_attackers_extra_energy_at_most_6_5_percent_of_the_noise():
     """``NoisePool``'s rule, on a grid of settings; and the figures of the defaults it was chosen on."""
 
     def share(settings, factor, totals):  # the attacker's extra energy as a share of the round's noise, at pool M
@@ -145,16 +145,16 @@ def test_the_pool_is_the_smallest_that_puts_the_attackers_extra_energy_at_most_7
             settings.noise_range(values=values),
             settings.energy_cap(values=values),
         )
-        assert all(share(settings, m, totals) > 0.075 for m in (1, 2, 4, 8, 16, 32) if m < pool.factor)  # the smallest
-        # Where it does not meet the 7.5%, the largest within budget.
-        assert share(settings, pool.factor, totals) <= 0.075 or pool.factor == 64 or 2 * values > budget
+        assert all(share(settings, m, totals) > 0.065 for m in (1, 2, 4, 8, 16, 32) if m < pool.factor)  # the smallest
+        # Where it does not meet the 6.5%, the largest within budget.
+        assert share(settings, pool.factor, totals) <= 0.065 or pool.factor == 64 or 2 * values > budget
     defaults = {
         "ae": VotingSettings(method="ae-dpfl", noise_std=1.0, quorum=3),
         "knn": VotingSettings(method="knn-dpfl", noise_std=15.0, quorum=3, neighbours=30),
         "mnist": VotingSettings(method="ae-dpfl", noise_std=20.0, quorum=100),
     }
     factors = {name: settings.noise_pool(queries=90, classes=10).factor for name, settings in defaults.items()}
-    assert factors == {"ae": 8, "knn": 4, "mnist": 1}  # measured: up to 1.5 and 1.4 points (test_vote_pushing.py)
+    assert factors == {"ae": 16, "knn": 4, "mnist": 1}  # measured: up to 1.0 and 1.4 points (test_vote_pushing.py)
     assert defaults["ae"].noise_pool(queries=10, classes=10).factor == 64  # a small round, a large pool
 
 
