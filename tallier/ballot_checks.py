@@ -127,15 +127,19 @@ class BallotChecks:
 def pool_placement(seed: int, voter: str, layout: BallotLayout, modulus: int) -> tuple[np.ndarray, np.ndarray]:
     """How ``voter``'s noise enters the round's ``N = Q C`` totals: total ``i`` gets ``signs[i] n[slots[i]]``, the
     first ``N`` of a uniform permutation of its pool's ``M N`` slots (``noise_placement``)."""
-    signs, places = noise_placement(seed, voter, layout.pool_values, modulus)
-    return signs[: layout.totals], places[: layout.totals]
+    signs, places = noise_placement(seed, voter, layout.pool_values, modulus, totals=layout.totals)
+    return signs, places[: layout.totals]
 
 
-def noise_placement(seed: int, voter: str, count: int, modulus: int) -> tuple[np.ndarray, np.ndarray]:
-    """The public signs (``+1`` or ``-1``) and a permutation of ``count`` pool slots with which ``voter``'s noise
-    enters a round: total ``i`` gets ``signs[i] n[places[i]]`` for ``i`` below the round's totals. Drawn from the
-    round's jointly random ``seed``: a uniform permutation (the order of uniform keys of two field elements each,
-    ties below ``count^2 / p^2``) and uniform signs (within ``1/p``)."""
-    signs = np.array(challenge(seed, count, modulus, f"noise-signs/{voter}"), dtype=np.uint64) & 1  # p < 2^64
+def noise_placement(
+    seed: int, voter: str, count: int, modulus: int, *, totals: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The public signs (``+1`` or ``-1``) of ``totals`` totals (``count`` unless given) and a permutation of
+    ``count`` pool slots with which ``voter``'s noise enters a round: total ``i`` gets ``signs[i] n[places[i]]``.
+    Drawn from the round's jointly random ``seed``: a uniform permutation (the order of uniform keys of two field
+    elements each, ties below ``count^2 / p^2``) and uniform signs (within ``1/p``; ``challenge``'s stream is the
+    same whatever its length, so the first signs do not depend on how many are drawn)."""
+    signed = count if totals is None else totals
+    signs = np.array(challenge(seed, signed, modulus, f"noise-signs/{voter}"), dtype=np.uint64) & 1  # p < 2^64
     keys = [np.array(challenge(seed, count, modulus, f"noise-places/{voter}/{k}"), dtype=np.uint64) for k in (0, 1)]
     return 1 - 2 * signs.astype(np.int64), np.lexsort((keys[1], keys[0]))
